@@ -1,0 +1,88 @@
+# quotagate - top-level build.  Plain make, as Redis and hiredis use.
+#
+#   make          build build/quotagate (optimised)
+#   make run      install missing packages, build, start on the examples
+#   make test     install missing packages, build and run every test twice:
+#                 optimised and under ASan+UBSan
+#   make bench    engine benchmark (docs/benchmarks.md)
+#
+# Objects of the optimised build go to build/obj, sanitizer ones to
+# build/asan/obj; the library is built once per flavour and linked into
+# the CLI and every test.
+
+CC      ?= cc
+PKGS    := yaml-0.1 jansson libxxhash
+CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
+                 -Wstrict-prototypes -Wmissing-prototypes -g \
+                 -Iinclude -Isrc/core -Isrc/store -Isrc/io -Isrc/analysis \
+                 $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE
+LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+OPT     := -O2
+SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+           -fno-sanitize-recover=all
+
+LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c)
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/unit/test_*.c)
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+BENCH_SRC := $(wildcard bench/*.c)
+
+# flavour-specific lists
+define flavour
+$(1)_DIR   := $(2)
+$(1)_FLAGS := $(CFLAGS_COMMON) $(3)
+$(1)_LIBOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(LIB_SRC))
+$(1)_CLIOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(CLI_SRC))
+$(1)_SUPOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(TEST_SUPPORT))
+$(1)_TESTS := $$(patsubst tests/unit/%.c,$(2)/tests/%,$$(TEST_SRC))
+
+$(2)/obj/%.o: %.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -c $$< -o $$@
+
+$(2)/libquotagate.a: $$($(1)_LIBOBJ)
+	@rm -f $$@
+	ar rcs $$@ $$^
+
+$(2)/quotagate: $$($(1)_CLIOBJ) $(2)/libquotagate.a
+	$$(CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS)
+
+$(2)/tests/%: $(2)/obj/tests/unit/%.o $$($(1)_SUPOBJ) $(2)/libquotagate.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS) -lcmocka
+
+-include $$($(1)_LIBOBJ:.o=.d) $$($(1)_CLIOBJ:.o=.d)
+endef
+
+$(eval $(call flavour,OPTB,build,$(OPT)))
+$(eval $(call flavour,ASANB,build/asan,$(SAN)))
+
+.PHONY: all deps deps-test run test test-opt test-asan bench clean lint-examples
+.DEFAULT_GOAL := all
+
+all: deps build/quotagate
+
+deps:
+	@scripts/deps.sh build
+deps-test:
+	@scripts/deps.sh test
+
+build/quotagate: $(OPTB_CLIOBJ) build/libquotagate.a
+
+run: all
+	@scripts/run.sh
+
+test: deps-test
+	@$(MAKE) --no-print-directory test-build
+	@tests/run.sh build build/asan
+
+test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS)
+
+bench: deps-test build/bench_engine
+	@build/bench_engine
+
+build/bench_engine: bench/bench_engine.c $(BENCH_SRC) build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ $(BENCH_SRC) $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
+
+clean:
+	rm -rf build

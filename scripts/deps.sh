@@ -1,0 +1,22 @@
+#!/bin/sh
+# deps.sh - install the Debian packages quotagate needs, only those missing.
+# Usage: scripts/deps.sh [build|test|bench]
+set -e
+want="gcc make pkg-config libyaml-dev libjansson-dev libxxhash-dev tzdata"
+case "${1:-build}" in
+  test)  want="$want libcmocka-dev" ;;
+  bench) want="$want libcmocka-dev" ;;
+esac
+missing=""
+for p in $want; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "installing:$missing"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps.sh: need root to install:$missing" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,38 @@
+/* civil.h - proleptic Gregorian calendar arithmetic on day numbers.
+ *
+ * Pure integer arithmetic, no time zones: days since 1970-01-01 <-> y/m/d,
+ * weekday, month lengths and leap years.  Time zones are in tz.h. */
+#ifndef QG_CIVIL_H
+#define QG_CIVIL_H
+
+#include <stdint.h>
+
+#define QG_MS_PER_DAY 86400000LL
+
+typedef struct qg_civil {
+    int year, month, day;     /* month 1..12, day 1..31 */
+    int hour, minute, second; /* local time of day */
+    int ms;                   /* 0..999 */
+} qg_civil;
+
+/* Days since 1970-01-01 for a Gregorian date (month 1..12). */
+int64_t qg_days_from_civil(int y, int m, int d);
+/* Inverse of qg_days_from_civil. */
+void qg_civil_from_days(int64_t days, int *y, int *m, int *d);
+/* 0 = Monday ... 6 = Sunday. */
+int qg_weekday_from_days(int64_t days);
+int qg_is_leap(int y);
+int qg_days_in_month(int y, int m);
+
+/* Milliseconds since the epoch of a civil time taken as UTC, and back. */
+int64_t qg_civil_to_ms(const qg_civil *c);
+void qg_ms_to_civil(int64_t ms, qg_civil *c);
+
+/* Parse "2026-01-31T09:00:00Z" / "...+02:00" / "2026-01-31" (midnight UTC)
+ * into ms since the epoch.  Fractions of a second are accepted.  Returns 0,
+ * or -1 when malformed. */
+int qg_iso8601_parse(const char *s, int64_t *out_ms);
+/* Format as "2026-01-31T09:00:00Z" (".250Z" when ms != 0). */
+void qg_iso8601_format(int64_t ms, char *buf, int cap);
+
+#endif

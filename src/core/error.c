@@ -1,0 +1,24 @@
+/* error.c - the one table of error codes and their messages. */
+#include "quotagate.h"
+
+static const char *const messages[] = {
+    [0] = "ok",
+    [1] = "out of memory",
+    [2] = "invalid argument",
+    [3] = "rules file unusable",
+    [4] = "unknown subject",
+    [5] = "not found",
+    [6] = "table full",
+    [7] = "I/O error",
+    [8] = "invalid state",
+    [9] = "number out of range",
+    [10] = "unknown model",
+};
+
+const char *qg_strerror(int rc)
+{
+    unsigned i = rc <= 0 ? (unsigned)-rc : 0u;
+    if (rc > 0 || i >= sizeof messages / sizeof messages[0])
+        return "unknown error";
+    return messages[i];
+}

@@ -1,0 +1,181 @@
+/* rules.h - the compiled, immutable rule set (PRODUCT.md section 2).
+ *
+ * A qg_rules is produced by qg_rules_parse() from the YAML text of a rules
+ * file (rules_yaml.c) and never changes afterwards; the engine holds it by
+ * pointer and a reload swaps in a new one.  Every quantity is an integer:
+ * limits and weights in milli-units (1 point or 1 request = 1000), weight
+ * coefficients in micro-points per 1000 tokens, times in ms, prices in
+ * micro-dollars.  All strings and arrays are owned by the qg_rules. */
+#ifndef QG_RULES_H
+#define QG_RULES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "calendar.h"
+#include "tz.h"
+
+#define QG_MAX_MODELS 64        /* models are a bit mask in window scopes */
+#define QG_MAX_PLAN_WINDOWS 16  /* windows per plan or org, incl. concurrency */
+#define QG_NAME_MAX 64          /* plan, window, model, org names */
+
+typedef enum qg_win_type {
+    QG_WIN_ROLLING = 1,
+    QG_WIN_CALENDAR,
+    QG_WIN_SESSION,
+    QG_WIN_RATE,
+    QG_WIN_CONCURRENCY
+} qg_win_type;
+
+typedef enum qg_unit { QG_UNIT_WEIGHT = 0, QG_UNIT_REQUESTS = 1 } qg_unit;
+
+typedef enum qg_policy {
+    QG_POLICY_NONE = 0,     /* window without its own policy: the plan's */
+    QG_POLICY_REJECT,
+    QG_POLICY_QUEUE,
+    QG_POLICY_DOWNGRADE,
+    QG_POLICY_PAYG
+} qg_policy;
+
+typedef struct qg_overage {
+    qg_policy policy;
+    int64_t max_wait_ms;          /* queue */
+    int32_t queue_size;           /* queue: bound on held requests */
+    int to_model;                 /* downgrade: model index, -1 unset */
+    int64_t price_per_unit_micro; /* payg: micro-USD per unit (point) */
+    int64_t spending_cap_micro;   /* payg: micro-USD per month, 0 = none */
+} qg_overage;
+
+typedef struct qg_window_spec {
+    char *name;
+    qg_win_type type;
+    qg_unit unit;
+    int64_t limit_milli;      /* > 0; concurrency: slots * 1000 */
+    int64_t length_ms;        /* rolling, session: L; rate: per */
+    int64_t burst_milli;      /* rate: bucket capacity (default = limit) */
+    int64_t precision_ms;     /* rolling: 0 = exact, else slice length */
+    uint32_t max_entries;     /* rolling exact: log cap before coalescing */
+    int64_t lease_ttl_ms;     /* concurrency */
+    qg_calendar_spec cal;     /* calendar */
+    uint64_t model_mask;      /* 0 = every model; else bit i = model i */
+    qg_overage overage;       /* policy NONE unless the window sets one */
+    int line;                 /* where it was defined, for messages */
+} qg_window_spec;
+
+typedef struct qg_claim {
+    int64_t multiplier_milli; /* 20 -> 20000 */
+    int vs_plan;              /* plan index */
+    char *window;             /* window name (in both plans) */
+    char *unit;               /* unit named by the claim, or NULL */
+    int disclose_effective;   /* published together with the effective figure */
+    int line;
+} qg_claim;
+
+typedef struct qg_plan {
+    char *name;
+    int index;
+    int64_t price_micro;      /* USD per month, micro-dollars; -1 unset */
+    qg_window_spec *windows;  /* includes the concurrency window, if any */
+    int nwindows;
+    int64_t concurrency;      /* slots, 0 = unset */
+    qg_overage overage;
+    qg_claim *claims;
+    int nclaims;
+    int line;
+} qg_plan;
+
+typedef struct qg_org_spec {
+    char *name;
+    int index;
+    qg_window_spec *windows;
+    int nwindows;
+    int line;
+} qg_org_spec;
+
+typedef struct qg_model {
+    char *name;
+    int index;
+    int64_t per_request_milli;  /* points * 1000 */
+    int64_t input_per_1k_micro; /* points per 1000 input tokens * 1e6 */
+    int64_t output_per_1k_micro;
+    int64_t changed_ms;         /* when the model was last changed, 0 unset */
+    int line;
+} qg_model;
+
+typedef struct qg_subject_spec {
+    char *name;
+    int plan;                /* plan index */
+    int org;                 /* org index, -1 none */
+    int64_t billing_anchor_ms; /* 0 = none */
+} qg_subject_spec;
+
+typedef struct qg_analysis_spec {
+    int model;               /* reference request: model index, -1 = weight */
+    int64_t input_tokens, output_tokens;
+    int64_t weight_milli;    /* used when model == -1 */
+    int64_t duration_ms;     /* how long one request holds a slot */
+    int64_t period_ms;       /* 0 = the longest window */
+} qg_analysis_spec;
+
+typedef struct qg_rules {
+    char *path;              /* file it came from, for messages */
+    char *version;           /* rule version id */
+    char *unit;              /* "weight points" */
+    char *weights_version;
+    int64_t calibrated_ms;
+    int64_t effective_ms;    /* 0 unset */
+    int64_t announced_ms;    /* 0 unset */
+    int64_t notice_ms;       /* required notice for lowered limits */
+    qg_model *models;
+    int nmodels;
+    qg_plan *plans;
+    int nplans;
+    qg_org_spec *orgs;
+    int norgs;
+    qg_subject_spec *subjects;
+    int nsubjects;
+    int default_plan;        /* -1 none: unknown subjects are refused */
+    qg_analysis_spec analysis;
+    qg_tz **zones;           /* owned zones referenced by calendar specs */
+    int nzones;
+} qg_rules;
+
+/* Where and why a rules file is unusable. */
+typedef struct qg_diag {
+    char path[256];
+    int line, column;        /* 1-based; 0 when not tied to a place */
+    char message[512];
+} qg_diag;
+
+/* Supplies a time zone by IANA name.  Returns a new zone the rules will own,
+ * or NULL writing why into err. */
+typedef qg_tz *(*qg_tz_resolver)(const char *name, void *ud, char *err,
+                                 size_t errcap);
+
+/* Parse and validate YAML rules from a buffer.  On success returns 0 and
+ * *out (caller frees with qg_rules_free).  On failure returns QG_ERULES and
+ * fills diag (path:line:column and what was expected).  `path` is used only
+ * in messages.  No I/O happens here except through tzr. */
+int qg_rules_parse(const char *text, size_t len, const char *path,
+                   qg_tz_resolver tzr, void *tzud, qg_rules **out,
+                   qg_diag *diag);
+void qg_rules_free(qg_rules *r);
+
+/* Formats "path:line:col: message" into buf. */
+void qg_diag_format(const qg_diag *d, char *buf, size_t cap);
+
+/* Lookups by name; -1 when absent. */
+int qg_rules_find_plan(const qg_rules *r, const char *name);
+int qg_rules_find_model(const qg_rules *r, const char *name);
+int qg_rules_find_org(const qg_rules *r, const char *name);
+int qg_rules_find_subject(const qg_rules *r, const char *name);
+const qg_window_spec *qg_plan_find_window(const qg_plan *p, const char *name);
+
+/* Does window w apply to a charge for model index m (-1 = no model)? */
+static inline int qg_window_applies(const qg_window_spec *w, int model)
+{
+    if (w->model_mask == 0)
+        return 1;
+    return model >= 0 && (w->model_mask >> model) & 1;
+}
+
+#endif

@@ -1,0 +1,31 @@
+#!/bin/sh
+# run.sh - run every test binary of each build flavour given (build,
+# build/asan), tally cmocka's counts, and end with "N passed, M failed".
+# Tests find the CLI through $QG_BIN and data through $QG_TESTDATA.
+set -u
+passed=0; failed=0; broken=""
+QG_TESTDATA="$(pwd)/tests/data"; export QG_TESTDATA
+QG_EXAMPLES="$(pwd)/examples"; export QG_EXAMPLES
+for dir in "$@"; do
+  QG_BIN="$(pwd)/$dir/quotagate"; export QG_BIN
+  for t in "$dir"/tests/test_*; do
+    [ -x "$t" ] || continue
+    log="$dir/tests/$(basename "$t").log"
+    echo "== $t"
+    "$t" >"$log" 2>&1
+    rc=$?
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then
+      cat "$log"
+      [ "$f" -eq 0 ] && failed=$((failed + 1))
+      broken="$broken $t"
+    else
+      echo "   $p passed"
+    fi
+  done
+done
+[ -n "$broken" ] && echo "failing:$broken"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
