@@ -70,4 +70,134 @@ typedef struct qg_recovery_point {
     int64_t remaining_milli;
 } qg_recovery_point;
 
+/* ---------------------------------------------------------------- rules */
+
+/* Read and validate a rules file, resolving time zones from the system's
+ * zoneinfo.  On success returns 0 and *out (caller frees it with
+ * qg_rules_free, unless it is handed to qg_engine_new).  On failure returns
+ * QG_ERULES or QG_EIO and writes "path:line:column: what was expected" to
+ * err. */
+int qg_rules_load(const char *path, qg_rules **out, char *err, size_t errcap);
+void qg_rules_free(qg_rules *r);
+const char *qg_rules_version(const qg_rules *r);
+
+/* ---------------------------------------------------------------- store */
+
+typedef struct qg_memory_opts {
+    int shards;                /* power of two; 0 = 64 */
+    uint32_t max_reservations; /* idempotency memory: request ids kept;
+                                  0 = 131072 */
+} qg_memory_opts;
+
+/* The in-process store: sharded counters, thread-safe.  opts may be NULL. */
+qg_store *qg_store_memory_new(const qg_memory_opts *opts);
+void qg_store_free(qg_store *s);
+
+typedef struct qg_store_stats {
+    const char *backend;
+    uint64_t subjects;         /* members and orgs with state */
+    uint64_t reservations;     /* request ids remembered */
+    uint64_t reservations_live;/* reserved and not yet settled */
+    uint64_t bytes;            /* heap bytes held for counters and ids */
+} qg_store_stats;
+void qg_store_stats_get(qg_store *s, qg_store_stats *out);
+
+/* --------------------------------------------------------------- engine */
+
+/* An engine decides with `rules` (ownership passes to the engine) against
+ * `store` (borrowed; must outlive the engine).  Subjects listed in the
+ * rules are registered.  Returns NULL on out of memory. */
+qg_engine *qg_engine_new(qg_rules *rules, qg_store *store);
+void qg_engine_free(qg_engine *e);
+const qg_rules *qg_engine_rules(const qg_engine *e);
+
+/* Create or update a subject.  org may be NULL; billing_anchor_ms 0 = none.
+ * Returns QG_EINVAL with a message in err for an unknown plan or org. */
+int qg_engine_set_subject(qg_engine *e, const char *subject, const char *plan,
+                          const char *org, int64_t billing_anchor_ms,
+                          char *err, size_t errcap);
+
+#define QG_DEFAULT_OUTPUT_ESTIMATE 1024 /* when max_output_tokens is absent */
+#define QG_REQUEST_ID_MAX 255
+
+typedef struct qg_check_req {
+    const char *subject;        /* required */
+    const char *request_id;     /* required, globally unique, <= 255 bytes */
+    const char *model;          /* NULL: a weight-only check */
+    int64_t input_tokens;       /* model checks: >= 0 */
+    int64_t max_output_tokens;  /* model checks: -1 = the estimate above */
+    int64_t weight_milli;       /* weight-only checks: >= 0 */
+} qg_check_req;
+
+typedef enum qg_outcome {
+    QG_NONE = 0,                /* usage views only */
+    QG_ALLOW = 1,
+    QG_REJECT = 2,              /* retryable after retry_after_ms */
+    QG_REJECT_NEVER = 3         /* no window could ever admit it */
+} qg_outcome;
+
+typedef struct qg_decision {
+    qg_outcome outcome;
+    int replayed;               /* answered from idempotency memory */
+    int64_t weight_milli;       /* the request's weight (reserved if allowed) */
+    int64_t decided_at_ms;      /* when it was decided (original, on replay) */
+    int64_t retry_after_ms;     /* QG_REJECT: from now until it would fit */
+    int binding;                /* index in views of the binding window, -1 */
+    const char *plan;           /* names owned by the engine's rules */
+    const char *org;            /* NULL when the subject has none */
+    const char *model;          /* NULL for weight-only checks */
+    const char *rules_version;
+    const char *weights_version;
+    int nviews;
+    qg_window_view views[QG_MAX_VIEWS];
+    int nrecovery[QG_MAX_VIEWS]; /* filled on refusals */
+    qg_recovery_point recovery[QG_MAX_VIEWS][QG_MAX_RECOVERY];
+} qg_decision;
+
+/* Decide and, when allowed, reserve.  A known request_id returns the
+ * original decision (replayed = 1) and charges nothing.  Refusals are not
+ * remembered: they charge nothing, so a retry is decided afresh.
+ * Returns 0 with *out filled (whatever the outcome), or an error
+ * (QG_EINVAL bad request, QG_ENOSUBJECT, QG_EMODEL, QG_EFULL too many
+ * unsettled reservations), with a message in err when err is non-NULL. */
+int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
+                    qg_decision *out, char *err, size_t errcap);
+
+typedef enum qg_settle_status {
+    QG_SETTLE_COMPLETED = 1,
+    QG_SETTLE_CANCELLED = 2,    /* partial usage still counts */
+    QG_SETTLE_FAILED = 3        /* charged per the tokens given (base only
+                                   when they are 0) */
+} qg_settle_status;
+
+typedef struct qg_settle_req {
+    const char *request_id;
+    qg_settle_status status;
+    int64_t input_tokens;       /* model checks */
+    int64_t output_tokens;
+    int64_t weight_milli;       /* weight-only checks: actual weight; -1 =
+                                   keep the reserved weight */
+} qg_settle_req;
+
+typedef struct qg_settle_result {
+    int replayed;               /* already settled: the original result */
+    int late;                   /* the lease had expired: the reservation was
+                                   final, only a larger charge is applied */
+    int64_t reserved_milli;
+    int64_t actual_milli;       /* weight of the reported usage */
+    int64_t charged_milli;      /* what finally counts */
+    int64_t decided_at_ms;
+    qg_settle_status status;
+} qg_settle_result;
+
+/* Replace a reservation with the actual usage.  QG_ENOTFOUND for a
+ * request id that was never admitted or has been forgotten. */
+int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
+                     qg_settle_result *out, char *err, size_t errcap);
+
+/* Current views of a subject's windows (outcome QG_NONE, with recovery
+ * schedules).  QG_ENOSUBJECT for an unknown subject. */
+int qg_engine_usage(qg_engine *e, const char *subject, int64_t now_ms,
+                    qg_decision *out);
+
 #endif

@@ -20,6 +20,9 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
                        char *err, size_t errcap);
 /* The UTC zone, without any file.  Caller owns it. */
 qg_tz *qg_tz_utc(void);
+/* A zone with one fixed offset (seconds east of UTC) for all time, named
+ * `name` (copied).  qg_tz_utc() is qg_tz_fixed("UTC", 0). */
+qg_tz *qg_tz_fixed(const char *name, int32_t utoff);
 void qg_tz_free(qg_tz *tz);
 const char *qg_tz_name(const qg_tz *tz);
 

@@ -1,0 +1,116 @@
+/* decide.c - the all-or-nothing decision over a member's and its org's
+ * windows (decide.h).  No locks and no clock: the store holds the lock and
+ * passes now in the window contexts. */
+#include <string.h>
+#include "decide.h"
+
+int qg_decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
+                  qg_win_state *states, int org)
+{
+    if (in->n + n > QG_MAX_VIEWS)
+        return QG_EINVAL;
+    for (int i = 0; i < n; i++) {
+        in->spec[in->n] = &specs[i];
+        in->state[in->n] = &states[i];
+        in->org[in->n] = (unsigned char)(org != 0);
+        in->n++;
+    }
+    return QG_OK;
+}
+
+static const qg_win_ctx *ctx_of(const qg_decide_in *in, int i)
+{
+    return &in->ctx[in->org[i]];
+}
+
+void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery)
+{
+    out->nviews = in->n;
+    for (int i = 0; i < in->n; i++) {
+        qg_win_view(in->spec[i], in->state[i], ctx_of(in, i), &out->views[i]);
+        out->views[i].org = in->org[i];
+        out->nrecovery[i] = 0;
+        if (with_recovery && out->views[i].used_milli > 0)
+            out->nrecovery[i] =
+                qg_win_recovery(in->spec[i], in->state[i], ctx_of(in, i),
+                                out->recovery[i], QG_MAX_RECOVERY);
+    }
+}
+
+/* Undo the charges of windows [0, upto) after a later one failed. */
+static void rollback(qg_decide_in *in, int upto)
+{
+    for (int i = 0; i < upto; i++) {
+        const qg_window_spec *s = in->spec[i];
+        if (!qg_window_applies(s, in->model))
+            continue;
+        if (s->type == QG_WIN_CONCURRENCY)
+            qg_win_release(s, in->state[i], ctx_of(in, i));
+        else
+            qg_win_adjust(s, in->state[i], ctx_of(in, i), ctx_of(in, i)->now_ms,
+                          -qg_win_amount(s, in->weight_milli));
+    }
+}
+
+int qg_decide(qg_decide_in *in, qg_decision *out)
+{
+    int64_t now = in->ctx[0].now_ms, latest = now;
+    int binding = -1, never = -1;
+
+    out->weight_milli = in->weight_milli;
+    out->retry_after_ms = 0;
+    for (int i = 0; i < in->n; i++) {
+        const qg_window_spec *s = in->spec[i];
+        int64_t at;
+        if (!qg_window_applies(s, in->model))
+            continue;
+        at = qg_win_admit_at(s, in->state[i], ctx_of(in, i),
+                             qg_win_amount(s, in->weight_milli));
+        if (at == QG_NEVER) {
+            /* The first window that can never hold it binds. */
+            if (never < 0)
+                never = i;
+        } else if (at > latest) {
+            latest = at;
+            binding = i;
+        }
+    }
+    if (never >= 0) {
+        out->outcome = QG_REJECT_NEVER;
+        out->binding = never;
+    } else if (binding >= 0) {
+        out->outcome = QG_REJECT;
+        out->binding = binding;
+        out->retry_after_ms = latest - now;
+    } else {
+        for (int i = 0; i < in->n; i++) {
+            const qg_window_spec *s = in->spec[i];
+            int rc;
+            if (!qg_window_applies(s, in->model))
+                continue;
+            rc = qg_win_charge(s, in->state[i], ctx_of(in, i),
+                               qg_win_amount(s, in->weight_milli));
+            if (rc != QG_OK) {
+                rollback(in, i);
+                return rc;
+            }
+        }
+        out->outcome = QG_ALLOW;
+        out->binding = -1;
+    }
+    qg_decide_views(in, out, out->outcome != QG_ALLOW);
+    return QG_OK;
+}
+
+void qg_decide_settle(qg_decide_in *in, int64_t t0_ms, int64_t delta_milli)
+{
+    for (int i = 0; i < in->n; i++) {
+        const qg_window_spec *s = in->spec[i];
+        if (!qg_window_applies(s, in->model))
+            continue;
+        if (s->type == QG_WIN_CONCURRENCY)
+            qg_win_release(s, in->state[i], ctx_of(in, i));
+        else if (s->unit == QG_UNIT_WEIGHT && delta_milli != 0)
+            qg_win_adjust(s, in->state[i], ctx_of(in, i), t0_ms, delta_milli);
+    }
+}

@@ -1,0 +1,121 @@
+/* rules.c - lifetime and lookups of a compiled rule set.
+ *
+ * The parser (rules_yaml.c) fills a qg_rules; this file releases it, finds
+ * plans, models, orgs, subjects and windows by name, and formats the
+ * diagnostic of a rules file that could not be used.  Lookups are linear:
+ * rule sets hold tens of names and are searched on load and on admin calls,
+ * never per request in a loop that matters. */
+#include "rules.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void free_windows(qg_window_spec *w, int n)
+{
+    int i;
+    if (!w)
+        return;
+    for (i = 0; i < n; i++)
+        free(w[i].name);
+    free(w);
+}
+
+void qg_rules_free(qg_rules *r)
+{
+    int i, j;
+    if (!r)
+        return;
+    for (i = 0; r->plans && i < r->nplans; i++) {
+        qg_plan *p = &r->plans[i];
+        free(p->name);
+        free_windows(p->windows, p->nwindows);
+        for (j = 0; p->claims && j < p->nclaims; j++) {
+            free(p->claims[j].window);
+            free(p->claims[j].unit);
+        }
+        free(p->claims);
+    }
+    free(r->plans);
+    for (i = 0; r->orgs && i < r->norgs; i++) {
+        free(r->orgs[i].name);
+        free_windows(r->orgs[i].windows, r->orgs[i].nwindows);
+    }
+    free(r->orgs);
+    for (i = 0; r->models && i < r->nmodels; i++)
+        free(r->models[i].name);
+    free(r->models);
+    for (i = 0; r->subjects && i < r->nsubjects; i++)
+        free(r->subjects[i].name);
+    free(r->subjects);
+    for (i = 0; r->zones && i < r->nzones; i++)
+        qg_tz_free(r->zones[i]);
+    free(r->zones);
+    free(r->path);
+    free(r->version);
+    free(r->unit);
+    free(r->weights_version);
+    free(r);
+}
+
+void qg_diag_format(const qg_diag *d, char *buf, size_t cap)
+{
+    if (!buf || cap == 0)
+        return;
+    if (!d) {
+        buf[0] = '\0';
+        return;
+    }
+    if (d->line > 0)
+        snprintf(buf, cap, "%s:%d:%d: %s", d->path, d->line,
+                 d->column > 0 ? d->column : 1, d->message);
+    else
+        snprintf(buf, cap, "%s: %s", d->path, d->message);
+}
+
+/* Each array holds structs whose first field is not always the name, so
+ * one small loop per kind keeps the types honest. */
+int qg_rules_find_plan(const qg_rules *r, const char *name)
+{
+    int i;
+    for (i = 0; r && name && i < r->nplans; i++)
+        if (r->plans[i].name && strcmp(r->plans[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int qg_rules_find_model(const qg_rules *r, const char *name)
+{
+    int i;
+    for (i = 0; r && name && i < r->nmodels; i++)
+        if (r->models[i].name && strcmp(r->models[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int qg_rules_find_org(const qg_rules *r, const char *name)
+{
+    int i;
+    for (i = 0; r && name && i < r->norgs; i++)
+        if (r->orgs[i].name && strcmp(r->orgs[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int qg_rules_find_subject(const qg_rules *r, const char *name)
+{
+    int i;
+    for (i = 0; r && name && i < r->nsubjects; i++)
+        if (r->subjects[i].name && strcmp(r->subjects[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+const qg_window_spec *qg_plan_find_window(const qg_plan *p, const char *name)
+{
+    int i;
+    for (i = 0; p && name && i < p->nwindows; i++)
+        if (p->windows[i].name && strcmp(p->windows[i].name, name) == 0)
+            return &p->windows[i];
+    return NULL;
+}

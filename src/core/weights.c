@@ -1,0 +1,24 @@
+/* weights.c - weight of one request from its token counts (weights.h).
+ *
+ * Coefficients are micro-points per 1000 tokens, so tokens * coefficient
+ * is in nano-points (1e-9).  Both products are summed before the single
+ * rounding step, so a request is never charged twice for a fraction. */
+#include "weights.h"
+#include "fixed.h"
+
+int64_t qg_weight_milli(const qg_model *m, int64_t input_tokens,
+                        int64_t output_tokens)
+{
+    __int128 nano;
+
+    if (input_tokens < 0 || output_tokens < 0)
+        return -1;
+    nano = (__int128)input_tokens * m->input_per_1k_micro +
+           (__int128)output_tokens * m->output_per_1k_micro;
+    /* nano-points -> milli-points: divide by 1e6, rounding up. */
+    nano = (nano + QG_MICRO - 1) / QG_MICRO;
+    nano += m->per_request_milli;
+    if (nano > INT64_MAX / 4)
+        return -1;
+    return (int64_t)nano;
+}

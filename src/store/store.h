@@ -1,0 +1,78 @@
+/* store.h - where counters live: the store method table.
+ *
+ * The engine resolves a request (subject -> plan, org, weight) and hands
+ * the store one self-contained instruction; the store applies it to every
+ * window of the member and of its org atomically and answers.  Each call is
+ * designed to be one round trip to a remote store: a Redis server-side
+ * script receives the keys (member, org and request id, in one hash slot by
+ * the org's tag) and the window parameters and runs the same arithmetic as
+ * src/core/win_*.c.  The in-memory store (store_memory.c) calls those
+ * functions directly under a shard lock, and is also the tests' store.
+ *
+ * Identity is by 128-bit hashes: subjects and orgs by the hash of their
+ * name, requests by the hash of their request id. */
+#ifndef QG_STORE_H
+#define QG_STORE_H
+
+#include <stdint.h>
+#include "quotagate.h"
+#include "rules.h"
+
+typedef struct qg_key {
+    uint64_t hi, lo;
+} qg_key;
+
+/* One decision, fully resolved by the engine. */
+typedef struct qg_store_check {
+    qg_key rid;                 /* request id */
+    qg_key member;              /* subject */
+    qg_key org;                 /* zero when has_org is 0 */
+    int has_org;
+    const qg_plan *plan;        /* member windows */
+    const qg_org_spec *orgspec; /* org windows, NULL when none */
+    int model;                  /* model index, -1 weight-only */
+    int64_t weight_milli;
+    int64_t anchor_ms;          /* billing anchor (calendar windows) */
+    int64_t now_ms;
+} qg_store_check;
+
+/* One settle: the store finds the reservation by rid. */
+typedef struct qg_store_settle {
+    qg_key rid;
+    int64_t now_ms;
+    qg_settle_status status;
+    int64_t input_tokens, output_tokens;
+    int64_t weight_milli;       /* >= 0 for weight-only reservations */
+    const qg_rules *rules;      /* weights of the reservation's model */
+} qg_store_settle;
+
+/* The view of one subject. */
+typedef struct qg_store_usage {
+    qg_key member, org;
+    int has_org;
+    const qg_plan *plan;
+    const qg_org_spec *orgspec;
+    int64_t anchor_ms;
+    int64_t now_ms;
+} qg_store_usage;
+
+typedef struct qg_store_methods {
+    const char *name;
+    /* Decide, charge when allowed, remember the request id.  Fills out's
+     * outcome, weight, decided_at, retry_after, binding, views and (on
+     * refusal) recovery.  Returns 0 or QG_EFULL / QG_ENOMEM / QG_EINVAL
+     * (request id reused by another subject). */
+    int (*check)(qg_store *s, const qg_store_check *in, qg_decision *out);
+    int (*settle)(qg_store *s, const qg_store_settle *in,
+                  qg_settle_result *out);
+    int (*usage)(qg_store *s, const qg_store_usage *in, qg_decision *out);
+    void (*stats)(qg_store *s, qg_store_stats *out);
+    void (*free)(qg_store *s);
+} qg_store_methods;
+
+/* Every store begins with this. */
+struct qg_store {
+    const qg_store_methods *m;
+};
+
+#endif

@@ -1,0 +1,573 @@
+/* store_memory.c - the in-process store: counters in sharded hash tables.
+ *
+ * Two kinds of shard, each with its own mutex:
+ *  - entity shards hold the window states of members and orgs.  A member
+ *    lives in the shard of its org (or its own when it has none), so one
+ *    decision takes exactly one entity lock for the member and its org:
+ *    all-or-nothing without lock ordering, and the same grouping a Redis
+ *    Cluster gets from hash-tagging a member's keys with its org.
+ *  - reservation shards remember request ids (idempotency) and the
+ *    reservations awaiting settle, bounded: each shard keeps at most
+ *    max_reservations / shards ids and forgets the oldest settled (or
+ *    expired) one to make room; when every remembered id is still an
+ *    unexpired reservation the check is refused with QG_EFULL.
+ * Lock order is always reservation shard, then entity shard.
+ *
+ * Memory per subject: one entity block (header plus 32 bytes per window)
+ * and a table slot; rolling logs and lease arrays grow on demand within
+ * their caps (window.h). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "decide.h"
+#include "store.h"
+#include "weights.h"
+
+#define DEFAULT_SHARDS 64
+#define DEFAULT_RESERVATIONS (1u << 17)
+#define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
+
+typedef struct entity {
+    qg_key key;
+    const qg_window_spec *specs;  /* the layout the states follow */
+    qg_win_state *win;            /* points into the block, or separate */
+    uint32_t nwin;
+    uint32_t separate;            /* win allocated apart from the block */
+    qg_win_state inline_win[];
+} entity;
+
+typedef struct ent_slot {
+    qg_key key;                   /* {0,0} = empty */
+    entity *e;
+} ent_slot;
+
+typedef struct ent_shard {
+    pthread_mutex_t mu;
+    ent_slot *slots;
+    uint32_t cap, count;          /* cap is a power of two */
+    size_t bytes;                 /* entity blocks */
+    char pad[64];
+} ent_shard;
+
+enum { R_EMPTY = 0, R_RESERVED = 1, R_SETTLED = 2 };
+
+typedef struct resv {
+    qg_key rid;
+    entity *member, *org;
+    int64_t t0_ms, expires_ms;
+    int64_t reserved_milli, actual_milli, charged_milli;
+    int64_t anchor_ms;
+    int32_t model;
+    uint16_t shard;               /* entity shard */
+    uint8_t state, status;
+    uint8_t late;
+} resv;
+
+typedef struct resv_shard {
+    pthread_mutex_t mu;
+    resv *slots;
+    uint32_t cap, count, max;     /* cap power of two >= 2 * max */
+    qg_key *fifo;                 /* insertion order, max entries */
+    uint32_t fifo_head, fifo_count;
+    uint32_t live;                /* R_RESERVED entries */
+    char pad[64];
+} resv_shard;
+
+typedef struct mem_store {
+    qg_store base;
+    int nshards;
+    ent_shard *ents;
+    resv_shard *resvs;
+} mem_store;
+
+static int key_zero(qg_key k) { return k.hi == 0 && k.lo == 0; }
+static int key_eq(qg_key a, qg_key b) { return a.hi == b.hi && a.lo == b.lo; }
+
+/* ------------------------------------------------------------ entities */
+
+static entity *entity_new(qg_key key, const qg_window_spec *specs, int n)
+{
+    entity *e = calloc(1, sizeof *e + (size_t)n * sizeof(qg_win_state));
+    if (!e)
+        return NULL;
+    e->key = key;
+    e->specs = specs;
+    e->nwin = (uint32_t)n;
+    e->win = e->inline_win;
+    return e;
+}
+
+static void entity_free(entity *e)
+{
+    for (uint32_t i = 0; i < e->nwin; i++)
+        qg_win_free(&e->specs[i], &e->win[i]);
+    if (e->separate)
+        free(e->win);
+    free(e);
+}
+
+/* The rules changed the layout (a new plan, or reloaded rules): carry each
+ * window's state over to the same-named window of the same type. */
+static int entity_relayout(entity *e, const qg_window_spec *specs, int n)
+{
+    qg_win_state *nw = calloc((size_t)n ? (size_t)n : 1, sizeof *nw);
+    if (!nw)
+        return QG_ENOMEM;
+    for (int i = 0; i < n; i++)
+        for (uint32_t j = 0; j < e->nwin; j++)
+            if (e->specs[j].name && e->specs[j].type == specs[i].type &&
+                strcmp(e->specs[j].name, specs[i].name) == 0) {
+                nw[i] = e->win[j];
+                memset(&e->win[j], 0, sizeof e->win[j]);
+                break;
+            }
+    for (uint32_t j = 0; j < e->nwin; j++)
+        qg_win_free(&e->specs[j], &e->win[j]);
+    if (e->separate)
+        free(e->win);
+    e->win = nw;
+    e->separate = 1;
+    e->specs = specs;
+    e->nwin = (uint32_t)n;
+    return QG_OK;
+}
+
+static int ent_grow(ent_shard *sh)
+{
+    uint32_t ncap = sh->cap ? sh->cap * 2 : 1024;
+    ent_slot *ns = calloc(ncap, sizeof *ns);
+    if (!ns)
+        return QG_ENOMEM;
+    for (uint32_t i = 0; i < sh->cap; i++) {
+        ent_slot *o = &sh->slots[i];
+        uint32_t j;
+        if (key_zero(o->key))
+            continue;
+        for (j = (uint32_t)o->key.lo & (ncap - 1); !key_zero(ns[j].key);
+             j = (j + 1) & (ncap - 1))
+            ;
+        ns[j] = *o;
+    }
+    free(sh->slots);
+    sh->slots = ns;
+    sh->cap = ncap;
+    return QG_OK;
+}
+
+/* Find or create the entity for key with the given layout. */
+static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
+                   int n, entity **out)
+{
+    uint32_t j;
+    entity *e;
+
+    if (sh->cap) {
+        for (j = (uint32_t)key.lo & (sh->cap - 1); !key_zero(sh->slots[j].key);
+             j = (j + 1) & (sh->cap - 1))
+            if (key_eq(sh->slots[j].key, key)) {
+                e = sh->slots[j].e;
+                if (e->specs != specs && entity_relayout(e, specs, n) != QG_OK)
+                    return QG_ENOMEM;
+                *out = e;
+                return QG_OK;
+            }
+    }
+    if ((sh->count + 1) * 2 > sh->cap && ent_grow(sh) != QG_OK)
+        return QG_ENOMEM;
+    if (!(e = entity_new(key, specs, n)))
+        return QG_ENOMEM;
+    for (j = (uint32_t)key.lo & (sh->cap - 1); !key_zero(sh->slots[j].key);
+         j = (j + 1) & (sh->cap - 1))
+        ;
+    sh->slots[j].key = key;
+    sh->slots[j].e = e;
+    sh->count++;
+    sh->bytes += sizeof *e + (size_t)n * sizeof(qg_win_state);
+    *out = e;
+    return QG_OK;
+}
+
+static entity *ent_find(ent_shard *sh, qg_key key)
+{
+    if (!sh->cap)
+        return NULL;
+    for (uint32_t j = (uint32_t)key.lo & (sh->cap - 1);
+         !key_zero(sh->slots[j].key); j = (j + 1) & (sh->cap - 1))
+        if (key_eq(sh->slots[j].key, key))
+            return sh->slots[j].e;
+    return NULL;
+}
+
+/* -------------------------------------------------------- reservations */
+
+static resv *resv_find(resv_shard *sh, qg_key rid)
+{
+    for (uint32_t j = (uint32_t)(rid.lo >> 8) & (sh->cap - 1);
+         sh->slots[j].state != R_EMPTY; j = (j + 1) & (sh->cap - 1))
+        if (key_eq(sh->slots[j].rid, rid))
+            return &sh->slots[j];
+    return NULL;
+}
+
+/* Remove the entry at slot i, shifting later members of its probe run
+ * back so that lookups never stop early (no tombstones). */
+static void resv_delete_at(resv_shard *sh, uint32_t i)
+{
+    uint32_t mask = sh->cap - 1, j = i;
+    if (sh->slots[i].state == R_RESERVED)
+        sh->live--;
+    sh->slots[i].state = R_EMPTY;
+    sh->count--;
+    for (;;) {
+        uint32_t home;
+        j = (j + 1) & mask;
+        if (sh->slots[j].state == R_EMPTY)
+            return;
+        home = (uint32_t)(sh->slots[j].rid.lo >> 8) & mask;
+        /* move j back to i when home is not cyclically within (i, j] */
+        if ((i <= j) ? (home <= i || home > j) : (home <= i && home > j)) {
+            sh->slots[i] = sh->slots[j];
+            sh->slots[j].state = R_EMPTY;
+            i = j;
+        }
+    }
+}
+
+/* Make room for one more id: forget the oldest if it is settled or its
+ * lease has expired.  Returns 0 or QG_EFULL. */
+static int resv_make_room(resv_shard *sh, int64_t now)
+{
+    while (sh->count >= sh->max && sh->fifo_count) {
+        qg_key old = sh->fifo[sh->fifo_head];
+        resv *r = resv_find(sh, old);
+        if (r && r->state == R_RESERVED && now < r->expires_ms)
+            return QG_EFULL;
+        sh->fifo_head = (sh->fifo_head + 1) % sh->max;
+        sh->fifo_count--;
+        if (r)
+            resv_delete_at(sh, (uint32_t)(r - sh->slots));
+    }
+    return sh->count < sh->max ? QG_OK : QG_EFULL;
+}
+
+static resv *resv_insert(resv_shard *sh, qg_key rid)
+{
+    uint32_t j;
+    for (j = (uint32_t)(rid.lo >> 8) & (sh->cap - 1);
+         sh->slots[j].state != R_EMPTY; j = (j + 1) & (sh->cap - 1))
+        ;
+    memset(&sh->slots[j], 0, sizeof sh->slots[j]);
+    sh->slots[j].rid = rid;
+    sh->slots[j].state = R_RESERVED;
+    sh->count++;
+    sh->live++;
+    sh->fifo[(sh->fifo_head + sh->fifo_count) % sh->max] = rid;
+    sh->fifo_count++;
+    return &sh->slots[j];
+}
+
+/* ------------------------------------------------------------- methods */
+
+static uint32_t shard_of(const mem_store *ms, qg_key k)
+{
+    return (uint32_t)(k.hi >> 32) & (uint32_t)(ms->nshards - 1);
+}
+
+static int64_t lease_ttl(const qg_window_spec *w, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (w[i].type == QG_WIN_CONCURRENCY && w[i].lease_ttl_ms > 0)
+            return w[i].lease_ttl_ms;
+    return DEFAULT_LEASE_MS;
+}
+
+/* Gather member and org windows for a decision. */
+static void gather(qg_decide_in *din, entity *m, entity *o, int model,
+                   int64_t weight, int64_t now, int64_t anchor, qg_key rid)
+{
+    din->n = 0;
+    din->model = model;
+    din->weight_milli = weight;
+    din->ctx[0].now_ms = din->ctx[1].now_ms = now;
+    din->ctx[0].anchor_ms = anchor;
+    din->ctx[1].anchor_ms = 0;
+    din->ctx[0].rid = din->ctx[1].rid = rid.lo;
+    qg_decide_add(din, m->specs, (int)m->nwin, m->win, 0);
+    if (o)
+        qg_decide_add(din, o->specs, (int)o->nwin, o->win, 1);
+}
+
+static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
+                        int has_org, qg_key org, const qg_org_spec *os,
+                        entity **m, entity **o)
+{
+    int rc = ent_get(es, member, plan->windows, plan->nwindows, m);
+    *o = NULL;
+    if (rc == QG_OK && has_org && os)
+        rc = ent_get(es, org, os->windows, os->nwindows, o);
+    if (rc == QG_OK && (int)(*m)->nwin + (*o ? (int)(*o)->nwin : 0) > QG_MAX_VIEWS)
+        rc = QG_EINVAL;
+    return rc;
+}
+
+static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
+{
+    mem_store *ms = (mem_store *)s;
+    resv_shard *rs = &ms->resvs[shard_of(ms, in->rid)];
+    uint32_t esi = shard_of(ms, in->has_org ? in->org : in->member);
+    ent_shard *es = &ms->ents[esi];
+    qg_decide_in din;
+    entity *m, *o;
+    resv *r;
+    int rc;
+
+    pthread_mutex_lock(&rs->mu);
+    if ((r = resv_find(rs, in->rid)) != NULL) {
+        if (!key_eq(r->member->key, in->member)) {
+            rc = QG_EINVAL;
+            goto out_rs;
+        }
+        pthread_mutex_lock(&ms->ents[r->shard].mu);
+        gather(&din, r->member, r->org, r->model, r->reserved_milli,
+               in->now_ms, r->anchor_ms, in->rid);
+        qg_decide_views(&din, out, 0);
+        pthread_mutex_unlock(&ms->ents[r->shard].mu);
+        out->outcome = QG_ALLOW;
+        out->replayed = 1;
+        out->weight_milli = r->reserved_milli;
+        out->decided_at_ms = r->t0_ms;
+        out->retry_after_ms = 0;
+        out->binding = -1;
+        rc = QG_OK;
+        goto out_rs;
+    }
+    if ((rc = resv_make_room(rs, in->now_ms)) != QG_OK)
+        goto out_rs;
+
+    pthread_mutex_lock(&es->mu);
+    rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
+                      in->orgspec, &m, &o);
+    if (rc == QG_OK) {
+        gather(&din, m, o, in->model, in->weight_milli, in->now_ms,
+               in->anchor_ms, in->rid);
+        rc = qg_decide(&din, out);
+    }
+    pthread_mutex_unlock(&es->mu);
+    if (rc != QG_OK)
+        goto out_rs;
+    out->replayed = 0;
+    out->decided_at_ms = in->now_ms;
+    if (out->outcome == QG_ALLOW) {
+        r = resv_insert(rs, in->rid);
+        r->member = m;
+        r->org = o;
+        r->shard = (uint16_t)esi;
+        r->t0_ms = in->now_ms;
+        r->expires_ms = in->now_ms +
+                        lease_ttl(in->plan->windows, in->plan->nwindows);
+        r->reserved_milli = r->charged_milli = in->weight_milli;
+        r->anchor_ms = in->anchor_ms;
+        r->model = in->model;
+    }
+out_rs:
+    pthread_mutex_unlock(&rs->mu);
+    return rc;
+}
+
+static void settle_result(const resv *r, int replayed, qg_settle_result *out)
+{
+    out->replayed = replayed;
+    out->late = r->late;
+    out->reserved_milli = r->reserved_milli;
+    out->actual_milli = r->actual_milli;
+    out->charged_milli = r->charged_milli;
+    out->decided_at_ms = r->t0_ms;
+    out->status = (qg_settle_status)r->status;
+}
+
+static int mem_settle(qg_store *s, const qg_store_settle *in,
+                      qg_settle_result *out)
+{
+    mem_store *ms = (mem_store *)s;
+    resv_shard *rs = &ms->resvs[shard_of(ms, in->rid)];
+    qg_decide_in din;
+    int64_t actual, delta;
+    resv *r;
+    int rc = QG_OK;
+
+    pthread_mutex_lock(&rs->mu);
+    if (!(r = resv_find(rs, in->rid))) {
+        rc = QG_ENOTFOUND;
+        goto out;
+    }
+    if (r->state == R_SETTLED) {
+        settle_result(r, 1, out);
+        goto out;
+    }
+    if (r->model >= 0) {
+        if (r->model >= in->rules->nmodels) {
+            rc = QG_EMODEL;
+            goto out;
+        }
+        actual = qg_weight_milli(&in->rules->models[r->model],
+                                 in->input_tokens, in->output_tokens);
+    } else {
+        actual = in->weight_milli >= 0 ? in->weight_milli : r->reserved_milli;
+    }
+    if (actual < 0) {
+        rc = QG_ERANGE;
+        goto out;
+    }
+    delta = actual - r->reserved_milli;
+    r->late = in->now_ms >= r->expires_ms;
+    /* A reservation whose lease expired is final: never refunded. */
+    if (r->late && delta < 0)
+        delta = 0;
+    pthread_mutex_lock(&ms->ents[r->shard].mu);
+    gather(&din, r->member, r->org, r->model, r->reserved_milli, in->now_ms,
+           r->anchor_ms, in->rid);
+    qg_decide_settle(&din, r->t0_ms, delta);
+    pthread_mutex_unlock(&ms->ents[r->shard].mu);
+    r->actual_milli = actual;
+    r->charged_milli = r->reserved_milli + delta;
+    r->status = (uint8_t)in->status;
+    r->state = R_SETTLED;
+    rs->live--;
+    settle_result(r, 0, out);
+out:
+    pthread_mutex_unlock(&rs->mu);
+    return rc;
+}
+
+static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
+{
+    mem_store *ms = (mem_store *)s;
+    ent_shard *es = &ms->ents[shard_of(ms, in->has_org ? in->org : in->member)];
+    qg_decide_in din;
+    entity *m, *o;
+    qg_key none = {0, 0};
+    int rc;
+
+    pthread_mutex_lock(&es->mu);
+    rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
+                      in->orgspec, &m, &o);
+    if (rc == QG_OK) {
+        gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
+        qg_decide_views(&din, out, 1);
+    }
+    pthread_mutex_unlock(&es->mu);
+    out->outcome = QG_NONE;
+    out->binding = -1;
+    return rc;
+}
+
+static void mem_stats(qg_store *s, qg_store_stats *out)
+{
+    mem_store *ms = (mem_store *)s;
+    memset(out, 0, sizeof *out);
+    out->backend = "memory";
+    for (int i = 0; i < ms->nshards; i++) {
+        ent_shard *es = &ms->ents[i];
+        resv_shard *rs = &ms->resvs[i];
+        pthread_mutex_lock(&es->mu);
+        out->subjects += es->count;
+        out->bytes += es->bytes + (size_t)es->cap * sizeof(ent_slot);
+        for (uint32_t j = 0; j < es->cap; j++) {
+            entity *e = es->slots[j].e;
+            if (key_zero(es->slots[j].key))
+                continue;
+            for (uint32_t w = 0; w < e->nwin; w++)
+                out->bytes += qg_win_bytes(&e->specs[w], &e->win[w]);
+        }
+        pthread_mutex_unlock(&es->mu);
+        pthread_mutex_lock(&rs->mu);
+        out->reservations += rs->count;
+        out->reservations_live += rs->live;
+        out->bytes += (size_t)rs->cap * sizeof(resv) +
+                      (size_t)rs->max * sizeof(qg_key);
+        pthread_mutex_unlock(&rs->mu);
+    }
+}
+
+static void mem_free(qg_store *s)
+{
+    mem_store *ms = (mem_store *)s;
+    if (!ms)
+        return;
+    for (int i = 0; i < ms->nshards; i++) {
+        if (ms->ents) {
+            ent_shard *es = &ms->ents[i];
+            for (uint32_t j = 0; j < es->cap; j++)
+                if (!key_zero(es->slots[j].key))
+                    entity_free(es->slots[j].e);
+            free(es->slots);
+            pthread_mutex_destroy(&es->mu);
+        }
+        if (ms->resvs) {
+            free(ms->resvs[i].slots);
+            free(ms->resvs[i].fifo);
+            pthread_mutex_destroy(&ms->resvs[i].mu);
+        }
+    }
+    free(ms->ents);
+    free(ms->resvs);
+    free(ms);
+}
+
+static const qg_store_methods memory_methods = {
+    .name = "memory",
+    .check = mem_check,
+    .settle = mem_settle,
+    .usage = mem_usage,
+    .stats = mem_stats,
+    .free = mem_free,
+};
+
+qg_store *qg_store_memory_new(const qg_memory_opts *opts)
+{
+    int n = opts && opts->shards > 0 ? opts->shards : DEFAULT_SHARDS;
+    uint32_t maxr = opts && opts->max_reservations ? opts->max_reservations
+                                                   : DEFAULT_RESERVATIONS;
+    uint32_t per, cap;
+    mem_store *ms;
+
+    if (n & (n - 1) || n > 4096)
+        return NULL;
+    per = maxr / (uint32_t)n ? maxr / (uint32_t)n : 1;
+    for (cap = 4; cap < per * 2; cap <<= 1)
+        ;
+    if (!(ms = calloc(1, sizeof *ms)))
+        return NULL;
+    ms->base.m = &memory_methods;
+    ms->nshards = n;
+    ms->ents = calloc((size_t)n, sizeof *ms->ents);
+    ms->resvs = calloc((size_t)n, sizeof *ms->resvs);
+    if (!ms->ents || !ms->resvs)
+        goto fail;
+    for (int i = 0; i < n; i++) {
+        resv_shard *rs = &ms->resvs[i];
+        pthread_mutex_init(&ms->ents[i].mu, NULL);
+        pthread_mutex_init(&rs->mu, NULL);
+        rs->max = per;
+        rs->cap = cap;
+        rs->slots = calloc(cap, sizeof *rs->slots);
+        rs->fifo = calloc(per, sizeof *rs->fifo);
+        if (!rs->slots || !rs->fifo)
+            goto fail;
+    }
+    return &ms->base;
+fail:
+    mem_free(&ms->base);
+    return NULL;
+}
+
+void qg_store_free(qg_store *s)
+{
+    if (s)
+        s->m->free(s);
+}
+
+void qg_store_stats_get(qg_store *s, qg_store_stats *out)
+{
+    s->m->stats(s, out);
+}
