@@ -187,17 +187,6 @@ static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
     return QG_OK;
 }
 
-static entity *ent_find(ent_shard *sh, qg_key key)
-{
-    if (!sh->cap)
-        return NULL;
-    for (uint32_t j = (uint32_t)key.lo & (sh->cap - 1);
-         !key_zero(sh->slots[j].key); j = (j + 1) & (sh->cap - 1))
-        if (key_eq(sh->slots[j].key, key))
-            return sh->slots[j].e;
-    return NULL;
-}
-
 /* -------------------------------------------------------- reservations */
 
 static resv *resv_find(resv_shard *sh, qg_key rid)
