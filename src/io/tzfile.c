@@ -6,6 +6,7 @@
  * keeps every lookup inside the zoneinfo directory.  Files are capped in
  * size and must be regular files. */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,16 +37,23 @@ static int valid_name(const char *name)
     return 1;
 }
 
-static void say(char *err, size_t cap, const char *msg)
+static void say(char *err, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void say(char *err, size_t cap, const char *fmt, ...)
 {
-    if (err && cap)
-        snprintf(err, cap, "%s", msg);
+    va_list ap;
+    if (!err || cap == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
 }
 
 qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
 {
     const char *dir = ud ? (const char *)ud : getenv("TZDIR");
-    char path[4096], why[256], msg[512];
+    char path[4096], why[256];
     unsigned char *buf = NULL;
     struct stat st;
     ssize_t got;
@@ -58,11 +66,9 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         return NULL;
     }
     if (!valid_name(name)) {
-        snprintf(msg, sizeof msg,
-                 "invalid time zone name \"%.200s\": expected an IANA name "
-                 "such as Europe/Berlin",
-                 name);
-        say(err, errcap, msg);
+        say(err, errcap,
+            "invalid time zone name \"%.200s\": expected an IANA name "
+            "such as Europe/Berlin", name);
         return NULL;
     }
     if (!dir || !*dir)
@@ -79,29 +85,25 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         if (is_utc)
             return qg_tz_fixed(name, 0);
         if (e == ENOENT || e == ENOTDIR)
-            snprintf(msg, sizeof msg,
-                     "unknown time zone \"%s\": no such zone in %.300s", name,
-                     dir);
+            say(err, errcap, "unknown time zone \"%s\": no such zone in %s",
+                name, dir);
         else
-            snprintf(msg, sizeof msg, "time zone \"%s\": cannot open %.300s: %s",
-                     name, path, strerror(e));
-        say(err, errcap, msg);
+            say(err, errcap, "time zone \"%s\": cannot open %s: %s", name,
+                path, strerror(e));
         return NULL;
     }
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         if (is_utc)
             return qg_tz_fixed(name, 0);
-        snprintf(msg, sizeof msg,
-                 "unknown time zone \"%s\": no such zone in %.300s", name, dir);
-        say(err, errcap, msg);
+        say(err, errcap, "unknown time zone \"%s\": no such zone in %s",
+            name, dir);
         return NULL;
     }
     if (st.st_size > QG_TZFILE_MAX) {
         close(fd);
-        snprintf(msg, sizeof msg, "time zone \"%s\": %.300s is larger than %d bytes",
-                 name, path, QG_TZFILE_MAX);
-        say(err, errcap, msg);
+        say(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
+            name, path, QG_TZFILE_MAX);
         return NULL;
     }
     /* Read up to the cap plus one byte, in case the file grew meanwhile. */
@@ -116,11 +118,10 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {
-            snprintf(msg, sizeof msg, "time zone \"%s\": cannot read %.300s: %s",
-                     name, path, strerror(errno));
+            say(err, errcap, "time zone \"%s\": cannot read %s: %s", name,
+                path, strerror(errno));
             close(fd);
             free(buf);
-            say(err, errcap, msg);
             return NULL;
         }
         if (got == 0)
@@ -130,9 +131,8 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     close(fd);
     if (len > QG_TZFILE_MAX) {
         free(buf);
-        snprintf(msg, sizeof msg, "time zone \"%s\": %.300s is larger than %d bytes",
-                 name, path, QG_TZFILE_MAX);
-        say(err, errcap, msg);
+        say(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
+            name, path, QG_TZFILE_MAX);
         return NULL;
     }
     why[0] = '\0';
@@ -141,9 +141,8 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     if (!tz) {
         if (is_utc)
             return qg_tz_fixed(name, 0);
-        snprintf(msg, sizeof msg, "time zone \"%s\": bad zone file %.300s: %s",
-                 name, path, why);
-        say(err, errcap, msg);
+        say(err, errcap, "time zone \"%s\": bad zone file %s: %s", name,
+            path, why);
     }
     return tz;
 }
