@@ -80,13 +80,15 @@ static inline int64_t qg_win_amount(const qg_window_spec *s, int64_t w)
 /* Earliest instant >= now at which `amount` fits, assuming nothing else is
  * charged meanwhile; ctx->now_ms when it fits now; QG_NEVER when it can
  * never fit (amount exceeds the limit or the burst).  May drop expired
- * state (that is why the state is not const).  Returns QG_NEVER also on
- * an amount <= 0 never: zero amounts always fit now. */
+ * state (that is why the state is not const).  Amounts <= 0 always fit
+ * now. */
 int64_t qg_win_admit_at(const qg_window_spec *s, qg_win_state *st,
                         const qg_win_ctx *ctx, int64_t amount_milli);
 
 /* Record a charge of `amount` at ctx->now_ms (call only after admit_at
- * returned now, or to force a charge).  Returns 0 or QG_ENOMEM. */
+ * returned now, or to force a charge).  Returns 0, or QG_ENOMEM, QG_EFULL
+ * (a lease array at its cap) or QG_EINVAL (a calendar period that cannot
+ * be computed), in which case nothing was recorded. */
 int qg_win_charge(const qg_window_spec *s, qg_win_state *st,
                   const qg_win_ctx *ctx, int64_t amount_milli);
 
