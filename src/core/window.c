@@ -109,16 +109,37 @@ int qg_win_recovery(const qg_window_spec *s, qg_win_state *st,
     return o->recovery(s, st, ctx, pts, max);
 }
 
+static const win_ops *ops_of_type(qg_win_type t)
+{
+    if ((unsigned)t >= sizeof ops_table / sizeof ops_table[0] ||
+        !ops_table[t].admit_at)
+        return NULL;
+    return &ops_table[t];
+}
+
+size_t qg_win_bytes_type(qg_win_type t, const qg_win_state *st)
+{
+    const win_ops *o = ops_of_type(t);
+    return o && o->bytes ? o->bytes(NULL, st) : 0;
+}
+
+void qg_win_free_type(qg_win_type t, qg_win_state *st)
+{
+    const win_ops *o = ops_of_type(t);
+    if (o && o->free_state)
+        o->free_state(st);
+    memset(st, 0, sizeof *st);
+}
+
 size_t qg_win_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
-    const win_ops *o = ops_of(s);
-    return o && o->bytes ? o->bytes(s, st) : 0;
+    return s ? qg_win_bytes_type(s->type, st) : 0;
 }
 
 void qg_win_free(const qg_window_spec *s, qg_win_state *st)
 {
-    const win_ops *o = ops_of(s);
-    if (o && o->free_state)
-        o->free_state(st);
-    memset(st, 0, sizeof *st);
+    if (s)
+        qg_win_free_type(s->type, st);
+    else
+        memset(st, 0, sizeof *st);
 }

@@ -119,6 +119,11 @@ size_t qg_win_bytes(const qg_window_spec *s, const qg_win_state *st);
 /* Release heap memory; the state is left zeroed. */
 void qg_win_free(const qg_window_spec *s, qg_win_state *st);
 
+/* The same two by type alone, for holders of state that may outlive the
+ * rules that described it (a store across a rules reload). */
+size_t qg_win_bytes_type(qg_win_type t, const qg_win_state *st);
+void qg_win_free_type(qg_win_type t, qg_win_state *st);
+
 /* Per-type implementations, called by the dispatchers in window.c. */
 #define QG__WIN_OPS(T)                                                        \
     int64_t qg__##T##_admit_at(const qg_window_spec *, qg_win_state *,       \

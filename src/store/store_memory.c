@@ -22,16 +22,29 @@
 #include "decide.h"
 #include "store.h"
 #include "weights.h"
+#include <xxhash.h>
 
 #define DEFAULT_SHARDS 64
 #define DEFAULT_RESERVATIONS (1u << 17)
 #define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
 
+/* The windows an entity's states follow.  Interned per shard, one per
+ * window list (plan or org) of the rules in force; kept until the store
+ * is freed.  The types and name hashes are copies, so that states can be
+ * freed and carried across a rules reload without touching old rules;
+ * specs is dereferenced only while it is the current rules' list. */
+typedef struct layout {
+    const qg_window_spec *specs;
+    uint32_t n;
+    uint8_t type[QG_MAX_PLAN_WINDOWS];
+    uint64_t name_hash[QG_MAX_PLAN_WINDOWS];
+    struct layout *next;
+} layout;
+
 typedef struct entity {
     qg_key key;
-    const qg_window_spec *specs;  /* the layout the states follow */
+    const layout *lay;
     qg_win_state *win;            /* points into the block, or separate */
-    uint32_t nwin;
     uint32_t separate;            /* win allocated apart from the block */
     qg_win_state inline_win[];
 } entity;
@@ -46,6 +59,7 @@ typedef struct ent_shard {
     ent_slot *slots;
     uint32_t cap, count;          /* cap is a power of two */
     size_t bytes;                 /* entity blocks */
+    layout *layouts;
     char pad[64];
 } ent_shard;
 
@@ -85,22 +99,46 @@ static int key_eq(qg_key a, qg_key b) { return a.hi == b.hi && a.lo == b.lo; }
 
 /* ------------------------------------------------------------ entities */
 
-static entity *entity_new(qg_key key, const qg_window_spec *specs, int n)
+static uint64_t name_hash(const char *name)
 {
-    entity *e = calloc(1, sizeof *e + (size_t)n * sizeof(qg_win_state));
+    return XXH3_64bits(name, strlen(name));
+}
+
+static const layout *layout_get(ent_shard *sh, const qg_window_spec *specs,
+                                int n)
+{
+    layout *l;
+    for (l = sh->layouts; l; l = l->next)
+        if (l->specs == specs)
+            return l;
+    if (n > QG_MAX_PLAN_WINDOWS || !(l = calloc(1, sizeof *l)))
+        return NULL;
+    l->specs = specs;
+    l->n = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        l->type[i] = (uint8_t)specs[i].type;
+        l->name_hash[i] = name_hash(specs[i].name);
+    }
+    l->next = sh->layouts;
+    sh->layouts = l;
+    return l;
+}
+
+static entity *entity_new(qg_key key, const layout *lay)
+{
+    entity *e = calloc(1, sizeof *e + (size_t)lay->n * sizeof(qg_win_state));
     if (!e)
         return NULL;
     e->key = key;
-    e->specs = specs;
-    e->nwin = (uint32_t)n;
+    e->lay = lay;
     e->win = e->inline_win;
     return e;
 }
 
 static void entity_free(entity *e)
 {
-    for (uint32_t i = 0; i < e->nwin; i++)
-        qg_win_free(&e->specs[i], &e->win[i]);
+    for (uint32_t i = 0; i < e->lay->n; i++)
+        qg_win_free_type((qg_win_type)e->lay->type[i], &e->win[i]);
     if (e->separate)
         free(e->win);
     free(e);
@@ -108,27 +146,27 @@ static void entity_free(entity *e)
 
 /* The rules changed the layout (a new plan, or reloaded rules): carry each
  * window's state over to the same-named window of the same type. */
-static int entity_relayout(entity *e, const qg_window_spec *specs, int n)
+static int entity_relayout(entity *e, const layout *nl)
 {
-    qg_win_state *nw = calloc((size_t)n ? (size_t)n : 1, sizeof *nw);
+    const layout *ol = e->lay;
+    qg_win_state *nw = calloc(nl->n ? nl->n : 1, sizeof *nw);
     if (!nw)
         return QG_ENOMEM;
-    for (int i = 0; i < n; i++)
-        for (uint32_t j = 0; j < e->nwin; j++)
-            if (e->specs[j].name && e->specs[j].type == specs[i].type &&
-                strcmp(e->specs[j].name, specs[i].name) == 0) {
+    for (uint32_t i = 0; i < nl->n; i++)
+        for (uint32_t j = 0; j < ol->n; j++)
+            if (ol->type[j] == nl->type[i] &&
+                ol->name_hash[j] == nl->name_hash[i]) {
                 nw[i] = e->win[j];
                 memset(&e->win[j], 0, sizeof e->win[j]);
                 break;
             }
-    for (uint32_t j = 0; j < e->nwin; j++)
-        qg_win_free(&e->specs[j], &e->win[j]);
+    for (uint32_t j = 0; j < ol->n; j++)
+        qg_win_free_type((qg_win_type)ol->type[j], &e->win[j]);
     if (e->separate)
         free(e->win);
     e->win = nw;
     e->separate = 1;
-    e->specs = specs;
-    e->nwin = (uint32_t)n;
+    e->lay = nl;
     return QG_OK;
 }
 
@@ -158,6 +196,7 @@ static int ent_grow(ent_shard *sh)
 static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
                    int n, entity **out)
 {
+    const layout *lay;
     uint32_t j;
     entity *e;
 
@@ -166,15 +205,18 @@ static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
              j = (j + 1) & (sh->cap - 1))
             if (key_eq(sh->slots[j].key, key)) {
                 e = sh->slots[j].e;
-                if (e->specs != specs && entity_relayout(e, specs, n) != QG_OK)
-                    return QG_ENOMEM;
+                if (e->lay->specs != specs) {
+                    const layout *l = layout_get(sh, specs, n);
+                    if (!l || entity_relayout(e, l) != QG_OK)
+                        return QG_ENOMEM;
+                }
                 *out = e;
                 return QG_OK;
             }
     }
     if ((sh->count + 1) * 2 > sh->cap && ent_grow(sh) != QG_OK)
         return QG_ENOMEM;
-    if (!(e = entity_new(key, specs, n)))
+    if (!(lay = layout_get(sh, specs, n)) || !(e = entity_new(key, lay)))
         return QG_ENOMEM;
     for (j = (uint32_t)key.lo & (sh->cap - 1); !key_zero(sh->slots[j].key);
          j = (j + 1) & (sh->cap - 1))
@@ -281,9 +323,9 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     din->ctx[0].anchor_ms = anchor;
     din->ctx[1].anchor_ms = 0;
     din->ctx[0].rid = din->ctx[1].rid = rid.lo;
-    qg_decide_add(din, m->specs, (int)m->nwin, m->win, 0);
+    qg_decide_add(din, m->lay->specs, (int)m->lay->n, m->win, 0);
     if (o)
-        qg_decide_add(din, o->specs, (int)o->nwin, o->win, 1);
+        qg_decide_add(din, o->lay->specs, (int)o->lay->n, o->win, 1);
 }
 
 static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
@@ -294,7 +336,7 @@ static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
     *o = NULL;
     if (rc == QG_OK && has_org && os)
         rc = ent_get(es, org, os->windows, os->nwindows, o);
-    if (rc == QG_OK && (int)(*m)->nwin + (*o ? (int)(*o)->nwin : 0) > QG_MAX_VIEWS)
+    if (rc == QG_OK && (int)(*m)->lay->n + (*o ? (int)(*o)->lay->n : 0) > QG_MAX_VIEWS)
         rc = QG_EINVAL;
     return rc;
 }
@@ -465,8 +507,9 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
             entity *e = es->slots[j].e;
             if (key_zero(es->slots[j].key))
                 continue;
-            for (uint32_t w = 0; w < e->nwin; w++)
-                out->bytes += qg_win_bytes(&e->specs[w], &e->win[w]);
+            for (uint32_t w = 0; w < e->lay->n; w++)
+                out->bytes += qg_win_bytes_type((qg_win_type)e->lay->type[w],
+                                                &e->win[w]);
         }
         pthread_mutex_unlock(&es->mu);
         pthread_mutex_lock(&rs->mu);
@@ -490,6 +533,11 @@ static void mem_free(qg_store *s)
                 if (!key_zero(es->slots[j].key))
                     entity_free(es->slots[j].e);
             free(es->slots);
+            while (es->layouts) {
+                layout *l = es->layouts;
+                es->layouts = l->next;
+                free(l);
+            }
             pthread_mutex_destroy(&es->mu);
         }
         if (ms->resvs) {
