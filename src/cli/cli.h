@@ -1,0 +1,45 @@
+/* cli.h - what the subcommands of build/quotagate share: the parsed
+ * command line, the handlers named in main.c's command table, and the
+ * output helpers.  Handlers return the process exit code (0 ok, 1 lint
+ * findings, 2 unusable input or bad flags). */
+#ifndef QG_CLI_H
+#define QG_CLI_H
+
+#include <stdint.h>
+#include <jansson.h>
+#include "quotagate.h"
+
+#define QG_EXIT_OK 0
+#define QG_EXIT_FINDINGS 1
+#define QG_EXIT_USAGE 2
+
+/* Flags of every command; a command reads only those it declares. */
+typedef struct qg_cli_args {
+    const char *cmd;          /* command name, for messages */
+    const char *config;       /* -c, --config */
+    int json;                 /* --json */
+    const char *baseline;     /* --baseline PLAN */
+    const char *period;       /* --period DUR */
+    const char *trace;        /* --trace FILE.csv */
+    const char *start;        /* --start ISO8601 */
+    const char *previous;     /* --previous OLD_RULES */
+} qg_cli_args;
+
+/* Handlers: `rules` (loaded from --config) passes to the handler. */
+int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
+
+/* Load a rules file; on failure print "path:line:col: ..." to stderr and
+ * return NULL. */
+qg_rules *qg__cli_load_rules(const char *path);
+
+/* A milli quantity as a JSON number: an integer when whole, else a real
+ * (the only place a binary fraction appears, at the output boundary). */
+json_t *qg__json_milli(int64_t v);
+
+/* Print a JSON value and a newline on stdout, then release it.  Returns 0,
+ * or -1 (with a message on stderr) when it could not be encoded. */
+int qg__json_emit(json_t *v, int pretty);
+
+#endif

@@ -1,0 +1,249 @@
+/* main.c - build/quotagate: the command table, flag parsing and dispatch.
+ *
+ * Every subcommand is one row of `commands` (name, handler, summary,
+ * usage, the flags it takes and those it requires); every flag is one row
+ * of `flags`.  `quotagate --help` and `quotagate CMD --help` are generated
+ * from these tables, and getopt_long's option list is built from them, so
+ * a command cannot accept a flag its help does not show.  Bad flags and
+ * unknown commands exit 2 with a message on stderr. */
+#include <getopt.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "rules.h"
+
+enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
+               F_PREVIOUS, F_HELP, NFLAGS };
+
+#define FL(id) (1u << (id))
+
+/* One flag: long name, short letter (0 none), argument name (NULL for a
+ * switch), where it lands in qg_cli_args, and its help line. */
+static const struct flag {
+    const char *name;
+    int letter;
+    const char *arg;
+    size_t offset;
+    const char *help;
+} flags[NFLAGS] = {
+    [F_CONFIG] = { "config", 'c', "RULES", offsetof(qg_cli_args, config),
+                   "rules file (YAML)" },
+    [F_JSON] = { "json", 0, NULL, offsetof(qg_cli_args, json),
+                 "machine-readable output" },
+    [F_BASELINE] = { "baseline", 0, "PLAN", offsetof(qg_cli_args, baseline),
+                     "plan to compare with (default: the cheapest)" },
+    [F_PERIOD] = { "period", 0, "DUR", offsetof(qg_cli_args, period),
+                   "period such as 7d, 30d (default: analysis.period, else "
+                   "the longest window)" },
+    [F_TRACE] = { "trace", 0, "FILE.csv", offsetof(qg_cli_args, trace),
+                  "usage trace: t,subject,weight or "
+                  "t,subject,model,input_tokens,output_tokens[,request_id]" },
+    [F_START] = { "start", 0, "TIME", offsetof(qg_cli_args, start),
+                  "ISO 8601 origin of the virtual clock (default: now)" },
+    [F_PREVIOUS] = { "previous", 0, "OLD_RULES",
+                     offsetof(qg_cli_args, previous),
+                     "rules in force now, to check notice of lowered limits" },
+    [F_HELP] = { "help", 'h', NULL, 0, "this help" },
+};
+
+static const struct command {
+    const char *name;
+    int (*run)(const qg_cli_args *, qg_rules *);
+    const char *summary;
+    const char *usage;
+    unsigned takes, requires;
+} commands[] = {
+    { "analyze", qg__cmd_analyze,
+      "window ratios, effective multipliers, binding window, claims check",
+      "quotagate analyze -c RULES [--baseline PLAN] [--period DUR] [--json]",
+      FL(F_CONFIG) | FL(F_JSON) | FL(F_BASELINE) | FL(F_PERIOD),
+      FL(F_CONFIG) },
+    { "simulate", qg__cmd_simulate,
+      "replay a usage trace through the real engine on a virtual clock",
+      "quotagate simulate -c RULES --trace FILE.csv [--start TIME]",
+      FL(F_CONFIG) | FL(F_JSON) | FL(F_TRACE) | FL(F_START),
+      FL(F_CONFIG) | FL(F_TRACE) },
+    { "lint", qg__cmd_lint,
+      "validate rules and run the pre-release checklist (exit 0 clean, "
+      "1 findings, 2 unusable file)",
+      "quotagate lint -c RULES [--previous OLD_RULES] [--json]",
+      FL(F_CONFIG) | FL(F_JSON) | FL(F_PREVIOUS), FL(F_CONFIG) },
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void main_help(FILE *out)
+{
+    size_t i;
+    fprintf(out, "quotagate %s - quota and metering gateway\n\n"
+            "usage: quotagate COMMAND [OPTIONS]\n"
+            "       quotagate --help | --version\n\ncommands:\n", QG_VERSION);
+    for (i = 0; i < NCOMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nRun 'quotagate COMMAND --help' for its options.\n");
+}
+
+static void command_help(const struct command *c, FILE *out)
+{
+    char left[64];
+    int i;
+    fprintf(out, "usage: %s\n\n%s\n\noptions:\n", c->usage, c->summary);
+    for (i = 0; i < NFLAGS; i++) {
+        if (!((c->takes | FL(F_HELP)) & FL(i)))
+            continue;
+        snprintf(left, sizeof left, "%c%c%s--%s%s%s",
+                 flags[i].letter ? '-' : ' ',
+                 flags[i].letter ? flags[i].letter : ' ',
+                 flags[i].letter ? ", " : "  ", flags[i].name,
+                 flags[i].arg ? " " : "", flags[i].arg ? flags[i].arg : "");
+        fprintf(out, "  %-26s %s%s\n", left,
+                flags[i].help, c->requires & FL(i) ? " (required)" : "");
+    }
+}
+
+qg_rules *qg__cli_load_rules(const char *path)
+{
+    char err[1024];
+    qg_rules *r = NULL;
+    if (qg_rules_load(path, &r, err, sizeof err) != QG_OK) {
+        fprintf(stderr, "%s\n", err);
+        return NULL;
+    }
+    return r;
+}
+
+json_t *qg__json_milli(int64_t v)
+{
+    if (v % 1000 == 0)
+        return json_integer(v / 1000);
+    return json_real((double)v / 1000.0);
+}
+
+int qg__json_emit(json_t *v, int pretty)
+{
+    char *s = v ? json_dumps(v, (pretty ? JSON_INDENT(2) : JSON_COMPACT) |
+                                    JSON_PRESERVE_ORDER |
+                                    JSON_REAL_PRECISION(15))
+                : NULL;
+    int rc = 0;
+    if (!s) {
+        fprintf(stderr, "quotagate: could not encode JSON output\n");
+        rc = -1;
+    } else {
+        fputs(s, stdout);
+        fputc('\n', stdout);
+    }
+    free(s);
+    json_decref(v);
+    return rc;
+}
+
+/* Parse argv (argv[0] is the command name) into a; 0 ok, 1 help shown,
+ * -1 bad flags (message printed). */
+static int parse_flags(const struct command *c, int argc, char **argv,
+                       qg_cli_args *a)
+{
+    struct option lopts[NFLAGS + 1];
+    char sopts[2 * NFLAGS + 2];
+    int n = 0, s = 0, i, ch, idx;
+    unsigned seen = 0;
+
+    sopts[s++] = ':';
+    for (i = 0; i < NFLAGS; i++) {
+        if (!((c->takes | FL(F_HELP)) & FL(i)))
+            continue;
+        lopts[n].name = flags[i].name;
+        lopts[n].has_arg = flags[i].arg ? required_argument : no_argument;
+        lopts[n].flag = NULL;
+        lopts[n++].val = 1000 + i;
+        if (flags[i].letter) {
+            sopts[s++] = (char)flags[i].letter;
+            if (flags[i].arg)
+                sopts[s++] = ':';
+        }
+    }
+    memset(&lopts[n], 0, sizeof lopts[n]);
+    sopts[s] = '\0';
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, sopts, lopts, &idx)) != -1) {
+        if (ch == '?' || ch == ':') {
+            const char *bad = argv[optind - 1];
+            fprintf(stderr, ch == ':' ? "quotagate %s: option %s needs a "
+                    "value\n" : "quotagate %s: unknown option %s\n", c->name,
+                    bad);
+            fprintf(stderr, "usage: %s\n", c->usage);
+            return -1;
+        }
+        for (i = 0; i < NFLAGS; i++)
+            if (ch == 1000 + i || (flags[i].letter && ch == flags[i].letter))
+                break;
+        if (i == F_HELP) {
+            command_help(c, stdout);
+            return 1;
+        }
+        seen |= FL(i);
+        if (flags[i].arg)
+            *(const char **)((char *)a + flags[i].offset) = optarg;
+        else
+            *(int *)((char *)a + flags[i].offset) = 1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quotagate %s: unexpected argument \"%s\"\nusage: %s\n",
+                c->name, argv[optind], c->usage);
+        return -1;
+    }
+    for (i = 0; i < NFLAGS; i++)
+        if ((c->requires & FL(i)) && !(seen & FL(i))) {
+            fprintf(stderr, "quotagate %s: missing --%s %s\nusage: %s\n",
+                    c->name, flags[i].name, flags[i].arg ? flags[i].arg : "",
+                    c->usage);
+            return -1;
+        }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const struct command *c = NULL;
+    qg_cli_args a;
+    qg_rules *rules;
+    size_t i;
+    int rc;
+
+    if (argc < 2) {
+        main_help(stderr);
+        return QG_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        main_help(stdout);
+        return QG_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("quotagate %s\n", QG_VERSION);
+        return QG_EXIT_OK;
+    }
+    for (i = 0; i < NCOMMANDS && !c; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            c = &commands[i];
+    if (!c) {
+        fprintf(stderr, "quotagate: unknown command \"%s\" (commands:",
+                argv[1]);
+        for (i = 0; i < NCOMMANDS; i++)
+            fprintf(stderr, " %s", commands[i].name);
+        fprintf(stderr, "; see quotagate --help)\n");
+        return QG_EXIT_USAGE;
+    }
+    memset(&a, 0, sizeof a);
+    a.cmd = c->name;
+    rc = parse_flags(c, argc - 1, argv + 1, &a);
+    if (rc != 0)
+        return rc > 0 ? QG_EXIT_OK : QG_EXIT_USAGE;
+    if (!(rules = qg__cli_load_rules(a.config)))
+        return QG_EXIT_USAGE;
+    return c->run(&a, rules);
+}
