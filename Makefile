@@ -81,7 +81,7 @@ test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS)
 bench: deps-test build/bench_engine
 	@build/bench_engine
 
-build/bench_engine: bench/bench_engine.c $(BENCH_SRC) build/libquotagate.a
+build/bench_engine: bench/bench_engine.c $(BENCH_SRC) $(OPTB_SUPOBJ) build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ $(BENCH_SRC) $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
 
 clean:

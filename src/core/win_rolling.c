@@ -154,7 +154,9 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
 {
     int64_t now = clamp_now(st, ctx->now_ms);
     prune(s, st, now);
-    if (a <= 0)
+    /* A zero charge is still recorded: a settle may add to it later, and
+     * its entry is where that addition belongs. */
+    if (a < 0)
         return 0;
     /* Conservative storage time: rounded up to the precision grid, and
      * never before the newest entry (time presented out of order joins the

@@ -48,7 +48,9 @@ int qg__session_charge(const qg_window_spec *s, qg_win_state *st,
                        const qg_win_ctx *ctx, int64_t a)
 {
     int64_t now = advance(s, st, ctx);
-    if (a <= 0)
+    /* Every admitted request opens a session, even a zero-weight one whose
+     * settle will carry the real charge. */
+    if (a < 0)
         return 0;
     if (st->u.sess.start_ms == 0)
         st->u.sess.start_ms = now;

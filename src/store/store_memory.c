@@ -43,6 +43,7 @@ typedef struct layout {
 
 typedef struct entity {
     qg_key key;
+    int64_t seen_ms;              /* newest instant a decision used */
     const layout *lay;
     qg_win_state *win;            /* points into the block, or separate */
     uint32_t separate;            /* win allocated apart from the block */
@@ -316,6 +317,16 @@ static int64_t lease_ttl(const qg_window_spec *w, int n)
 static void gather(qg_decide_in *din, entity *m, entity *o, int model,
                    int64_t weight, int64_t now, int64_t anchor, qg_key rid)
 {
+    /* Time never runs backwards for a member and its org: callers on
+     * several threads may present instants slightly out of order, and every
+     * window must judge the request at the same instant. */
+    if (m->seen_ms > now)
+        now = m->seen_ms;
+    if (o && o->seen_ms > now)
+        now = o->seen_ms;
+    m->seen_ms = now;
+    if (o)
+        o->seen_ms = now;
     din->n = 0;
     din->model = model;
     din->weight_milli = weight;
@@ -387,14 +398,14 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     if (rc != QG_OK)
         goto out_rs;
     out->replayed = 0;
-    out->decided_at_ms = in->now_ms;
+    out->decided_at_ms = din.ctx[0].now_ms;   /* clamped, see gather() */
     if (out->outcome == QG_ALLOW) {
         r = resv_insert(rs, in->rid);
         r->member = m;
         r->org = o;
         r->shard = (uint16_t)esi;
-        r->t0_ms = in->now_ms;
-        r->expires_ms = in->now_ms +
+        r->t0_ms = din.ctx[0].now_ms;
+        r->expires_ms = r->t0_ms +
                         lease_ttl(in->plan->windows, in->plan->nwindows);
         r->reserved_milli = r->charged_milli = in->weight_milli;
         r->anchor_ms = in->anchor_ms;

@@ -1,0 +1,525 @@
+/* bench_engine.c - decision throughput and memory of the engine, measured
+ * side by side with the naive reference model in the same run (`make
+ * bench`).
+ *
+ * Workloads (virtual clocks; every operation is one qg_engine_check on a
+ * random subject with a unique request id, followed in "pairs" mode by
+ * its qg_engine_settle):
+ *  1. scale: 1,000,000 subjects registered with qg_engine_set_subject in
+ *     many orgs; plan = rolling 5h + calendar weekly + rate + concurrency,
+ *     org = calendar monthly.  1 and 2 threads; checks/s and
+ *     check+settle pairs/s; store bytes per subject.
+ *  2. the same workload at a smaller scale, engine vs the reference
+ *     (tests/support/refmodel.c, which scans its whole log per decision).
+ *  3. heavy subjects: 100 subjects with thousands of charges each inside
+ *     their rolling window; engine vs reference decisions/s.
+ * Rates are computed with doubles for printing only.  Wall time comes from
+ * clock_gettime(CLOCK_MONOTONIC); decisions themselves use virtual time.
+ * Environment: QG_BENCH_SUBJECTS, QG_BENCH_ORGS, QG_BENCH_OPS override the
+ * scale workload's sizes; QG_BENCH_ENGINE_ONLY stops after it (profiling). */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "quotagate.h"
+#include "rules.h"
+#include "tzfile.h"
+#include "weights.h"
+#include "refmodel.h"
+
+#define T0_MS 1772445600000LL          /* 2026-03-02T10:00:00Z */
+#define HEAVY_SUBJECTS 100
+#define HEAVY_CHARGES 6000
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    long n = v ? strtol(v, NULL, 10) : 0;
+    return n > 0 ? n : dflt;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* "p<hex>" into buf (request ids: cheaper than snprintf on the hot path). */
+static void make_id(char *buf, char prefix, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = "0123456789abcdef"[v & 15];
+        v >>= 4;
+    } while (v);
+    *buf++ = prefix;
+    while (n)
+        *buf++ = tmp[--n];
+    *buf = 0;
+}
+
+/* ---------------------------------------------------------------- rules */
+
+static char *rules_text(long norgs)
+{
+    static const char head[] =
+        "version: \"bench\"\n"
+        "unit: \"weight points\"\n"
+        "weights:\n"
+        "  version: \"w1\"\n"
+        "  calibrated: \"2026-01-01\"\n"
+        "  models:\n"
+        "    light: { per_request: 1, input_per_1k: 0.25, output_per_1k: 1 }\n"
+        "plans:\n"
+        "  pro:\n"
+        "    windows:\n"
+        "      - { name: burst_5h, type: rolling, length: 5h, limit: 200 }\n"
+        "      - { name: weekly, type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 2000 }\n"
+        "      - { name: rpm, type: rate, per: 1m, limit: 60, unit: requests }\n"
+        "    concurrency: 4\n"
+        "  heavy:\n"
+        "    windows:\n"
+        "      - { name: burst_5h, type: rolling, length: 5h, limit: 1000000, max_entries: 65536 }\n"
+        "      - { name: weekly, type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000 }\n"
+        "orgs:\n";
+    static const char org[] =
+        "  o%ld: { windows: [ { name: monthly, type: calendar, every: month, "
+        "at: \"1 00:00\", tz: \"UTC\", limit: 100000000 } ] }\n";
+    size_t cap = sizeof head + (size_t)norgs * (sizeof org + 16) + 64;
+    char *t = malloc(cap);
+    size_t n = 0;
+    if (!t)
+        abort();
+    n += (size_t)snprintf(t + n, cap - n, "%s", head);
+    for (long i = 0; i < norgs; i++)
+        n += (size_t)snprintf(t + n, cap - n, org, i);
+    snprintf(t + n, cap - n, "default_plan: pro\n");
+    return t;
+}
+
+static qg_rules *parse_rules(const char *text)
+{
+    qg_rules *r = NULL;
+    qg_diag diag;
+    char err[400];
+    if (qg_rules_parse(text, strlen(text), "bench", qg_tz_load_system, NULL,
+                       &r, &diag) != 0) {
+        qg_diag_format(&diag, err, sizeof err);
+        fprintf(stderr, "bench: rules: %s\n", err);
+        exit(1);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------- workload */
+
+typedef struct world {
+    qg_engine *eng;
+    qg_store *store;
+    char (*names)[12];        /* subject names */
+    long nsubj;
+} world;
+
+static void subject_name(char *buf, long i) { make_id(buf, 'u', (uint64_t)i); }
+
+static void world_init(world *w, const char *text, long nsubj, long norgs)
+{
+    char err[200], org[24];
+    w->store = qg_store_memory_new(NULL);
+    w->eng = qg_engine_new(parse_rules(text), w->store);
+    w->nsubj = nsubj;
+    w->names = malloc((size_t)nsubj * sizeof *w->names);
+    if (!w->store || !w->eng || !w->names)
+        abort();
+    for (long i = 0; i < nsubj; i++) {
+        subject_name(w->names[i], i);
+        snprintf(org, sizeof org, "o%ld", i % norgs);
+        if (qg_engine_set_subject(w->eng, w->names[i], "pro", org, 0, err,
+                                  sizeof err) != 0) {
+            fprintf(stderr, "bench: set_subject: %s\n", err);
+            exit(1);
+        }
+    }
+}
+
+static void world_free(world *w)
+{
+    qg_engine_free(w->eng);
+    qg_store_free(w->store);
+    free(w->names);
+}
+
+typedef struct run_arg {
+    world *w;
+    int thread;
+    long ops;
+    int settle;
+    int64_t step_ms;          /* virtual ms per operation */
+    uint64_t seed;
+    int64_t end_ms;            /* virtual clock at the end */
+    long allowed, errors;
+} run_arg;
+
+static _Atomic int64_t g_vclock;
+
+static void *run_ops(void *p)
+{
+    run_arg *a = p;
+    world *w = a->w;
+    static __thread qg_decision d;
+    char rid[24];
+    uint64_t s = (a->seed + 1) * 0x9e3779b97f4a7c15ULL | 1;
+    int64_t now = 0;
+
+    for (long i = 0; i < a->ops; i++) {
+        uint64_t r = xorshift(&s);
+        make_id(rid, (char)('a' + a->thread), (a->seed << 36) + (uint64_t)i);
+        qg_check_req req = { .subject = w->names[r % (uint64_t)w->nsubj],
+                             .request_id = rid, .model = "light",
+                             .input_tokens = (int64_t)(r >> 40 & 1023),
+                             .max_output_tokens = 512 };
+        /* One virtual clock for all threads: a block of 64 steps at a time
+         * is taken from the shared counter (one atomic per 64 operations). */
+        if ((i & 63) == 0)
+            now = atomic_fetch_add(&g_vclock, 64 * a->step_ms);
+        now += a->step_ms;
+        if (qg_engine_check(w->eng, &req, now, &d, NULL, 0) != 0) {
+            a->errors++;
+            continue;
+        }
+        if (d.outcome != QG_ALLOW || d.replayed)
+            continue;
+        a->allowed++;
+        if (a->settle) {
+            qg_settle_req sr = { .request_id = rid,
+                                 .status = QG_SETTLE_COMPLETED,
+                                 .input_tokens = req.input_tokens,
+                                 .output_tokens = (int64_t)(r >> 20 & 1023),
+                                 .weight_milli = -1 };
+            qg_settle_result res;
+            if (qg_engine_settle(w->eng, &sr, now, &res, NULL, 0) != 0)
+                a->errors++;
+        }
+    }
+    a->end_ms = now;
+    return NULL;
+}
+
+/* The virtual clock carries on across phases (an hour apart, so that the
+ * leases of unsettled reservations of a previous phase have expired). */
+static int64_t g_clock = T0_MS;
+
+/* Run `threads` threads of `ops` operations each; returns wall seconds. */
+static double run_threads(world *w, int threads, long ops, int settle,
+                          uint64_t seed, long *allowed, long *errors)
+{
+    pthread_t th[8];
+    run_arg args[8];
+    double t0 = now_s();
+    *allowed = *errors = 0;
+    atomic_store(&g_vclock, g_clock);
+    for (int i = 0; i < threads; i++) {
+        /* seed: distinct per phase and thread; request ids derive from it */
+        args[i] = (run_arg){ .w = w, .thread = i, .ops = ops,
+                             .settle = settle,
+                             /* unsettled leases must expire so that the
+                                reservation table keeps room */
+                             .step_ms = settle ? 1 : 100,
+                             .seed = seed * 16 + (uint64_t)i };
+        pthread_create(&th[i], NULL, run_ops, &args[i]);
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        *allowed += args[i].allowed;
+        *errors += args[i].errors;
+        if (args[i].end_ms > g_clock)
+            g_clock = args[i].end_ms;
+    }
+    g_clock += 3600000;
+    return now_s() - t0;
+}
+
+/* The same workload on the reference, single-threaded: `ops` operations. */
+static double run_ref(ref_model *m, const qg_rules *r, char (*names)[12],
+                      long nsubj, long ops, uint64_t seed, long *allowed)
+{
+    const qg_model *light = &r->models[qg_rules_find_model(r, "light")];
+    int mi = (int)(light - r->models);
+    ref_decision d;
+    ref_settle_result sr;
+    char rid[24];
+    uint64_t s = seed * 1000003u | 1;
+    int64_t now = T0_MS;
+    double t0 = now_s();
+    *allowed = 0;
+    for (long i = 0; i < ops; i++) {
+        uint64_t x = xorshift(&s);
+        int64_t in = (int64_t)(x >> 40 & 1023), out = (int64_t)(x >> 20 & 1023);
+        make_id(rid, 'a', (uint64_t)i * 64);
+        now += 1;
+        ref_check(m, names[x % (uint64_t)nsubj], rid, mi,
+                  qg_weight_milli(light, in, 512), now, &d);
+        if (d.outcome != QG_ALLOW)
+            continue;
+        (*allowed)++;
+        ref_settle(m, rid, qg_weight_milli(light, in, out), now, &sr);
+    }
+    return now_s() - t0;
+}
+
+static void row(const char *what, int threads, long ops, double secs,
+                const char *unit)
+{
+    printf("  %-44s %2d %10ld %8.2f %12.0f %s\n", what, threads, ops, secs,
+           (double)ops / secs, unit);
+}
+
+static void admitted(long allowed, long ops, long errors)
+{
+    printf("  %-44s    (%.1f%% admitted, %ld errors)\n", "",
+           100.0 * (double)allowed / (double)ops, errors);
+}
+
+/* --------------------------------------------------------------- heavy */
+
+/* Prefill every heavy subject with HEAVY_CHARGES charges inside its rolling
+ * window (one per virtual ms), in the engine and/or the reference, then
+ * time `ops` further decisions (check, settle) on random heavy subjects. */
+static double heavy_engine(const char *text, long ops, long *allowed)
+{
+    qg_store *st = qg_store_memory_new(NULL);
+    qg_engine *e = qg_engine_new(parse_rules(text), st);
+    static qg_decision d;
+    qg_settle_result res;
+    char name[16], rid[24], err[200];
+    int64_t now = T0_MS;
+    uint64_t s = 12345;
+    long k = 0;
+
+    for (int i = 0; i < HEAVY_SUBJECTS; i++) {
+        snprintf(name, sizeof name, "heavy%d", i);
+        qg_engine_set_subject(e, name, "heavy", NULL, 0, err, sizeof err);
+    }
+    for (int c = 0; c < HEAVY_CHARGES; c++)
+        for (int i = 0; i < HEAVY_SUBJECTS; i++) {
+            snprintf(name, sizeof name, "heavy%d", i);
+            make_id(rid, 'h', (uint64_t)k++);
+            qg_check_req req = { .subject = name, .request_id = rid,
+                                 .weight_milli = 1000 };
+            qg_settle_req sr = { .request_id = rid,
+                                 .status = QG_SETTLE_COMPLETED,
+                                 .weight_milli = -1 };
+            now++;
+            if (qg_engine_check(e, &req, now, &d, NULL, 0) == 0 &&
+                d.outcome == QG_ALLOW)
+                qg_engine_settle(e, &sr, now, &res, NULL, 0);
+        }
+    *allowed = 0;
+    double t0 = now_s();
+    for (long i = 0; i < ops; i++) {
+        uint64_t x = xorshift(&s);
+        snprintf(name, sizeof name, "heavy%d", (int)(x % HEAVY_SUBJECTS));
+        make_id(rid, 'q', (uint64_t)i);
+        qg_check_req req = { .subject = name, .request_id = rid,
+                             .weight_milli = 1000 };
+        qg_settle_req sr = { .request_id = rid, .status = QG_SETTLE_COMPLETED,
+                             .weight_milli = 500 };
+        now++;
+        if (qg_engine_check(e, &req, now, &d, NULL, 0) == 0 &&
+            d.outcome == QG_ALLOW) {
+            (*allowed)++;
+            qg_engine_settle(e, &sr, now, &res, NULL, 0);
+        }
+    }
+    double secs = now_s() - t0;
+    qg_engine_free(e);
+    qg_store_free(st);
+    return secs;
+}
+
+static double heavy_ref(const char *text, long ops, long *allowed,
+                        size_t *entries)
+{
+    qg_rules *r = parse_rules(text);
+    ref_model *m = ref_new(r);
+    ref_decision d;
+    ref_settle_result sr;
+    char name[16], rid[24];
+    int64_t now = T0_MS;
+    uint64_t s = 12345;
+    long k = 0;
+    int plan = qg_rules_find_plan(r, "heavy");
+
+    for (int i = 0; i < HEAVY_SUBJECTS; i++) {
+        snprintf(name, sizeof name, "heavy%d", i);
+        ref_set_subject(m, name, plan, -1, 0);
+    }
+    /* Prefill: each check scans the log, so this costs as much as the
+     * charges it creates; it is not timed. */
+    for (int c = 0; c < HEAVY_CHARGES; c++)
+        for (int i = 0; i < HEAVY_SUBJECTS; i++) {
+            snprintf(name, sizeof name, "heavy%d", i);
+            make_id(rid, 'h', (uint64_t)k++);
+            now++;
+            if (ref_check(m, name, rid, -1, 1000, now, &d) == 0 &&
+                d.outcome == QG_ALLOW)
+                ref_settle(m, rid, -1, now, &sr);
+        }
+    *allowed = 0;
+    double t0 = now_s();
+    for (long i = 0; i < ops; i++) {
+        uint64_t x = xorshift(&s);
+        snprintf(name, sizeof name, "heavy%d", (int)(x % HEAVY_SUBJECTS));
+        make_id(rid, 'q', (uint64_t)i);
+        now++;
+        if (ref_check(m, name, rid, -1, 1000, now, &d) == 0 &&
+            d.outcome == QG_ALLOW) {
+            (*allowed)++;
+            ref_settle(m, rid, 500, now, &sr);
+        }
+    }
+    double secs = now_s() - t0;
+    *entries = ref_log_entries(m);
+    ref_free(m);
+    qg_rules_free(r);
+    return secs;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(void)
+{
+    long nsubj = env_long("QG_BENCH_SUBJECTS", 1000000);
+    long norgs = env_long("QG_BENCH_ORGS", 1000);
+    long ops = env_long("QG_BENCH_OPS", 2000000);
+    long allowed, errors;
+    double t, checks1 = 0, pairs1 = 0, checks2 = 0, pairs2 = 0;
+    world w;
+    char *text = rules_text(norgs);
+
+    printf("quotagate engine benchmark (virtual clock; one decision = one "
+           "qg_engine_check)\n");
+    double t0 = now_s();
+    struct mallinfo2 mi0 = mallinfo2();
+    world_init(&w, text, nsubj, norgs);
+    double reg_s = now_s() - t0;
+    /* Touch every subject once so that every member and org has state. */
+    for (long i = 0; i < nsubj; i++) {
+        static qg_decision d;
+        char rid[24];
+        make_id(rid, 'z', (uint64_t)i);
+        qg_check_req req = { .subject = w.names[i], .request_id = rid,
+                             .weight_milli = 1000 };
+        qg_settle_req sr = { .request_id = rid, .status = QG_SETTLE_COMPLETED,
+                             .weight_milli = -1 };
+        qg_settle_result res;
+        if (qg_engine_check(w.eng, &req, T0_MS, &d, NULL, 0) == 0 &&
+            d.outcome == QG_ALLOW)
+            qg_engine_settle(w.eng, &sr, T0_MS, &res, NULL, 0);
+    }
+    struct mallinfo2 mi1 = mallinfo2();
+    qg_store_stats st;
+    qg_store_stats_get(w.store, &st);
+    printf("setup: %ld subjects in %ld orgs: rules parsed and subjects "
+           "registered in %.2f s, every subject touched in %.2f s\n",
+           nsubj, norgs, reg_s, now_s() - t0 - reg_s);
+    printf("memory: store %llu bytes for %llu members+orgs with state = "
+           "%.0f bytes/entity, %.0f bytes/subject; process heap grew "
+           "%.0f bytes/subject (registry, store, names)\n",
+           (unsigned long long)st.bytes, (unsigned long long)st.subjects,
+           (double)st.bytes / (double)st.subjects,
+           (double)st.bytes / (double)nsubj,
+           (double)(mi1.uordblks - mi0.uordblks) / (double)nsubj);
+
+    printf("\n  %-44s %2s %10s %8s %12s\n", "workload", "th", "ops", "secs",
+           "per second");
+    t = run_threads(&w, 1, ops, 0, 1, &allowed, &errors);
+    checks1 = (double)ops / t;
+    row("engine, 1M subjects: check", 1, ops, t, "checks");
+    admitted(allowed, ops, errors);
+    t = run_threads(&w, 1, ops, 1, 2, &allowed, &errors);
+    pairs1 = (double)ops / t;
+    row("engine, 1M subjects: check + settle", 1, ops, t, "pairs");
+    admitted(allowed, ops, errors);
+    t = run_threads(&w, 2, ops, 0, 3, &allowed, &errors);
+    checks2 = (double)(2 * ops) / t;
+    row("engine, 1M subjects: check", 2, 2 * ops, t, "checks");
+    admitted(allowed, 2 * ops, errors);
+    t = run_threads(&w, 2, ops, 1, 4, &allowed, &errors);
+    pairs2 = (double)(2 * ops) / t;
+    row("engine, 1M subjects: check + settle", 2, 2 * ops, t, "pairs");
+    admitted(allowed, 2 * ops, errors);
+    qg_store_stats_get(w.store, &st);
+    world_free(&w);
+    if (getenv("QG_BENCH_ENGINE_ONLY")) {   /* for profiling */
+        free(text);
+        return 0;
+    }
+
+    /* Engine vs reference on the same workload, smaller scale. */
+    long small_subj = 10000, small_ops = 400000;
+    world ws;
+    world_init(&ws, text, small_subj, norgs < 1000 ? norgs : 1000);
+    double te = run_threads(&ws, 1, small_ops, 1, 5, &allowed, &errors);
+    qg_rules *rr = parse_rules(text);
+    ref_model *ref = ref_new(rr);
+    for (long i = 0; i < small_subj; i++) {
+        char org[24];
+        snprintf(org, sizeof org, "o%ld", i % (norgs < 1000 ? norgs : 1000));
+        ref_set_subject(ref, ws.names[i], qg_rules_find_plan(rr, "pro"),
+                        qg_rules_find_org(rr, org), 0);
+    }
+    long rallowed;
+    double tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,
+                        &rallowed);
+    printf("\n");
+    row("engine, 10k subjects: check + settle", 1, small_ops, te, "pairs");
+    row("reference, 10k subjects: check + settle", 1, small_ops, tr, "pairs");
+    printf("  %-44s    (reference holds %zu log entries at the end)\n", "",
+           ref_log_entries(ref));
+    ref_free(ref);
+    qg_rules_free(rr);
+    world_free(&ws);
+
+    /* Heavy subjects. */
+    long heavy_eops = 400000, heavy_rops = 20000, ha, hr;
+    size_t hentries;
+    double the = heavy_engine(text, heavy_eops, &ha);
+    double thr = heavy_ref(text, heavy_rops, &hr, &hentries);
+    printf("\n");
+    row("engine, 100 heavy subjects (6000+ in window)", 1, heavy_eops, the,
+        "pairs");
+    row("reference, 100 heavy subjects", 1, heavy_rops, thr, "pairs");
+    printf("  %-44s    (admitted: engine %ld, reference %ld; reference "
+           "log entries %zu)\n", "", ha, hr, hentries);
+
+    double small_ratio = tr / te;
+    double heavy_ratio = ((double)heavy_eops / the) / ((double)heavy_rops / thr);
+    printf("\nratios\n");
+    printf("  engine / reference, 10k subjects:      %8.1fx\n", small_ratio);
+    printf("  engine / reference, heavy subjects:    %8.1fx  (target >= 50x: "
+           "%s)\n", heavy_ratio, heavy_ratio >= 50 ? "met" : "NOT met");
+    printf("  checks/s per core at 1M subjects:      %8.2fM  (target >= 2M: "
+           "%s)\n", checks1 / 1e6, checks1 >= 2e6 ? "met" : "NOT met");
+    printf("  2 threads / 1 thread, checks:          %8.2fx\n",
+           checks2 / checks1);
+    printf("  2 threads / 1 thread, check + settle:  %8.2fx\n",
+           pairs2 / pairs1);
+    free(text);
+    return 0;
+}

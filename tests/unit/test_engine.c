@@ -1,0 +1,547 @@
+/* test_engine.c - decisions through the public engine API (quotagate.h),
+ * with rules parsed from a string and the memory store.
+ *
+ * Covers what a caller relies on: the binding window is the one that stays
+ * closed longest; retry_after is exact (admitted at now + retry_after,
+ * refused a millisecond earlier); a request no window could hold is
+ * QG_REJECT_NEVER; request ids are idempotent (replays charge nothing,
+ * refusals are not remembered, another subject's id is QG_EINVAL); the
+ * reserve/settle cycle (refunds, extra charges, cancelled and failed
+ * requests, replayed and unknown settles, late settles after the lease
+ * expired); the member + org decision is all or nothing; model-scoped
+ * windows; a reservation table full of live reservations; usage views and
+ * recovery schedules. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+#include "quotagate.h"
+#include "rules.h"
+#include "tzfile.h"
+
+#define MIN_MS 60000LL
+#define HOUR_MS 3600000LL
+#define DAY_MS 86400000LL
+#define MONDAY_MS 1772409600000LL      /* 2026-03-02T00:00:00Z, a Monday */
+#define T_MS (MONDAY_MS + 10 * HOUR_MS) /* 10:00 that day */
+
+static const char rules_text[] =
+    "version: \"e1\"\n"
+    "unit: \"weight points\"\n"
+    "weights:\n"
+    "  version: \"w1\"\n"
+    "  calibrated: \"2026-01-01\"\n"
+    "  models:\n"
+    "    light: { per_request: 1, input_per_1k: 0.25, output_per_1k: 1 }\n"
+    "    large: { per_request: 2, input_per_1k: 1, output_per_1k: 5 }\n"
+    "plans:\n"
+    "  basic:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 1h, limit: 10 }\n"
+    "      - { name: daily, type: calendar, every: day, at: \"00:00\", tz: \"UTC\", limit: 15 }\n"
+    "    concurrency: 2\n"
+    "    lease_ttl: 10m\n"
+    "  big:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 100 }\n"
+    "      - { name: weekly_large, type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 20, models: [large] }\n"
+    "  team:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 1h, limit: 50 }\n"
+    "orgs:\n"
+    "  acme:\n"
+    "    windows:\n"
+    "      - { name: org_hourly, type: rolling, length: 1h, limit: 30 }\n"
+    "subjects:\n"
+    "  alice: { plan: basic }\n"
+    "  bob: { plan: big }\n"
+    "  m1: { plan: team, org: acme }\n"
+    "  m2: { plan: team, org: acme }\n"
+    "default_plan: basic\n";
+
+typedef struct fixture {
+    qg_store *store;
+    qg_engine *eng;
+} fixture;
+
+static fixture *fixture_new(const qg_memory_opts *mo)
+{
+    static fixture f;
+    qg_rules *rules = NULL;
+    qg_diag diag;
+    char err[300];
+
+    if (qg_rules_parse(rules_text, strlen(rules_text), "test",
+                       qg_tz_load_system, NULL, &rules, &diag) != 0) {
+        qg_diag_format(&diag, err, sizeof err);
+        fail_msg("rules: %s", err);
+    }
+    f.store = qg_store_memory_new(mo);
+    assert_non_null(f.store);
+    f.eng = qg_engine_new(rules, f.store);
+    assert_non_null(f.eng);
+    return &f;
+}
+
+static int setup(void **state)
+{
+    *state = fixture_new(NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    qg_engine_free(f->eng);
+    qg_store_free(f->store);
+    return 0;
+}
+
+/* A weight-only check; returns the outcome (asserting rc 0). */
+static qg_outcome check_w(fixture *f, const char *subject, const char *rid,
+                          int64_t w, int64_t now, qg_decision *d)
+{
+    qg_check_req req = { .subject = subject, .request_id = rid,
+                         .weight_milli = w };
+    char err[200];
+    int rc = qg_engine_check(f->eng, &req, now, d, err, sizeof err);
+    if (rc != 0)
+        fail_msg("check %s %s: rc %d %s", subject, rid, rc, err);
+    return d->outcome;
+}
+
+static qg_outcome check_m(fixture *f, const char *subject, const char *rid,
+                          const char *model, int64_t in, int64_t out,
+                          int64_t now, qg_decision *d)
+{
+    qg_check_req req = { .subject = subject, .request_id = rid,
+                         .model = model, .input_tokens = in,
+                         .max_output_tokens = out };
+    char err[200];
+    int rc = qg_engine_check(f->eng, &req, now, d, err, sizeof err);
+    if (rc != 0)
+        fail_msg("check %s %s: rc %d %s", subject, rid, rc, err);
+    return d->outcome;
+}
+
+static int settle_w(fixture *f, const char *rid, int64_t w, int64_t now,
+                    qg_settle_result *res)
+{
+    qg_settle_req sr = { .request_id = rid, .status = QG_SETTLE_COMPLETED,
+                         .weight_milli = w };
+    return qg_engine_settle(f->eng, &sr, now, res, NULL, 0);
+}
+
+static int settle_t(fixture *f, const char *rid, qg_settle_status st,
+                    int64_t in, int64_t out, int64_t now,
+                    qg_settle_result *res)
+{
+    qg_settle_req sr = { .request_id = rid, .status = st,
+                         .input_tokens = in, .output_tokens = out,
+                         .weight_milli = -1 };
+    return qg_engine_settle(f->eng, &sr, now, res, NULL, 0);
+}
+
+static const qg_window_view *view_of(const qg_decision *d, const char *name)
+{
+    for (int i = 0; i < d->nviews; i++)
+        if (strcmp(d->views[i].name, name) == 0)
+            return &d->views[i];
+    fail_msg("no window %s", name);
+    return NULL;
+}
+
+static int64_t used(fixture *f, const char *subject, const char *window,
+                    int64_t now)
+{
+    static qg_decision d;
+    assert_int_equal(qg_engine_usage(f->eng, subject, now, &d), 0);
+    return view_of(&d, window)->used_milli;
+}
+
+static const char *binding(const qg_decision *d)
+{
+    return d->binding >= 0 ? d->views[d->binding].name : "-";
+}
+
+/* --------------------------------------------------------------- tests */
+
+static void test_binding_longest_closed(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    int64_t now = T_MS + 1000, midnight = MONDAY_MS + DAY_MS;
+
+    assert_int_equal(check_w(f, "alice", "b1", 10000, T_MS, &d), QG_ALLOW);
+    /* 6 more: burst reopens at T + 1h, daily (10 + 6 > 15) only at
+     * midnight: daily binds, and the retry is midnight. */
+    assert_int_equal(check_w(f, "alice", "b2", 6000, now, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "daily");
+    assert_int_equal(d.retry_after_ms, midnight - now);
+    assert_int_equal(d.views[d.binding].org, 0);
+    /* 4 more fit the day: only the burst binds. */
+    assert_int_equal(check_w(f, "alice", "b3", 4000, now, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "burst");
+    assert_int_equal(d.retry_after_ms, T_MS + HOUR_MS - now);
+    /* Refusals carry a recovery schedule for the binding window. */
+    assert_true(d.nrecovery[d.binding] >= 1);
+    assert_int_equal(d.recovery[d.binding][d.nrecovery[d.binding] - 1].at_ms,
+                     T_MS + HOUR_MS);
+}
+
+static void test_retry_exact(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    int64_t now = T_MS + 20 * MIN_MS, at;
+    qg_settle_result res;
+
+    assert_int_equal(check_w(f, "alice", "x1", 3000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(settle_w(f, "x1", -1, T_MS, &res), 0);
+    assert_int_equal(check_w(f, "alice", "x2", 5000, T_MS + 10 * MIN_MS, &d),
+                     QG_ALLOW);
+    assert_int_equal(settle_w(f, "x2", -1, T_MS + 10 * MIN_MS, &res), 0);
+    /* 8 used; 6 needs both charges gone: x2 leaves at T + 70 min. */
+    assert_int_equal(check_w(f, "alice", "x3", 6000, now, &d), QG_REJECT);
+    at = now + d.retry_after_ms;
+    assert_int_equal(at, T_MS + 70 * MIN_MS);
+    assert_int_equal(check_w(f, "alice", "x3", 6000, at - 1, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "burst");
+    assert_int_equal(d.retry_after_ms, 1);
+    assert_int_equal(check_w(f, "alice", "x3", 6000, at, &d), QG_ALLOW);
+    assert_int_equal(d.replayed, 0);
+}
+
+static void test_not_retryable(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    assert_int_equal(check_w(f, "alice", "n1", 10001, T_MS, &d),
+                     QG_REJECT_NEVER);
+    assert_string_equal(binding(&d), "burst");
+    assert_int_equal(d.retry_after_ms, 0);
+    /* A window that can never hold it wins over one that only refuses
+     * for now: the burst is full, weekly_large can never take 22. */
+    assert_int_equal(check_w(f, "bob", "n2", 100000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(check_m(f, "bob", "n3", "large", 0, 4000, T_MS, &d),
+                     QG_REJECT_NEVER);   /* 2 + 20 = 22 > 20 points */
+    assert_string_equal(binding(&d), "weekly_large");
+    assert_int_equal(d.weight_milli, 22000);
+}
+
+static void test_idempotency(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    char err[200];
+
+    assert_int_equal(check_w(f, "alice", "i1", 4000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(d.replayed, 0);
+    /* The same id again, even with another weight: the original answer,
+     * nothing charged. */
+    assert_int_equal(check_w(f, "alice", "i1", 9000, T_MS + 5, &d), QG_ALLOW);
+    assert_int_equal(d.replayed, 1);
+    assert_int_equal(d.weight_milli, 4000);
+    assert_int_equal(d.decided_at_ms, T_MS);
+    assert_int_equal(used(f, "alice", "burst", T_MS + 5), 4000);
+    assert_int_equal(used(f, "alice", "daily", T_MS + 5), 4000);
+    /* Another subject with the same id is a client error. */
+    qg_check_req req = { .subject = "bob", .request_id = "i1",
+                         .weight_milli = 1000 };
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + 6, &d, err,
+                                     sizeof err), QG_EINVAL);
+    assert_int_equal(used(f, "bob", "burst", T_MS + 6), 0);
+    /* A refusal is not remembered: the retry is decided afresh. */
+    assert_int_equal(check_w(f, "alice", "i2", 7000, T_MS + 10, &d),
+                     QG_REJECT);
+    assert_int_equal(check_w(f, "alice", "i2", 7000, T_MS + 10 + d.retry_after_ms,
+                             &d), QG_ALLOW);
+    assert_int_equal(d.replayed, 0);
+}
+
+static void test_reserve_settle(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    qg_settle_result r;
+    int64_t now = T_MS;
+
+    /* light: 1 + 0.25/1k in + 1/1k out.  1000 in + 1000 out = 2.25. */
+    assert_int_equal(check_m(f, "bob", "s1", "light", 1000, 1000, now, &d),
+                     QG_ALLOW);
+    assert_int_equal(d.weight_milli, 2250);
+    assert_int_equal(used(f, "bob", "burst", now), 2250);
+    /* Completed lower: refund. */
+    assert_int_equal(settle_t(f, "s1", QG_SETTLE_COMPLETED, 1000, 200, now + 1,
+                              &r), 0);
+    assert_int_equal(r.replayed, 0);
+    assert_int_equal(r.late, 0);
+    assert_int_equal(r.reserved_milli, 2250);
+    assert_int_equal(r.actual_milli, 1450);
+    assert_int_equal(r.charged_milli, 1450);
+    assert_int_equal(used(f, "bob", "burst", now + 1), 1450);
+    /* Settled twice: the original result, nothing changes. */
+    assert_int_equal(settle_t(f, "s1", QG_SETTLE_COMPLETED, 1000, 9000, now + 2,
+                              &r), 0);
+    assert_int_equal(r.replayed, 1);
+    assert_int_equal(r.charged_milli, 1450);
+    assert_int_equal(used(f, "bob", "burst", now + 2), 1450);
+    /* Completed higher: the extra is charged. */
+    assert_int_equal(check_m(f, "bob", "s2", "light", 1000, 1000, now + 3, &d),
+                     QG_ALLOW);
+    assert_int_equal(settle_t(f, "s2", QG_SETTLE_COMPLETED, 1000, 3000, now + 4,
+                              &r), 0);
+    assert_int_equal(r.charged_milli, 4250);
+    assert_int_equal(used(f, "bob", "burst", now + 4), 1450 + 4250);
+    /* Cancelled with partial output: what was produced counts. */
+    assert_int_equal(check_m(f, "bob", "s3", "light", 0, 1000, now + 5, &d),
+                     QG_ALLOW);
+    assert_int_equal(d.weight_milli, 2000);
+    assert_int_equal(settle_t(f, "s3", QG_SETTLE_CANCELLED, 0, 100, now + 6,
+                              &r), 0);
+    assert_int_equal(r.charged_milli, 1100);
+    assert_int_equal(r.status, QG_SETTLE_CANCELLED);
+    /* Failed without tokens: the base weight of the model. */
+    assert_int_equal(check_m(f, "bob", "s4", "light", 400, 1000, now + 7, &d),
+                     QG_ALLOW);
+    assert_int_equal(settle_t(f, "s4", QG_SETTLE_FAILED, 0, 0, now + 8, &r), 0);
+    assert_int_equal(r.charged_milli, 1000);
+    assert_int_equal(used(f, "bob", "burst", now + 8),
+                     1450 + 4250 + 1100 + 1000);
+    /* Unknown request id. */
+    assert_int_equal(settle_w(f, "nobody", 1000, now + 9, &r), QG_ENOTFOUND);
+    /* Settle after the lease expired (15 min default for a plan without
+     * concurrency): late, the reservation is final, no refund... */
+    assert_int_equal(check_w(f, "bob", "s5", 10000, now + 10, &d), QG_ALLOW);
+    int64_t late_at = now + 10 + 15 * MIN_MS;
+    int64_t before = used(f, "bob", "burst", late_at);
+    assert_int_equal(settle_w(f, "s5", 2000, late_at, &r), 0);
+    assert_int_equal(r.late, 1);
+    assert_int_equal(r.charged_milli, 10000);
+    assert_int_equal(used(f, "bob", "burst", late_at), before);
+    /* ...but a larger actual is still charged. */
+    assert_int_equal(check_w(f, "bob", "s6", 1000, late_at, &d), QG_ALLOW);
+    assert_int_equal(settle_w(f, "s6", 3000, late_at + 15 * MIN_MS, &r), 0);
+    assert_int_equal(r.late, 1);
+    assert_int_equal(r.charged_milli, 3000);
+    assert_int_equal(used(f, "bob", "burst", late_at + 15 * MIN_MS),
+                     before + 3000);
+}
+
+static void test_concurrency_leases(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    qg_settle_result r;
+
+    assert_int_equal(check_w(f, "alice", "c1", 1000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(check_w(f, "alice", "c2", 1000, T_MS + 1000, &d),
+                     QG_ALLOW);
+    assert_int_equal(view_of(&d, "concurrency")->used_milli, 2000);
+    assert_int_equal(check_w(f, "alice", "c3", 1000, T_MS + 2000, &d),
+                     QG_REJECT);
+    assert_string_equal(binding(&d), "concurrency");
+    /* The first lease expires at T + 10 min (lease_ttl). */
+    assert_int_equal(d.retry_after_ms, 10 * MIN_MS - 2000);
+    /* A settle frees the slot at once. */
+    assert_int_equal(settle_w(f, "c1", -1, T_MS + 3000, &r), 0);
+    assert_int_equal(check_w(f, "alice", "c3", 1000, T_MS + 3000, &d),
+                     QG_ALLOW);
+}
+
+static void test_org_all_or_nothing(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    char rid[16];
+
+    for (int i = 0; i < 3; i++) {
+        snprintf(rid, sizeof rid, "o%d", i);
+        assert_int_equal(check_w(f, "m1", rid, 10000, T_MS + i, &d), QG_ALLOW);
+    }
+    assert_int_equal(view_of(&d, "org_hourly")->used_milli, 30000);
+    assert_int_equal(view_of(&d, "org_hourly")->org, 1);
+    /* m2's own burst admits; the org refuses: nothing is charged. */
+    assert_int_equal(check_w(f, "m2", "o9", 5000, T_MS + 100, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "org_hourly");
+    assert_int_equal(d.views[d.binding].org, 1);
+    assert_string_equal(d.org, "acme");
+    assert_int_equal(d.retry_after_ms, HOUR_MS - 100);   /* o0 leaves */
+    assert_int_equal(used(f, "m2", "burst", T_MS + 100), 0);
+    assert_int_equal(used(f, "m2", "org_hourly", T_MS + 100), 30000);
+    /* And the retry instant holds for the org too. */
+    assert_int_equal(check_w(f, "m2", "o9", 5000, T_MS + HOUR_MS - 1, &d),
+                     QG_REJECT);
+    assert_int_equal(check_w(f, "m2", "o9", 5000, T_MS + HOUR_MS, &d),
+                     QG_ALLOW);
+    assert_int_equal(used(f, "m2", "burst", T_MS + HOUR_MS), 5000);
+    assert_int_equal(used(f, "m1", "org_hourly", T_MS + HOUR_MS), 25000);
+}
+
+static void test_model_scoped(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+
+    /* light requests do not count in weekly_large. */
+    assert_int_equal(check_m(f, "bob", "l1", "light", 0, 5000, T_MS, &d),
+                     QG_ALLOW);
+    assert_int_equal(d.weight_milli, 6000);
+    assert_int_equal(view_of(&d, "weekly_large")->used_milli, 0);
+    assert_int_equal(view_of(&d, "burst")->used_milli, 6000);
+    /* large ones do: 2 + 10 = 12 points. */
+    assert_int_equal(check_m(f, "bob", "g1", "large", 0, 2000, T_MS + 1, &d),
+                     QG_ALLOW);
+    assert_int_equal(view_of(&d, "weekly_large")->used_milli, 12000);
+    /* Another 12 on large: refused until next Monday; light still fine. */
+    assert_int_equal(check_m(f, "bob", "g2", "large", 0, 2000, T_MS + 2, &d),
+                     QG_REJECT);
+    assert_string_equal(binding(&d), "weekly_large");
+    assert_int_equal(d.retry_after_ms, MONDAY_MS + 7 * DAY_MS - (T_MS + 2));
+    assert_string_equal(d.model, "large");
+    assert_int_equal(check_m(f, "bob", "l2", "light", 0, 5000, T_MS + 3, &d),
+                     QG_ALLOW);
+    assert_int_equal(view_of(&d, "weekly_large")->used_milli, 12000);
+    /* A weight-only check is no model's: the scoped window ignores it. */
+    assert_int_equal(check_w(f, "bob", "w1", 50000, T_MS + 4, &d), QG_ALLOW);
+    assert_int_equal(view_of(&d, "weekly_large")->used_milli, 12000);
+}
+
+static void test_reservations_full(void **state)
+{
+    (void)state;
+    qg_memory_opts mo = { .shards = 1, .max_reservations = 3 };
+    fixture *f = fixture_new(&mo);
+    static qg_decision d;
+    qg_settle_result r;
+    qg_check_req req = { .subject = "bob", .request_id = "f4",
+                         .weight_milli = 1000 };
+    char err[200] = "";
+
+    assert_int_equal(check_w(f, "bob", "f1", 1000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(check_w(f, "bob", "f2", 1000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(check_w(f, "bob", "f3", 1000, T_MS, &d), QG_ALLOW);
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + 1, &d, err,
+                                     sizeof err), QG_EFULL);
+    assert_true(strlen(err) > 0);
+    assert_int_equal(used(f, "bob", "burst", T_MS + 1), 3000);
+    /* Replays of remembered ids still answer. */
+    assert_int_equal(check_w(f, "bob", "f2", 1000, T_MS + 1, &d), QG_ALLOW);
+    assert_int_equal(d.replayed, 1);
+    /* Settling the oldest makes room (it may be forgotten). */
+    assert_int_equal(settle_w(f, "f1", -1, T_MS + 2, &r), 0);
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + 3, &d, err,
+                                     sizeof err), QG_OK);
+    assert_int_equal(d.outcome, QG_ALLOW);
+    /* Reservations whose lease expired make room too. */
+    req.request_id = "f5";
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + 4, &d, err,
+                                     sizeof err), QG_EFULL);
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + 15 * MIN_MS, &d,
+                                     err, sizeof err), QG_OK);
+    qg_store_stats st;
+    qg_store_stats_get(f->store, &st);
+    assert_string_equal(st.backend, "memory");
+    assert_true(st.reservations <= 3);
+    assert_true(st.bytes > 0);
+    qg_engine_free(f->eng);
+    qg_store_free(f->store);
+}
+
+static void test_usage_and_recovery(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    int64_t now = T_MS + 20 * MIN_MS;
+
+    assert_int_equal(check_m(f, "bob", "u1", "large", 0, 200, T_MS, &d),
+                     QG_ALLOW);                          /* 3 points */
+    assert_int_equal(check_w(f, "bob", "u2", 2000, T_MS + 10 * MIN_MS, &d),
+                     QG_ALLOW);
+    assert_int_equal(qg_engine_usage(f->eng, "bob", now, &d), 0);
+    assert_int_equal(d.outcome, QG_NONE);
+    assert_int_equal(d.binding, -1);
+    assert_string_equal(d.plan, "big");
+    assert_null(d.org);
+    assert_string_equal(d.rules_version, "e1");
+    assert_string_equal(d.weights_version, "w1");
+    assert_int_equal(d.nviews, 2);
+
+    const qg_window_view *b = view_of(&d, "burst");
+    int bi = (int)(b - d.views);
+    assert_int_equal(b->type, QG_WIN_ROLLING);
+    assert_int_equal(b->limit_milli, 100000);
+    assert_int_equal(b->used_milli, 5000);
+    assert_int_equal(b->remaining_milli, 95000);
+    assert_int_equal(b->reset_at_ms, T_MS + 5 * HOUR_MS);
+    assert_int_equal(d.nrecovery[bi], 2);
+    assert_int_equal(d.recovery[bi][0].at_ms, T_MS + 5 * HOUR_MS);
+    assert_int_equal(d.recovery[bi][0].remaining_milli, 98000);
+    assert_int_equal(d.recovery[bi][1].at_ms, T_MS + 5 * HOUR_MS + 10 * MIN_MS);
+    assert_int_equal(d.recovery[bi][1].remaining_milli, 100000);
+
+    const qg_window_view *w = view_of(&d, "weekly_large");
+    int wi = (int)(w - d.views);
+    assert_int_equal(w->type, QG_WIN_CALENDAR);
+    assert_int_equal(w->used_milli, 3000);
+    assert_int_equal(w->remaining_milli, 17000);
+    assert_int_equal(w->reset_at_ms, MONDAY_MS + 7 * DAY_MS);
+    assert_int_equal(d.nrecovery[wi], 1);
+    assert_int_equal(d.recovery[wi][0].at_ms, MONDAY_MS + 7 * DAY_MS);
+    assert_int_equal(d.recovery[wi][0].remaining_milli, 20000);
+
+    /* Unknown subjects: the default plan; no recovery when nothing used. */
+    assert_int_equal(qg_engine_usage(f->eng, "stranger", now, &d), 0);
+    assert_string_equal(d.plan, "basic");
+    assert_int_equal(d.nviews, 3);
+    for (int i = 0; i < d.nviews; i++) {
+        assert_int_equal(d.views[i].used_milli, 0);
+        assert_int_equal(d.nrecovery[i], 0);
+    }
+    assert_int_equal(view_of(&d, "concurrency")->limit_milli, 2000);
+}
+
+/* A reservation of weight 0 settled with a positive actual weight: the
+ * usage happened at t0 and must count in every weight window, as a
+ * reservation of any other size does. */
+static void test_settle_after_zero_reservation(void **state)
+{
+    fixture *f = *state;
+    static qg_decision d;
+    qg_settle_result r;
+
+    assert_int_equal(check_w(f, "alice", "z1", 0, T_MS, &d), QG_ALLOW);
+    assert_int_equal(settle_w(f, "z1", 8000, T_MS + 1, &r), 0);
+    assert_int_equal(r.charged_milli, 8000);
+    assert_int_equal(used(f, "alice", "daily", T_MS + 2), 8000);
+    assert_int_equal(used(f, "alice", "burst", T_MS + 2), 8000);
+    /* 8 + 5 > 10 in the burst window. */
+    assert_int_equal(check_w(f, "alice", "z2", 5000, T_MS + 2, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "burst");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_binding_longest_closed, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_retry_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_not_retryable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotency, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reserve_settle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrency_leases, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_org_all_or_nothing, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_model_scoped, setup, teardown),
+        cmocka_unit_test(test_reservations_full),
+        cmocka_unit_test_setup_teardown(test_usage_and_recovery, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_settle_after_zero_reservation,
+                                        setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
