@@ -8,6 +8,7 @@
  * threads do not share a cache line.  Subjects are keyed by the 128-bit
  * hash of their name; the name is kept for listings. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ typedef struct subject {
     char *name;
     int plan, org;
     int64_t anchor_ms;
+    void *_Atomic hint;          /* the store's hint for this member */
 } subject;
 
 typedef struct reg_shard {
@@ -121,9 +123,22 @@ static int reg_put(qg_engine *e, const char *name, int plan, int org,
     s->plan = plan;
     s->org = org;
     s->anchor_ms = anchor;
+    atomic_store(&s->hint, NULL);   /* the member may move to another shard */
 out:
     pthread_rwlock_unlock(&sh->lock);
     return rc;
+}
+
+/* Remember the store's hint for a registered subject, unless the record
+ * changed meanwhile (a concurrent set_subject resets it). */
+static void reg_set_hint(qg_engine *e, qg_key k, void *expected, void *hint)
+{
+    reg_shard *sh = &e->reg[k.hi % REG_SHARDS];
+    subject *s;
+    pthread_rwlock_rdlock(&sh->lock);
+    if ((s = reg_find(sh, k)) != NULL)
+        atomic_compare_exchange_strong(&s->hint, &expected, hint);
+    pthread_rwlock_unlock(&sh->lock);
 }
 
 /* Copy out a subject's registration; falls back to the default plan. */
@@ -136,8 +151,14 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
     sh = &e->reg[k->hi % REG_SHARDS];
     pthread_rwlock_rdlock(&sh->lock);
     s = reg_find(sh, *k);
-    if (s)
-        *out = *s;
+    if (s) {
+        out->key = s->key;
+        out->name = s->name;
+        out->plan = s->plan;
+        out->org = s->org;
+        out->anchor_ms = s->anchor_ms;
+        out->hint = atomic_load_explicit(&s->hint, memory_order_relaxed);
+    }
     pthread_rwlock_unlock(&sh->lock);
     if (s)
         return QG_OK;
@@ -146,6 +167,7 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
     out->plan = e->rules->default_plan;
     out->org = -1;
     out->anchor_ms = 0;
+    out->hint = NULL;
     return QG_OK;
 }
 
@@ -287,7 +309,14 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
-    rc = e->store->m->check(e->store, &in, out);
+    {
+        void *before = atomic_load_explicit(&s.hint, memory_order_relaxed);
+        void *hint = before;
+        in.hint = &hint;
+        rc = e->store->m->check(e->store, &in, out);
+        if (hint != before)
+            reg_set_hint(e, in.member, before, hint);
+    }
     if (rc == QG_EINVAL)
         seterr(err, errcap, "request_id \"%s\" was already used by another "
                "subject", req->request_id);

@@ -281,23 +281,29 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
     /* Each entry's departure t + L gives back its amount; only departures
      * that raise remaining are steps.  Keep the first max-1 steps and the
      * final one (full recovery), so the last point is always the latter. */
-    for (uint32_t i = 0; i < st->u.roll.count; i++) {
+    for (uint32_t i = 0; i < st->u.roll.count && n < max - 1; i++) {
         const qg_roll_entry *e = ent(st, i);
         if (e->amount_milli <= 0)
             continue;
         used -= e->amount_milli;
         int64_t rem = s->limit_milli > used ? s->limit_milli - used : 0;
-        final_at = sat_add(e->t_ms, s->length_ms);
-        if (rem > prev && n < max - 1) {
-            pts[n].at_ms = final_at;
+        if (rem > prev) {
+            pts[n].at_ms = sat_add(e->t_ms, s->length_ms);
             pts[n].remaining_milli = rem;
             n++;
-        }
-        if (rem > prev)
             prev = rem;
+        }
     }
+    /* Full recovery: the departure of the newest entry that holds any
+     * amount.  Found from the newest end, so a refusal on a heavy subject
+     * costs O(max), not O(entries). */
+    for (uint32_t i = st->u.roll.count; i-- > 0;)
+        if (ent(st, i)->amount_milli > 0) {
+            final_at = sat_add(ent(st, i)->t_ms, s->length_ms);
+            break;
+        }
     if (final_at == 0)
-        return 0;
+        return n;
     if (n == 0 || pts[n - 1].at_ms != final_at) {
         pts[n].at_ms = final_at;
         pts[n].remaining_milli = s->limit_milli;

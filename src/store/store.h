@@ -34,6 +34,10 @@ typedef struct qg_store_check {
     int64_t weight_milli;
     int64_t anchor_ms;          /* billing anchor (calendar windows) */
     int64_t now_ms;
+    void **hint;                /* in/out, may be NULL: an opaque pointer the
+                                   store may leave for the next check of the
+                                   same member (the memory store: its entity)
+                                   and verifies before use */
 } qg_store_check;
 
 /* One settle: the store finds the reservation by rid. */
