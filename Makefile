@@ -11,17 +11,19 @@
 # the CLI and every test.
 
 CC      ?= cc
-PKGS    := yaml-0.1 jansson libxxhash
+PKGS    := yaml-0.1 jansson libxxhash libevent libevent_pthreads sqlite3 libcrypto
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
                  -Iinclude -Isrc/core -Isrc/store -Isrc/io -Isrc/analysis \
+                 -Isrc/http -Isrc/ledger -Isrc/server \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE
-LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser -lpthread -lm
 OPT     := -O2
 SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
            -fno-sanitize-recover=all
 
-LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c \
+             src/http/*.c src/ledger/*.c src/server/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)

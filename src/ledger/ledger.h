@@ -1,0 +1,137 @@
+/* ledger.h - the durable usage ledger: one row per request.
+ *
+ * Counters are a cache of the ledger: on start the server rebuilds every
+ * window from the rows inside the windows' reach (qg_ledger_scan).  Rows
+ * are written by one dedicated writer thread with group commit, off the
+ * decision path: qg_ledger_submit copies the row into a bounded queue and
+ * returns; the writer takes everything queued, writes it in one
+ * transaction, commits (fsync in durable mode), then calls each row's
+ * `done` callback on the writer thread.  A settle is acknowledged to its
+ * client only from `done`; a check's row needs no callback (its settle
+ * carries the final charge, as an upsert that records the whole row, so a
+ * settle whose reserve row was lost in a crash is still recorded whole).
+ *
+ * Backends behind one method table: SQLite (embedded default, WAL) now,
+ * PostgreSQL later.  The same database holds the subjects created through
+ * the admin API and the API keys (hashes only). */
+#ifndef QG_LEDGER_H
+#define QG_LEDGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct qg_ledger qg_ledger;
+
+#define QG_LEDGER_SCHEMA_VERSION 1
+
+typedef enum qg_row_status {
+    QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
+    QG_ROW_COMPLETED = 2,
+    QG_ROW_CANCELLED = 3,
+    QG_ROW_FAILED = 4,
+    QG_ROW_REJECTED = 5,   /* refused: nothing charged */
+    QG_ROW_EXPIRED = 6     /* never settled: final at the reserved weight */
+} qg_row_status;
+
+typedef struct qg_ledger_row {
+    char request_id[256];
+    char subject[256];
+    char org[64];              /* "" when none */
+    char plan[64];
+    char rules_version[64];
+    char weights_version[64];
+    char model[64];            /* "" for weight-only requests */
+    char window[64];           /* binding window of a refusal, else "" */
+    int decision;              /* qg_outcome: 1 allow, 2 reject, 3 never */
+    int status;                /* qg_row_status */
+    int estimated;             /* usage estimated, not reported */
+    int64_t input_tokens;
+    int64_t output_tokens;     /* reported (settle), or max_output_tokens */
+    int64_t reserved_milli;    /* weight reserved at the check */
+    int64_t weight_milli;      /* weight that counts (= reserved until settle) */
+    int64_t created_ms;        /* the decision's instant */
+    int64_t settled_ms;        /* 0 until settled */
+} qg_ledger_row;
+
+typedef enum qg_ledger_sync {
+    QG_LEDGER_DURABLE = 0,     /* settle acked after fsync'd commit */
+    QG_LEDGER_ASYNC = 1        /* acked at once; commits every flush_ms */
+} qg_ledger_sync;
+
+typedef struct qg_ledger_opts {
+    qg_ledger_sync sync;
+    int flush_ms;              /* ASYNC: loss bound (default 100 ms) */
+    int max_queue;             /* rows queued before submit refuses
+                                  (default 65536) */
+    int max_batch;             /* rows per transaction (default 4096) */
+} qg_ledger_opts;
+
+/* Open (creating and migrating the schema) and start the writer thread.
+ * url: "sqlite:PATH" or a plain path.  opts may be NULL.  Returns NULL
+ * with a message in err. */
+qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
+                          char *err, size_t errcap);
+/* Drain the queue, commit, stop the writer, close. */
+void qg_ledger_close(qg_ledger *l);
+
+typedef void (*qg_ledger_done)(void *arg, int rc);
+
+/* Queue an upsert of `row` (by request_id; a later row for the same id
+ * replaces the earlier one's fields).  Copies the row.  done (may be NULL)
+ * is called on the writer thread once the row is durable (rc 0) or failed
+ * (rc < 0); in ASYNC mode done is called right after queueing.  Returns 0,
+ * or QG_EFULL when the queue is full (the caller answers 503). */
+int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
+                     qg_ledger_done done, void *arg);
+
+/* Call fn for every row with created_ms >= since_ms and decision allow,
+ * in created_ms order, from the caller's thread (a separate connection;
+ * safe while the writer runs).  fn returns 0 to go on.  Returns 0 or an
+ * error. */
+int qg_ledger_scan(qg_ledger *l, int64_t since_ms,
+                   int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
+
+/* One row by request id.  Returns 0, QG_ENOTFOUND, or an error. */
+int qg_ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out);
+
+/* --------------------------------------------------- subjects and keys */
+
+/* Subjects created or updated through the admin API (durable on return). */
+int qg_ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
+                          const char *org, int64_t billing_anchor_ms,
+                          int64_t now_ms);
+int qg_ledger_scan_subjects(qg_ledger *l,
+                            int (*fn)(const char *subject, const char *plan,
+                                      const char *org, int64_t anchor_ms,
+                                      void *ud),
+                            void *ud);
+
+typedef struct qg_key_rec {
+    char id[32];               /* public part, shown by `keys list` */
+    char subject[256];         /* subject, or "" for admin/service keys */
+    char role[16];             /* "subject", "admin", "service" */
+    unsigned char hash[32];    /* SHA-256 of the whole key */
+    int64_t created_ms;
+    int64_t revoked_ms;        /* 0 = active */
+} qg_key_rec;
+
+int qg_ledger_put_key(qg_ledger *l, const qg_key_rec *k);   /* durable */
+int qg_ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out);
+int qg_ledger_list_keys(qg_ledger *l,
+                        int (*fn)(const qg_key_rec *k, void *ud), void *ud);
+int qg_ledger_revoke_key(qg_ledger *l, const char *id, int64_t now_ms);
+
+/* Writer statistics for /metrics. */
+typedef struct qg_ledger_stats {
+    uint64_t queued;            /* rows waiting now */
+    uint64_t rows_written;
+    uint64_t commits;
+    uint64_t commit_us_sum;     /* total commit latency */
+    uint64_t commit_us_max;
+    uint64_t commit_le_us[8];   /* histogram: <=100us,1ms,5ms,10ms,50ms,
+                                   100ms,1s,+Inf (cumulative) */
+    uint64_t errors;
+} qg_ledger_stats;
+void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
+
+#endif
