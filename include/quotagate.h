@@ -195,6 +195,32 @@ typedef struct qg_settle_result {
 int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
                      qg_settle_result *out, char *err, size_t errcap);
 
+/* Swap in new rules (ownership passes to the engine on success; on
+ * failure the caller keeps them).  Registered subjects keep their plan and
+ * org by name; rules that drop a plan or org in use are refused with
+ * QG_EINVAL and a message.  Decisions in flight finish on the old rules. */
+int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap);
+
+/* How far back (ms) a charge can still count in some window of the current
+ * rules: a rebuild reads the ledger from now minus this. */
+int64_t qg_engine_reach_ms(const qg_engine *e);
+
+/* Rebuild after a restart: re-apply a charge recorded in the ledger
+ * (unconditionally, at its original instant) and remember its request id.
+ * Call in the order of decided_at_ms, before serving. */
+typedef struct qg_restore_req {
+    const char *subject;
+    const char *request_id;
+    const char *model;          /* NULL or "" for weight-only */
+    int64_t decided_at_ms;
+    int64_t reserved_milli;
+    int64_t charged_milli;      /* the settled weight, or the reserved one */
+    int settled;                /* 0: unsettled reservation, holds a lease */
+    qg_settle_status status;    /* when settled */
+} qg_restore_req;
+int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
+                      size_t errcap);
+
 /* Current views of a subject's windows (outcome QG_NONE, with recovery
  * schedules).  QG_ENOSUBJECT for an unknown subject. */
 int qg_engine_usage(qg_engine *e, const char *subject, int64_t now_ms,

@@ -6,7 +6,16 @@
  * id, and lets the store decide atomically.  The subject registry is
  * sharded with a read-write lock per shard so that decisions on different
  * threads do not share a cache line.  Subjects are keyed by the 128-bit
- * hash of their name; the name is kept for listings. */
+ * hash of their name; the name is kept for listings.
+ *
+ * Rules generations: a reload builds a new generation (rules plus derived
+ * tables), remaps every registered subject's plan and org by name under
+ * all registry write locks, and publishes it.  A reader copies its subject
+ * and the generation under the same shard read lock, so the two always
+ * agree.  Old generations are retired, not freed, until the engine is
+ * freed: a store may still hold pointers into their window specs and
+ * models (few reloads happen in a process's life; each costs one rules
+ * allocation). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,12 +47,24 @@ typedef struct reg_shard {
     char pad[64];
 } reg_shard;
 
-struct qg_engine {
+typedef struct gen {
     qg_rules *rules;
-    qg_store *store;
     qg_key *org_keys;            /* per org index */
+    int64_t reach_ms;            /* how far back usage can still count */
+    struct gen *prev;            /* retired generations */
+} gen;
+
+struct qg_engine {
+    gen *_Atomic cur;
+    qg_store *store;
+    pthread_mutex_t reload_mu;
     reg_shard reg[REG_SHARDS];
 };
+
+static gen *cur_gen(const qg_engine *e)
+{
+    return atomic_load_explicit(&((qg_engine *)e)->cur, memory_order_acquire);
+}
 
 static qg_key hash_key(const char *s, size_t len, uint64_t seed)
 {
@@ -141,8 +162,10 @@ static void reg_set_hint(qg_engine *e, qg_key k, void *expected, void *hint)
     pthread_rwlock_unlock(&sh->lock);
 }
 
-/* Copy out a subject's registration; falls back to the default plan. */
-static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
+/* Copy out a subject's registration and the generation it belongs to;
+ * unknown subjects fall back to the default plan. */
+static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out,
+                   gen **g)
 {
     reg_shard *sh;
     subject *s;
@@ -150,6 +173,7 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
     *k = hash_key(name, strlen(name), SEED_SUBJECT);
     sh = &e->reg[k->hi % REG_SHARDS];
     pthread_rwlock_rdlock(&sh->lock);
+    *g = cur_gen(e);
     s = reg_find(sh, *k);
     if (s) {
         out->key = s->key;
@@ -162,13 +186,85 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
     pthread_rwlock_unlock(&sh->lock);
     if (s)
         return QG_OK;
-    if (e->rules->default_plan < 0)
+    if ((*g)->rules->default_plan < 0)
         return QG_ENOSUBJECT;
-    out->plan = e->rules->default_plan;
+    out->plan = (*g)->rules->default_plan;
     out->org = -1;
     out->anchor_ms = 0;
     out->hint = NULL;
     return QG_OK;
+}
+
+/* Longest time a charge can still matter to some window of the rules. */
+static int64_t window_reach(const qg_window_spec *w, int n)
+{
+    int64_t reach = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t r = 0;
+        switch (w[i].type) {
+        case QG_WIN_ROLLING:
+        case QG_WIN_SESSION:
+            r = w[i].length_ms;
+            break;
+        case QG_WIN_CALENDAR:
+            r = (w[i].cal.every == QG_EVERY_DAY ? 2 :
+                 w[i].cal.every == QG_EVERY_WEEK ? 8 : 32) * 86400000LL;
+            break;
+        case QG_WIN_RATE: {
+            /* a full bucket drains in burst/limit periods */
+            int64_t b = w[i].burst_milli > 0 ? w[i].burst_milli
+                                             : w[i].limit_milli;
+            r = w[i].length_ms * qg_ceil_div(b, w[i].limit_milli);
+            break;
+        }
+        case QG_WIN_CONCURRENCY:
+            r = w[i].lease_ttl_ms;
+            break;
+        }
+        if (r > reach)
+            reach = r;
+    }
+    return reach;
+}
+
+static gen *gen_new(qg_rules *rules)
+{
+    gen *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->org_keys = calloc((size_t)rules->norgs + 1, sizeof *g->org_keys);
+    if (!g->org_keys) {
+        free(g);
+        return NULL;
+    }
+    for (int i = 0; i < rules->norgs; i++)
+        g->org_keys[i] = hash_key(rules->orgs[i].name,
+                                  strlen(rules->orgs[i].name), SEED_ORG);
+    for (int i = 0; i < rules->nplans; i++) {
+        int64_t r = window_reach(rules->plans[i].windows,
+                                 rules->plans[i].nwindows);
+        if (r > g->reach_ms)
+            g->reach_ms = r;
+    }
+    for (int i = 0; i < rules->norgs; i++) {
+        int64_t r = window_reach(rules->orgs[i].windows,
+                                 rules->orgs[i].nwindows);
+        if (r > g->reach_ms)
+            g->reach_ms = r;
+    }
+    g->rules = rules;
+    return g;
+}
+
+static void gen_free_chain(gen *g)
+{
+    while (g) {
+        gen *p = g->prev;
+        qg_rules_free(g->rules);
+        free(g->org_keys);
+        free(g);
+        g = p;
+    }
 }
 
 /* ----------------------------------------------------------- lifecycle */
@@ -176,18 +272,16 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out)
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
 {
     qg_engine *e = calloc(1, sizeof *e);
+    gen *g;
     if (!e)
         return NULL;
-    e->rules = rules;
     e->store = store;
+    pthread_mutex_init(&e->reload_mu, NULL);
     for (int i = 0; i < REG_SHARDS; i++)
         pthread_rwlock_init(&e->reg[i].lock, NULL);
-    e->org_keys = calloc((size_t)rules->norgs + 1, sizeof *e->org_keys);
-    if (!e->org_keys)
+    if (!(g = gen_new(rules)))
         goto fail;
-    for (int i = 0; i < rules->norgs; i++)
-        e->org_keys[i] = hash_key(rules->orgs[i].name,
-                                  strlen(rules->orgs[i].name), SEED_ORG);
+    atomic_store(&e->cur, g);
     for (int i = 0; i < rules->nsubjects; i++) {
         const qg_subject_spec *s = &rules->subjects[i];
         if (reg_put(e, s->name, s->plan, s->org, s->billing_anchor_ms) != QG_OK)
@@ -195,7 +289,8 @@ qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
     }
     return e;
 fail:
-    e->rules = NULL;             /* the caller keeps the rules on failure */
+    if (g)
+        g->rules = NULL;         /* the caller keeps the rules on failure */
     qg_engine_free(e);
     return NULL;
 }
@@ -210,14 +305,74 @@ void qg_engine_free(qg_engine *e)
         free(e->reg[i].slots);
         pthread_rwlock_destroy(&e->reg[i].lock);
     }
-    free(e->org_keys);
-    qg_rules_free(e->rules);
+    gen_free_chain(atomic_load(&e->cur));
+    pthread_mutex_destroy(&e->reload_mu);
     free(e);
 }
 
 const qg_rules *qg_engine_rules(const qg_engine *e)
 {
-    return e->rules;
+    return cur_gen(e)->rules;
+}
+
+int64_t qg_engine_reach_ms(const qg_engine *e)
+{
+    return cur_gen(e)->reach_ms;
+}
+
+int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
+{
+    gen *old, *g;
+    int rc = QG_OK;
+
+    if (!(g = gen_new(rules)))
+        return QG_ENOMEM;
+    pthread_mutex_lock(&e->reload_mu);
+    old = cur_gen(e);
+    for (int i = 0; i < REG_SHARDS; i++)
+        pthread_rwlock_wrlock(&e->reg[i].lock);
+    /* First pass: every registered subject's plan and org must exist. */
+    for (int i = 0; i < REG_SHARDS && rc == QG_OK; i++)
+        for (uint32_t j = 0; j < e->reg[i].cap && rc == QG_OK; j++) {
+            subject *s = &e->reg[i].slots[j];
+            const char *pn, *on;
+            if (!s->name)
+                continue;
+            pn = old->rules->plans[s->plan].name;
+            on = s->org >= 0 ? old->rules->orgs[s->org].name : NULL;
+            if (qg_rules_find_plan(rules, pn) < 0) {
+                seterr(err, errcap, "the new rules drop plan \"%s\", which "
+                       "subjects use", pn);
+                rc = QG_EINVAL;
+            } else if (on && qg_rules_find_org(rules, on) < 0) {
+                seterr(err, errcap, "the new rules drop org \"%s\", which "
+                       "subjects use", on);
+                rc = QG_EINVAL;
+            }
+        }
+    if (rc == QG_OK) {
+        for (int i = 0; i < REG_SHARDS; i++)
+            for (uint32_t j = 0; j < e->reg[i].cap; j++) {
+                subject *s = &e->reg[i].slots[j];
+                if (!s->name)
+                    continue;
+                s->plan = qg_rules_find_plan(rules,
+                                             old->rules->plans[s->plan].name);
+                if (s->org >= 0)
+                    s->org = qg_rules_find_org(rules,
+                                               old->rules->orgs[s->org].name);
+            }
+        g->prev = old;
+        atomic_store_explicit(&e->cur, g, memory_order_release);
+    }
+    for (int i = REG_SHARDS; i-- > 0;)
+        pthread_rwlock_unlock(&e->reg[i].lock);
+    pthread_mutex_unlock(&e->reload_mu);
+    if (rc != QG_OK) {
+        g->rules = NULL;         /* the caller keeps the rejected rules */
+        gen_free_chain(g);
+    }
+    return rc;
 }
 
 int qg_engine_set_subject(qg_engine *e, const char *subject_name,
@@ -230,11 +385,13 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
         seterr(err, errcap, "%s", "subject must be 1 to 255 bytes");
         return QG_EINVAL;
     }
-    if (!plan || (p = qg_rules_find_plan(e->rules, plan)) < 0) {
+    const qg_rules *r = cur_gen(e)->rules;
+
+    if (!plan || (p = qg_rules_find_plan(r, plan)) < 0) {
         seterr(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
         return QG_EINVAL;
     }
-    if (org && *org && (o = qg_rules_find_org(e->rules, org)) < 0) {
+    if (org && *org && (o = qg_rules_find_org(r, org)) < 0) {
         seterr(err, errcap, "unknown org \"%s\"", org);
         return QG_EINVAL;
     }
@@ -243,10 +400,10 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
 
 /* ------------------------------------------------------------ decisions */
 
-static void fill_names(const qg_engine *e, const subject *s, int model,
+static void fill_names(const gen *g, const subject *s, int model,
                        qg_decision *out)
 {
-    const qg_rules *r = e->rules;
+    const qg_rules *r = g->rules;
     out->plan = r->plans[s->plan].name;
     out->org = s->org >= 0 ? r->orgs[s->org].name : NULL;
     out->model = model >= 0 ? r->models[model].name : NULL;
@@ -257,9 +414,10 @@ static void fill_names(const qg_engine *e, const subject *s, int model,
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                     qg_decision *out, char *err, size_t errcap)
 {
-    const qg_rules *r = e->rules;
+    const qg_rules *r;
     qg_store_check in;
     subject s;
+    gen *g;
     size_t idlen;
     int rc;
 
@@ -272,11 +430,13 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
         seterr(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
         return QG_EINVAL;
     }
-    if ((rc = reg_get(e, req->subject, &in.member, &s)) != QG_OK) {
+    if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
         seterr(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
     }
+    r = g->rules;
     in.model = -1;
+    in.model_spec = NULL;
     if (req->model) {
         int64_t out_tokens = req->max_output_tokens < 0
                                  ? QG_DEFAULT_OUTPUT_ESTIMATE
@@ -289,8 +449,9 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
             seterr(err, errcap, "%s", "input_tokens must be >= 0");
             return QG_EINVAL;
         }
-        in.weight_milli = qg_weight_milli(&r->models[in.model],
-                                          req->input_tokens, out_tokens);
+        in.model_spec = &r->models[in.model];
+        in.weight_milli = qg_weight_milli(in.model_spec, req->input_tokens,
+                                          out_tokens);
         if (in.weight_milli < 0) {
             seterr(err, errcap, "%s", "token counts too large");
             return QG_ERANGE;
@@ -304,7 +465,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     }
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
     in.has_org = s.org >= 0;
-    in.org = in.has_org ? e->org_keys[s.org] : (qg_key){0, 0};
+    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
     in.plan = &r->plans[s.plan];
     in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
@@ -326,7 +487,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     else if (rc != QG_OK)
         seterr(err, errcap, "%s", qg_strerror(rc));
     if (rc == QG_OK)
-        fill_names(e, &s, in.model, out);
+        fill_names(g, &s, in.model, out);
     return rc;
 }
 
@@ -357,7 +518,6 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.input_tokens = req->input_tokens;
     in.output_tokens = req->output_tokens;
     in.weight_milli = req->weight_milli;
-    in.rules = e->rules;
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
         seterr(err, errcap, "no reservation for request_id \"%s\" (never "
@@ -372,21 +532,66 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
 {
     qg_store_usage in;
     subject s;
+    gen *g;
     int rc;
 
     if (!subject_name || !*subject_name)
         return QG_EINVAL;
-    if ((rc = reg_get(e, subject_name, &in.member, &s)) != QG_OK)
+    if ((rc = reg_get(e, subject_name, &in.member, &s, &g)) != QG_OK)
         return rc;
     in.has_org = s.org >= 0;
-    in.org = in.has_org ? e->org_keys[s.org] : (qg_key){0, 0};
-    in.plan = &e->rules->plans[s.plan];
-    in.orgspec = in.has_org ? &e->rules->orgs[s.org] : NULL;
+    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
+    in.plan = &g->rules->plans[s.plan];
+    in.orgspec = in.has_org ? &g->rules->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
     memset(out, 0, sizeof *out);
     rc = e->store->m->usage(e->store, &in, out);
     if (rc == QG_OK)
-        fill_names(e, &s, -1, out);
+        fill_names(g, &s, -1, out);
+    return rc;
+}
+
+int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
+                      size_t errcap)
+{
+    qg_store_restore in;
+    subject s;
+    gen *g;
+    size_t idlen;
+    int rc;
+
+    if (!req->subject || !req->request_id ||
+        !(idlen = strlen(req->request_id)) || idlen > QG_REQUEST_ID_MAX) {
+        seterr(err, errcap, "%s", "restore: subject and request_id required");
+        return QG_EINVAL;
+    }
+    if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
+        seterr(err, errcap, "restore: unknown subject \"%s\"", req->subject);
+        return rc;
+    }
+    in.model = -1;
+    in.model_spec = NULL;
+    if (req->model && *req->model) {
+        /* A model the current rules no longer price still counts in the
+         * unscoped windows, as a weight-only charge. */
+        in.model = qg_rules_find_model(g->rules, req->model);
+        if (in.model >= 0)
+            in.model_spec = &g->rules->models[in.model];
+    }
+    in.rid = hash_key(req->request_id, idlen, SEED_RID);
+    in.has_org = s.org >= 0;
+    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
+    in.plan = &g->rules->plans[s.plan];
+    in.orgspec = in.has_org ? &g->rules->orgs[s.org] : NULL;
+    in.anchor_ms = s.anchor_ms;
+    in.at_ms = req->decided_at_ms;
+    in.reserved_milli = req->reserved_milli;
+    in.charged_milli = req->charged_milli;
+    in.settled = req->settled;
+    in.status = req->status;
+    rc = e->store->m->restore(e->store, &in);
+    if (rc != QG_OK)
+        seterr(err, errcap, "restore: %s", qg_strerror(rc));
     return rc;
 }

@@ -31,6 +31,9 @@ typedef struct qg_store_check {
     const qg_plan *plan;        /* member windows */
     const qg_org_spec *orgspec; /* org windows, NULL when none */
     int model;                  /* model index, -1 weight-only */
+    const qg_model *model_spec; /* its weights (settle), NULL weight-only;
+                                   rules generations outlive the store's
+                                   use of them (engine.c) */
     int64_t weight_milli;
     int64_t anchor_ms;          /* billing anchor (calendar windows) */
     int64_t now_ms;
@@ -47,8 +50,23 @@ typedef struct qg_store_settle {
     qg_settle_status status;
     int64_t input_tokens, output_tokens;
     int64_t weight_milli;       /* >= 0 for weight-only reservations */
-    const qg_rules *rules;      /* weights of the reservation's model */
 } qg_store_settle;
+
+/* Rebuild: re-apply a charge the ledger recorded, without deciding. */
+typedef struct qg_store_restore {
+    qg_key rid, member, org;
+    int has_org;
+    const qg_plan *plan;
+    const qg_org_spec *orgspec;
+    int model;
+    const qg_model *model_spec;
+    int64_t anchor_ms;
+    int64_t at_ms;              /* the original decision's instant */
+    int64_t reserved_milli;
+    int64_t charged_milli;      /* what counts: actual if settled */
+    int settled;                /* 0: still a reservation (holds a lease) */
+    int status;                 /* qg_settle_status when settled */
+} qg_store_restore;
 
 /* The view of one subject. */
 typedef struct qg_store_usage {
@@ -70,6 +88,10 @@ typedef struct qg_store_methods {
     int (*settle)(qg_store *s, const qg_store_settle *in,
                   qg_settle_result *out);
     int (*usage)(qg_store *s, const qg_store_usage *in, qg_decision *out);
+    /* Charge every applicable window at in->at_ms unconditionally and
+     * remember the request id (replays after a restart).  A request id
+     * already known is left alone. */
+    int (*restore)(qg_store *s, const qg_store_restore *in);
     void (*stats)(qg_store *s, qg_store_stats *out);
     void (*free)(qg_store *s);
 } qg_store_methods;

@@ -71,6 +71,7 @@ enum { R_EMPTY = 0, R_RESERVED = 1, R_SETTLED = 2 };
 typedef struct resv {
     qg_key rid;
     entity *member, *org;
+    const qg_model *model_spec;   /* NULL: weight-only */
     int64_t t0_ms, expires_ms;
     int64_t reserved_milli, actual_milli, charged_milli;
     int64_t anchor_ms;
@@ -434,6 +435,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         r->reserved_milli = r->charged_milli = in->weight_milli;
         r->anchor_ms = in->anchor_ms;
         r->model = in->model;
+        r->model_spec = in->model_spec;
     }
 out_rs:
     pthread_mutex_unlock(&rs->mu);
@@ -470,13 +472,9 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
         settle_result(r, 1, out);
         goto out;
     }
-    if (r->model >= 0) {
-        if (r->model >= in->rules->nmodels) {
-            rc = QG_EMODEL;
-            goto out;
-        }
-        actual = qg_weight_milli(&in->rules->models[r->model],
-                                 in->input_tokens, in->output_tokens);
+    if (r->model_spec) {
+        actual = qg_weight_milli(r->model_spec, in->input_tokens,
+                                 in->output_tokens);
     } else {
         actual = in->weight_milli >= 0 ? in->weight_milli : r->reserved_milli;
     }
@@ -524,6 +522,69 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
     pthread_mutex_unlock(&es->mu);
     out->outcome = QG_NONE;
     out->binding = -1;
+    return rc;
+}
+
+static int mem_restore(qg_store *s, const qg_store_restore *in)
+{
+    mem_store *ms = (mem_store *)s;
+    resv_shard *rs = &ms->resvs[shard_of(ms, in->rid)];
+    uint32_t esi = shard_of(ms, in->has_org ? in->org : in->member);
+    ent_shard *es = &ms->ents[esi];
+    qg_decide_in din;
+    entity *m, *o;
+    resv *r;
+    int rc, remember;
+
+    pthread_mutex_lock(&rs->mu);
+    if (resv_find(rs, in->rid)) {
+        rc = QG_OK;              /* already restored */
+        goto out;
+    }
+    /* Past the idempotency memory the charge still counts; only the id
+     * is not remembered. */
+    remember = resv_make_room(rs, in->at_ms) == QG_OK;
+    pthread_mutex_lock(&es->mu);
+    rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
+                      in->orgspec, NULL, &m, &o);
+    if (rc == QG_OK) {
+        qg_key rid = in->rid;
+        gather(&din, m, o, in->model, in->charged_milli, in->at_ms,
+               in->anchor_ms, rid);
+        for (int i = 0; i < din.n && rc == QG_OK; i++) {
+            const qg_window_spec *w = din.spec[i];
+            if (!qg_window_applies(w, in->model))
+                continue;
+            /* A settled request no longer holds a concurrency slot. */
+            if (w->type == QG_WIN_CONCURRENCY && in->settled)
+                continue;
+            rc = qg_win_charge(w, din.state[i], &din.ctx[din.org[i]],
+                               qg_win_amount(w, in->charged_milli));
+        }
+    }
+    pthread_mutex_unlock(&es->mu);
+    if (rc == QG_OK && remember) {
+        r = resv_insert(rs, in->rid);
+        r->member = m;
+        r->org = o;
+        r->shard = (uint16_t)esi;
+        r->t0_ms = din.ctx[0].now_ms;
+        r->expires_ms = r->t0_ms +
+                        lease_ttl(in->plan->windows, in->plan->nwindows);
+        r->reserved_milli = in->reserved_milli;
+        r->charged_milli = in->charged_milli;
+        r->anchor_ms = in->anchor_ms;
+        r->model = in->model;
+        r->model_spec = in->model_spec;
+        if (in->settled) {
+            r->state = R_SETTLED;
+            r->actual_milli = in->charged_milli;
+            r->status = (uint8_t)in->status;
+            rs->live--;
+        }
+    }
+out:
+    pthread_mutex_unlock(&rs->mu);
     return rc;
 }
 
@@ -591,6 +652,7 @@ static const qg_store_methods memory_methods = {
     .check = mem_check,
     .settle = mem_settle,
     .usage = mem_usage,
+    .restore = mem_restore,
     .stats = mem_stats,
     .free = mem_free,
 };
