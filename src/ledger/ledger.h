@@ -51,6 +51,10 @@ typedef struct qg_ledger_row {
     int64_t weight_milli;      /* weight that counts (= reserved until settle) */
     int64_t created_ms;        /* the decision's instant */
     int64_t settled_ms;        /* 0 until settled */
+    int settle_only;           /* when a row with this request_id exists,
+                                  update only status, estimated, tokens,
+                                  weight_milli and settled_ms (a settle);
+                                  otherwise insert the row whole */
 } qg_ledger_row;
 
 typedef enum qg_ledger_sync {
@@ -64,6 +68,8 @@ typedef struct qg_ledger_opts {
     int max_queue;             /* rows queued before submit refuses
                                   (default 65536) */
     int max_batch;             /* rows per transaction (default 4096) */
+    int busy_timeout_ms;       /* wait for another process's write lock
+                                  (default 5000) */
 } qg_ledger_opts;
 
 /* Open (creating and migrating the schema) and start the writer thread.
@@ -86,8 +92,9 @@ int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
 
 /* Call fn for every row with created_ms >= since_ms and decision allow,
  * in created_ms order, from the caller's thread (a separate connection;
- * safe while the writer runs).  fn returns 0 to go on.  Returns 0 or an
- * error. */
+ * safe while the writer runs).  fn returns 0 to go on; a nonzero value
+ * stops the scan and is returned.  Returns 0 or an error.  fn must not call
+ * qg_ledger_scan itself (the scan connection is held). */
 int qg_ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
 
@@ -115,6 +122,12 @@ typedef struct qg_key_rec {
     int64_t revoked_ms;        /* 0 = active */
 } qg_key_rec;
 
+/* Keys (keys.h makes them).  put_key is durable on return; QG_ESTATE
+ * when the id exists.  get_key: 0 or QG_ENOTFOUND.  list_keys: in created
+ * order; fn as in qg_ledger_scan.  revoke_key: 0 (also when already
+ * revoked: the first revocation time stays) or QG_ENOTFOUND.  Callbacks of
+ * scan_subjects and list_keys run with the admin connection held: they
+ * must not call the ledger's subject, key or get functions. */
 int qg_ledger_put_key(qg_ledger *l, const qg_key_rec *k);   /* durable */
 int qg_ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out);
 int qg_ledger_list_keys(qg_ledger *l,
@@ -133,5 +146,40 @@ typedef struct qg_ledger_stats {
     uint64_t errors;
 } qg_ledger_stats;
 void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
+
+/* ------------------------------------------- backends (internal, qg__) */
+
+/* One backend: ledger.c picks it by the URL's scheme and forwards every
+ * public call to it.  `open` gets the URL without its scheme and opts
+ * with defaults filled in; the opaque pointer it returns is passed back
+ * as `b`.  Semantics are those of the public functions above. */
+typedef struct qg__ledger_backend {
+    const char *name;          /* "sqlite" */
+    int version;               /* of this table: 1 */
+    void *(*open)(const char *target, const qg_ledger_opts *opts,
+                  char *err, size_t errcap);
+    void (*close)(void *b);
+    int (*submit)(void *b, const qg_ledger_row *row, qg_ledger_done done,
+                  void *arg);
+    int (*scan)(void *b, int64_t since_ms,
+                int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
+    int (*get)(void *b, const char *request_id, qg_ledger_row *out);
+    int (*put_subject)(void *b, const char *subject, const char *plan,
+                       const char *org, int64_t billing_anchor_ms,
+                       int64_t now_ms);
+    int (*scan_subjects)(void *b,
+                         int (*fn)(const char *subject, const char *plan,
+                                   const char *org, int64_t anchor_ms,
+                                   void *ud),
+                         void *ud);
+    int (*put_key)(void *b, const qg_key_rec *k);
+    int (*get_key)(void *b, const char *id, qg_key_rec *out);
+    int (*list_keys)(void *b, int (*fn)(const qg_key_rec *k, void *ud),
+                     void *ud);
+    int (*revoke_key)(void *b, const char *id, int64_t now_ms);
+    void (*stats_get)(void *b, qg_ledger_stats *out);
+} qg__ledger_backend;
+
+extern const qg__ledger_backend qg__ledger_sqlite;
 
 #endif

@@ -1,0 +1,155 @@
+/* auth.c - API keys to roles (auth.h). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "auth.h"
+#include "keys.h"
+#include "quotagate.h"
+
+#define CACHE_SLOTS 1024
+#define CACHE_TTL_MS 2000
+
+typedef struct cache_ent {
+    int used;
+    int64_t loaded_ms;
+    qg_key_rec rec;               /* rec.id[0] == 0: known absent */
+    char id[32];
+} cache_ent;
+
+struct qg_auth {
+    qg_ledger *ledger;
+    int have_env_admin, have_env_service;
+    unsigned char env_admin[QG_KEY_HASH_LEN], env_service[QG_KEY_HASH_LEN];
+    pthread_mutex_t mu;
+    cache_ent cache[CACHE_SLOTS];
+};
+
+qg_auth *qg_auth_new(qg_ledger *l, const char *env_admin,
+                     const char *env_service)
+{
+    qg_auth *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->ledger = l;
+    pthread_mutex_init(&a->mu, NULL);
+    if (env_admin && *env_admin) {
+        qg_key_hash(env_admin, strlen(env_admin), a->env_admin);
+        a->have_env_admin = 1;
+    }
+    if (env_service && *env_service) {
+        qg_key_hash(env_service, strlen(env_service), a->env_service);
+        a->have_env_service = 1;
+    }
+    return a;
+}
+
+void qg_auth_free(qg_auth *a)
+{
+    if (!a)
+        return;
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+typedef struct find_role {
+    const char *role;
+    int found;
+} find_role;
+
+static int has_role(const qg_key_rec *k, void *ud)
+{
+    find_role *f = ud;
+    if (k->revoked_ms == 0 && strcmp(k->role, f->role) == 0)
+        f->found = 1;
+    return 0;
+}
+
+int qg_auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out)
+{
+    static const char *const roles[] = {"admin", "service"};
+    for (int i = 0; i < 2; i++) {
+        find_role f = {roles[i], 0};
+        char key[QG_KEY_LEN + 1];
+        qg_key_rec rec;
+        int rc;
+        if ((i == 0 && a->have_env_admin) || (i == 1 && a->have_env_service))
+            continue;
+        if ((rc = qg_ledger_list_keys(a->ledger, has_role, &f)) != QG_OK)
+            return rc;
+        if (f.found)
+            continue;
+        if ((rc = qg_key_generate(roles[i], "", now_ms, key, sizeof key,
+                                  &rec)) != QG_OK ||
+            (rc = qg_ledger_put_key(a->ledger, &rec)) != QG_OK)
+            return rc;
+        fprintf(out, "quotagate: generated %s key (shown once, stored only "
+                "as a hash): %s\n", roles[i], key);
+        memset(key, 0, sizeof key);
+    }
+    fflush(out);
+    return QG_OK;
+}
+
+static int role_of(const char *role)
+{
+    if (strcmp(role, "admin") == 0)
+        return QG_ROLE_ADMIN;
+    if (strcmp(role, "service") == 0)
+        return QG_ROLE_SERVICE;
+    if (strcmp(role, "subject") == 0)
+        return QG_ROLE_SUBJECT;
+    return QG_ROLE_NONE;
+}
+
+int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
+                     char *subject, size_t cap)
+{
+    unsigned char h[QG_KEY_HASH_LEN];
+    char id[32], copy[QG_KEY_LEN + 1];
+    qg_key_rec rec;
+    cache_ent *c;
+    unsigned slot = 0;
+    int role = QG_ROLE_NONE;
+
+    if (!key || len == 0 || len > 4096)
+        return QG_ROLE_NONE;
+    qg_key_hash(key, len, h);
+    /* Environment keys first: hashes compared in constant time. */
+    if (a->have_env_service && qg_key_hash_equal(h, a->env_service))
+        return QG_ROLE_SERVICE;
+    if (a->have_env_admin && qg_key_hash_equal(h, a->env_admin))
+        return QG_ROLE_ADMIN;
+    if (len != QG_KEY_LEN)
+        return QG_ROLE_NONE;
+    memcpy(copy, key, len);
+    copy[len] = '\0';
+    if (qg_key_parse_id(copy, id, sizeof id) != QG_OK)
+        return QG_ROLE_NONE;
+    for (const char *p = id; *p; p++)
+        slot = slot * 31u + (unsigned char)*p;
+    slot %= CACHE_SLOTS;
+
+    pthread_mutex_lock(&a->mu);
+    c = &a->cache[slot];
+    if (!c->used || strcmp(c->id, id) != 0 ||
+        now_ms - c->loaded_ms >= CACHE_TTL_MS || now_ms < c->loaded_ms) {
+        int rc = qg_ledger_get_key(a->ledger, id, &rec);
+        c->used = 1;
+        c->loaded_ms = now_ms;
+        snprintf(c->id, sizeof c->id, "%s", id);
+        if (rc == QG_OK)
+            c->rec = rec;
+        else
+            memset(&c->rec, 0, sizeof c->rec);
+    }
+    rec = c->rec;
+    pthread_mutex_unlock(&a->mu);
+
+    if (rec.id[0] && qg_key_verify(copy, &rec) == 1) {
+        role = role_of(rec.role);
+        if (role == QG_ROLE_SUBJECT && subject)
+            snprintf(subject, cap, "%s", rec.subject);
+    }
+    memset(copy, 0, sizeof copy);
+    return role;
+}

@@ -1,0 +1,112 @@
+/* h_admin.c - the admin routes: subjects, keys, rules reload. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "civil.h"
+#include "json_out.h"
+#include "keys.h"
+#include "reqjson.h"
+#include "server.h"
+
+static const char *const subject_keys[] = {"subject", "plan", "org",
+                                           "billing_anchor", NULL};
+
+void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[320];
+    const char *subject = NULL, *plan = NULL, *org = NULL, *anchor = NULL;
+    int64_t anchor_ms = 0;
+    json_t *o;
+    int rc;
+
+    (void)caller;
+    if (!(o = qg_reqjson_parse(r->body, r->body_len, subject_keys, err,
+                               sizeof err))) {
+        qg_reply_error(s, r, 400, "invalid_request", err);
+        return;
+    }
+    if (qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "org", 0, 63, &org, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "billing_anchor", 0, 64, &anchor, err,
+                       sizeof err) < 0)
+        goto bad;
+    if (anchor && qg_iso8601_parse(anchor, &anchor_ms) != 0) {
+        snprintf(err, sizeof err, "billing_anchor must be an ISO 8601 "
+                 "instant such as 2026-01-31T09:00:00Z");
+        goto bad;
+    }
+    /* Durable first: a subject acknowledged is a subject after a crash. */
+    rc = qg_engine_set_subject(s->engine, subject, plan, org, anchor_ms, err,
+                               sizeof err);
+    if (rc == QG_EINVAL)
+        goto bad;
+    if (rc != QG_OK ||
+        (rc = qg_ledger_put_subject(s->ledger, subject, plan, org ? org : "",
+                                    anchor_ms, qg_server_now(s))) != QG_OK) {
+        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+        goto out;
+    }
+    {
+        json_t *j = json_pack("{s:s, s:s, s:o, s:o}", "subject", subject,
+                              "plan", plan,
+                              "org", org ? json_string(org) : json_null(),
+                              "billing_anchor",
+                              anchor_ms ? qg_json_time(anchor_ms)
+                                        : json_null());
+        qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+    }
+    goto out;
+bad:
+    qg_reply_error(s, r, 400, "invalid_request", err);
+out:
+    json_decref(o);
+}
+
+static const char *const key_keys[] = {"subject", NULL};
+
+void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[320], key[QG_KEY_LEN + 1];
+    const char *subject = NULL;
+    qg_key_rec rec;
+    json_t *o, *j;
+    int rc;
+
+    (void)caller;
+    if (!(o = qg_reqjson_parse(r->body, r->body_len, key_keys, err,
+                               sizeof err)) ||
+        qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
+        qg_reply_error(s, r, 400, "invalid_request", err);
+        json_decref(o);
+        return;
+    }
+    if ((rc = qg_key_generate("subject", subject, qg_server_now(s), key,
+                              sizeof key, &rec)) != QG_OK ||
+        (rc = qg_ledger_put_key(s->ledger, &rec)) != QG_OK) {
+        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+        json_decref(o);
+        return;
+    }
+    j = json_pack("{s:s, s:s, s:s, s:s}", "key", key, "id", rec.id,
+                  "subject", subject, "note",
+                  "shown once: quotagate keeps only its hash");
+    memset(key, 0, sizeof key);
+    qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+    json_decref(o);
+}
+
+void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[1024];
+    (void)caller;
+    if (qg_server_reload(s, err, sizeof err) != QG_OK) {
+        qg_reply_error(s, r, 400, "invalid_rules", err);
+        return;
+    }
+    qg_reply_json(s, r, 200,
+                  qg_json_dump_steal(json_pack(
+                      "{s:s, s:s}", "status", "reloaded", "rules_version",
+                      qg_rules_version(qg_engine_rules(s->engine)))),
+                  NULL, 0);
+}

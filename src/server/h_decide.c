@@ -1,0 +1,370 @@
+/* h_decide.c - POST /v1/check and POST /v1/settle.
+ *
+ * A check is decided by the engine on the worker thread and answered at
+ * once; its ledger row is queued without waiting (a crash may lose it: the
+ * settle carries the final charge).  A settle is applied to the counters
+ * at once but answered only when its ledger row is durable: the ledger's
+ * writer thread calls back, and the answer is posted back to the worker
+ * that owns the connection. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "headers.h"
+#include "json_out.h"
+#include "metrics.h"
+#include "reqjson.h"
+#include "rules.h"
+#include "server.h"
+#include "weights.h"
+
+#define ERRCAP 320
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src ? src : "");
+}
+
+/* Map an engine error to an HTTP answer. */
+static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+                               const char *msg)
+{
+    switch (rc) {
+    case QG_ENOSUBJECT:
+        qg_reply_error(s, r, 404, "unknown_subject", msg);
+        break;
+    case QG_EMODEL:
+        qg_reply_error(s, r, 400, "unknown_model", msg);
+        break;
+    case QG_ENOTFOUND:
+        qg_reply_error(s, r, 404, "unknown_request", msg);
+        break;
+    case QG_EFULL:
+        qg_reply_error(s, r, 503, "overloaded", msg);
+        break;
+    case QG_EINVAL:
+    case QG_ERANGE:
+        qg_reply_error(s, r, 400, "invalid_request", msg);
+        break;
+    default:
+        qg_reply_error(s, r, 500, "internal_error", msg);
+    }
+}
+
+static int ledger_full(qg_server *s)
+{
+    qg_ledger_stats st;
+    qg_ledger_stats_get(s->ledger, &st);
+    return st.queued + 1024 >= 65536;
+}
+
+/* ---------------------------------------------------------------- check */
+
+static const char *const check_keys[] = {
+    "subject", "request_id", "model", "input_tokens", "max_output_tokens",
+    "weight", NULL};
+
+void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[ERRCAP];
+    const char *subject = NULL, *rid = NULL, *model = NULL;
+    int64_t in_tokens = 0, max_out = -1, weight = 0, now;
+    qg_check_req req;
+    qg_decision *d = NULL;
+    qg_hdr_buf hb;
+    qg_ledger_row row;
+    const qg_rules *rules;
+    json_t *o;
+    int rc, has_weight;
+
+    (void)caller;
+    if (!(o = qg_reqjson_parse(r->body, r->body_len, check_keys, err,
+                               sizeof err))) {
+        qg_reply_error(s, r, 400, "invalid_request", err);
+        return;
+    }
+    if (qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid, err,
+                       sizeof err) < 0 ||
+        qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+                       sizeof err) < 0 ||
+        qg_reqjson_int(o, "input_tokens", 0, 0, INT64_C(1) << 40, &in_tokens,
+                       err, sizeof err) < 0 ||
+        qg_reqjson_int(o, "max_output_tokens", 0, 0, INT64_C(1) << 40,
+                       &max_out, err, sizeof err) < 0 ||
+        (has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+                                       sizeof err)) < 0)
+        goto bad;
+    if (!model == !has_weight) {
+        snprintf(err, sizeof err, "give either model (with input_tokens and "
+                 "max_output_tokens) or weight");
+        goto bad;
+    }
+    if (ledger_full(s)) {
+        qg_reply_error(s, r, 503, "overloaded",
+                       "the ledger is behind; retry shortly");
+        goto out;
+    }
+    if (!(d = malloc(sizeof *d))) {
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        goto out;
+    }
+    req = (qg_check_req){.subject = subject, .request_id = rid,
+                         .model = model, .input_tokens = in_tokens,
+                         .max_output_tokens = max_out,
+                         .weight_milli = weight};
+    now = qg_server_now(s);
+    rc = qg_engine_check(s->engine, &req, now, d, err, sizeof err);
+    if (rc != QG_OK) {
+        reply_engine_error(s, r, rc, err);
+        goto out;
+    }
+    rules = qg_engine_rules(s->engine);
+    qg_metrics_record(s->metrics, d);
+    if (!d->replayed) {
+        memset(&row, 0, sizeof row);
+        copy_str(row.request_id, sizeof row.request_id, rid);
+        copy_str(row.subject, sizeof row.subject, subject);
+        copy_str(row.org, sizeof row.org, d->org);
+        copy_str(row.plan, sizeof row.plan, d->plan);
+        copy_str(row.rules_version, sizeof row.rules_version,
+                 d->rules_version);
+        copy_str(row.weights_version, sizeof row.weights_version,
+                 d->weights_version);
+        copy_str(row.model, sizeof row.model, d->model);
+        if (d->binding >= 0)
+            copy_str(row.window, sizeof row.window, d->views[d->binding].name);
+        row.decision = d->outcome;
+        row.status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED
+                                            : QG_ROW_REJECTED;
+        row.input_tokens = in_tokens;
+        row.output_tokens = model ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                                 : max_out)
+                                  : 0;
+        row.reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
+        row.weight_milli = row.reserved_milli;
+        row.created_ms = d->decided_at_ms;
+        if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+            fprintf(stderr, "quotagate: ledger queue full: the row of "
+                    "request %s was not queued\n", rid);
+    }
+    if (qg_headers_for_decision(d, rules, now, &hb) < 0)
+        hb.n = 0;
+    qg_reply_json(s, r, d->outcome == QG_ALLOW ? 200 : 429,
+                  qg_json_check(d, rid, rules->unit), hb.h, hb.n);
+    goto out;
+bad:
+    qg_reply_error(s, r, 400, "invalid_request", err);
+out:
+    free(d);
+    json_decref(o);
+}
+
+/* --------------------------------------------------------------- settle */
+
+static const char *const settle_keys[] = {
+    "request_id", "status", "input_tokens", "output_tokens", "weight",
+    "subject", "model", NULL};
+
+static const struct {
+    const char *name;
+    qg_settle_status status;
+    int row_status;
+} statuses[] = {
+    {"completed", QG_SETTLE_COMPLETED, QG_ROW_COMPLETED},
+    {"cancelled", QG_SETTLE_CANCELLED, QG_ROW_CANCELLED},
+    {"failed", QG_SETTLE_FAILED, QG_ROW_FAILED},
+};
+
+typedef struct pending {
+    qg_server *s;
+    qg_http_req *r;
+    char *body;
+    int rc;
+} pending;
+
+static void settle_finish(void *arg)
+{
+    pending *p = arg;
+    if (p->rc == QG_OK)
+        qg_reply_json(p->s, p->r, 200, p->body, NULL, 0);
+    else {
+        free(p->body);
+        qg_reply_error(p->s, p->r, 503, "ledger_unavailable",
+                       "the settle could not be made durable; retry it");
+    }
+    free(p);
+}
+
+/* Writer thread: the row is durable (or failed); answer on the worker. */
+static void settle_durable(void *arg, int rc)
+{
+    pending *p = arg;
+    p->rc = rc;
+    if (qg_http_post(p->s->http, p->r->worker, settle_finish, p) != 0) {
+        /* Shutting down: the connection is being closed anyway. */
+        free(p->body);
+        free(p);
+    }
+}
+
+/* A settle whose reservation the engine does not know (lost in a crash
+ * before its row was durable): record the charge from the settle itself,
+ * which must then name the subject (and the model, for token counts). */
+static int settle_recover(qg_server *s, const char *rid, const char *subject,
+                          const char *model, int64_t in_t, int64_t out_t,
+                          int64_t weight, int has_weight, int status_i,
+                          int64_t now, qg_settle_result *res,
+                          qg_ledger_row *row, char *err, size_t cap)
+{
+    const qg_rules *rules = qg_engine_rules(s->engine);
+    qg_restore_req rr;
+    qg_decision *u;
+    int64_t w = weight;
+    int rc;
+
+    if (model) {
+        int mi = qg_rules_find_model(rules, model);
+        if (mi < 0) {
+            snprintf(err, cap, "unknown model \"%s\"", model);
+            return QG_EMODEL;
+        }
+        w = qg_weight_milli(&rules->models[mi], in_t, out_t);
+    } else if (!has_weight) {
+        snprintf(err, cap, "no reservation for request_id \"%s\": a settle "
+                 "that records a lost reservation needs model and tokens, "
+                 "or weight", rid);
+        return QG_ENOTFOUND;
+    }
+    rr = (qg_restore_req){.subject = subject, .request_id = rid,
+                          .model = model, .decided_at_ms = now,
+                          .reserved_milli = w, .charged_milli = w,
+                          .settled = 1,
+                          .status = statuses[status_i].status};
+    if ((rc = qg_engine_restore(s->engine, &rr, err, cap)) != QG_OK)
+        return rc;
+    if (!(u = malloc(sizeof *u)))
+        return QG_ENOMEM;
+    rc = qg_engine_usage(s->engine, subject, now, u);
+    memset(res, 0, sizeof *res);
+    res->reserved_milli = res->actual_milli = res->charged_milli = w;
+    res->decided_at_ms = now;
+    res->status = statuses[status_i].status;
+    copy_str(row->subject, sizeof row->subject, subject);
+    if (rc == QG_OK) {
+        copy_str(row->org, sizeof row->org, u->org);
+        copy_str(row->plan, sizeof row->plan, u->plan);
+        copy_str(row->rules_version, sizeof row->rules_version,
+                 u->rules_version);
+        copy_str(row->weights_version, sizeof row->weights_version,
+                 u->weights_version);
+    }
+    free(u);
+    copy_str(row->model, sizeof row->model, model);
+    row->decision = QG_ALLOW;
+    row->created_ms = now;
+    row->reserved_milli = w;
+    row->settle_only = 0;
+    return QG_OK;
+}
+
+void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[ERRCAP];
+    const char *rid = NULL, *status = NULL, *subject = NULL, *model = NULL;
+    int64_t in_t = 0, out_t = 0, weight = -1, now;
+    int has_weight, status_i = -1, rc, recovered = 0;
+    qg_settle_result res;
+    qg_settle_req req;
+    qg_ledger_row row;
+    pending *p;
+    json_t *o;
+    char *body;
+
+    (void)caller;
+    if (!(o = qg_reqjson_parse(r->body, r->body_len, settle_keys, err,
+                               sizeof err))) {
+        qg_reply_error(s, r, 400, "invalid_request", err);
+        return;
+    }
+    if (qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid, err,
+                       sizeof err) < 0 ||
+        qg_reqjson_str(o, "status", 1, 16, &status, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "subject", 0, 255, &subject, err, sizeof err) < 0 ||
+        qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+                       sizeof err) < 0 ||
+        qg_reqjson_int(o, "input_tokens", 0, 0, INT64_C(1) << 40, &in_t, err,
+                       sizeof err) < 0 ||
+        qg_reqjson_int(o, "output_tokens", 0, 0, INT64_C(1) << 40, &out_t,
+                       err, sizeof err) < 0 ||
+        (has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+                                       sizeof err)) < 0)
+        goto bad;
+    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+        if (strcmp(statuses[i].name, status) == 0)
+            status_i = (int)i;
+    if (status_i < 0) {
+        snprintf(err, sizeof err, "status must be completed, cancelled or "
+                 "failed");
+        goto bad;
+    }
+    if (ledger_full(s)) {
+        qg_reply_error(s, r, 503, "overloaded",
+                       "the ledger is behind; retry shortly");
+        goto out;
+    }
+    now = qg_server_now(s);
+    memset(&row, 0, sizeof row);
+    req = (qg_settle_req){.request_id = rid,
+                          .status = statuses[status_i].status,
+                          .input_tokens = in_t, .output_tokens = out_t,
+                          .weight_milli = has_weight ? weight : -1};
+    rc = qg_engine_settle(s->engine, &req, now, &res, err, sizeof err);
+    if (rc == QG_ENOTFOUND && subject) {
+        rc = settle_recover(s, rid, subject, model, in_t, out_t, weight,
+                            has_weight, status_i, now, &res, &row, err,
+                            sizeof err);
+        recovered = rc == QG_OK;
+    } else if (rc == QG_OK) {
+        row.settle_only = 1;
+    }
+    if (rc != QG_OK) {
+        reply_engine_error(s, r, rc, err);
+        goto out;
+    }
+    qg_metrics_settle(s->metrics, &res);
+    copy_str(row.request_id, sizeof row.request_id, rid);
+    row.status = statuses[status_i].row_status;
+    row.input_tokens = in_t;
+    row.output_tokens = out_t;
+    row.weight_milli = res.charged_milli;
+    row.settled_ms = now;
+    if (!(body = qg_json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {
+        free(body);
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        goto out;
+    }
+    if (recovered) {
+        /* say so in the answer: the reservation had been lost */
+        json_t *j = json_loads(body, 0, NULL);
+        if (j) {
+            json_object_set_new(j, "recovered", json_true());
+            free(body);
+            body = qg_json_dump_steal(j);
+        }
+    }
+    p->s = s;
+    p->r = r;
+    p->body = body;
+    /* Answered from settle_durable once the row is durable. */
+    if (qg_ledger_submit(s->ledger, &row, settle_durable, p) != QG_OK) {
+        free(p->body);
+        free(p);
+        qg_reply_error(s, r, 503, "overloaded",
+                       "the ledger is behind; retry shortly");
+    }
+    goto out;
+bad:
+    qg_reply_error(s, r, 400, "invalid_request", err);
+out:
+    json_decref(o);
+}

@@ -1,0 +1,106 @@
+/* h_info.c - the read-only routes: /v1/usage, /v1/usage/{subject},
+ * /v1/plans, /v1/weights, /healthz, /metrics. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "json_out.h"
+#include "metrics.h"
+#include "server.h"
+
+void qg_h_usage(qg_server *s, qg_http_req *r, const char *caller)
+{
+    const char *subject = caller;
+    int64_t now = qg_server_now(s);
+    qg_decision *d;
+    char msg[320];
+    int rc;
+
+    if (strncmp(r->path, "/v1/usage/", 10) == 0) {
+        subject = r->path + 10;
+        /* a subject key reads only its own usage */
+        if (caller && strcmp(caller, subject) != 0) {
+            qg_reply_error(s, r, 403, "forbidden",
+                           "a subject key reads only its own usage");
+            return;
+        }
+    }
+    if (!subject || !*subject || strlen(subject) > 255) {
+        qg_reply_error(s, r, 400, "invalid_request", "no subject");
+        return;
+    }
+    if (!(d = malloc(sizeof *d))) {
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        return;
+    }
+    rc = qg_engine_usage(s->engine, subject, now, d);
+    if (rc == QG_ENOSUBJECT) {
+        snprintf(msg, sizeof msg, "unknown subject \"%s\"", subject);
+        qg_reply_error(s, r, 404, "unknown_subject", msg);
+    } else if (rc != QG_OK) {
+        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+    } else {
+        qg_reply_json(s, r, 200,
+                      qg_json_usage(d, subject, now,
+                                    qg_engine_rules(s->engine)->unit),
+                      NULL, 0);
+    }
+    free(d);
+}
+
+void qg_h_plans(qg_server *s, qg_http_req *r, const char *caller)
+{
+    (void)caller;
+    qg_reply_json(s, r, 200, qg_json_plans(qg_engine_rules(s->engine)),
+                  NULL, 0);
+}
+
+void qg_h_weights(qg_server *s, qg_http_req *r, const char *caller)
+{
+    (void)caller;
+    qg_reply_json(s, r, 200, qg_json_weights(qg_engine_rules(s->engine)),
+                  NULL, 0);
+}
+
+void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
+{
+    qg_store_stats st;
+    qg_ledger_stats ls;
+    json_t *j;
+
+    (void)caller;
+    qg_store_stats_get(s->store, &st);
+    qg_ledger_stats_get(s->ledger, &ls);
+    j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
+                  "status", "ok",
+                  "store", st.backend,
+                  "rules_version", qg_rules_version(qg_engine_rules(s->engine)),
+                  "ledger", ls.errors ? "errors" : "ok",
+                  "ledger_queue", (json_int_t)ls.queued,
+                  "subjects", (json_int_t)st.subjects,
+                  "reservations_live", (json_int_t)st.reservations_live,
+                  "rebuild_ms", (json_int_t)s->rebuild_ms);
+    qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+}
+
+void qg_h_metrics(qg_server *s, qg_http_req *r, const char *caller)
+{
+    qg_metrics_gauges g;
+    qg_store_stats st;
+    qg_ledger_stats ls;
+    qg_http_stats hs;
+    char *text;
+
+    (void)caller;
+    qg_store_stats_get(s->store, &st);
+    qg_ledger_stats_get(s->ledger, &ls);
+    qg_http_server_stats(s->http, &hs);
+    qg_server_gauges(s, &st, &ls, &hs, &g);
+    text = qg_metrics_render(s->metrics, &g);
+    if (!text) {
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        return;
+    }
+    qg_http_respond(r, 200, NULL, 0, "text/plain; version=0.0.4", text,
+                    strlen(text));
+    free(text);
+}

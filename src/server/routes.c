@@ -1,0 +1,135 @@
+/* routes.c - the route table of `quotagate serve` and its one dispatcher.
+ *
+ * Routes are data: method, path (exact, or a prefix for /v1/usage/{subject}),
+ * the roles allowed, and the handler.  The dispatcher authenticates the
+ * caller (Authorization: Bearer KEY, or x-api-key: KEY), checks the role,
+ * and calls the handler, which must respond exactly once. */
+#include <string.h>
+#include "auth.h"
+#include "metrics.h"
+#include "server.h"
+
+typedef void (*handler_fn)(qg_server *, qg_http_req *, const char *);
+
+typedef struct route {
+    int method;
+    const char *path;
+    int prefix;                   /* path ends with '/': match a prefix */
+    int roles;                    /* 0 = anyone */
+    handler_fn fn;
+} route;
+
+#define ANY 0
+#define SERVICE QG_ROLE_SERVICE
+#define ADMIN QG_ROLE_ADMIN
+#define SUBJECT QG_ROLE_SUBJECT
+
+static const route routes[] = {
+    {QG_HTTP_POST, "/v1/check", 0, SERVICE | ADMIN, qg_h_check},
+    {QG_HTTP_POST, "/v1/settle", 0, SERVICE | ADMIN, qg_h_settle},
+    {QG_HTTP_GET, "/v1/usage", 0, SUBJECT, qg_h_usage},
+    {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg_h_usage},
+    {QG_HTTP_GET, "/v1/plans", 0, ANY, qg_h_plans},
+    {QG_HTTP_GET, "/v1/weights", 0, ANY, qg_h_weights},
+    {QG_HTTP_GET, "/healthz", 0, ANY, qg_h_healthz},
+    {QG_HTTP_GET, "/metrics", 0, ANY, qg_h_metrics},
+    {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg_h_admin_subjects},
+    {QG_HTTP_POST, "/v1/admin/keys", 0, ADMIN, qg_h_admin_keys},
+    {QG_HTTP_POST, "/v1/admin/reload", 0, ADMIN, qg_h_admin_reload},
+};
+
+static int path_matches(const route *rt, const char *path)
+{
+    size_t n = strlen(rt->path);
+    if (!rt->prefix)
+        return strcmp(rt->path, path) == 0;
+    return strncmp(rt->path, path, n) == 0 && path[n] != '\0';
+}
+
+/* The presented key: "Authorization: Bearer KEY" or "x-api-key: KEY". */
+static const char *presented_key(const qg_http_req *r, size_t *len)
+{
+    size_t n;
+    const char *v = qg_http_header_get(r, "authorization", &n);
+    if (v && n > 7 && strncasecmp(v, "Bearer ", 7) == 0) {
+        v += 7;
+        n -= 7;
+        while (n && *v == ' ') {
+            v++;
+            n--;
+        }
+        *len = n;
+        return v;
+    }
+    v = qg_http_header_get(r, "x-api-key", &n);
+    *len = v ? n : 0;
+    return v;
+}
+
+void qg_server_handle(qg_http_req *r, void *ud)
+{
+    qg_server *s = ud;
+    const route *found = NULL;
+    int path_known = 0, role = QG_ROLE_NONE;
+    char subject[256] = "";
+
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (!path_matches(&routes[i], r->path))
+            continue;
+        path_known = 1;
+        if (routes[i].method == r->method ||
+            (r->method == QG_HTTP_HEAD && routes[i].method == QG_HTTP_GET)) {
+            found = &routes[i];
+            break;
+        }
+    }
+    if (!found) {
+        if (path_known)
+            qg_reply_error(s, r, 405, "method_not_allowed",
+                           "this method is not allowed on this path");
+        else
+            qg_reply_error(s, r, 404, "not_found", "no such endpoint");
+        return;
+    }
+    if (found->roles) {
+        size_t klen = 0;
+        const char *key = presented_key(r, &klen);
+        if (!key || klen == 0) {
+            qg_reply_error(s, r, 401, "unauthorized",
+                           "an API key is required: Authorization: Bearer "
+                           "KEY or x-api-key: KEY");
+            return;
+        }
+        role = qg_auth_identify(s->auth, key, klen, qg_server_now(s),
+                                subject, sizeof subject);
+        if (role == QG_ROLE_NONE) {
+            qg_reply_error(s, r, 401, "unauthorized",
+                           "the API key is not valid (unknown or revoked)");
+            return;
+        }
+        if (!(role & found->roles)) {
+            qg_reply_error(s, r, 403, "forbidden",
+                           "this key may not use this endpoint");
+            return;
+        }
+    }
+    found->fn(s, r, role == QG_ROLE_SUBJECT ? subject : NULL);
+}
+
+int qg_server_route(const char *path)
+{
+    static const struct {
+        const char *prefix;
+        int route;
+    } map[] = {
+        {"/v1/check", QG_ROUTE_CHECK},     {"/v1/settle", QG_ROUTE_SETTLE},
+        {"/v1/usage", QG_ROUTE_USAGE},     {"/v1/plans", QG_ROUTE_PLANS},
+        {"/v1/weights", QG_ROUTE_WEIGHTS}, {"/v1/authz", QG_ROUTE_AUTHZ},
+        {"/v1/admin/", QG_ROUTE_ADMIN},    {"/metrics", QG_ROUTE_METRICS},
+        {"/healthz", QG_ROUTE_HEALTHZ},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strncmp(path, map[i].prefix, strlen(map[i].prefix)) == 0)
+            return map[i].route;
+    return QG_ROUTE_OTHER;
+}

@@ -1,0 +1,344 @@
+/* serve.c - the life of `quotagate serve`: start, rebuild, serve, reload,
+ * shut down.
+ *
+ * Start: rules, ledger (creating ./var), keys, store, engine; subjects
+ * created through the admin API come back from the ledger; then every
+ * window is rebuilt from the ledger rows inside the rules' reach (counters
+ * are a cache of the ledger), and only then does the HTTP server accept.
+ * Signals are taken by one thread with sigwait (SIGTERM/SIGINT: stop,
+ * SIGHUP: reload), so no work happens in a signal handler. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include "auth.h"
+#include "json_out.h"
+#include "metrics.h"
+#include "server.h"
+
+static int64_t clock_ms(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t qg_server_now(const qg_server *s)
+{
+    return s->wall0_ms + (clock_ms(CLOCK_MONOTONIC) - s->mono0_ms);
+}
+
+/* ------------------------------------------------------------- replies */
+
+void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
+                   const qg_http_out_header *h, int nh)
+{
+    if (!json) {
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        return;
+    }
+    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
+    qg_http_respond(r, status, h, nh, "application/json", json, strlen(json));
+    free(json);
+}
+
+void qg_reply_error(qg_server *s, qg_http_req *r, int status,
+                    const char *type, const char *message)
+{
+    char *body = qg_json_error(type, message);
+    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
+    if (!body)
+        qg_http_respond(r, 500, NULL, 0, "application/json", "{}", 2);
+    else
+        qg_http_respond(r, status, NULL, 0, "application/json", body,
+                        strlen(body));
+    free(body);
+}
+
+void qg_server_gauges(qg_server *s, const qg_store_stats *st,
+                      const qg_ledger_stats *ls, const qg_http_stats *hs,
+                      qg_metrics_gauges *g)
+{
+    (void)hs;
+    memset(g, 0, sizeof *g);
+    g->ledger_queue_depth = ls->queued;
+    g->ledger_commits = ls->commits;
+    g->ledger_rows = ls->rows_written;
+    g->ledger_commit_us_sum = ls->commit_us_sum;
+    memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
+    g->rebuild_ms = s->rebuild_ms;
+    g->rebuild_rows = s->rebuild_rows;
+    g->store_subjects = st->subjects;
+    g->store_bytes = st->bytes;
+}
+
+/* -------------------------------------------------------------- reload */
+
+int qg_server_reload(qg_server *s, char *err, size_t errcap)
+{
+    qg_rules *nr = NULL;
+    int rc;
+
+    pthread_mutex_lock(&s->reload_mu);
+    rc = qg_rules_load(s->opts.rules_path, &nr, err, errcap);
+    if (rc == QG_OK) {
+        rc = qg_engine_reload(s->engine, nr, err, errcap);
+        if (rc != QG_OK)
+            qg_rules_free(nr);
+        else
+            qg_metrics_rules(s->metrics, qg_engine_rules(s->engine));
+    }
+    pthread_mutex_unlock(&s->reload_mu);
+    if (rc == QG_OK)
+        atomic_fetch_add(&s->reloads, 1);
+    else
+        atomic_fetch_add(&s->reload_failures, 1);
+    return rc;
+}
+
+/* ------------------------------------------------------------- rebuild */
+
+static int put_subject(const char *subject, const char *plan,
+                       const char *org, int64_t anchor_ms, void *ud)
+{
+    qg_server *s = ud;
+    char err[256];
+    if (qg_engine_set_subject(s->engine, subject, plan, *org ? org : NULL,
+                              anchor_ms, err, sizeof err) != QG_OK)
+        fprintf(stderr, "quotagate: subject %s: %s (skipped)\n", subject, err);
+    return 0;
+}
+
+static int restore_row(const qg_ledger_row *row, void *ud)
+{
+    qg_server *s = ud;
+    char err[256];
+    int settled = row->status != QG_ROW_RESERVED;
+    qg_restore_req rr = {
+        .subject = row->subject,
+        .request_id = row->request_id,
+        .model = row->model,
+        .decided_at_ms = row->created_ms,
+        .reserved_milli = row->reserved_milli,
+        .charged_milli = row->weight_milli,
+        .settled = settled,
+        .status = row->status == QG_ROW_CANCELLED ? QG_SETTLE_CANCELLED
+                  : row->status == QG_ROW_FAILED  ? QG_SETTLE_FAILED
+                                                  : QG_SETTLE_COMPLETED,
+    };
+    if (qg_engine_restore(s->engine, &rr, err, sizeof err) != QG_OK)
+        fprintf(stderr, "quotagate: rebuild: request %s: %s\n",
+                row->request_id, err);
+    s->rebuild_rows++;
+    return 0;
+}
+
+static int rebuild(qg_server *s)
+{
+    int64_t t0 = clock_ms(CLOCK_MONOTONIC);
+    int64_t since = qg_server_now(s) - qg_engine_reach_ms(s->engine);
+    int rc = qg_ledger_scan(s->ledger, since, restore_row, s);
+    s->rebuild_ms = clock_ms(CLOCK_MONOTONIC) - t0;
+    return rc;
+}
+
+/* ------------------------------------------------------------- signals */
+
+typedef struct sigctx {
+    qg_server *s;
+    sigset_t set;
+} sigctx;
+
+static void *signal_thread(void *arg)
+{
+    sigctx *c = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&c->set, &sig) != 0)
+            continue;
+        if (sig == SIGHUP) {
+            char err[1024];
+            if (qg_server_reload(c->s, err, sizeof err) == QG_OK)
+                fprintf(stderr, "quotagate: rules reloaded (version %s)\n",
+                        qg_rules_version(qg_engine_rules(c->s->engine)));
+            else
+                fprintf(stderr, "quotagate: reload refused, old rules keep "
+                        "serving: %s\n", err);
+            continue;
+        }
+        if (sig == SIGUSR2)      /* our own wake-up at shutdown */
+            return NULL;
+        fprintf(stderr, "quotagate: %s: shutting down\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        qg_http_server_stop(c->s->http);
+    }
+}
+
+/* --------------------------------------------------------------- serve */
+
+static int parse_listen(const char *l, char *host, size_t cap, int *port)
+{
+    const char *colon = strrchr(l, ':');
+    char *end;
+    long p;
+    if (!colon)
+        return -1;
+    p = strtol(colon + 1, &end, 10);
+    if (*end || p < 0 || p > 65535 || (size_t)(colon - l) >= cap)
+        return -1;
+    if (colon == l)
+        snprintf(host, cap, "127.0.0.1");
+    else
+        snprintf(host, cap, "%.*s", (int)(colon - l), l);
+    *port = (int)p;
+    return 0;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+int qg_serve(const qg_serve_opts *opts)
+{
+    qg_server s;
+    qg_rules *rules = NULL;
+    qg_http_opts ho;
+    qg_ledger_opts lo;
+    char err[1024], host[256], url[1100];
+    sigctx sc;
+    pthread_t sigth;
+    int port, rc = 1, sig_started = 0;
+
+    memset(&s, 0, sizeof s);
+    s.opts = *opts;
+    s.wall0_ms = clock_ms(CLOCK_REALTIME);
+    s.mono0_ms = clock_ms(CLOCK_MONOTONIC);
+    pthread_mutex_init(&s.reload_mu, NULL);
+    if (!s.opts.listen)
+        s.opts.listen = "127.0.0.1:8080";
+    if (!s.opts.data_dir)
+        s.opts.data_dir = "./var";
+    if (parse_listen(s.opts.listen, host, sizeof host, &port) != 0) {
+        fprintf(stderr, "quotagate: --listen %s: expected HOST:PORT\n",
+                s.opts.listen);
+        return 2;
+    }
+    if (s.opts.store_url && strcmp(s.opts.store_url, "memory") != 0) {
+        fprintf(stderr, "quotagate: --store %s: only \"memory\" is supported "
+                "in this build\n", s.opts.store_url);
+        return 2;
+    }
+    if (qg_rules_load(s.opts.rules_path, &rules, err, sizeof err) != QG_OK) {
+        fprintf(stderr, "quotagate: %s\n", err);
+        return 2;
+    }
+
+    /* Signals go to the signal thread only: block them before any thread
+     * starts (threads inherit the mask). */
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGTERM);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGHUP);
+    sigaddset(&sc.set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (!s.opts.ledger_url) {
+        if (mkdir_p(s.opts.data_dir) != 0) {
+            fprintf(stderr, "quotagate: cannot create %s: %s\n",
+                    s.opts.data_dir, strerror(errno));
+            goto done;
+        }
+        snprintf(url, sizeof url, "sqlite:%s/ledger.db", s.opts.data_dir);
+        s.opts.ledger_url = url;
+    }
+    memset(&lo, 0, sizeof lo);
+    lo.sync = s.opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
+    lo.flush_ms = s.opts.ledger_flush_ms;
+    if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
+                                    sizeof err))) {
+        fprintf(stderr, "quotagate: ledger: %s\n", err);
+        goto done;
+    }
+    if (!(s.auth = qg_auth_new(s.ledger, getenv("QUOTAGATE_ADMIN_KEY"),
+                               getenv("QUOTAGATE_SERVICE_KEY"))) ||
+        qg_auth_bootstrap(s.auth, qg_server_now(&s), stdout) != QG_OK) {
+        fprintf(stderr, "quotagate: cannot set up the API keys\n");
+        goto done;
+    }
+    if (!(s.store = qg_store_memory_new(NULL)) ||
+        !(s.engine = qg_engine_new(rules, s.store)) ||
+        !(s.metrics = qg_metrics_new(rules))) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        goto done;
+    }
+    rules = NULL;                /* the engine owns them */
+    if (qg_ledger_scan_subjects(s.ledger, put_subject, &s) != QG_OK ||
+        rebuild(&s) != QG_OK) {
+        fprintf(stderr, "quotagate: cannot read the ledger to rebuild the "
+                "counters\n");
+        goto done;
+    }
+    fprintf(stdout, "quotagate: rebuilt counters from %llu ledger rows in "
+            "%lld ms\n", (unsigned long long)s.rebuild_rows,
+            (long long)s.rebuild_ms);
+
+    memset(&ho, 0, sizeof ho);
+    ho.host = host;
+    ho.port = port;
+    ho.workers = s.opts.workers;
+    ho.header_timeout_ms = s.opts.header_timeout_ms;
+    ho.idle_timeout_ms = s.opts.idle_timeout_ms;
+    ho.max_body_bytes = s.opts.max_body_bytes;
+    if (!(s.http = qg_http_server_new(&ho, qg_server_handle, &s, err,
+                                      sizeof err))) {
+        fprintf(stderr, "quotagate: listen %s: %s\n", s.opts.listen, err);
+        goto done;
+    }
+    sc.s = &s;
+    if (pthread_create(&sigth, NULL, signal_thread, &sc) != 0)
+        goto done;
+    sig_started = 1;
+    port = qg_http_server_port(s.http);
+    fprintf(stdout,
+            "quotagate: rules %s (version %s), ledger %s, store memory\n"
+            "quotagate: try: curl -s -X POST http://%s:%d/v1/check "
+            "-H \"Authorization: Bearer $QUOTAGATE_SERVICE_KEY\" "
+            "-d '{\"subject\":\"bob\",\"request_id\":\"r1\",\"weight\":1}'\n"
+            "quotagate: listening on http://%s:%d\n",
+            s.opts.rules_path, qg_rules_version(qg_engine_rules(s.engine)),
+            s.opts.ledger_url, host, port, host, port);
+    fflush(stdout);
+    rc = qg_http_server_run(s.http) == 0 ? 0 : 1;
+done:
+    if (sig_started) {
+        pthread_kill(sigth, SIGUSR2);
+        pthread_join(sigth, NULL);
+    }
+    /* Drain the ledger first: settles still in its queue are answered (or
+     * dropped with their connections) before the HTTP server goes. */
+    qg_ledger_close(s.ledger);
+    qg_http_server_free(s.http);
+    qg_metrics_free(s.metrics);
+    qg_engine_free(s.engine);
+    qg_store_free(s.store);
+    qg_auth_free(s.auth);
+    qg_rules_free(rules);
+    pthread_mutex_destroy(&s.reload_mu);
+    if (rc == 0)
+        fprintf(stderr, "quotagate: stopped cleanly\n");
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* server.h - the gateway process: shared state of `quotagate serve` and
+ * the handlers of its routes (one file per route group: h_decide.c,
+ * h_info.c, h_admin.c).  Internal to src/server. */
+#ifndef QG_SERVER_H
+#define QG_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "http.h"
+#include "ledger.h"
+#include "quotagate.h"
+
+typedef struct qg_metrics qg_metrics;
+typedef struct qg_auth qg_auth;
+
+typedef struct qg_serve_opts {
+    const char *rules_path;
+    const char *listen;          /* HOST:PORT, default 127.0.0.1:8080 */
+    const char *data_dir;        /* default ./var */
+    const char *ledger_url;      /* default sqlite:DATA/ledger.db */
+    const char *store_url;       /* "memory" (default) */
+    const char *upstream;        /* the proxy's (a later issue) */
+    int workers;                 /* HTTP worker threads, default 2 */
+    int header_timeout_ms;
+    int idle_timeout_ms;
+    size_t max_body_bytes;
+    int ledger_async;            /* opt into asynchronous settles */
+    int ledger_flush_ms;
+} qg_serve_opts;
+
+typedef struct qg_server {
+    qg_serve_opts opts;
+    qg_engine *engine;
+    qg_store *store;
+    qg_ledger *ledger;
+    qg_http_server *http;
+    qg_metrics *metrics;
+    qg_auth *auth;
+    pthread_mutex_t reload_mu;   /* one reload at a time */
+    int64_t wall0_ms;            /* CLOCK_REALTIME at start */
+    int64_t mono0_ms;            /* CLOCK_MONOTONIC at start */
+    int64_t rebuild_ms;          /* how long the rebuild took */
+    uint64_t rebuild_rows;
+    _Atomic uint64_t reloads, reload_failures;
+} qg_server;
+
+/* Run the gateway until SIGTERM/SIGINT.  Returns the exit status. */
+int qg_serve(const qg_serve_opts *opts);
+
+/* Now, in ms since the epoch: the start's wall time advanced by the
+ * monotonic clock (never jumps with wall-clock adjustments). */
+int64_t qg_server_now(const qg_server *s);
+
+/* Reload the rules file; on failure the old rules keep serving and err
+ * says why (file:line:column).  Returns 0 or an error. */
+int qg_server_reload(qg_server *s, char *err, size_t errcap);
+
+/* The one dispatcher given to the HTTP layer (routes.c), and the metrics
+ * route of a path. */
+void qg_server_handle(qg_http_req *r, void *ud);
+int qg_server_route(const char *path);
+
+/* Scrape-time gauges from the parts' statistics (serve.c). */
+struct qg_metrics_gauges;
+void qg_server_gauges(qg_server *s, const qg_store_stats *st,
+                      const qg_ledger_stats *ls, const qg_http_stats *hs,
+                      struct qg_metrics_gauges *g);
+
+/* Respond with a typed JSON error {"error": {"type", "message"}}. */
+void qg_reply_error(qg_server *s, qg_http_req *r, int status,
+                    const char *type, const char *message);
+/* Respond 200 (or status) with a malloc'd JSON text, which is freed. */
+void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
+                   const qg_http_out_header *h, int nh);
+
+/* Route handlers.  `subject` is the caller's subject for subject keys. */
+void qg_h_check(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_settle(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_usage(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_plans(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_weights(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_healthz(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_metrics(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
+
+#endif
