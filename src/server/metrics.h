@@ -1,0 +1,125 @@
+/* metrics.h - the /metrics registry, rendered in Prometheus text format.
+ *
+ * Counters the server bumps on its hot paths, plus gauges it reads from
+ * the ledger and the store at scrape time and passes in:
+ *
+ *   quotagate_decisions_total{plan,window,outcome}  outcome allow | reject |
+ *       reject_never; window = the binding window's name, "none" on allows
+ *   quotagate_settles_total{status}
+ *   quotagate_settle_mismatch_total{direction="over"|"under"}  settles whose
+ *       actual weight was above / below the reservation
+ *   quotagate_settle_mismatch_weight_total{direction}  points of those gaps
+ *   quotagate_http_requests_total{route,code}
+ *   quotagate_refusal_ratio  refusals / decisions since start
+ *   quotagate_ledger_queue_depth, quotagate_ledger_commits_total,
+ *   quotagate_ledger_rows_total, quotagate_ledger_commit_seconds (histogram),
+ *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
+ *   quotagate_store_subjects, quotagate_store_bytes, quotagate_up,
+ *   quotagate_rules_info{rules_version,weights_version}
+ *
+ * The decision counter is on every request's path, so it is an array of
+ * relaxed atomics indexed by small integers: plan index and window id,
+ * where window ids number the distinct window names of the rules (member
+ * and org windows alike), assigned when the rules are loaded.  Use
+ * qg_metrics_view_window() to turn a decision's binding view into its id
+ * (an array lookup), or qg_metrics_record() which does it all from a
+ * qg_decision (pointer comparisons of names owned by the rules, falling
+ * back to strcmp when the decision was made with other rules).
+ *
+ * Reloads: qg_metrics_rules() builds new index tables that point at the
+ * same counters for the same (plan, window) names, so counters never go
+ * backwards and series of plans or windows that disappeared keep their
+ * values.  The new table is published with one atomic store; replaced
+ * tables stay allocated until qg_metrics_free (a reload is rare, a table
+ * small), so a thread still counting through the old one is safe.  An
+ * index taken from the old rules and used after the swap is bounds-checked
+ * and may count under the new rules' name at that index: the price of a
+ * lock-free hot path during the instant of a reload.
+ *
+ * Thread-safety: qg_metrics_decision / _settle / _http / _record are safe
+ * from any thread at any time; qg_metrics_rules and qg_metrics_render
+ * serialise on an internal mutex. */
+#ifndef QG_METRICS_H
+#define QG_METRICS_H
+
+#include <stdint.h>
+#include "quotagate.h"
+#include "rules.h"
+
+typedef struct qg_metrics qg_metrics;
+
+enum { QG_M_ALLOW = 0, QG_M_REJECT = 1, QG_M_REJECT_NEVER = 2 };
+
+/* Routes, for quotagate_http_requests_total{route}. */
+typedef enum qg_metrics_route {
+    QG_ROUTE_CHECK = 0,
+    QG_ROUTE_SETTLE,
+    QG_ROUTE_USAGE,
+    QG_ROUTE_PLANS,
+    QG_ROUTE_WEIGHTS,
+    QG_ROUTE_AUTHZ,
+    QG_ROUTE_CHAT,         /* /v1/chat/completions */
+    QG_ROUTE_MESSAGES,     /* /v1/messages */
+    QG_ROUTE_ADMIN,
+    QG_ROUTE_METRICS,
+    QG_ROUTE_HEALTHZ,
+    QG_ROUTE_CONSOLE,
+    QG_ROUTE_OTHER,        /* unknown paths */
+    QG_ROUTE_COUNT
+} qg_metrics_route;
+
+/* Values read at scrape time from the ledger, the store and the last
+ * rebuild.  Histogram buckets are cumulative counts of commits that took
+ * at most 100us, 1ms, 5ms, 10ms, 50ms, 100ms, 1s, +Inf (the last is the
+ * count), as qg_ledger_stats keeps them. */
+typedef struct qg_metrics_gauges {
+    uint64_t ledger_queue_depth;
+    uint64_t ledger_commits;
+    uint64_t ledger_rows;
+    uint64_t ledger_commit_us_sum;
+    uint64_t ledger_commit_le[8];
+    int64_t rebuild_ms;             /* how long the last rebuild took */
+    uint64_t rebuild_rows;          /* rows it replayed */
+    uint64_t store_subjects;
+    uint64_t store_bytes;
+    const char *rules_version;      /* NULL: taken from the current rules */
+    const char *weights_version;
+} qg_metrics_gauges;
+
+/* A registry sized for rules r (borrowed only during the call).  Returns
+ * NULL on out of memory.  Free with qg_metrics_free. */
+qg_metrics *qg_metrics_new(const qg_rules *r);
+void qg_metrics_free(qg_metrics *m);
+
+/* Switch to new rules (borrowed during the call), keeping every count.
+ * Returns 0 or QG_ENOMEM (the old tables stay in use). */
+int qg_metrics_rules(qg_metrics *m, const qg_rules *r);
+
+/* Window id of view `view` of a decision for plan_index / org_index (-1
+ * none): views are the plan's windows in order, then the org's.  -1 when
+ * out of range.  O(1). */
+int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
+                           int view);
+
+/* Count one decision: outcome QG_M_*, window_id from the function above
+ * or -1 ("none").  Out-of-range arguments are ignored.  Lock-free. */
+void qg_metrics_decision(qg_metrics *m, int plan_index, int window_id,
+                         int outcome);
+
+/* Count decision d (plan and org found by their names' pointers, the
+ * binding view turned into its window id).  QG_NONE is ignored. */
+void qg_metrics_record(qg_metrics *m, const qg_decision *d);
+
+/* Count a settle: its status and any gap between reserved and actual.
+ * Replayed settles are not counted again. */
+void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s);
+
+/* Count an HTTP response on route (qg_metrics_route) with status code. */
+void qg_metrics_http(qg_metrics *m, int route, int code);
+
+/* The exposition text (# HELP / # TYPE and samples), malloc'd; the caller
+ * frees it.  g may be NULL (gauges then absent, except up and the
+ * rules info).  NULL on out of memory. */
+char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g);
+
+#endif
