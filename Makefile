@@ -27,7 +27,6 @@ LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c \
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
-BENCH_SRC := $(wildcard bench/*.c)
 
 # flavour-specific lists
 define flavour
@@ -80,11 +79,15 @@ test: deps-test
 
 test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS)
 
-bench: deps-test build/bench_engine
+bench: deps-test build/bench_engine build/bench_ledger
 	@build/bench_engine
+	@build/bench_ledger
 
-build/bench_engine: bench/bench_engine.c $(BENCH_SRC) $(OPTB_SUPOBJ) build/libquotagate.a
-	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ $(BENCH_SRC) $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
+build/bench_engine: bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
+
+build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
 
 clean:
 	rm -rf build

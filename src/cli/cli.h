@@ -23,12 +23,19 @@ typedef struct qg_cli_args {
     const char *trace;        /* --trace FILE.csv */
     const char *start;        /* --start ISO8601 */
     const char *previous;     /* --previous OLD_RULES */
+    const char *data;         /* --data DIR */
+    const char *ledger;       /* --ledger URL */
+    const char *role;         /* --role ROLE */
+    int nargs;                /* positional arguments after the command, */
+    char **args;              /* for commands whose table row allows them */
 } qg_cli_args;
 
 /* Handlers: `rules` (loaded from --config) passes to the handler. */
 int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
+/* keys takes no rules file: rules is NULL. */
+int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules);
 
 /* Load a rules file; on failure print "path:line:col: ..." to stderr and
  * return NULL. */

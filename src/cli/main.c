@@ -16,7 +16,7 @@
 #include "rules.h"
 
 enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
-               F_PREVIOUS, F_HELP, NFLAGS };
+               F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -46,6 +46,13 @@ static const struct flag {
     [F_PREVIOUS] = { "previous", 0, "OLD_RULES",
                      offsetof(qg_cli_args, previous),
                      "rules in force now, to check notice of lowered limits" },
+    [F_DATA] = { "data", 0, "DIR", offsetof(qg_cli_args, data),
+                 "data directory: the ledger is DIR/ledger.db "
+                 "(default ./var)" },
+    [F_LEDGER] = { "ledger", 0, "URL", offsetof(qg_cli_args, ledger),
+                   "ledger URL: sqlite:PATH (default: under --data)" },
+    [F_ROLE] = { "role", 0, "ROLE", offsetof(qg_cli_args, role),
+                 "key role: subject (default), admin or service" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -55,22 +62,29 @@ static const struct command {
     const char *summary;
     const char *usage;
     unsigned takes, requires;
+    int maxargs;                /* positional arguments accepted */
 } commands[] = {
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",
       "quotagate analyze -c RULES [--baseline PLAN] [--period DUR] [--json]",
       FL(F_CONFIG) | FL(F_JSON) | FL(F_BASELINE) | FL(F_PERIOD),
-      FL(F_CONFIG) },
+      FL(F_CONFIG), 0 },
     { "simulate", qg__cmd_simulate,
       "replay a usage trace through the real engine on a virtual clock",
       "quotagate simulate -c RULES --trace FILE.csv [--start TIME]",
       FL(F_CONFIG) | FL(F_JSON) | FL(F_TRACE) | FL(F_START),
-      FL(F_CONFIG) | FL(F_TRACE) },
+      FL(F_CONFIG) | FL(F_TRACE), 0 },
     { "lint", qg__cmd_lint,
       "validate rules and run the pre-release checklist (exit 0 clean, "
       "1 findings, 2 unusable file)",
       "quotagate lint -c RULES [--previous OLD_RULES] [--json]",
-      FL(F_CONFIG) | FL(F_JSON) | FL(F_PREVIOUS), FL(F_CONFIG) },
+      FL(F_CONFIG) | FL(F_JSON) | FL(F_PREVIOUS), FL(F_CONFIG), 0 },
+    { "keys", qg__cmd_keys,
+      "API keys, stored only as hashes: create (prints the key last), "
+      "list, revoke",
+      "quotagate keys create SUBJECT [--role subject|admin|service] | "
+      "list [--json] | revoke KEY_ID  [--data DIR | --ledger URL]",
+      FL(F_DATA) | FL(F_LEDGER) | FL(F_ROLE) | FL(F_JSON), 0, 2 },
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -191,7 +205,10 @@ static int parse_flags(const struct command *c, int argc, char **argv,
         else
             *(int *)((char *)a + flags[i].offset) = 1;
     }
-    if (optind < argc) {
+    if (optind < argc && argc - optind <= c->maxargs) {
+        a->nargs = argc - optind;
+        a->args = argv + optind;
+    } else if (optind < argc) {
         fprintf(stderr, "quotagate %s: unexpected argument \"%s\"\nusage: %s\n",
                 c->name, argv[optind], c->usage);
         return -1;
@@ -243,7 +260,9 @@ int main(int argc, char **argv)
     rc = parse_flags(c, argc - 1, argv + 1, &a);
     if (rc != 0)
         return rc > 0 ? QG_EXIT_OK : QG_EXIT_USAGE;
-    if (!(rules = qg__cli_load_rules(a.config)))
+    rules = NULL;
+    if ((c->takes & FL(F_CONFIG)) &&
+        !(rules = qg__cli_load_rules(a.config)))
         return QG_EXIT_USAGE;
     return c->run(&a, rules);
 }

@@ -1,0 +1,630 @@
+/* ledger_sqlite.c - the embedded ledger backend: SQLite in WAL mode.
+ *
+ * Three connections to one file, each used by one thread at a time:
+ *  - the writer's, owned by the writer thread: every request row goes
+ *    through it, in batches, one transaction per batch (group commit);
+ *  - the scan connection (scan_mu): qg_ledger_scan streams rows from it
+ *    while the writer goes on (WAL readers see a snapshot, never block);
+ *  - the admin connection (admin_mu): single rows (get), subjects and keys,
+ *    written synchronously with synchronous=FULL so they are durable on
+ *    return.
+ * Other processes (the CLI's `keys` command next to a running server) may
+ * use the same file: busy_timeout makes a writer wait for the other's
+ * write lock instead of failing.
+ *
+ * The queue: submit copies the row into `q` (a growable array, capped by
+ * max_queue counting the rows the writer holds too).  The writer swaps `q`
+ * with its own empty array under the mutex (O(1), whatever the queue
+ * length), then writes what it took in transactions of at most max_batch
+ * rows: BEGIN IMMEDIATE, one prepared upsert per row, COMMIT (an fsync of
+ * the WAL with synchronous=FULL), and only then calls each row's `done`.
+ * Everything that arrived while a commit was syncing goes into the next
+ * one, so the commit rate adapts to the load.  In ASYNC mode `done` is
+ * called by submit; the writer gathers rows for up to flush_ms (or until
+ * max_batch are waiting) and commits with synchronous=NORMAL.
+ *
+ * Subjects and keys are in ledger_sqlite_admin.c.
+ *
+ * Schema: PRAGMA user_version is the schema version; migrations[i] brings
+ * version i to i + 1 and all pending ones run in one transaction at open.
+ * A file with a newer version than this build knows is refused. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sqlite3.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+
+/* ------------------------------------------------------------- schema */
+
+static const char *const migrations[] = {
+    /* 0 -> 1 */
+    "CREATE TABLE requests ("
+    " request_id TEXT PRIMARY KEY, subject TEXT NOT NULL, org TEXT,"
+    " plan TEXT, rules_version TEXT, weights_version TEXT, model TEXT,"
+    " \"window\" TEXT, decision INTEGER NOT NULL, status INTEGER NOT NULL,"
+    " estimated INTEGER NOT NULL DEFAULT 0,"
+    " input_tokens INTEGER NOT NULL DEFAULT 0,"
+    " output_tokens INTEGER NOT NULL DEFAULT 0,"
+    " reserved_milli INTEGER NOT NULL DEFAULT 0,"
+    " weight_milli INTEGER NOT NULL DEFAULT 0,"
+    " created_ms INTEGER NOT NULL, settled_ms INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX requests_created ON requests(created_ms);"
+    "CREATE TABLE subjects ("
+    " subject TEXT PRIMARY KEY, plan TEXT NOT NULL, org TEXT,"
+    " billing_anchor_ms INTEGER NOT NULL DEFAULT 0,"
+    " updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE keys ("
+    " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
+    " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
+    " revoked_ms INTEGER NOT NULL DEFAULT 0);",
+};
+
+_Static_assert(sizeof migrations / sizeof migrations[0] ==
+                   QG_LEDGER_SCHEMA_VERSION,
+               "one migration per schema version");
+
+#define ROW_COLS \
+    "request_id, subject, org, plan, rules_version, weights_version, model," \
+    " \"window\", decision, status, estimated, input_tokens, output_tokens," \
+    " reserved_milli, weight_milli, created_ms, settled_ms"
+
+static const char sql_upsert[] =
+    "INSERT INTO requests (" ROW_COLS ") VALUES"
+    " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
+    " ?17) ON CONFLICT(request_id) DO UPDATE SET"
+    " subject = excluded.subject, org = excluded.org, plan = excluded.plan,"
+    " rules_version = excluded.rules_version,"
+    " weights_version = excluded.weights_version, model = excluded.model,"
+    " \"window\" = excluded.\"window\", decision = excluded.decision,"
+    " status = excluded.status, estimated = excluded.estimated,"
+    " input_tokens = excluded.input_tokens,"
+    " output_tokens = excluded.output_tokens,"
+    " reserved_milli = excluded.reserved_milli,"
+    " weight_milli = excluded.weight_milli,"
+    " created_ms = excluded.created_ms, settled_ms = excluded.settled_ms";
+
+/* A settle: the row is normally there already (its check's row was
+ * queued before it); only the settle's columns change.  When the check's
+ * row was lost in a crash, the settle's row is inserted whole. */
+static const char sql_settle[] =
+    "INSERT INTO requests (" ROW_COLS ") VALUES"
+    " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
+    " ?17) ON CONFLICT(request_id) DO UPDATE SET"
+    " status = excluded.status, estimated = excluded.estimated,"
+    " input_tokens = excluded.input_tokens,"
+    " output_tokens = excluded.output_tokens,"
+    " weight_milli = excluded.weight_milli,"
+    " settled_ms = excluded.settled_ms";
+
+/* The index on created_ms holds rowid as its last column, so this order
+ * is read straight from the index, without a sort. */
+static const char sql_scan[] =
+    "SELECT " ROW_COLS " FROM requests"
+    " WHERE decision = 1 AND created_ms >= ?1 ORDER BY created_ms, rowid";
+
+static const char sql_get[] =
+    "SELECT " ROW_COLS " FROM requests WHERE request_id = ?1";
+
+#include "ledger_sqlite.h"
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
+{
+    int rc = BIND_STR(st, 1, r->request_id);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 2, r->subject);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 3, r->org);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 4, r->plan);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 5, r->rules_version);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 6, r->weights_version);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 7, r->model);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 8, r->window);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 9, r->decision);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 10, r->status);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 11, r->estimated);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 12, r->input_tokens);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 13, r->output_tokens);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 14, r->reserved_milli);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 15, r->weight_milli);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 16, r->created_ms);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 17, r->settled_ms);
+    return rc;
+}
+
+static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
+{
+    COL_STR(st, 0, r->request_id);
+    COL_STR(st, 1, r->subject);
+    COL_STR(st, 2, r->org);
+    COL_STR(st, 3, r->plan);
+    COL_STR(st, 4, r->rules_version);
+    COL_STR(st, 5, r->weights_version);
+    COL_STR(st, 6, r->model);
+    COL_STR(st, 7, r->window);
+    r->decision = sqlite3_column_int(st, 8);
+    r->status = sqlite3_column_int(st, 9);
+    r->estimated = sqlite3_column_int(st, 10);
+    r->input_tokens = sqlite3_column_int64(st, 11);
+    r->output_tokens = sqlite3_column_int64(st, 12);
+    r->reserved_milli = sqlite3_column_int64(st, 13);
+    r->weight_milli = sqlite3_column_int64(st, 14);
+    r->created_ms = sqlite3_column_int64(st, 15);
+    r->settled_ms = sqlite3_column_int64(st, 16);
+}
+
+/* ------------------------------------------------------ opening, schema */
+
+static int fail_db(sqlite3 *db, const char *path, const char *what,
+                   char *err, size_t errcap)
+{
+    snprintf(err, errcap, "ledger %s: %s: %s", path, what,
+             db ? sqlite3_errmsg(db) : "out of memory");
+    return QG_EIO;
+}
+
+static int user_version(sqlite3 *db, int *out)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        *out = sqlite3_column_int(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int too_new(int v, const char *path, char *err, size_t errcap)
+{
+    snprintf(err, errcap, "ledger %s: schema version %d is newer than this "
+             "build of quotagate knows (%d); use a newer quotagate",
+             path, v, QG_LEDGER_SCHEMA_VERSION);
+    return QG_ESTATE;
+}
+
+/* One connection with the settings every connection shares. */
+static int conn_open(const char *path, int busy_ms, int sync_full,
+                     sqlite3 **out, char *err, size_t errcap)
+{
+    sqlite3 *db = NULL;
+    int rc = sqlite3_open_v2(path, &db,
+                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                 SQLITE_OPEN_NOMUTEX,
+                             NULL);
+    if (rc != SQLITE_OK) {
+        fail_db(db, path, "cannot open", err, errcap);
+        sqlite3_close(db);
+        return QG_EIO;
+    }
+    sqlite3_busy_timeout(db, busy_ms);
+    if (sqlite3_exec(db, sync_full ? "PRAGMA synchronous=FULL"
+                                   : "PRAGMA synchronous=NORMAL",
+                     NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "PRAGMA foreign_keys=OFF", NULL, NULL, NULL) !=
+            SQLITE_OK) {
+        fail_db(db, path, "cannot configure", err, errcap);
+        sqlite3_close(db);
+        return QG_EIO;
+    }
+    *out = db;
+    return QG_OK;
+}
+
+static int set_wal(sqlite3 *db, const char *path, char *err, size_t errcap)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st,
+                                NULL);
+    int ok = 0;
+    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+        const char *m = (const char *)sqlite3_column_text(st, 0);
+        ok = m && sqlite3_stricmp(m, "wal") == 0;
+    }
+    if (!ok) {
+        fail_db(db, path, "cannot switch to WAL journal mode", err, errcap);
+        sqlite3_finalize(st);
+        return QG_EIO;
+    }
+    sqlite3_finalize(st);
+    return QG_OK;
+}
+
+/* Apply the pending migrations in one write transaction (another process
+ * may be migrating the same file: the version is read again under the
+ * lock). */
+static int migrate(sqlite3 *db, const char *path, char *err, size_t errcap)
+{
+    char sql[64];
+    int v = 0, rc;
+    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        return fail_db(db, path, "cannot lock for migration", err, errcap);
+    if ((rc = user_version(db, &v)) != SQLITE_OK) {
+        rc = fail_db(db, path, "cannot read the schema version", err,
+                     errcap);
+        goto fail;
+    }
+    if (v > QG_LEDGER_SCHEMA_VERSION) {
+        rc = too_new(v, path, err, errcap);
+        goto fail;
+    }
+    if (v < 0) {
+        snprintf(err, errcap, "ledger %s: invalid schema version %d", path,
+                 v);
+        rc = QG_ESTATE;
+        goto fail;
+    }
+    if (v == QG_LEDGER_SCHEMA_VERSION) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return QG_OK;
+    }
+    for (; v < QG_LEDGER_SCHEMA_VERSION; v++)
+        if (sqlite3_exec(db, migrations[v], NULL, NULL, NULL) != SQLITE_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "migration to schema version %d",
+                     v + 1);
+            rc = fail_db(db, path, what, err, errcap);
+            goto fail;
+        }
+    snprintf(sql, sizeof sql, "PRAGMA user_version=%d",
+             QG_LEDGER_SCHEMA_VERSION);
+    if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        rc = fail_db(db, path, "cannot commit the migration", err, errcap);
+        goto fail;
+    }
+    return QG_OK;
+fail:
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return rc;
+}
+
+/* ------------------------------------------------------------- writer */
+
+static const int64_t hist_le_us[8] = { 100, 1000, 5000, 10000, 50000,
+                                       100000, 1000000, INT64_MAX };
+
+/* Write n rows in one transaction.  Returns 0 or a QG error. */
+static int write_batch(qg__sq *s, const qg__sq_item *it, size_t n)
+{
+    size_t i;
+    int rc;
+    if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL)) !=
+        SQLITE_OK)
+        return qg__sq_map_rc(rc);
+    for (i = 0; i < n; i++) {
+        sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
+        rc = bind_row(st, &it[i].row);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE && rc != SQLITE_OK)
+            goto fail;
+    }
+    sqlite3_clear_bindings(s->upsert);
+    sqlite3_clear_bindings(s->settle);
+    if ((rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
+        goto fail;
+    return QG_OK;
+fail:
+    sqlite3_clear_bindings(s->upsert);
+    sqlite3_clear_bindings(s->settle);
+    sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
+    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+}
+
+static void record_commit(qg__sq *s, size_t n, int rc, int64_t us)
+{
+    int i;
+    if (rc != QG_OK) {
+        s->st.errors++;
+        return;
+    }
+    s->st.rows_written += n;
+    s->st.commits++;
+    s->st.commit_us_sum += (uint64_t)us;
+    if ((uint64_t)us > s->st.commit_us_max)
+        s->st.commit_us_max = (uint64_t)us;
+    for (i = 0; i < 8; i++)
+        if (us <= hist_le_us[i])
+            s->st.commit_le_us[i]++;
+}
+
+/* Wait (mu held) for work; in ASYNC mode also for flush_ms to pass since
+ * the oldest queued row, unless a full batch is waiting or we stop. */
+static void wait_for_rows(qg__sq *s)
+{
+    while (s->qlen == 0 && !s->stop)
+        pthread_cond_wait(&s->cv, &s->mu);
+    if (s->o.sync != QG_LEDGER_ASYNC)
+        return;
+    while (!s->stop && s->qlen > 0 && s->qlen < (size_t)s->o.max_batch) {
+        int64_t due = s->q_since_us + (int64_t)s->o.flush_ms * 1000;
+        struct timespec ts;
+        if (mono_us() >= due)
+            break;
+        ts.tv_sec = (time_t)(due / 1000000);
+        ts.tv_nsec = (long)(due % 1000000) * 1000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    qg__sq *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        qg__sq_item *tmp;
+        size_t n, off, cap;
+        wait_for_rows(s);
+        if (s->qlen == 0 && s->stop)
+            break;
+        /* take everything queued: swap the arrays */
+        tmp = s->w;
+        cap = s->wcap;
+        s->w = s->q;
+        s->wcap = s->qcap;
+        n = s->qlen;
+        s->q = tmp;
+        s->qcap = cap;
+        s->qlen = 0;
+        s->inflight = n;
+        pthread_mutex_unlock(&s->mu);
+
+        for (off = 0; off < n;) {
+            size_t k = n - off, i;
+            int64_t t0;
+            int rc;
+            if (k > (size_t)s->o.max_batch)
+                k = (size_t)s->o.max_batch;
+            t0 = mono_us();
+            rc = write_batch(s, s->w + off, k);
+            pthread_mutex_lock(&s->mu);
+            record_commit(s, k, rc, mono_us() - t0);
+            s->inflight -= k;
+            pthread_mutex_unlock(&s->mu);
+            if (s->o.sync == QG_LEDGER_DURABLE)
+                for (i = off; i < off + k; i++)
+                    if (s->w[i].done)
+                        s->w[i].done(s->w[i].arg, rc);
+            off += k;
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------- open and close */
+
+static void sq_close(void *b)
+{
+    qg__sq *s = b;
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    sqlite3_finalize(s->upsert);
+    sqlite3_finalize(s->settle);
+    sqlite3_finalize(s->scan_st);
+    sqlite3_finalize(s->get_st);
+    sqlite3_close(s->sdb);
+    sqlite3_close(s->adb);
+    sqlite3_close(s->wdb);   /* the last one checkpoints the WAL */
+    if (s->mutexes_ready) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->scan_mu);
+        pthread_mutex_destroy(&s->admin_mu);
+        pthread_cond_destroy(&s->cv);
+    }
+    free(s->q);
+    free(s->w);
+    free(s);
+}
+
+static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
+                     size_t errcap)
+{
+    pthread_condattr_t ca;
+    qg__sq *s;
+    int v = 0, full = o->sync == QG_LEDGER_DURABLE;
+
+    if (strlen(path) >= sizeof s->path) {
+        snprintf(err, errcap, "ledger: path too long");
+        return NULL;
+    }
+    if (!(s = calloc(1, sizeof *s))) {
+        snprintf(err, errcap, "ledger: out of memory");
+        return NULL;
+    }
+    s->o = *o;
+    strcpy(s->path, path);
+    if (pthread_condattr_init(&ca) != 0) {
+        snprintf(err, errcap, "ledger: out of memory");
+        free(s);
+        return NULL;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->scan_mu, NULL);
+    pthread_mutex_init(&s->admin_mu, NULL);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    s->mutexes_ready = 1;
+
+    if (conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
+        goto fail;
+    /* refuse a newer schema before changing anything in the file */
+    if (user_version(s->wdb, &v) != SQLITE_OK) {
+        fail_db(s->wdb, path, "not a readable SQLite database", err, errcap);
+        goto fail;
+    }
+    if (v > QG_LEDGER_SCHEMA_VERSION) {
+        too_new(v, path, err, errcap);
+        goto fail;
+    }
+    if (set_wal(s->wdb, path, err, errcap) ||
+        migrate(s->wdb, path, err, errcap))
+        goto fail;
+    if (sqlite3_prepare_v3(s->wdb, sql_upsert, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->upsert, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_settle, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->settle, NULL) != SQLITE_OK) {
+        fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
+        goto fail;
+    }
+    if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, 1, &s->adb, err, errcap))
+        goto fail;
+    /* the scan reads the whole reach of the windows once, in order:
+     * memory-mapped pages spare a read() and a copy per page */
+    sqlite3_exec(s->sdb, "PRAGMA mmap_size=1073741824", NULL, NULL, NULL);
+    if (sqlite3_prepare_v3(s->sdb, sql_scan, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->scan_st, NULL) != SQLITE_OK) {
+        fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
+        goto fail;
+    }
+    if (sqlite3_prepare_v3(s->adb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->get_st, NULL) != SQLITE_OK) {
+        fail_db(s->adb, path, "cannot prepare the lookup", err, errcap);
+        goto fail;
+    }
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        snprintf(err, errcap, "ledger %s: cannot start the writer thread",
+                 path);
+        goto fail;
+    }
+    s->thread_started = 1;
+    return s;
+fail:
+    sq_close(s);
+    return NULL;
+}
+
+/* --------------------------------------------------------- operations */
+
+static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
+                     void *arg)
+{
+    qg__sq *s = b;
+    qg__sq_item *it;
+    if (!row->request_id[0])
+        return QG_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return QG_ESTATE;
+    }
+    if (s->qlen + s->inflight >= (size_t)s->o.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        return QG_EFULL;
+    }
+    if (s->qlen == s->qcap) {
+        size_t cap = s->qcap ? s->qcap * 2 : 256;
+        if (cap > (size_t)s->o.max_queue)
+            cap = (size_t)s->o.max_queue;
+        it = realloc(s->q, cap * sizeof *it);
+        if (!it) {
+            pthread_mutex_unlock(&s->mu);
+            return QG_ENOMEM;
+        }
+        s->q = it;
+        s->qcap = cap;
+    }
+    it = &s->q[s->qlen++];
+    it->row = *row;
+    it->done = done;
+    it->arg = arg;
+    if (s->qlen == 1) {
+        if (s->o.sync == QG_LEDGER_ASYNC)
+            s->q_since_us = mono_us();
+        pthread_cond_signal(&s->cv);
+    } else if (s->qlen == (size_t)s->o.max_batch) {
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (s->o.sync == QG_LEDGER_ASYNC && done)
+        done(arg, QG_OK);
+    return QG_OK;
+}
+
+static int sq_scan(void *b, int64_t since_ms,
+                   int (*fn)(const qg_ledger_row *row, void *ud), void *ud)
+{
+    qg__sq *s = b;
+    qg_ledger_row r;
+    int rc, out = QG_OK;
+    pthread_mutex_lock(&s->scan_mu);
+    sqlite3_bind_int64(s->scan_st, 1, since_ms);
+    while ((rc = sqlite3_step(s->scan_st)) == SQLITE_ROW) {
+        read_row(s->scan_st, &r);
+        if ((out = fn(&r, ud)) != 0)
+            break;
+    }
+    if (out == 0 && rc != SQLITE_DONE)
+        out = qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+    sqlite3_reset(s->scan_st);
+    pthread_mutex_unlock(&s->scan_mu);
+    return out;
+}
+
+static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
+{
+    qg__sq *s = b;
+    int rc;
+    pthread_mutex_lock(&s->admin_mu);
+    sqlite3_bind_text(s->get_st, 1, request_id, -1, SQLITE_STATIC);
+    rc = sqlite3_step(s->get_st);
+    if (rc == SQLITE_ROW) {
+        memset(out, 0, sizeof *out);
+        read_row(s->get_st, out);
+        rc = QG_OK;
+    } else {
+        rc = rc == SQLITE_DONE ? QG_ENOTFOUND : QG_EIO;
+    }
+    sqlite3_reset(s->get_st);
+    sqlite3_clear_bindings(s->get_st);
+    pthread_mutex_unlock(&s->admin_mu);
+    return rc;
+}
+
+static void sq_stats_get(void *b, qg_ledger_stats *out)
+{
+    qg__sq *s = b;
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->queued = s->qlen + s->inflight;
+    pthread_mutex_unlock(&s->mu);
+}
+
+const qg__ledger_backend qg__ledger_sqlite = {
+    "sqlite",
+    1,
+    sq_open,
+    sq_close,
+    sq_submit,
+    sq_scan,
+    sq_get,
+    qg__sq_put_subject,
+    qg__sq_scan_subjects,
+    qg__sq_put_key,
+    qg__sq_get_key,
+    qg__sq_list_keys,
+    qg__sq_revoke_key,
+    sq_stats_get,
+};

@@ -1,0 +1,117 @@
+/* ledger_sqlite.h - private to the SQLite ledger backend: the handle
+ * shared by ledger_sqlite.c (schema, writer thread, request rows) and
+ * ledger_sqlite_admin.c (subjects and keys), and small binding helpers.
+ * Not for use outside src/ledger. */
+#ifndef QG_LEDGER_SQLITE_H
+#define QG_LEDGER_SQLITE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+
+/* One queued row with its callback. */
+typedef struct qg__sq_item {
+    qg_ledger_row row;
+    qg_ledger_done done;
+    void *arg;
+} qg__sq_item;
+
+typedef struct qg__sq {
+    qg_ledger_opts o;
+    char path[1024];
+
+    sqlite3 *wdb;               /* writer thread only (and open/close) */
+    sqlite3_stmt *upsert;
+    sqlite3_stmt *settle;        /* upsert of a settle's columns only */
+
+    pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
+    sqlite3 *sdb;
+    sqlite3_stmt *scan_st;
+
+    pthread_mutex_t admin_mu;   /* guards adb and get_st */
+    sqlite3 *adb;
+    sqlite3_stmt *get_st;
+
+    pthread_mutex_t mu;         /* guards everything below */
+    pthread_cond_t cv;
+    qg__sq_item *q;             /* queued rows */
+    size_t qlen, qcap;
+    int64_t q_since_us;         /* monotonic time q became non-empty */
+    qg__sq_item *w;             /* the writer's rows (writer thread only) */
+    size_t wcap;
+    size_t inflight;            /* rows taken by the writer, not done */
+    int stop;
+    qg_ledger_stats st;
+
+    pthread_t thread;
+    int thread_started;
+    int mutexes_ready;
+} qg__sq;
+
+/* SQLite result code -> QG error code. */
+static inline int qg__sq_map_rc(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_OK:
+    case SQLITE_DONE:
+    case SQLITE_ROW:
+        return QG_OK;
+    case SQLITE_NOMEM:
+        return QG_ENOMEM;
+    case SQLITE_CONSTRAINT:
+        return QG_ESTATE;
+    case SQLITE_TOOBIG:
+    case SQLITE_RANGE:
+        return QG_EINVAL;
+    default:
+        return QG_EIO;
+    }
+}
+
+/* Bind a fixed-size char field as text (bounded even if not terminated).
+ * SQLITE_STATIC: the row outlives the statement's step. */
+static inline int qg__sq_bind_field(sqlite3_stmt *st, int i,
+                                    const char *f, size_t cap)
+{
+    return sqlite3_bind_text(st, i, f, (int)strnlen(f, cap), SQLITE_STATIC);
+}
+
+#define BIND_STR(st, i, field) \
+    qg__sq_bind_field(st, i, field, sizeof(field))
+
+/* Copy a text column into a fixed buffer, truncating; no allocation. */
+static inline void qg__sq_col_text(sqlite3_stmt *st, int i, char *dst,
+                                   size_t cap)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    size_t n = t ? (size_t)sqlite3_column_bytes(st, i) : 0;
+    if (n >= cap)
+        n = cap - 1;
+    if (n)
+        memcpy(dst, t, n);
+    dst[n] = '\0';
+}
+
+#define COL_STR(st, i, field) qg__sq_col_text(st, i, field, sizeof(field))
+
+/* Subjects and keys (ledger_sqlite_admin.c), on the admin connection
+ * under admin_mu; the method table's semantics (ledger.h). */
+int qg__sq_put_subject(void *b, const char *subject, const char *plan,
+                       const char *org, int64_t anchor_ms, int64_t now_ms);
+int qg__sq_scan_subjects(void *b,
+                         int (*fn)(const char *subject, const char *plan,
+                                   const char *org, int64_t anchor_ms,
+                                   void *ud),
+                         void *ud);
+int qg__sq_put_key(void *b, const qg_key_rec *k);
+int qg__sq_get_key(void *b, const char *id, qg_key_rec *out);
+int qg__sq_list_keys(void *b, int (*fn)(const qg_key_rec *k, void *ud),
+                     void *ud);
+int qg__sq_revoke_key(void *b, const char *id, int64_t now_ms);
+
+#endif

@@ -1,0 +1,405 @@
+/* test_keys.c - API keys: generation (shape, record, hash), verification
+ * (tampered and revoked keys fail), id parsing edge cases, hashes of
+ * environment-provided keys, uniqueness; and `quotagate keys` end to end
+ * through $QG_BIN: create prints the key alone on its last line, list shows
+ * its id and never the key, revoke, unknown ids and bad usage. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "quotagate.h"
+#include "keys.h"
+#include "ledger.h"
+
+#define NOW_MS 1780000000000LL
+
+static void test_generate_verify(void **state)
+{
+    char key[QG_KEY_LEN + 1], id[32];
+    qg_key_rec rec;
+    unsigned char h[32];
+    unsigned int hn = 0;
+    size_t i;
+    (void)state;
+
+    assert_int_equal(qg_key_generate("subject", "alice", NOW_MS, key,
+                                     sizeof key, &rec), 0);
+    assert_int_equal(strlen(key), QG_KEY_LEN);
+    assert_memory_equal(key, "qgk_", 4);
+    assert_int_equal(key[16], '_');
+    for (i = 17; i < QG_KEY_LEN; i++)
+        assert_null(strchr("+/=", key[i]));
+    assert_int_equal(strlen(rec.id), 12);
+    assert_memory_equal(rec.id, key + 4, 12);
+    assert_string_equal(rec.role, "subject");
+    assert_string_equal(rec.subject, "alice");
+    assert_int_equal(rec.created_ms, NOW_MS);
+    assert_int_equal(rec.revoked_ms, 0);
+    /* the hash is SHA-256 of the whole key */
+    assert_int_equal(EVP_Digest(key, strlen(key), h, &hn, EVP_sha256(),
+                                NULL), 1);
+    assert_memory_equal(h, rec.hash, 32);
+    assert_int_equal(qg_key_parse_id(key, id, sizeof id), 0);
+    assert_string_equal(id, rec.id);
+    assert_int_equal(qg_key_verify(key, &rec), 1);
+
+    /* admin and service keys have no subject */
+    assert_int_equal(qg_key_generate("admin", NULL, NOW_MS, key, sizeof key,
+                                     &rec), 0);
+    assert_string_equal(rec.subject, "");
+    assert_int_equal(qg_key_generate("service", "", NOW_MS, key, sizeof key,
+                                     &rec), 0);
+    assert_int_equal(qg_key_verify(key, &rec), 1);
+}
+
+static void test_bad_generate(void **state)
+{
+    char key[QG_KEY_LEN + 1], big[300];
+    qg_key_rec rec;
+    (void)state;
+    assert_int_equal(qg_key_generate("root", "a", 0, key, sizeof key, &rec),
+                     QG_EINVAL);
+    assert_int_equal(qg_key_generate(NULL, "a", 0, key, sizeof key, &rec),
+                     QG_EINVAL);
+    assert_int_equal(qg_key_generate("subject", NULL, 0, key, sizeof key,
+                                     &rec), QG_EINVAL);
+    assert_int_equal(qg_key_generate("subject", "", 0, key, sizeof key,
+                                     &rec), QG_EINVAL);
+    assert_int_equal(qg_key_generate("admin", "alice", 0, key, sizeof key,
+                                     &rec), QG_EINVAL);
+    assert_int_equal(qg_key_generate("subject", "a", 0, key, QG_KEY_LEN,
+                                     &rec), QG_EINVAL);
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_int_equal(qg_key_generate("subject", big, 0, key, sizeof key,
+                                     &rec), QG_EINVAL);
+}
+
+static void test_tampered_and_revoked(void **state)
+{
+    char key[QG_KEY_LEN + 1], other[QG_KEY_LEN + 1];
+    qg_key_rec rec, rec2;
+    size_t i;
+    (void)state;
+
+    assert_int_equal(qg_key_generate("subject", "bob", NOW_MS, key,
+                                     sizeof key, &rec), 0);
+    /* every single-character change fails */
+    for (i = 0; i < QG_KEY_LEN; i++) {
+        char t[QG_KEY_LEN + 1];
+        memcpy(t, key, sizeof t);
+        t[i] = t[i] == 'A' ? 'B' : 'A';
+        assert_int_equal(qg_key_verify(t, &rec), 0);
+    }
+    key[QG_KEY_LEN - 1] = '\0';             /* truncated */
+    assert_int_equal(qg_key_verify(key, &rec), 0);
+    assert_int_equal(qg_key_verify("", &rec), 0);
+    assert_int_equal(qg_key_verify(NULL, &rec), 0);
+
+    assert_int_equal(qg_key_generate("subject", "bob", NOW_MS, other,
+                                     sizeof other, &rec2), 0);
+    assert_int_equal(qg_key_verify(other, &rec), 0);   /* another key */
+    assert_int_equal(qg_key_verify(other, &rec2), 1);
+    rec2.revoked_ms = NOW_MS + 1;
+    assert_int_equal(qg_key_verify(other, &rec2), 0);
+}
+
+static void test_parse_id(void **state)
+{
+    char key[QG_KEY_LEN + 1], id[32], t[128];
+    qg_key_rec rec;
+    (void)state;
+
+    assert_int_equal(qg_key_generate("subject", "c", 0, key, sizeof key,
+                                     &rec), 0);
+    assert_int_equal(qg_key_parse_id(key, id, 13), 0);
+    assert_string_equal(id, rec.id);
+    assert_int_equal(qg_key_parse_id(key, id, 12), QG_EINVAL); /* cap */
+    assert_int_equal(qg_key_parse_id(NULL, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg_key_parse_id("", id, sizeof id), QG_EINVAL);
+    assert_string_equal(id, "");
+    assert_int_equal(qg_key_parse_id("qgk_", id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg_key_parse_id("qgk__", id, sizeof id), QG_EINVAL);
+    /* wrong prefix */
+    snprintf(t, sizeof t, "qgx_%s", key + 4);
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    /* uppercase hex in the id */
+    snprintf(t, sizeof t, "%s", key);
+    t[4] = 'A';
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    /* id one character short / separator moved */
+    snprintf(t, sizeof t, "qgk_%.11s_%s", key + 4, key + 17);
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    snprintf(t, sizeof t, "%s", key);
+    t[16] = 'a';
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    /* padding or standard base64 in the secret */
+    snprintf(t, sizeof t, "%s", key);
+    t[QG_KEY_LEN - 1] = '=';
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    t[QG_KEY_LEN - 1] = '+';
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    /* trailing garbage */
+    snprintf(t, sizeof t, "%sx", key);
+    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    /* a well-formed key that was never issued still parses */
+    assert_int_equal(qg_key_parse_id(
+        "qgk_0123456789ab_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", id,
+        sizeof id), 0);
+    assert_string_equal(id, "0123456789ab");
+}
+
+static void test_env_key_hash(void **state)
+{
+    unsigned char a[32], b[32], c[32];
+    static const unsigned char sha_abc[32] = {
+        0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+        0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+        0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad };
+    (void)state;
+
+    qg_key_hash("abc", 3, a);
+    assert_memory_equal(a, sha_abc, 32);
+    qg_key_hash("my admin secret", 15, a);
+    qg_key_hash("my admin secret", 15, b);
+    qg_key_hash("my admin secreT", 15, c);
+    assert_int_equal(qg_key_hash_equal(a, b), 1);
+    assert_int_equal(qg_key_hash_equal(a, c), 0);
+    /* the length is what is hashed, not up to a NUL */
+    qg_key_hash("my admin secret", 14, c);
+    assert_int_equal(qg_key_hash_equal(a, c), 0);
+}
+
+static void test_keys_differ(void **state)
+{
+    char k1[QG_KEY_LEN + 1], k2[QG_KEY_LEN + 1];
+    qg_key_rec r1, r2;
+    int i;
+    (void)state;
+    for (i = 0; i < 100; i++) {
+        assert_int_equal(qg_key_generate("subject", "d", 0, k1, sizeof k1,
+                                         &r1), 0);
+        assert_int_equal(qg_key_generate("subject", "d", 0, k2, sizeof k2,
+                                         &r2), 0);
+        assert_string_not_equal(k1, k2);
+        assert_string_not_equal(r1.id, r2.id);
+        assert_memory_not_equal(r1.hash, r2.hash, 32);
+        assert_string_not_equal(k1 + 17, k2 + 17);
+    }
+}
+
+/* ------------------------------------------------------------ the CLI */
+
+typedef struct result {
+    int rc;
+    char *out, *err;
+} result;
+
+static char *slurp_fd(int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    ssize_t n;
+    assert_non_null(buf);
+    lseek(fd, 0, SEEK_SET);
+    while ((n = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)n;
+        if (len + 1 == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+static result run(const char *arg0, ...)
+{
+    const char *argv[32], *bin = getenv("QG_BIN");
+    char outp[] = "/tmp/qgkeys.out.XXXXXX", errp[] = "/tmp/qgkeys.err.XXXXXX";
+    int n = 0, ofd, efd, st;
+    va_list ap;
+    pid_t pid;
+    result r;
+
+    if (!bin)
+        fail_msg("QG_BIN is not set (run through tests/run.sh)");
+    ofd = mkstemp(outp);
+    efd = mkstemp(errp);
+    assert_true(ofd >= 0 && efd >= 0);
+    unlink(outp);
+    unlink(errp);
+    argv[n++] = bin;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && n < 31; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(ofd, 1);
+        dup2(efd, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    r.out = slurp_fd(ofd);
+    r.err = slurp_fd(efd);
+    close(ofd);
+    close(efd);
+    return r;
+}
+
+static void done(result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* The last line of text, without its newline. */
+static void last_line(const char *text, char *out, size_t cap)
+{
+    size_t n = strlen(text);
+    const char *s;
+    while (n > 0 && text[n - 1] == '\n')
+        n--;
+    s = text + n;
+    while (s > text && s[-1] != '\n')
+        s--;
+    snprintf(out, cap, "%.*s", (int)(text + n - s), s);
+}
+
+static void test_cli_keys(void **state)
+{
+    char dir[] = "/tmp/qgkeyscli.XXXXXX", data[96], db[128], key[128],
+         id[32], key2[128], id2[32];
+    result r;
+    (void)state;
+
+    assert_non_null(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/var/x", dir);   /* created */
+    r = run("keys", "create", "alice", "--data", data, NULL);
+    assert_int_equal(r.rc, 0);
+    last_line(r.out, key, sizeof key);
+    assert_int_equal(strlen(key), QG_KEY_LEN);
+    assert_int_equal(qg_key_parse_id(key, id, sizeof id), 0);
+    assert_non_null(strstr(r.out, "alice"));
+    done(&r);
+
+    r = run("keys", "create", "--role", "service", "--data", data, NULL);
+    assert_int_equal(r.rc, 0);
+    last_line(r.out, key2, sizeof key2);
+    assert_int_equal(qg_key_parse_id(key2, id2, sizeof id2), 0);
+    done(&r);
+
+    r = run("keys", "list", "--data", data, NULL);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, id));
+    assert_non_null(strstr(r.out, id2));
+    assert_non_null(strstr(r.out, "alice"));
+    assert_non_null(strstr(r.out, "service"));
+    assert_null(strstr(r.out, key));
+    assert_null(strstr(r.out, key + 17));   /* not even the secret */
+    assert_null(strstr(r.out, key2 + 17));
+    done(&r);
+
+    /* the stored record verifies the printed key */
+    snprintf(db, sizeof db, "sqlite:%s/ledger.db", data);
+    {
+        char err[256];
+        qg_key_rec rec;
+        qg_ledger *l = qg_ledger_open(db, NULL, err, sizeof err);
+        assert_non_null(l);
+        assert_int_equal(qg_ledger_get_key(l, id, &rec), 0);
+        assert_int_equal(qg_key_verify(key, &rec), 1);
+        assert_int_equal(qg_key_verify(key2, &rec), 0);
+        qg_ledger_close(l);
+    }
+
+    r = run("keys", "revoke", id, "--ledger", db, NULL);
+    assert_int_equal(r.rc, 0);
+    done(&r);
+    r = run("keys", "list", "--json", "--data", data, NULL);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "\"revoked\": \"20"));   /* alice's */
+    assert_non_null(strstr(r.out, "\"revoked\": null"));   /* service */
+    assert_null(strstr(r.out, key + 17));
+    done(&r);
+    {
+        char err[256];
+        qg_key_rec rec;
+        qg_ledger *l = qg_ledger_open(db, NULL, err, sizeof err);
+        assert_non_null(l);
+        assert_int_equal(qg_ledger_get_key(l, id, &rec), 0);
+        assert_true(rec.revoked_ms > 0);
+        assert_int_equal(qg_key_verify(key, &rec), 0);
+        qg_ledger_close(l);
+    }
+
+    r = run("keys", "revoke", "ffffffffffff", "--data", data, NULL);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "ffffffffffff"));
+    done(&r);
+
+    /* bad usage: exit 2 */
+    r = run("keys", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "create", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "create", "bob", "--role", "root", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "revoke", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "drop", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "list", "extra", "more", "--data", data, NULL);
+    assert_int_equal(r.rc, 2);
+    done(&r);
+    r = run("keys", "list", "--ledger", "postgresql://h/db", NULL);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "not supported"));
+    done(&r);
+    r = run("keys", "--help", NULL);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "--role"));
+    done(&r);
+
+    {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_verify),
+        cmocka_unit_test(test_bad_generate),
+        cmocka_unit_test(test_tampered_and_revoked),
+        cmocka_unit_test(test_parse_id),
+        cmocka_unit_test(test_env_key_hash),
+        cmocka_unit_test(test_keys_differ),
+        cmocka_unit_test(test_cli_keys),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

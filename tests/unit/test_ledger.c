@@ -1,0 +1,718 @@
+/* test_ledger.c - the SQLite ledger: 10k rows through the writer and back
+ * through scan with exact fields and order, upserts (check then settle; a
+ * settle alone), ASYNC mode, the queue bound (QG_EFULL) and a failing
+ * commit (another process holding the write lock), schema versions and
+ * URL schemes, subjects, keys, and durability against kill -9: a child
+ * submits rows and reports every acknowledged id through a pipe, the
+ * parent kills it at a random moment and finds every acknowledged row. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+
+#define BASE_MS 1780000000000LL
+
+/* ------------------------------------------------------------ helpers */
+
+typedef struct tmpdb {
+    char dir[64];
+    char path[128];
+} tmpdb;
+
+static void tmpdb_make(tmpdb *t)
+{
+    strcpy(t->dir, "/tmp/qgledger.XXXXXX");
+    assert_non_null(mkdtemp(t->dir));
+    snprintf(t->path, sizeof t->path, "%s/ledger.db", t->dir);
+}
+
+static void tmpdb_remove(tmpdb *t)
+{
+    static const char *const sfx[] = { "", "-wal", "-shm" };
+    char p[160];
+    size_t i;
+    for (i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", t->path, sfx[i]);
+        unlink(p);
+    }
+    rmdir(t->dir);
+}
+
+static qg_ledger *open_ok(const char *url, const qg_ledger_opts *o)
+{
+    char err[512];
+    qg_ledger *l = qg_ledger_open(url, o, err, sizeof err);
+    if (!l)
+        fail_msg("open %s: %s", url, err);
+    return l;
+}
+
+typedef struct counter {
+    atomic_int ok, failed;
+} counter;
+
+static void count_done(void *arg, int rc)
+{
+    counter *c = arg;
+    if (rc == 0)
+        atomic_fetch_add(&c->ok, 1);
+    else
+        atomic_fetch_add(&c->failed, 1);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* Wait (up to 30 s) until n callbacks have come. */
+static void wait_done(counter *c, int n)
+{
+    int i;
+    for (i = 0; i < 30000; i++) {
+        if (atomic_load(&c->ok) + atomic_load(&c->failed) >= n)
+            return;
+        sleep_ms(1);
+    }
+    fail_msg("only %d of %d callbacks", atomic_load(&c->ok) +
+             atomic_load(&c->failed), n);
+}
+
+#define NROWS 10000
+
+/* Row i: created instants are a permutation of the submission order, so
+ * a scan in created order is not merely the insertion order. */
+static void make_row(int i, qg_ledger_row *r)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->request_id, sizeof r->request_id, "req-%06d", i);
+    snprintf(r->subject, sizeof r->subject, "user%d", i % 37);
+    if (i % 2)
+        strcpy(r->org, "acme");
+    strcpy(r->plan, i % 3 ? "free" : "max20");
+    strcpy(r->rules_version, "2026-11-01");
+    strcpy(r->weights_version, "w1");
+    if (i % 4)
+        strcpy(r->model, "standard");
+    r->decision = i % 10 == 0 ? 2 : i % 97 == 0 ? 3 : 1;
+    if (r->decision != 1)
+        strcpy(r->window, "burst_5h");
+    r->status = r->decision == 1 ? 1 + i % 4 : QG_ROW_REJECTED;
+    r->estimated = i % 5 == 0;
+    r->input_tokens = 1000 + i;
+    r->output_tokens = 2 * i;
+    r->reserved_milli = 5000 + i;
+    r->weight_milli = 4000 + i;
+    r->created_ms = BASE_MS + (int64_t)((i * 7919) % NROWS) * 3;
+    r->settled_ms = r->status >= 2 ? r->created_ms + 1500 : 0;
+}
+
+static void assert_row_eq(const qg_ledger_row *a, const qg_ledger_row *b)
+{
+    assert_string_equal(a->request_id, b->request_id);
+    assert_string_equal(a->subject, b->subject);
+    assert_string_equal(a->org, b->org);
+    assert_string_equal(a->plan, b->plan);
+    assert_string_equal(a->rules_version, b->rules_version);
+    assert_string_equal(a->weights_version, b->weights_version);
+    assert_string_equal(a->model, b->model);
+    assert_string_equal(a->window, b->window);
+    assert_int_equal(a->decision, b->decision);
+    assert_int_equal(a->status, b->status);
+    assert_int_equal(a->estimated, b->estimated);
+    assert_int_equal(a->input_tokens, b->input_tokens);
+    assert_int_equal(a->output_tokens, b->output_tokens);
+    assert_int_equal(a->reserved_milli, b->reserved_milli);
+    assert_int_equal(a->weight_milli, b->weight_milli);
+    assert_int_equal(a->created_ms, b->created_ms);
+    assert_int_equal(a->settled_ms, b->settled_ms);
+}
+
+typedef struct scan_ck {
+    int n;
+    int64_t last_ms;
+    unsigned char *seen;
+} scan_ck;
+
+static int check_scanned(const qg_ledger_row *r, void *ud)
+{
+    scan_ck *c = ud;
+    qg_ledger_row want;
+    int i;
+    assert_int_equal(sscanf(r->request_id, "req-%d", &i), 1);
+    assert_true(i >= 0 && i < NROWS);
+    make_row(i, &want);
+    assert_row_eq(r, &want);
+    assert_int_equal(r->decision, 1);
+    assert_true(r->created_ms > c->last_ms);
+    assert_false(c->seen[i]);
+    c->seen[i] = 1;
+    c->last_ms = r->created_ms;
+    c->n++;
+    return 0;
+}
+
+/* ---------------------------------------------------------- the tests */
+
+static void test_rows_roundtrip(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row r;
+    qg_ledger_stats st;
+    counter c = { 0, 0 };
+    scan_ck ck = { 0, 0, NULL };
+    char url[160];
+    int i, allowed = 0, since_count = 0;
+    int64_t since = BASE_MS + (int64_t)(NROWS / 2) * 3;
+    (void)state;
+
+    tmpdb_make(&t);
+    snprintf(url, sizeof url, "sqlite:%s", t.path);
+    l = open_ok(url, NULL);
+    for (i = 0; i < NROWS; i++) {
+        make_row(i, &r);
+        allowed += r.decision == 1;
+        since_count += r.decision == 1 && r.created_ms >= since;
+        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    }
+    wait_done(&c, NROWS);
+    assert_int_equal(atomic_load(&c.ok), NROWS);
+    qg_ledger_stats_get(l, &st);
+    assert_int_equal(st.rows_written, NROWS);
+    assert_true(st.commits >= 1 && st.commits <= NROWS);
+    assert_int_equal(st.errors, 0);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(st.commit_le_us[7], st.commits);
+    for (i = 1; i < 8; i++)
+        assert_true(st.commit_le_us[i] >= st.commit_le_us[i - 1]);
+    qg_ledger_close(l);
+
+    /* reopen through the plain path */
+    l = open_ok(t.path, NULL);
+    ck.seen = calloc(NROWS, 1);
+    assert_non_null(ck.seen);
+    assert_int_equal(qg_ledger_scan(l, 0, check_scanned, &ck), 0);
+    assert_int_equal(ck.n, allowed);
+    memset(ck.seen, 0, NROWS);
+    ck.n = 0;
+    ck.last_ms = 0;
+    assert_int_equal(qg_ledger_scan(l, since, check_scanned, &ck), 0);
+    assert_int_equal(ck.n, since_count);
+    free(ck.seen);
+
+    /* refused rows are kept too, reachable by id */
+    make_row(10, &r);
+    {
+        qg_ledger_row got;
+        assert_int_equal(qg_ledger_get(l, "req-000010", &got), 0);
+        assert_row_eq(&got, &r);
+        assert_int_equal(qg_ledger_get(l, "nope", &got), QG_ENOTFOUND);
+    }
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static int stop_after_3(const qg_ledger_row *r, void *ud)
+{
+    int *n = ud;
+    (void)r;
+    return ++*n == 3 ? 42 : 0;
+}
+
+static void test_upsert(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row check, settle, lone, got;
+    counter c = { 0, 0 };
+    int n = 0;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, NULL);
+    make_row(1, &check);
+    check.status = QG_ROW_RESERVED;
+    check.settled_ms = 0;
+    settle = check;
+    settle.status = QG_ROW_COMPLETED;
+    settle.input_tokens = 321;
+    settle.output_tokens = 654;
+    settle.weight_milli = 1234;
+    settle.estimated = 0;
+    settle.settled_ms = check.created_ms + 2500;
+    assert_int_equal(qg_ledger_submit(l, &check, count_done, &c), 0);
+    assert_int_equal(qg_ledger_submit(l, &settle, count_done, &c), 0);
+    /* a settle whose check row never reached the ledger */
+    make_row(3, &lone);
+    lone.status = QG_ROW_CANCELLED;
+    lone.settled_ms = lone.created_ms + 10;
+    assert_int_equal(qg_ledger_submit(l, &lone, NULL, NULL), 0);
+    make_row(5, &got);
+    assert_int_equal(qg_ledger_submit(l, &got, count_done, &c), 0);
+    wait_done(&c, 3);
+    assert_int_equal(atomic_load(&c.failed), 0);
+
+    assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    assert_row_eq(&got, &settle);
+    assert_int_equal(qg_ledger_get(l, lone.request_id, &got), 0);
+    assert_row_eq(&got, &lone);
+    assert_int_equal(qg_ledger_scan(l, 0, stop_after_3, &n), 42);
+    assert_int_equal(n, 3);
+    n = 0;
+    assert_int_equal(qg_ledger_scan(l, INT64_MAX, stop_after_3, &n), 0);
+    assert_int_equal(n, 0);
+
+    /* invalid rows are refused, without a callback */
+    memset(&got, 0, sizeof got);
+    assert_int_equal(qg_ledger_submit(l, &got, count_done, &c), QG_EINVAL);
+    qg_ledger_close(l);
+
+    l = open_ok(t.path, NULL);
+    assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    assert_row_eq(&got, &settle);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static void test_async(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row r;
+    qg_ledger_opts o = { QG_LEDGER_ASYNC, 20, 0, 0, 0 };
+    counter c = { 0, 0 };
+    int i, found = 0;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, &o);
+    for (i = 0; i < 1000; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+        /* acknowledged at once, on this thread */
+        assert_int_equal(atomic_load(&c.ok), i + 1);
+    }
+    /* committed within flush_ms, without a close */
+    for (i = 0; i < 5000 && !found; i++) {
+        qg_ledger_stats st;
+        qg_ledger_stats_get(l, &st);
+        found = st.rows_written == 1000;
+        if (!found)
+            sleep_ms(1);
+    }
+    assert_true(found);
+    assert_int_equal(qg_ledger_get(l, "req-000999", &r), 0);
+    make_row(1000, &r);
+    assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), 0);
+    qg_ledger_close(l);   /* drains the last one */
+    l = open_ok(t.path, NULL);
+    assert_int_equal(qg_ledger_get(l, "req-001000", &r), 0);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* Another connection takes the write lock: the writer waits on it. */
+static sqlite3 *hold_write_lock(const char *path)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL),
+                     SQLITE_OK);
+    return db;
+}
+
+static void release_lock(sqlite3 *db)
+{
+    assert_int_equal(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+}
+
+static void test_queue_full(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row r;
+    qg_ledger_stats st;
+    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 4, 2, 20000 };
+    counter c = { 0, 0 };
+    sqlite3 *lock;
+    int i;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, &o);
+    lock = hold_write_lock(t.path);
+    for (i = 0; i < 4; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    }
+    make_row(4, &r);
+    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), QG_EFULL);
+    qg_ledger_stats_get(l, &st);
+    assert_int_equal(st.queued, 4);
+    assert_int_equal(atomic_load(&c.ok), 0);
+    release_lock(lock);
+    wait_done(&c, 4);
+    assert_int_equal(atomic_load(&c.ok), 4);
+    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    wait_done(&c, 5);
+    qg_ledger_stats_get(l, &st);
+    assert_int_equal(st.rows_written, 5);
+    assert_true(st.commits >= 3);   /* max_batch 2 */
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static void test_commit_failure(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row r;
+    qg_ledger_stats st;
+    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 0, 0, 30 };
+    counter c = { 0, 0 };
+    sqlite3 *lock;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, &o);
+    lock = hold_write_lock(t.path);
+    make_row(1, &r);
+    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    wait_done(&c, 1);
+    assert_int_equal(atomic_load(&c.failed), 1);
+    qg_ledger_stats_get(l, &st);
+    assert_int_equal(st.errors, 1);
+    assert_int_equal(st.rows_written, 0);
+    release_lock(lock);
+    /* the ledger goes on once the lock is gone */
+    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    wait_done(&c, 2);
+    assert_int_equal(atomic_load(&c.ok), 1);
+    assert_int_equal(qg_ledger_get(l, r.request_id, &r), 0);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static void test_schema_and_urls(void **state)
+{
+    tmpdb t;
+    sqlite3 *db;
+    qg_ledger *l;
+    char err[512], url[160];
+    int v = -1;
+    (void)state;
+
+    tmpdb_make(&t);
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA user_version=999", NULL, NULL,
+                                  NULL), SQLITE_OK);
+    sqlite3_close(db);
+    assert_null(qg_ledger_open(t.path, NULL, err, sizeof err));
+    assert_non_null(strstr(err, "999"));
+    assert_non_null(strstr(err, "newer"));
+    tmpdb_remove(&t);
+
+    /* a fresh file gets the current version, in WAL mode */
+    tmpdb_make(&t);
+    snprintf(url, sizeof url, "sqlite://%s", t.path);
+    l = open_ok(url, NULL);
+    qg_ledger_close(l);
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    {
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA user_version", -1,
+                                            &st, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        v = sqlite3_column_int(st, 0);
+        sqlite3_finalize(st);
+        assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1,
+                                            &st, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    assert_int_equal(v, QG_LEDGER_SCHEMA_VERSION);
+    tmpdb_remove(&t);
+
+    assert_null(qg_ledger_open("postgresql://db/quotagate", NULL, err,
+                               sizeof err));
+    assert_non_null(strstr(err, "not supported in this build"));
+    assert_null(qg_ledger_open("redis://x", NULL, err, sizeof err));
+    assert_non_null(strstr(err, "scheme"));
+    assert_null(qg_ledger_open("sqlite:", NULL, err, sizeof err));
+    assert_null(qg_ledger_open("/nonexistent-dir/x/ledger.db", NULL, err,
+                               sizeof err));
+    assert_non_null(strstr(err, "/nonexistent-dir/x/ledger.db"));
+}
+
+typedef struct subj_ck {
+    int n;
+    char names[4][32], plans[4][32], orgs[4][32];
+    int64_t anchors[4];
+} subj_ck;
+
+static int collect_subject(const char *subject, const char *plan,
+                           const char *org, int64_t anchor_ms, void *ud)
+{
+    subj_ck *c = ud;
+    assert_true(c->n < 4);
+    snprintf(c->names[c->n], 32, "%s", subject);
+    snprintf(c->plans[c->n], 32, "%s", plan);
+    snprintf(c->orgs[c->n], 32, "%s", org);
+    c->anchors[c->n++] = anchor_ms;
+    return 0;
+}
+
+static void test_subjects(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    subj_ck c;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, NULL);
+    assert_int_equal(qg_ledger_put_subject(l, "bob", "free", NULL, 0,
+                                           BASE_MS), 0);
+    assert_int_equal(qg_ledger_put_subject(l, "alice", "free", "acme",
+                                           BASE_MS - 5, BASE_MS), 0);
+    assert_int_equal(qg_ledger_put_subject(l, "alice", "max20", "acme",
+                                           BASE_MS - 7, BASE_MS + 1), 0);
+    assert_int_equal(qg_ledger_put_subject(l, "", "free", NULL, 0, 0),
+                     QG_EINVAL);
+    qg_ledger_close(l);
+    l = open_ok(t.path, NULL);
+    memset(&c, 0, sizeof c);
+    assert_int_equal(qg_ledger_scan_subjects(l, collect_subject, &c), 0);
+    assert_int_equal(c.n, 2);
+    assert_string_equal(c.names[0], "alice");
+    assert_string_equal(c.plans[0], "max20");
+    assert_string_equal(c.orgs[0], "acme");
+    assert_int_equal(c.anchors[0], BASE_MS - 7);
+    assert_string_equal(c.names[1], "bob");
+    assert_string_equal(c.orgs[1], "");
+    assert_int_equal(c.anchors[1], 0);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static int collect_key(const qg_key_rec *k, void *ud)
+{
+    qg_key_rec *out = ud;
+    int i;
+    for (i = 0; out[i].id[0]; i++)
+        ;
+    assert_true(i < 3);
+    out[i] = *k;
+    return 0;
+}
+
+static void test_keys_table(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_key_rec k, got, list[4];
+    int i;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, NULL);
+    memset(&k, 0, sizeof k);
+    strcpy(k.id, "0123456789ab");
+    strcpy(k.subject, "alice");
+    strcpy(k.role, "subject");
+    for (i = 0; i < 32; i++)
+        k.hash[i] = (unsigned char)(i * 7);
+    k.created_ms = BASE_MS;
+    assert_int_equal(qg_ledger_put_key(l, &k), 0);
+    assert_int_equal(qg_ledger_put_key(l, &k), QG_ESTATE);
+    memset(&got, 0, sizeof got);
+    strcpy(got.id, "ba9876543210");
+    strcpy(got.role, "admin");
+    got.created_ms = BASE_MS + 1;
+    assert_int_equal(qg_ledger_put_key(l, &got), 0);
+
+    assert_int_equal(qg_ledger_get_key(l, "0123456789ab", &got), 0);
+    assert_string_equal(got.subject, "alice");
+    assert_string_equal(got.role, "subject");
+    assert_memory_equal(got.hash, k.hash, 32);
+    assert_int_equal(got.created_ms, BASE_MS);
+    assert_int_equal(got.revoked_ms, 0);
+    assert_int_equal(qg_ledger_get_key(l, "ffffffffffff", &got),
+                     QG_ENOTFOUND);
+
+    assert_int_equal(qg_ledger_revoke_key(l, "0123456789ab", BASE_MS + 10),
+                     0);
+    assert_int_equal(qg_ledger_revoke_key(l, "0123456789ab", BASE_MS + 20),
+                     0);
+    assert_int_equal(qg_ledger_revoke_key(l, "ffffffffffff", BASE_MS),
+                     QG_ENOTFOUND);
+    qg_ledger_close(l);
+
+    l = open_ok(t.path, NULL);
+    memset(list, 0, sizeof list);
+    assert_int_equal(qg_ledger_list_keys(l, collect_key, list), 0);
+    assert_string_equal(list[0].id, "0123456789ab");
+    assert_int_equal(list[0].revoked_ms, BASE_MS + 10);
+    assert_string_equal(list[1].id, "ba9876543210");
+    assert_string_equal(list[1].role, "admin");
+    assert_string_equal(list[1].subject, "");
+    assert_int_equal(list[1].revoked_ms, 0);
+    assert_string_equal(list[2].id, "");
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* ---------------------------------------------------------- kill -9 */
+
+static int ack_fd = -1;
+
+static void child_done(void *arg, int rc)
+{
+    char line[32];
+    int n;
+    if (rc != 0)
+        return;
+    n = snprintf(line, sizeof line, "%d\n", (int)(intptr_t)arg);
+    if (write(ack_fd, line, (size_t)n) != n)
+        _exit(3);
+}
+
+#define KILL_MAX_ROWS 400000
+
+static void child_run(const char *path, int wfd)
+{
+    char err[512];
+    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 2048, 256, 0 };
+    qg_ledger *l = qg_ledger_open(path, &o, err, sizeof err);
+    qg_ledger_row r;
+    int i, rc;
+    if (!l)
+        _exit(2);
+    ack_fd = wfd;
+    for (i = 0; i < KILL_MAX_ROWS; i++) {
+        make_row(i % NROWS, &r);
+        snprintf(r.request_id, sizeof r.request_id, "k%d", i);
+        while ((rc = qg_ledger_submit(l, &r, child_done,
+                                      (void *)(intptr_t)i)) == QG_EFULL)
+            usleep(50);
+        if (rc != 0)
+            _exit(4);
+    }
+    qg_ledger_close(l);
+    _exit(0);
+}
+
+static void test_kill9_durability(void **state)
+{
+    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    int round;
+    (void)state;
+
+    for (round = 0; round < 3; round++) {
+        tmpdb t;
+        int fds[2], st, target, acked = 0, missing = 0, i;
+        unsigned char *ack = calloc(KILL_MAX_ROWS, 1);
+        char buf[4096], part[32];
+        size_t plen = 0;
+        ssize_t n;
+        pid_t pid;
+        qg_ledger *l;
+        qg_ledger_row r;
+
+        assert_non_null(ack);
+        tmpdb_make(&t);
+        srand(seed + (unsigned)round);
+        target = 100 + rand() % 20000;
+        assert_int_equal(pipe(fds), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(fds[0]);
+            child_run(t.path, fds[1]);
+        }
+        close(fds[1]);
+        /* read acks until the random target, then kill mid-flight */
+        while ((n = read(fds[0], buf, sizeof buf)) > 0) {
+            for (i = 0; i < n; i++) {
+                if (buf[i] != '\n') {
+                    if (plen < sizeof part - 1)
+                        part[plen++] = buf[i];
+                    continue;
+                }
+                part[plen] = '\0';
+                plen = 0;
+                int id = atoi(part);
+                assert_true(id >= 0 && id < KILL_MAX_ROWS);
+                ack[id] = 1;
+                acked++;
+            }
+            if (acked >= target && pid > 0) {
+                usleep((useconds_t)(rand() % 3000));
+                kill(pid, SIGKILL);
+                assert_int_equal(waitpid(pid, &st, 0), pid);
+                assert_true(WIFSIGNALED(st) || (WIFEXITED(st) &&
+                                                WEXITSTATUS(st) == 0));
+                pid = 0;
+            }
+        }
+        close(fds[0]);
+        if (pid > 0) {   /* the child finished before the target */
+            assert_int_equal(waitpid(pid, &st, 0), pid);
+            assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+        assert_true(acked > 0);
+
+        l = open_ok(t.path, NULL);
+        for (i = 0; i < KILL_MAX_ROWS; i++) {
+            char id[32];
+            if (!ack[i])
+                continue;
+            snprintf(id, sizeof id, "k%d", i);
+            if (qg_ledger_get(l, id, &r) != 0)
+                missing++;
+        }
+        qg_ledger_close(l);
+        print_message("kill -9 round %d (seed %u): %d acknowledged, "
+                      "%d missing\n", round, seed, acked, missing);
+        assert_int_equal(missing, 0);
+        free(ack);
+        tmpdb_remove(&t);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows_roundtrip),
+        cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_async),
+        cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_commit_failure),
+        cmocka_unit_test(test_schema_and_urls),
+        cmocka_unit_test(test_subjects),
+        cmocka_unit_test(test_keys_table),
+        cmocka_unit_test(test_kill9_durability),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
