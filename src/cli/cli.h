@@ -26,6 +26,12 @@ typedef struct qg_cli_args {
     const char *data;         /* --data DIR */
     const char *ledger;       /* --ledger URL */
     const char *role;         /* --role ROLE */
+    const char *listen;       /* serve: --listen HOST:PORT */
+    const char *store;        /* serve: --store URL */
+    const char *upstream;     /* serve: --upstream URL */
+    const char *workers;      /* serve: --workers N */
+    const char *header_timeout; /* serve: --header-timeout MS */
+    int ledger_async;         /* serve: --ledger-async */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */
 } qg_cli_args;
@@ -35,6 +41,7 @@ int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
 /* keys takes no rules file: rules is NULL. */
+int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules);
 
 /* Load a rules file; on failure print "path:line:col: ..." to stderr and

@@ -16,7 +16,9 @@
 #include "rules.h"
 
 enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
-               F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_HELP, NFLAGS };
+               F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
+               F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_LEDGER_ASYNC,
+               F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -53,6 +55,23 @@ static const struct flag {
                    "ledger URL: sqlite:PATH (default: under --data)" },
     [F_ROLE] = { "role", 0, "ROLE", offsetof(qg_cli_args, role),
                  "key role: subject (default), admin or service" },
+    [F_LISTEN] = { "listen", 0, "HOST:PORT", offsetof(qg_cli_args, listen),
+                   "address to serve on (default 127.0.0.1:8080; port 0 "
+                   "picks a free one)" },
+    [F_STORE] = { "store", 0, "URL", offsetof(qg_cli_args, store),
+                  "where counters live: memory (default)" },
+    [F_UPSTREAM] = { "upstream", 0, "URL", offsetof(qg_cli_args, upstream),
+                     "model API the proxy forwards to" },
+    [F_WORKERS] = { "workers", 0, "N", offsetof(qg_cli_args, workers),
+                    "HTTP worker threads (default 2)" },
+    [F_HEADER_TIMEOUT] = { "header-timeout", 0, "MS",
+                           offsetof(qg_cli_args, header_timeout),
+                           "close clients that do not finish their headers "
+                           "in MS milliseconds (default 10000)" },
+    [F_LEDGER_ASYNC] = { "ledger-async", 0, NULL,
+                         offsetof(qg_cli_args, ledger_async),
+                         "acknowledge settles before they are durable: up "
+                         "to 100 ms of settles can be lost in a crash" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -64,6 +83,14 @@ static const struct command {
     unsigned takes, requires;
     int maxargs;                /* positional arguments accepted */
 } commands[] = {
+    { "serve", qg__cmd_serve,
+      "the gateway: decision API, usage ledger, metrics",
+      "quotagate serve -c RULES [--listen HOST:PORT] [--data DIR] "
+      "[--ledger URL] [--store memory] [--workers N]",
+      FL(F_CONFIG) | FL(F_LISTEN) | FL(F_DATA) | FL(F_LEDGER) | FL(F_STORE) |
+          FL(F_UPSTREAM) | FL(F_WORKERS) | FL(F_HEADER_TIMEOUT) |
+          FL(F_LEDGER_ASYNC),
+      FL(F_CONFIG), 0 },
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",
       "quotagate analyze -c RULES [--baseline PLAN] [--period DUR] [--json]",

@@ -231,17 +231,21 @@ int qg_serve(const qg_serve_opts *opts)
         s.opts.listen = "127.0.0.1:8080";
     if (!s.opts.data_dir)
         s.opts.data_dir = "./var";
+    rules = opts->rules;
     if (parse_listen(s.opts.listen, host, sizeof host, &port) != 0) {
         fprintf(stderr, "quotagate: --listen %s: expected HOST:PORT\n",
                 s.opts.listen);
+        qg_rules_free(rules);
         return 2;
     }
     if (s.opts.store_url && strcmp(s.opts.store_url, "memory") != 0) {
         fprintf(stderr, "quotagate: --store %s: only \"memory\" is supported "
                 "in this build\n", s.opts.store_url);
+        qg_rules_free(rules);
         return 2;
     }
-    if (qg_rules_load(s.opts.rules_path, &rules, err, sizeof err) != QG_OK) {
+    if (!rules &&
+        qg_rules_load(s.opts.rules_path, &rules, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate: %s\n", err);
         return 2;
     }

@@ -16,6 +16,8 @@ typedef struct qg_auth qg_auth;
 
 typedef struct qg_serve_opts {
     const char *rules_path;
+    qg_rules *rules;             /* already loaded from rules_path (owned
+                                    by qg_serve from the call), or NULL */
     const char *listen;          /* HOST:PORT, default 127.0.0.1:8080 */
     const char *data_dir;        /* default ./var */
     const char *ledger_url;      /* default sqlite:DATA/ledger.db */

@@ -1,0 +1,47 @@
+/* cmd_serve.c - `quotagate serve`: flags into qg_serve_opts, then the
+ * gateway (src/server/serve.c) runs until SIGTERM or SIGINT. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "cli.h"
+#include "server.h"
+
+static int parse_int(const char *flag, const char *v, long min, long max,
+                     long *out)
+{
+    char *end;
+    long n;
+    if (!v)
+        return 0;
+    n = strtol(v, &end, 10);
+    if (*end || n < min || n > max) {
+        fprintf(stderr, "quotagate serve: %s must be a number from %ld to "
+                "%ld\n", flag, min, max);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
+{
+    qg_serve_opts o = {0};
+    long workers = 2, header_timeout = 10000;
+
+    if (parse_int("--workers", a->workers, 1, 64, &workers) != 0 ||
+        parse_int("--header-timeout", a->header_timeout, 10, 3600000,
+                  &header_timeout) != 0) {
+        qg_rules_free(rules);
+        return QG_EXIT_USAGE;
+    }
+    o.rules_path = a->config;
+    o.rules = rules;
+    o.listen = a->listen;
+    o.data_dir = a->data;
+    o.ledger_url = a->ledger;
+    o.store_url = a->store;
+    o.upstream = a->upstream;
+    o.workers = (int)workers;
+    o.header_timeout_ms = (int)header_timeout;
+    o.ledger_async = a->ledger_async;
+    return qg_serve(&o);
+}
