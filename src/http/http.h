@@ -61,7 +61,10 @@ typedef struct qg_http_out_header {
 
 /* Send the response to r and release r (do not touch r afterwards).
  * Must be called on r's worker thread.  Headers and body are copied.
- * content_type may be NULL (then "application/json"). */
+ * content_type may be NULL (then "application/json").  A request still
+ * held when qg_http_server_run returned may be responded to from the
+ * thread that called run, before qg_http_server_free (the response is
+ * discarded); requests never responded to are freed by the latter. */
 void qg_http_respond(qg_http_req *r, int status,
                      const qg_http_out_header *headers, int nheaders,
                      const char *content_type, const char *body, size_t len);
@@ -94,7 +97,9 @@ int qg_http_server_run(qg_http_server *s);
  * from a signal handler. */
 void qg_http_server_stop(qg_http_server *s);
 /* Run fn(arg) on worker `worker`'s thread, soon.  Thread-safe.  Returns 0
- * or -1 when the server is stopping (fn is then not called). */
+ * or -1 when the server is stopping (fn is then not called).  A post that
+ * returned 0 runs even if the stop comes first (at the latest as the
+ * worker exits, when its connections are already closed). */
 int qg_http_post(qg_http_server *s, int worker, void (*fn)(void *),
                  void *arg);
 void qg_http_server_free(qg_http_server *s);
