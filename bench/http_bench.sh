@@ -1,0 +1,260 @@
+#!/bin/sh
+# http_bench.sh - quotagate serve against nginx limit_req, side by side, on
+# this machine, in this run (docs/benchmarks.md: ratios, not absolutes).
+#
+#   bench/http_bench.sh            (make bench runs it)
+#
+# Installs nothing: needs wrk and nginx (prints why and exits 0 without
+# them) and build/quotagate (or $QG_BIN).  Steps:
+#   1. quotagate serve on the example rules plus a "bench" plan whose
+#      limits are huge (every check admitted) and a "bench" subject, in a
+#      temporary --data directory;
+#   2. nginx (daemon off, its own temp prefix and port, 2 workers) with a
+#      limit_req zone keyed on $http_x_subject; the location goes through
+#      limit_req, then try_files to a named location that returns the
+#      JSON (a `return` in the same location would never run the limiter);
+#      first checked with a 1 r/s zone to really answer 429 when exceeded,
+#      then restarted with a rate that never refuses;
+#   3. wrk --latency, same threads/connections/duration against both:
+#      bench/wrk_settle.lua (pipelined check + settle pairs; quotagate
+#      acknowledges a settle only once it is durable in the ledger), then
+#      bench/wrk_check.lua (POST /v1/check, unique request_id, weight 1,
+#      never settled);
+#   4. req/s, p50 and p99 latency of each, the quotagate/nginx ratios, and
+#      quotagate's durable settles per second.
+# Environment: BENCH_DURATION (default 10s), BENCH_THREADS (2),
+# BENCH_CONNECTIONS (64), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
+# CPU 0 (needs 2 CPUs).  Total run ~50 s with the defaults.
+set -u
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+QG=${QG_BIN:-$ROOT/build/quotagate}
+DUR=${BENCH_DURATION:-10s}
+THREADS=${BENCH_THREADS:-2}
+CONNS=${BENCH_CONNECTIONS:-64}
+ADMIN_KEY="bench-admin-key-$$"
+SERVICE_KEY="bench-service-key-$$"
+RUN_ID="r$$-$(date +%s)"
+
+say() { printf '%s\n' "$*"; }
+skip() { say "http_bench: $*; skipping the HTTP benchmark"; exit 0; }
+
+command -v wrk >/dev/null 2>&1 || skip "wrk is not installed (apt-get install wrk)"
+NGINX=$(command -v nginx 2>/dev/null || true)
+[ -z "$NGINX" ] && [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx
+[ -n "$NGINX" ] || skip "nginx is not installed (apt-get install nginx-light)"
+command -v curl >/dev/null 2>&1 || skip "curl is not installed"
+[ -x "$QG" ] || skip "$QG is not built (make build/quotagate)"
+"$QG" serve --help >/dev/null 2>&1 || skip "$QG has no working 'serve' command yet"
+
+PIN_SRV=""; PIN_WRK=""
+if [ "${BENCH_TASKSET:-0}" = 1 ] && command -v taskset >/dev/null 2>&1 &&
+   [ "$(nproc)" -ge 2 ]; then
+    PIN_SRV="taskset -c 1"; PIN_WRK="taskset -c 0"
+fi
+
+TMP=$(mktemp -d /tmp/qg-http-bench.XXXXXX) || exit 1
+QG_PID=""; NGX_PID=""
+stop_pid() {
+    # stop one process we started, by its pid: TERM, then KILL after 5 s
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || return 0
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+cleanup() {
+    stop_pid "$NGX_PID"; NGX_PID=""
+    stop_pid "$QG_PID"; QG_PID=""
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$1\$"; }
+pick_port() {
+    p=$((20000 + $$ % 20000))
+    while ! port_free $p; do p=$((p + 1)); done
+    echo $p
+}
+
+# ---------------------------------------------------------------- quotagate
+# the example rules, with a bench plan and subject: huge limits, no
+# concurrency window, and 1 s leases, so that the check-only run's unsettled
+# reservations expire instead of filling the reservation table (131072 ids:
+# above ~130k checks/s the check run would answer 503 "overloaded", counted
+# as non-2xx below).  With a concurrency window whose leases stay open the
+# check path measured ~9k req/s here: it pays per live lease.
+awk '
+    { print }
+    /^plans:/ {
+        print "  bench:"
+        print "    price: { usd_month: 1 }"
+        print "    windows:"
+        print "      - { name: burst_5h, type: rolling,  length: 5h, limit: 1000000000 }"
+        print "      - { name: weekly,   type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000000 }"
+        print "    lease_ttl: 1s"
+        print "    overage: { policy: reject }"
+    }
+    /^subjects:/ { print "  bench: { plan: bench }" }
+' examples/rules.yaml > "$TMP/rules.yaml"
+"$QG" lint -c "$TMP/rules.yaml" >/dev/null 2>"$TMP/lint.err"
+if [ $? -eq 2 ]; then say "http_bench: the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
+
+mkdir -p "$TMP/qg"
+QUOTAGATE_ADMIN_KEY=$ADMIN_KEY QUOTAGATE_SERVICE_KEY=$SERVICE_KEY \
+    $PIN_SRV "$QG" serve -c "$TMP/rules.yaml" --listen 127.0.0.1:0 \
+    --data "$TMP/qg" >"$TMP/qg.out" 2>"$TMP/qg.err" &
+QG_PID=$!
+QG_PORT=""
+i=0
+while [ $i -lt 200 ]; do
+    QG_PORT=$(sed -n 's|^quotagate: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$TMP/qg.out" | head -1)
+    [ -n "$QG_PORT" ] && break
+    kill -0 "$QG_PID" 2>/dev/null || break
+    sleep 0.1; i=$((i + 1))
+done
+if [ -z "$QG_PORT" ]; then
+    say "http_bench: quotagate serve did not start; its stderr:"
+    cat "$TMP/qg.err"; exit 1
+fi
+QG_URL="http://127.0.0.1:$QG_PORT"
+code=$(curl -s -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SERVICE_KEY" \
+       -H 'Content-Type: application/json' \
+       -d "{\"subject\":\"bench\",\"request_id\":\"$RUN_ID-probe\",\"weight\":1}" "$QG_URL/v1/check")
+if [ "$code" != 200 ]; then
+    say "http_bench: a probe check on quotagate answered $code: $(cat "$TMP/probe")"; exit 1
+fi
+
+# -------------------------------------------------------------------- nginx
+NGX_PORT=$(pick_port)
+mkdir -p "$TMP/nginx/logs" "$TMP/nginx/html" "$TMP/nginx/tmp"
+nginx_conf() { # $1 rate, $2 "burst=N nodelay" or ""
+    cat > "$TMP/nginx/nginx.conf" <<EOF
+worker_processes 2;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/tmp/body;
+    proxy_temp_path $TMP/nginx/tmp/proxy;
+    fastcgi_temp_path $TMP/nginx/tmp/fastcgi;
+    uwsgi_temp_path $TMP/nginx/tmp/uwsgi;
+    scgi_temp_path $TMP/nginx/tmp/scgi;
+    keepalive_requests 100000000;
+    limit_req_zone \$http_x_subject zone=subjects:16m rate=$1;
+    limit_req_status 429;
+    server {
+        listen 127.0.0.1:$NGX_PORT reuseport;
+        root $TMP/nginx/html;
+        location / {
+            limit_req zone=subjects $2;
+            try_files /nonexistent @ok;
+        }
+        location @ok {
+            default_type application/json;
+            return 200 '{"decision":"allow"}';
+        }
+    }
+}
+EOF
+}
+start_nginx() {
+    $PIN_SRV "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" \
+        >"$TMP/nginx/logs/stdout" 2>&1 &
+    NGX_PID=$!
+    i=0
+    while [ $i -lt 100 ]; do
+        curl -s -o /dev/null "http://127.0.0.1:$NGX_PORT/" 2>/dev/null && return 0
+        kill -0 "$NGX_PID" 2>/dev/null || break
+        sleep 0.05; i=$((i + 1))
+    done
+    say "http_bench: nginx did not start:"; cat "$TMP/nginx/logs/stdout" "$TMP/nginx/logs/error.log" 2>/dev/null
+    exit 1
+}
+
+# 1 r/s without burst: of 10 quick requests of one subject, some must be 429
+nginx_conf 1r/s ""
+start_nginx
+codes=""
+for n in 1 2 3 4 5 6 7 8 9 10; do
+    codes="$codes $(curl -s -o /dev/null -w '%{http_code}' -H 'x-subject: probe' \
+        -H 'Content-Type: application/json' -d '{"weight":1}' "http://127.0.0.1:$NGX_PORT/v1/check")"
+done
+ok=$(echo "$codes" | tr ' ' '\n' | grep -c '^200$')
+refused=$(echo "$codes" | tr ' ' '\n' | grep -Ec '^(429|503)$')
+if [ "$refused" -eq 0 ] || [ "$ok" -eq 0 ]; then
+    say "http_bench: nginx limit_req is not enforcing (1 r/s, 10 requests gave:$codes)"
+    exit 1
+fi
+say "nginx limit_req check: 1 r/s zone answered$codes (the limiter runs)"
+stop_pid "$NGX_PID"; NGX_PID=""
+nginx_conf 100000000r/s "burst=1000000 nodelay"
+start_nginx
+
+# ---------------------------------------------------------------------- wrk
+# run_wrk NAME URL SCRIPT: writes $TMP/NAME.txt and sets R_RPS R_P50 R_P99
+# R_REQS R_NON2XX R_SECS (latencies in microseconds)
+run_wrk() {
+    QUOTAGATE_SERVICE_KEY=$SERVICE_KEY $PIN_WRK wrk -t"$THREADS" -c"$CONNS" \
+        -d"$DUR" --latency -s "$3" "$2" -- "$RUN_ID-$1" bench >"$TMP/$1.txt" 2>&1
+    R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
+    R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "50%" {print us($2)}' "$TMP/$1.txt")
+    R_P99=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "99%" {print us($2)}' "$TMP/$1.txt")
+    R_REQS=$(awk '/requests in/ {print $1}' "$TMP/$1.txt")
+    R_SECS=$(awk '/requests in/ {v=$4; sub(/,$/, "", v);
+                 if (v ~ /ms$/) print (v+0)/1000; else if (v ~ /m$/) print (v+0)*60; else print v+0}' "$TMP/$1.txt")
+    R_NON2XX=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$TMP/$1.txt")
+    R_NON2XX=${R_NON2XX:-0}
+    if [ -z "$R_RPS" ] || [ -z "$R_P50" ] || [ -z "$R_P99" ]; then
+        say "http_bench: could not parse wrk's output for $1:"; cat "$TMP/$1.txt"; exit 1
+    fi
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
+line() { printf '  %-22s %12s %12s %12s %10s\n' "$@"; }
+
+say ""
+say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
+say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
+
+# check+settle first: the check-only run leaves every reservation open
+run_wrk qg_settle "$QG_URL" bench/wrk_settle.lua
+QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS
+run_wrk ngx_settle "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua
+NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX
+
+run_wrk qg_check "$QG_URL" bench/wrk_check.lua
+QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX
+run_wrk ngx_check "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua
+NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX
+
+say ""
+line "" "req/s" "p50 ms" "p99 ms" "non-2xx"
+say "  check (POST /v1/check, one request in flight per connection)"
+line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD"
+line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD"
+line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" ""
+say "  check+settle (pipelined pairs; latency is per pair)"
+line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD"
+line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD"
+line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" ""
+SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" 'BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "n/a" }')
+say ""
+say "quotagate durable settles per second: $SETTLES (each acknowledged after its ledger commit)"
+if [ "$QC_BAD" != 0 ] || [ "$QS_BAD" != 0 ]; then
+    say "note: quotagate answered non-2xx responses (see the counts above); first lines of its stderr:"
+    head -5 "$TMP/qg.err"
+fi
+if ! kill -0 "$QG_PID" 2>/dev/null; then
+    say "http_bench: quotagate serve died during the benchmark; its stderr:"; cat "$TMP/qg.err"; exit 1
+fi
+exit 0

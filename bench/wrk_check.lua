@@ -1,0 +1,34 @@
+-- wrk_check.lua - POST /v1/check, a unique request_id per request, weight 1.
+-- Arguments (after --): RUN_ID SUBJECT.  The service key comes from
+-- $QUOTAGATE_SERVICE_KEY.  The x-subject header lets an nginx peer key its
+-- limit_req zone on the same subject.
+tid = 0                       -- set per thread by setup()
+local next_tid = 1
+local counter = 0
+local run, subject, key = "run", "bench", ""
+
+function setup(thread)
+   thread:set("tid", next_tid)
+   next_tid = next_tid + 1
+end
+
+function init(args)
+   run = args[1] or run
+   subject = args[2] or subject
+   key = os.getenv("QUOTAGATE_SERVICE_KEY") or ""
+end
+
+local headers = nil
+
+function request()
+   if headers == nil then
+      headers = { ["Content-Type"] = "application/json",
+                  ["Authorization"] = "Bearer " .. key,
+                  ["x-subject"] = subject }
+   end
+   counter = counter + 1
+   local body = string.format(
+      '{"subject":"%s","request_id":"%s-c-%d-%d","weight":1}',
+      subject, run, tid, counter)
+   return wrk.format("POST", "/v1/check", headers, body)
+end
