@@ -52,7 +52,8 @@ $(2)/tests/%: $(2)/obj/tests/unit/%.o $$($(1)_SUPOBJ) $(2)/libquotagate.a
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS) -lcmocka
 
--include $$($(1)_LIBOBJ:.o=.d) $$($(1)_CLIOBJ:.o=.d)
+-include $$($(1)_LIBOBJ:.o=.d) $$($(1)_CLIOBJ:.o=.d) $$($(1)_SUPOBJ:.o=.d) \
+         $$(patsubst %.c,$(2)/obj/%.d,$$(TEST_SRC))
 endef
 
 $(eval $(call flavour,OPTB,build,$(OPT)))

@@ -86,7 +86,7 @@ const char *qg_rules_version(const qg_rules *r);
 typedef struct qg_memory_opts {
     int shards;                /* power of two; 0 = 64 */
     uint32_t max_reservations; /* idempotency memory: request ids kept;
-                                  0 = 131072 */
+                                  0 = 524288 */
 } qg_memory_opts;
 
 /* The in-process store: sharded counters, thread-safe.  opts may be NULL. */
@@ -110,6 +110,10 @@ void qg_store_stats_get(qg_store *s, qg_store_stats *out);
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store);
 void qg_engine_free(qg_engine *e);
 const qg_rules *qg_engine_rules(const qg_engine *e);
+
+/* 1 when checks for this subject would be decided: it is registered, or
+ * the rules have a default plan; 0 otherwise. */
+int qg_engine_knows_subject(qg_engine *e, const char *subject);
 
 /* Create or update a subject.  org may be NULL; billing_anchor_ms 0 = none.
  * Returns QG_EINVAL with a message in err for an unknown plan or org. */
@@ -148,6 +152,7 @@ typedef struct qg_decision {
     const char *model;          /* NULL for weight-only checks */
     const char *rules_version;
     const char *weights_version;
+    int64_t anchor_ms;          /* the member's billing anchor, 0 = none */
     int nviews;
     qg_window_view views[QG_MAX_VIEWS];
     int nrecovery[QG_MAX_VIEWS]; /* filled on refusals */

@@ -398,6 +398,16 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
     return reg_put(e, subject_name, p, o, billing_anchor_ms);
 }
 
+int qg_engine_knows_subject(qg_engine *e, const char *subject_name)
+{
+    subject s;
+    qg_key k;
+    gen *g;
+    if (!subject_name || !*subject_name)
+        return 0;
+    return reg_get(e, subject_name, &k, &s, &g) == QG_OK;
+}
+
 /* ------------------------------------------------------------ decisions */
 
 static void fill_names(const gen *g, const subject *s, int model,
@@ -409,6 +419,7 @@ static void fill_names(const gen *g, const subject *s, int model,
     out->model = model >= 0 ? r->models[model].name : NULL;
     out->rules_version = r->version;
     out->weights_version = r->weights_version;
+    out->anchor_ms = s->anchor_ms;
 }
 
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,

@@ -77,6 +77,8 @@ typedef struct qg_plan {
     qg_window_spec *windows;  /* includes the concurrency window, if any */
     int nwindows;
     int64_t concurrency;      /* slots, 0 = unset */
+    int64_t lease_ttl_ms;     /* how long an unsettled reservation lives
+                                 (its concurrency lease too) */
     qg_overage overage;
     qg_claim *claims;
     int nclaims;

@@ -967,6 +967,7 @@ static int c_plan(pctx *c, node_t *m, const char *path, qg_plan *p)
     }
     if (c_concurrency(c, m, path, &p->concurrency, &ttl) < 0)
         return -1;
+    p->lease_ttl_ms = ttl;
     path_key(sub, path, "windows");
     return c_windows(c, m, get(c, m, "windows"), sub, p->concurrency, ttl,
                      &p->windows, &p->nwindows);

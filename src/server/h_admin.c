@@ -81,6 +81,13 @@ void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
         json_decref(o);
         return;
     }
+    if (!qg_engine_knows_subject(s->engine, subject)) {
+        snprintf(err, sizeof err, "unknown subject \"%s\": create it with "
+                 "POST /v1/admin/subjects first", subject);
+        qg_reply_error(s, r, 404, "unknown_subject", err);
+        json_decref(o);
+        return;
+    }
     if ((rc = qg_key_generate("subject", subject, qg_server_now(s), key,
                               sizeof key, &rec)) != QG_OK ||
         (rc = qg_ledger_put_key(s->ledger, &rec)) != QG_OK) {

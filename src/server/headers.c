@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include "calendar.h"
 #include "fixed.h"
 #include "headers.h"
 
@@ -107,6 +108,17 @@ static void w_sf_string(writer *w, const char *s)
     w_printf(w, "\"");
 }
 
+/* The policy name of a view: the window's name, prefixed "org." for the
+ * organisation's windows so that a member's and its org's same-named
+ * windows (both may have "concurrency") stay distinct. */
+static void w_policy_name(writer *w, const qg_window_view *v)
+{
+    char buf[QG_NAME_MAX + 8];
+    snprintf(buf, sizeof buf, "%s%s", v->org ? "org." : "",
+             v->name ? v->name : "");
+    w_sf_string(w, buf);
+}
+
 /* Close the value begun by w_begin as header `name`. */
 static void w_end(writer *w, const char *name)
 {
@@ -162,8 +174,10 @@ static const qg_window_spec *spec_of(const qg_rules *r, const qg_decision *d,
  * windows their length, rate windows their period (both rounded up to a
  * whole second), calendar windows their nominal period (a day, a week;
  * months vary, so none), concurrency none. */
-static int64_t window_seconds(const qg_window_view *v, const qg_window_spec *s)
+static int64_t window_seconds(const qg_decision *d, const qg_window_view *v,
+                              const qg_window_spec *s, int64_t now_ms)
 {
+    int64_t start, end, at;
     if (!s)
         return -1;
     switch (v->type) {
@@ -172,11 +186,13 @@ static int64_t window_seconds(const qg_window_view *v, const qg_window_spec *s)
     case QG_WIN_RATE:
         return s->length_ms > 0 ? qg_ceil_div(s->length_ms, 1000) : -1;
     case QG_WIN_CALENDAR:
-        if (s->cal.every == QG_EVERY_DAY)
-            return 86400;
-        if (s->cal.every == QG_EVERY_WEEK)
-            return 604800;
-        return -1;
+        /* The current period's real length: 23 or 25 hours on DST days,
+         * 28 to 31 days for months (billing anchors are the member's). */
+        at = v->reset_at_ms > 0 ? v->reset_at_ms - 1 : now_ms;
+        if (qg_calendar_period(&s->cal, v->org ? 0 : d->anchor_ms, at, &start,
+                               &end) != 0)
+            return -1;
+        return qg_ceil_div(end - start, 1000);
     default:
         return -1;
     }
@@ -239,10 +255,10 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
         w_begin(&w);
         for (int i = 0; i < d->nviews; i++) {
             const qg_window_view *v = &d->views[i];
-            int64_t secs = window_seconds(v, spec_of(r, d, v));
+            int64_t secs = window_seconds(d, v, spec_of(r, d, v), now_ms);
             if (i)
                 w_printf(&w, ", ");
-            w_sf_string(&w, v->name);
+            w_policy_name(&w, v);
             w_printf(&w, ";q=%lld", (long long)(v->limit_milli / 1000));
             if (secs >= 0)
                 w_printf(&w, ";w=%lld", (long long)secs);
@@ -258,7 +274,7 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
             const qg_window_view *v = &d->views[i];
             if (i)
                 w_printf(&w, ", ");
-            w_sf_string(&w, v->name);
+            w_policy_name(&w, v);
             w_printf(&w, ";r=%lld;t=%lld",
                      (long long)(v->remaining_milli / 1000),
                      (long long)secs_until(v->reset_at_ms, now_ms));

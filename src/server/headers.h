@@ -7,6 +7,8 @@
  *   RateLimit-Policy  "burst_5h";q=50;w=18000, "rpm";q=20;w=60;qu="requests",
  *                     "concurrency";q=2;qu="concurrent-requests"
  *   RateLimit         "burst_5h";r=43;t=1234, ...
+ *                     (org windows are named "org.NAME", so a member's and
+ *                     its org's "concurrency" stay distinct)
  *   x-ratelimit-{limit,remaining,reset}-requests   request-unit window with
  *                     the least remaining (rate/rolling/calendar/session,
  *                     never concurrency); absent when the plan has none

@@ -25,7 +25,7 @@
 #include <xxhash.h>
 
 #define DEFAULT_SHARDS 64
-#define DEFAULT_RESERVATIONS (1u << 17)
+#define DEFAULT_RESERVATIONS (1u << 19)
 #define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
 
 /* The windows an entity's states follow.  Interned per shard, one per
@@ -309,12 +309,15 @@ static uint32_t shard_of(const mem_store *ms, qg_key k)
     return (uint32_t)(k.hi >> 32) & (uint32_t)(ms->nshards - 1);
 }
 
-static int64_t lease_ttl(const qg_window_spec *w, int n)
+/* How long a reservation of this plan lives unsettled: the concurrency
+ * window's lease, else the plan's lease_ttl. */
+static int64_t lease_ttl(const qg_plan *p)
 {
-    for (int i = 0; i < n; i++)
-        if (w[i].type == QG_WIN_CONCURRENCY && w[i].lease_ttl_ms > 0)
-            return w[i].lease_ttl_ms;
-    return DEFAULT_LEASE_MS;
+    for (int i = 0; i < p->nwindows; i++)
+        if (p->windows[i].type == QG_WIN_CONCURRENCY &&
+            p->windows[i].lease_ttl_ms > 0)
+            return p->windows[i].lease_ttl_ms;
+    return p->lease_ttl_ms > 0 ? p->lease_ttl_ms : DEFAULT_LEASE_MS;
 }
 
 /* Gather member and org windows for a decision. */
@@ -431,7 +434,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         r->shard = (uint16_t)esi;
         r->t0_ms = din.ctx[0].now_ms;
         r->expires_ms = r->t0_ms +
-                        lease_ttl(in->plan->windows, in->plan->nwindows);
+                        lease_ttl(in->plan);
         r->reserved_milli = r->charged_milli = in->weight_milli;
         r->anchor_ms = in->anchor_ms;
         r->model = in->model;
@@ -570,7 +573,7 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
         r->shard = (uint16_t)esi;
         r->t0_ms = din.ctx[0].now_ms;
         r->expires_ms = r->t0_ms +
-                        lease_ttl(in->plan->windows, in->plan->nwindows);
+                        lease_ttl(in->plan);
         r->reserved_milli = in->reserved_milli;
         r->charged_milli = in->charged_milli;
         r->anchor_ms = in->anchor_ms;

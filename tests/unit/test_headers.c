@@ -217,10 +217,10 @@ static void test_org_and_lookup(void **state)
     view(&d, "gone", QG_WIN_ROLLING, 0, 0, 10500, 0, 0);
     assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit-Policy"),
-                        "\"burst_5h\";q=50;w=18000, \"monthly\";q=100000, "
+                        "\"burst_5h\";q=50;w=18000, \"org.monthly\";q=100000;w=2678400, "
                         "\"gone\";q=10");
     assert_string_equal(get(&b, "RateLimit"),
-                        "\"burst_5h\";r=50;t=0, \"monthly\";r=99997;t=0, "
+                        "\"burst_5h\";r=50;t=0, \"org.monthly\";r=99997;t=0, "
                         "\"gone\";r=10;t=0");
     /* no request-unit window: no -requests family */
     assert_null(get(&b, "x-ratelimit-limit-requests"));
@@ -229,7 +229,7 @@ static void test_org_and_lookup(void **state)
 
     assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit-Policy"),
-                        "\"burst_5h\";q=50, \"monthly\";q=100000, "
+                        "\"burst_5h\";q=50, \"org.monthly\";q=100000, "
                         "\"gone\";q=10");
 
     /* a name that must be escaped in a structured-field string */
