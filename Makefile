@@ -59,7 +59,7 @@ endef
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))
 
-.PHONY: all deps deps-test run test test-opt test-asan bench clean lint-examples
+.PHONY: all deps deps-test deps-bench run test test-build bench clean
 .DEFAULT_GOAL := all
 
 all: deps build/quotagate
@@ -80,9 +80,14 @@ test: deps-test
 
 test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS)
 
-bench: deps-test build/bench_engine build/bench_ledger
+bench: deps-bench build/bench_engine build/bench_ledger build/quotagate
 	@build/bench_engine
 	@build/bench_ledger
+	@bench/http_bench.sh
+	@bench/rebuild_bench.sh
+
+deps-bench:
+	@scripts/deps.sh bench
 
 build/bench_engine: bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
