@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include "error.h"
 #include "fixed.h"
 #include "rules.h"
 #include "store.h"
@@ -75,11 +76,6 @@ static qg_key hash_key(const char *s, size_t len, uint64_t seed)
     return k;
 }
 
-static void seterr(char *err, size_t cap, const char *fmt, const char *arg)
-{
-    if (err && cap)
-        snprintf(err, cap, fmt, arg);
-}
 
 /* --------------------------------------------------------- registry */
 
@@ -341,11 +337,11 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
             pn = old->rules->plans[s->plan].name;
             on = s->org >= 0 ? old->rules->orgs[s->org].name : NULL;
             if (qg_rules_find_plan(rules, pn) < 0) {
-                seterr(err, errcap, "the new rules drop plan \"%s\", which "
+                qg__errf(err, errcap, "the new rules drop plan \"%s\", which "
                        "subjects use", pn);
                 rc = QG_EINVAL;
             } else if (on && qg_rules_find_org(rules, on) < 0) {
-                seterr(err, errcap, "the new rules drop org \"%s\", which "
+                qg__errf(err, errcap, "the new rules drop org \"%s\", which "
                        "subjects use", on);
                 rc = QG_EINVAL;
             }
@@ -382,17 +378,17 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
     int p, o = -1;
 
     if (!subject_name || !*subject_name || strlen(subject_name) > 255) {
-        seterr(err, errcap, "%s", "subject must be 1 to 255 bytes");
+        qg__errf(err, errcap, "%s", "subject must be 1 to 255 bytes");
         return QG_EINVAL;
     }
     const qg_rules *r = cur_gen(e)->rules;
 
     if (!plan || (p = qg_rules_find_plan(r, plan)) < 0) {
-        seterr(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
+        qg__errf(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
         return QG_EINVAL;
     }
     if (org && *org && (o = qg_rules_find_org(r, org)) < 0) {
-        seterr(err, errcap, "unknown org \"%s\"", org);
+        qg__errf(err, errcap, "unknown org \"%s\"", org);
         return QG_EINVAL;
     }
     return reg_put(e, subject_name, p, o, billing_anchor_ms);
@@ -433,16 +429,16 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     int rc;
 
     if (!req->subject || !*req->subject) {
-        seterr(err, errcap, "%s", "subject is required");
+        qg__errf(err, errcap, "%s", "subject is required");
         return QG_EINVAL;
     }
     if (!req->request_id || !(idlen = strlen(req->request_id)) ||
         idlen > QG_REQUEST_ID_MAX) {
-        seterr(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
+        qg__errf(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
         return QG_EINVAL;
     }
     if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
-        seterr(err, errcap, "unknown subject \"%s\"", req->subject);
+        qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
     }
     r = g->rules;
@@ -453,23 +449,23 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                                  ? QG_DEFAULT_OUTPUT_ESTIMATE
                                  : req->max_output_tokens;
         if ((in.model = qg_rules_find_model(r, req->model)) < 0) {
-            seterr(err, errcap, "unknown model \"%s\"", req->model);
+            qg__errf(err, errcap, "unknown model \"%s\"", req->model);
             return QG_EMODEL;
         }
         if (req->input_tokens < 0) {
-            seterr(err, errcap, "%s", "input_tokens must be >= 0");
+            qg__errf(err, errcap, "%s", "input_tokens must be >= 0");
             return QG_EINVAL;
         }
         in.model_spec = &r->models[in.model];
         in.weight_milli = qg_weight_milli(in.model_spec, req->input_tokens,
                                           out_tokens);
         if (in.weight_milli < 0) {
-            seterr(err, errcap, "%s", "token counts too large");
+            qg__errf(err, errcap, "%s", "token counts too large");
             return QG_ERANGE;
         }
     } else {
         if (req->weight_milli < 0) {
-            seterr(err, errcap, "%s", "weight must be >= 0");
+            qg__errf(err, errcap, "%s", "weight must be >= 0");
             return QG_EINVAL;
         }
         in.weight_milli = req->weight_milli;
@@ -490,13 +486,13 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
             reg_set_hint(e, in.member, before, hint);
     }
     if (rc == QG_EINVAL)
-        seterr(err, errcap, "request_id \"%s\" was already used by another "
+        qg__errf(err, errcap, "request_id \"%s\" was already used by another "
                "subject", req->request_id);
     else if (rc == QG_EFULL)
-        seterr(err, errcap, "%s", "too many unsettled reservations; settle "
+        qg__errf(err, errcap, "%s", "too many unsettled reservations; settle "
                "requests or raise the reservation limit");
     else if (rc != QG_OK)
-        seterr(err, errcap, "%s", qg_strerror(rc));
+        qg__errf(err, errcap, "%s", qg_strerror(rc));
     if (rc == QG_OK)
         fill_names(g, &s, in.model, out);
     return rc;
@@ -511,16 +507,16 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
 
     if (!req->request_id || !(idlen = strlen(req->request_id)) ||
         idlen > QG_REQUEST_ID_MAX) {
-        seterr(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
+        qg__errf(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
         return QG_EINVAL;
     }
     if (req->status < QG_SETTLE_COMPLETED || req->status > QG_SETTLE_FAILED) {
-        seterr(err, errcap, "%s", "status must be completed, cancelled or "
+        qg__errf(err, errcap, "%s", "status must be completed, cancelled or "
                "failed");
         return QG_EINVAL;
     }
     if (req->input_tokens < 0 || req->output_tokens < 0) {
-        seterr(err, errcap, "%s", "token counts must be >= 0");
+        qg__errf(err, errcap, "%s", "token counts must be >= 0");
         return QG_EINVAL;
     }
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
@@ -531,10 +527,10 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.weight_milli = req->weight_milli;
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
-        seterr(err, errcap, "no reservation for request_id \"%s\" (never "
+        qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "
                "admitted, or forgotten)", req->request_id);
     else if (rc != QG_OK)
-        seterr(err, errcap, "%s", qg_strerror(rc));
+        qg__errf(err, errcap, "%s", qg_strerror(rc));
     return rc;
 }
 
@@ -574,11 +570,11 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
 
     if (!req->subject || !req->request_id ||
         !(idlen = strlen(req->request_id)) || idlen > QG_REQUEST_ID_MAX) {
-        seterr(err, errcap, "%s", "restore: subject and request_id required");
+        qg__errf(err, errcap, "%s", "restore: subject and request_id required");
         return QG_EINVAL;
     }
     if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
-        seterr(err, errcap, "restore: unknown subject \"%s\"", req->subject);
+        qg__errf(err, errcap, "restore: unknown subject \"%s\"", req->subject);
         return rc;
     }
     in.model = -1;
@@ -603,6 +599,6 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.status = req->status;
     rc = e->store->m->restore(e->store, &in);
     if (rc != QG_OK)
-        seterr(err, errcap, "restore: %s", qg_strerror(rc));
+        qg__errf(err, errcap, "restore: %s", qg_strerror(rc));
     return rc;
 }

@@ -1,4 +1,7 @@
 /* error.c - the one table of error codes and their messages. */
+#include <stdarg.h>
+#include <stdio.h>
+#include "error.h"
 #include "quotagate.h"
 
 static const char *const messages[] = {
@@ -21,4 +24,14 @@ const char *qg_strerror(int rc)
     if (rc > 0 || i >= sizeof messages / sizeof messages[0])
         return "unknown error";
     return messages[i];
+}
+
+void qg__errf(char *err, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || cap == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
 }

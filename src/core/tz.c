@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
 #include "civil.h"
 #include "tz.h"
 
@@ -45,18 +46,6 @@ struct qg_tz {
     tz_posix rule;            /* after the last transition */
 };
 
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || cap == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
 
 static int64_t floor_div(int64_t a, int64_t b)
 {
@@ -301,11 +290,11 @@ static int read_hdr(const unsigned char *buf, size_t len, size_t off,
 {
     const unsigned char *p = buf + off;
     if (len - off < TZIF_HDR) {
-        seterr(err, errcap, "truncated TZif header");
+        qg__errf(err, errcap, "truncated TZif header");
         return -1;
     }
     if (memcmp(p, "TZif", 4) != 0) {
-        seterr(err, errcap, "bad TZif magic");
+        qg__errf(err, errcap, "bad TZif magic");
         return -1;
     }
     if (p[4] == 0)
@@ -313,7 +302,7 @@ static int read_hdr(const unsigned char *buf, size_t len, size_t off,
     else if (p[4] >= '2' && p[4] <= '9')
         h->version = p[4] - '0';
     else {
-        seterr(err, errcap, "unknown TZif version 0x%02x", p[4]);
+        qg__errf(err, errcap, "unknown TZif version 0x%02x", p[4]);
         return -1;
     }
     h->isutcnt = be32(p + 20);
@@ -323,12 +312,12 @@ static int read_hdr(const unsigned char *buf, size_t len, size_t off,
     h->typecnt = be32(p + 36);
     h->charcnt = be32(p + 40);
     if (h->typecnt == 0 || h->typecnt > 256) {
-        seterr(err, errcap, "bad TZif type count %u", h->typecnt);
+        qg__errf(err, errcap, "bad TZif type count %u", h->typecnt);
         return -1;
     }
     if ((h->isutcnt != 0 && h->isutcnt != h->typecnt) ||
         (h->isstdcnt != 0 && h->isstdcnt != h->typecnt)) {
-        seterr(err, errcap, "bad TZif indicator counts");
+        qg__errf(err, errcap, "bad TZif indicator counts");
         return -1;
     }
     /* Counts are 32-bit, so this 64-bit sum cannot overflow. */
@@ -337,7 +326,7 @@ static int read_hdr(const unsigned char *buf, size_t len, size_t off,
                  (uint64_t)h->leapcnt * (uint64_t)(tsize + 4) + h->isstdcnt +
                  h->isutcnt;
     if (h->datalen > len - off - TZIF_HDR) {
-        seterr(err, errcap, "truncated TZif data (%llu bytes needed)",
+        qg__errf(err, errcap, "truncated TZif data (%llu bytes needed)",
                (unsigned long long)h->datalen);
         return -1;
     }
@@ -390,7 +379,7 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
     qg_tz *tz;
 
     if (!buf) {
-        seterr(err, errcap, "no TZif data");
+        qg__errf(err, errcap, "no TZif data");
         return NULL;
     }
     if (read_hdr(buf, len, 0, 4, &h, err, errcap) < 0)
@@ -406,20 +395,20 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
         if (foot < len) {
             const unsigned char *nl;
             if (buf[foot] != '\n') {
-                seterr(err, errcap, "bad TZif footer");
+                qg__errf(err, errcap, "bad TZif footer");
                 return NULL;
             }
             footer = buf + foot + 1;
             nl = memchr(footer, '\n', len - foot - 1);
             if (!nl) {
-                seterr(err, errcap, "unterminated TZif footer");
+                qg__errf(err, errcap, "unterminated TZif footer");
                 return NULL;
             }
             footer_len = (size_t)(nl - footer);
         }
     }
     if (parse_posix((const char *)footer, footer_len, &rule) < 0) {
-        seterr(err, errcap, "bad TZ string in TZif footer: \"%.*s\"",
+        qg__errf(err, errcap, "bad TZ string in TZif footer: \"%.*s\"",
                (int)(footer_len > 64 ? 64 : footer_len),
                footer ? (const char *)footer : "");
         return NULL;
@@ -432,14 +421,14 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
 
     tz = tz_alloc(name, h.timecnt, (int)h.typecnt);
     if (!tz) {
-        seterr(err, errcap, "out of memory");
+        qg__errf(err, errcap, "out of memory");
         return NULL;
     }
     for (uint32_t i = 0; i < h.typecnt; i++) {
         const unsigned char *t = types + (size_t)i * 6;
         int32_t u = (int32_t)be32(t);
         if (u < -26 * 3600 || u > 26 * 3600 || t[4] > 1) {
-            seterr(err, errcap, "bad TZif local time type %u", i);
+            qg__errf(err, errcap, "bad TZif local time type %u", i);
             qg_tz_free(tz);
             return NULL;
         }
@@ -450,12 +439,12 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
         int64_t t = tsize == 8 ? be64(times + (size_t)i * 8)
                                : (int64_t)(int32_t)be32(times + (size_t)i * 4);
         if (i > 0 && t <= tz->trans[i - 1]) {
-            seterr(err, errcap, "TZif transitions not ascending");
+            qg__errf(err, errcap, "TZif transitions not ascending");
             qg_tz_free(tz);
             return NULL;
         }
         if (idx[i] >= h.typecnt) {
-            seterr(err, errcap, "bad TZif type index");
+            qg__errf(err, errcap, "bad TZif type index");
             qg_tz_free(tz);
             return NULL;
         }

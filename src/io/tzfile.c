@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "tzfile.h"
 
 #define DEFAULT_TZDIR "/usr/share/zoneinfo"
@@ -37,18 +38,6 @@ static int valid_name(const char *name)
     return 1;
 }
 
-static void say(char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void say(char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || cap == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
 
 qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
 {
@@ -62,11 +51,11 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     qg_tz *tz;
 
     if (!name) {
-        say(err, errcap, "no time zone name");
+        qg__errf(err, errcap, "no time zone name");
         return NULL;
     }
     if (!valid_name(name)) {
-        say(err, errcap,
+        qg__errf(err, errcap,
             "invalid time zone name \"%.200s\": expected an IANA name "
             "such as Europe/Berlin", name);
         return NULL;
@@ -76,7 +65,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     is_utc = strcmp(name, "UTC") == 0 || strcmp(name, "Etc/UTC") == 0;
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >=
         sizeof path) {
-        say(err, errcap, "time zone path too long");
+        qg__errf(err, errcap, "time zone path too long");
         return NULL;
     }
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -85,10 +74,10 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         if (is_utc)
             return qg_tz_fixed(name, 0);
         if (e == ENOENT || e == ENOTDIR)
-            say(err, errcap, "unknown time zone \"%s\": no such zone in %s",
+            qg__errf(err, errcap, "unknown time zone \"%s\": no such zone in %s",
                 name, dir);
         else
-            say(err, errcap, "time zone \"%s\": cannot open %s: %s", name,
+            qg__errf(err, errcap, "time zone \"%s\": cannot open %s: %s", name,
                 path, strerror(e));
         return NULL;
     }
@@ -96,13 +85,13 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         close(fd);
         if (is_utc)
             return qg_tz_fixed(name, 0);
-        say(err, errcap, "unknown time zone \"%s\": no such zone in %s",
+        qg__errf(err, errcap, "unknown time zone \"%s\": no such zone in %s",
             name, dir);
         return NULL;
     }
     if (st.st_size > QG_TZFILE_MAX) {
         close(fd);
-        say(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
+        qg__errf(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
             name, path, QG_TZFILE_MAX);
         return NULL;
     }
@@ -110,7 +99,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     buf = malloc(QG_TZFILE_MAX + 1);
     if (!buf) {
         close(fd);
-        say(err, errcap, "out of memory");
+        qg__errf(err, errcap, "out of memory");
         return NULL;
     }
     while (len <= QG_TZFILE_MAX) {
@@ -118,7 +107,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {
-            say(err, errcap, "time zone \"%s\": cannot read %s: %s", name,
+            qg__errf(err, errcap, "time zone \"%s\": cannot read %s: %s", name,
                 path, strerror(errno));
             close(fd);
             free(buf);
@@ -131,7 +120,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     close(fd);
     if (len > QG_TZFILE_MAX) {
         free(buf);
-        say(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
+        qg__errf(err, errcap, "time zone \"%s\": %s is larger than %d bytes",
             name, path, QG_TZFILE_MAX);
         return NULL;
     }
@@ -141,7 +130,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     if (!tz) {
         if (is_utc)
             return qg_tz_fixed(name, 0);
-        say(err, errcap, "time zone \"%s\": bad zone file %s: %s", name,
+        qg__errf(err, errcap, "time zone \"%s\": bad zone file %s: %s", name,
             path, why);
     }
     return tz;
