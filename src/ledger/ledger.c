@@ -166,3 +166,8 @@ void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     if (l)
         l->be->stats_get(l->b, out);
 }
+
+size_t qg_ledger_queued(qg_ledger *l)
+{
+    return l ? l->be->queued(l->b) : 0;
+}

@@ -147,6 +147,11 @@ typedef struct qg_ledger_stats {
 } qg_ledger_stats;
 void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
 
+/* Rows queued or being written now (stats' `queued`), read without a
+ * lock: cheap enough for every request's back-pressure check; may lag a
+ * concurrent submit or commit by a moment. */
+size_t qg_ledger_queued(qg_ledger *l);
+
 /* ------------------------------------------- backends (internal, qg__) */
 
 /* One backend: ledger.c picks it by the URL's scheme and forwards every
@@ -178,6 +183,7 @@ typedef struct qg__ledger_backend {
                      void *ud);
     int (*revoke_key)(void *b, const char *id, int64_t now_ms);
     void (*stats_get)(void *b, qg_ledger_stats *out);
+    size_t (*queued)(void *b);
 } qg__ledger_backend;
 
 extern const qg__ledger_backend qg__ledger_sqlite;

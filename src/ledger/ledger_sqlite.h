@@ -6,6 +6,7 @@
 #define QG_LEDGER_SQLITE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -45,6 +46,9 @@ typedef struct qg__sq {
     qg__sq_item *w;             /* the writer's rows (writer thread only) */
     size_t wcap;
     size_t inflight;            /* rows taken by the writer, not done */
+    _Atomic size_t depth;       /* qlen + inflight, for lock-free reads */
+    size_t q_urgent;            /* rows in q with a done callback (DURABLE:
+                                   someone waits for them) */
     int stop;
     qg_ledger_stats st;
 

@@ -19,9 +19,16 @@
 
 #define ERRCAP 320
 
+/* snprintf(dst, cap, "%s", src) without the printf machinery: at most
+ * cap - 1 bytes, always terminated; NULL copies "". */
 static void copy_str(char *dst, size_t cap, const char *src)
 {
-    snprintf(dst, cap, "%s", src ? src : "");
+    size_t n;
+    if (cap == 0)
+        return;
+    n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
 }
 
 /* Map an engine error to an HTTP answer. */
@@ -50,11 +57,11 @@ static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
     }
 }
 
+/* A lock-free read of the writer's backlog (rows queued or being
+ * written), checked on every check and settle. */
 static int ledger_full(qg_server *s)
 {
-    qg_ledger_stats st;
-    qg_ledger_stats_get(s->ledger, &st);
-    return st.queued + 1024 >= 65536;
+    return qg_ledger_queued(s->ledger) + 1024 >= 65536;
 }
 
 /* ---------------------------------------------------------------- check */
@@ -69,7 +76,7 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     const char *subject = NULL, *rid = NULL, *model = NULL;
     int64_t in_tokens = 0, max_out = -1, weight = 0, now;
     qg_check_req req;
-    qg_decision *d = NULL;
+    qg_decision dbuf, *d = &dbuf;   /* ~5 KB: on the worker's stack */
     qg_hdr_buf hb;
     qg_ledger_row row;
     const qg_rules *rules;
@@ -102,10 +109,6 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     if (ledger_full(s)) {
         qg_reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
-        goto out;
-    }
-    if (!(d = malloc(sizeof *d))) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
         goto out;
     }
     req = (qg_check_req){.subject = subject, .request_id = rid,
@@ -155,7 +158,6 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
 bad:
     qg_reply_error(s, r, 400, "invalid_request", err);
 out:
-    free(d);
     json_decref(o);
 }
 

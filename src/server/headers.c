@@ -15,42 +15,63 @@
  * second "<n>ms"; otherwise [<h>h][<m>m]<s>[.<frac>]s where the minutes
  * appear whenever hours do ("1h0m0s") and the fraction loses trailing
  * zeros ("1.5s"). */
+static char *put_u64(char *o, uint64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0)
+        *o++ = tmp[--n];
+    return o;
+}
+
 size_t qg_go_duration(int64_t ms, char *buf, size_t cap)
 {
-    char tmp[48], frac[8] = "";
+    char tmp[48], *o = tmp;
     uint64_t u = ms < 0 ? (uint64_t)0 - (uint64_t)ms : (uint64_t)ms;
-    const char *sign = ms < 0 ? "-" : "";
-    int n;
+    size_t n;
 
+    if (ms < 0 && u != 0)
+        *o++ = '-';
     if (u == 0) {
-        n = snprintf(tmp, sizeof tmp, "0s");
+        *o++ = '0';
+        *o++ = 's';
     } else if (u < 1000) {
-        n = snprintf(tmp, sizeof tmp, "%s%llums", sign, (unsigned long long)u);
+        o = put_u64(o, u);
+        *o++ = 'm';
+        *o++ = 's';
     } else {
         uint64_t h = u / 3600000, m = u / 60000 % 60, s = u / 1000 % 60;
         unsigned f = (unsigned)(u % 1000);
-        if (f) {
-            snprintf(frac, sizeof frac, ".%03u", f);
-            for (size_t k = strlen(frac); frac[k - 1] == '0'; k--)
-                frac[k - 1] = '\0';
+        if (h) {
+            o = put_u64(o, h);
+            *o++ = 'h';
         }
-        if (h)
-            n = snprintf(tmp, sizeof tmp, "%s%lluh%llum%llu%ss", sign,
-                         (unsigned long long)h, (unsigned long long)m,
-                         (unsigned long long)s, frac);
-        else if (m)
-            n = snprintf(tmp, sizeof tmp, "%s%llum%llu%ss", sign,
-                         (unsigned long long)m, (unsigned long long)s, frac);
-        else
-            n = snprintf(tmp, sizeof tmp, "%s%llu%ss", sign,
-                         (unsigned long long)s, frac);
+        if (h || m) {
+            o = put_u64(o, m);
+            *o++ = 'm';
+        }
+        o = put_u64(o, s);
+        if (f) {               /* ".%03u" without its trailing zeros */
+            *o++ = '.';
+            *o++ = (char)('0' + f / 100);
+            if (f % 100) {
+                *o++ = (char)('0' + f / 10 % 10);
+                if (f % 10)
+                    *o++ = (char)('0' + f % 10);
+            }
+        }
+        *o++ = 's';
     }
+    n = (size_t)(o - tmp);
     if (cap > 0) {
-        size_t k = (size_t)n < cap ? (size_t)n : cap - 1;
+        size_t k = n < cap ? n : cap - 1;
         memcpy(buf, tmp, k);
         buf[k] = '\0';
     }
-    return (size_t)n;
+    return n;
 }
 
 /* ------------------------------------------------------------ the buffer */
@@ -68,55 +89,76 @@ static void w_begin(writer *w)
         w->b->text[w->b->used] = '\0';
 }
 
-static void w_printf(writer *w, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void w_printf(writer *w, const char *fmt, ...)
+/* Append n bytes (w_printf's rules: the text must leave room for the
+ * NUL, else the writer overflows). */
+static void w_raw(writer *w, const char *s, size_t n)
 {
     qg_hdr_buf *b = w->b;
     size_t room = QG_HDR_TEXT - b->used;
-    va_list ap;
-    int n;
-
-    if (w->overflow || room == 0) {
+    if (w->overflow || room == 0 || n >= room) {
         w->overflow = 1;
         return;
     }
-    va_start(ap, fmt);
-    n = vsnprintf(b->text + b->used, room, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= room)
-        w->overflow = 1;
-    else
-        b->used += (size_t)n;
+    memcpy(b->text + b->used, s, n);
+    b->used += n;
+    b->text[b->used] = '\0';
+}
+
+#define W_LIT(w, lit) w_raw((w), (lit), sizeof(lit) - 1)
+
+/* %lld */
+static void w_i64(writer *w, int64_t v)
+{
+    char tmp[24];
+    int n = sizeof tmp;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do
+        tmp[--n] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        tmp[--n] = '-';
+    w_raw(w, tmp + n, sizeof tmp - (size_t)n);
 }
 
 /* A window name as a structured-field string: quotes and backslashes
  * escaped, anything outside printable ASCII replaced by '?' (header
- * values may carry nothing else). */
-static void w_sf_string(writer *w, const char *s)
+ * values may carry nothing else).  s has at most n bytes. */
+static void w_sf_string(writer *w, const char *s, size_t n)
 {
-    w_printf(w, "\"");
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            w_printf(w, "\\%c", c);
-        else if (c < 0x20 || c > 0x7e)
-            w_printf(w, "?");
-        else
-            w_printf(w, "%c", c);
+    char tmp[2 * (QG_NAME_MAX + 8) + 2], *o = tmp;
+    size_t i;
+    *o++ = '"';
+    for (i = 0; s && i < n && s[i]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c < 0x20 || c > 0x7e) {
+            *o++ = '?';
+        } else {
+            *o++ = (char)c;
+        }
     }
-    w_printf(w, "\"");
+    *o++ = '"';
+    w_raw(w, tmp, (size_t)(o - tmp));
 }
 
 /* The policy name of a view: the window's name, prefixed "org." for the
  * organisation's windows so that a member's and its org's same-named
- * windows (both may have "concurrency") stay distinct. */
+ * windows (both may have "concurrency") stay distinct (at most
+ * QG_NAME_MAX + 7 bytes in all, the rest cut). */
 static void w_policy_name(writer *w, const qg_window_view *v)
 {
     char buf[QG_NAME_MAX + 8];
-    snprintf(buf, sizeof buf, "%s%s", v->org ? "org." : "",
-             v->name ? v->name : "");
-    w_sf_string(w, buf);
+    size_t p = 0, n = v->name ? strlen(v->name) : 0;
+    if (v->org) {
+        memcpy(buf, "org.", 4);
+        p = 4;
+    }
+    if (n > sizeof buf - 1 - p)
+        n = sizeof buf - 1 - p;
+    memcpy(buf + p, v->name ? v->name : "", n);
+    w_sf_string(w, buf, p + n);
 }
 
 /* Close the value begun by w_begin as header `name`. */
@@ -133,18 +175,21 @@ static void w_end(writer *w, const char *name)
     b->n++;
 }
 
-static void header(writer *w, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void header(writer *w, const char *name, const char *fmt, ...)
+/* A header whose value is text (at most 127 bytes are kept, as the
+ * formatted headers always were). */
+static void header_str(writer *w, const char *name, const char *v)
 {
-    char tmp[128];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
+    size_t n = strlen(v);
     w_begin(w);
-    w_printf(w, "%s", tmp);
+    w_raw(w, v, n < 127 ? n : 127);
+    w_end(w, name);
+}
+
+/* A header whose value is an integer. */
+static void header_i64(writer *w, const char *name, int64_t v)
+{
+    w_begin(w);
+    w_i64(w, v);
     w_end(w, name);
 }
 
@@ -232,9 +277,9 @@ static void openai_family(writer *w, const qg_decision *d, int64_t now_ms,
     const qg_window_view *v = &d->views[i];
     int64_t until = v->reset_at_ms > now_ms ? v->reset_at_ms - now_ms : 0;
     qg_go_duration(until, dur, sizeof dur);
-    header(w, names[0], "%lld", (long long)(v->limit_milli / 1000));
-    header(w, names[1], "%lld", (long long)(v->remaining_milli / 1000));
-    header(w, names[2], "%s", dur);
+    header_i64(w, names[0], v->limit_milli / 1000);
+    header_i64(w, names[1], v->remaining_milli / 1000);
+    header_str(w, names[2], dur);
 }
 
 static const char *const requests_names[3] = {
@@ -257,15 +302,18 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
             const qg_window_view *v = &d->views[i];
             int64_t secs = window_seconds(d, v, spec_of(r, d, v), now_ms);
             if (i)
-                w_printf(&w, ", ");
+                W_LIT(&w, ", ");
             w_policy_name(&w, v);
-            w_printf(&w, ";q=%lld", (long long)(v->limit_milli / 1000));
-            if (secs >= 0)
-                w_printf(&w, ";w=%lld", (long long)secs);
+            W_LIT(&w, ";q=");
+            w_i64(&w, v->limit_milli / 1000);
+            if (secs >= 0) {
+                W_LIT(&w, ";w=");
+                w_i64(&w, secs);
+            }
             if (v->type == QG_WIN_CONCURRENCY)
-                w_printf(&w, ";qu=\"concurrent-requests\"");
+                W_LIT(&w, ";qu=\"concurrent-requests\"");
             else if (v->unit == QG_UNIT_REQUESTS)
-                w_printf(&w, ";qu=\"requests\"");
+                W_LIT(&w, ";qu=\"requests\"");
         }
         w_end(&w, "RateLimit-Policy");
 
@@ -273,11 +321,12 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
         for (int i = 0; i < d->nviews; i++) {
             const qg_window_view *v = &d->views[i];
             if (i)
-                w_printf(&w, ", ");
+                W_LIT(&w, ", ");
             w_policy_name(&w, v);
-            w_printf(&w, ";r=%lld;t=%lld",
-                     (long long)(v->remaining_milli / 1000),
-                     (long long)secs_until(v->reset_at_ms, now_ms));
+            W_LIT(&w, ";r=");
+            w_i64(&w, v->remaining_milli / 1000);
+            W_LIT(&w, ";t=");
+            w_i64(&w, secs_until(v->reset_at_ms, now_ms));
         }
         w_end(&w, "RateLimit");
     }
@@ -286,11 +335,11 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
 
     if (d->outcome == QG_REJECT) {
         int64_t ra = d->retry_after_ms > 0 ? d->retry_after_ms : 0;
-        header(&w, "Retry-After", "%lld", (long long)qg_ceil_div(ra, 1000));
-        header(&w, "retry-after-ms", "%lld", (long long)ra);
-        header(&w, "x-should-retry", "%s", ra <= 60000 ? "true" : "false");
+        header_i64(&w, "Retry-After", qg_ceil_div(ra, 1000));
+        header_i64(&w, "retry-after-ms", ra);
+        header_str(&w, "x-should-retry", ra <= 60000 ? "true" : "false");
     } else if (d->outcome == QG_REJECT_NEVER) {
-        header(&w, "x-should-retry", "%s", "false");
+        header_str(&w, "x-should-retry", "false");
     }
     if (w.overflow) {
         out->n = 0;

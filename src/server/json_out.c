@@ -87,6 +87,294 @@ static const char *unit_of(const qg_window_view *v, const char *unit_name)
     return unit_name ? unit_name : "weight points";
 }
 
+/* ------------------------------------------------- direct text builder
+ *
+ * The bodies answered on every request (check, settle, error) are written
+ * straight into one growing buffer instead of a json_t tree dumped by
+ * jansson (a tree costs a malloc per member and the dump a printf per
+ * atom).  The text is byte for byte what jansson writes with
+ * QG_JSON_DUMP_FLAGS: members in insertion order, compact separators,
+ * strings escaped as jansson does ('"', '\\', control characters; UTF-8
+ * passed through), integers as %lld, reals through jansson's own dtostr
+ * rules (%.15g, ".0" added to an integral-looking real, exponent without
+ * '+' or leading zeros).  A string that is not valid UTF-8 fails the
+ * body (NULL), as json_string() would. */
+
+typedef struct jb {
+    char *p;
+    size_t len, cap;
+    int err;
+} jb;
+
+static int jb_init(jb *b, size_t cap)
+{
+    b->len = 0;
+    b->err = 0;
+    b->cap = cap;
+    b->p = malloc(cap);
+    if (!b->p)
+        b->err = 1;
+    return b->p ? 0 : -1;
+}
+
+static int jb_grow(jb *b, size_t more)
+{
+    size_t cap = b->cap ? b->cap : 256;
+    char *np;
+    if (b->err)
+        return -1;
+    while (cap - b->len < more + 1) {
+        if (cap > SIZE_MAX / 4) {
+            b->err = 1;
+            return -1;
+        }
+        cap *= 2;
+    }
+    if (!(np = realloc(b->p, cap))) {
+        b->err = 1;
+        return -1;
+    }
+    b->p = np;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int jb_room(jb *b, size_t more)
+{
+    if (b->err)
+        return -1;
+    return b->cap - b->len >= more + 1 ? 0 : jb_grow(b, more);
+}
+
+static void jb_raw(jb *b, const char *s, size_t n)
+{
+    if (jb_room(b, n) < 0)
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+#define JB_LIT(b, lit) jb_raw((b), (lit), sizeof(lit) - 1)
+
+static void jb_i64(jb *b, int64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    if (jb_room(b, 21) < 0)
+        return;
+    do
+        tmp[n++] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        b->p[b->len++] = '-';
+    while (n > 0)
+        b->p[b->len++] = tmp[--n];
+}
+
+/* jansson's jsonp_dtostr with precision 15. */
+static void jb_real(jb *b, double v)
+{
+    char buf[64], *start, *end;
+    int ret = snprintf(buf, sizeof buf, "%.15g", v);
+    size_t length;
+    if (ret < 0 || (size_t)ret >= sizeof buf - 3 || v != v ||
+        v - v != 0) {  /* jansson refuses nan and inf */
+        b->err = 1;
+        return;
+    }
+    length = (size_t)ret;
+    if (!strchr(buf, '.') && !strchr(buf, 'e')) {
+        buf[length++] = '.';
+        buf[length++] = '0';
+        buf[length] = '\0';
+    }
+    if ((start = strchr(buf, 'e'))) {
+        start++;
+        end = start + 1;
+        if (*start == '-')
+            start++;
+        while (*end == '0')
+            end++;
+        if (end != start) {
+            memmove(start, end, length - (size_t)(end - buf));
+            length -= (size_t)(end - start);
+        }
+    }
+    jb_raw(b, buf, length);
+}
+
+/* As qg_json_scaled dumps. */
+static void jb_scaled(jb *b, int64_t v, int scale_digits)
+{
+    int64_t p = 1;
+    for (int i = 0; i < scale_digits; i++)
+        p *= 10;
+    if (v % p == 0)
+        jb_i64(b, v / p);
+    else
+        jb_real(b, (double)v / (double)p);
+}
+
+static void jb_milli(jb *b, int64_t v)
+{
+    jb_scaled(b, v, 3);
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid:
+ * jansson's utf8_check_first / utf8_check_full. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t size, i;
+    uint32_t v;
+    if (c < 0x80)
+        return 1;
+    if (c < 0xC2 || c > 0xF4)
+        return 0;
+    if (c < 0xE0) {
+        size = 2;
+        v = c & 0x1F;
+    } else if (c < 0xF0) {
+        size = 3;
+        v = c & 0x0F;
+    } else {
+        size = 4;
+        v = c & 0x07;
+    }
+    if (size > n)
+        return 0;
+    for (i = 1; i < size; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) ||
+        (size == 3 && v < 0x800) || (size == 4 && v < 0x10000))
+        return 0;
+    return size;
+}
+
+/* A JSON string as jansson dumps it; NULL writes null (str_or_null). */
+static void jb_str(jb *b, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n, i = 0;
+    if (!s) {
+        JB_LIT(b, "null");
+        return;
+    }
+    n = strlen(s);
+    /* worst case: every byte a \u00XX escape */
+    if (jb_room(b, n * 6 + 2) < 0)
+        return;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    while (i < n) {
+        unsigned c = u[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            i++;
+            continue;
+        }
+        if (c >= 0x80) {
+            size_t k = utf8_seq(u + i, n - i);
+            if (!k) {
+                b->err = 1;
+                return;
+            }
+            memcpy(o, u + i, k);
+            o += k;
+            i += k;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = hex[c >> 4];
+            *o++ = hex[c & 15];
+        }
+        i++;
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+}
+
+static void jb_bool(jb *b, int v)
+{
+    if (v)
+        JB_LIT(b, "true");
+    else
+        JB_LIT(b, "false");
+}
+
+static char *two(char *o, int v)
+{
+    o[0] = (char)('0' + v / 10);
+    o[1] = (char)('0' + v % 10);
+    return o + 2;
+}
+
+/* qg_json_time: the ISO 8601 string of ms, or null when ms is 0. */
+static void jb_time(jb *b, int64_t ms)
+{
+    qg_civil c;
+    char buf[40], *o = buf;
+    if (ms == 0) {
+        JB_LIT(b, "null");
+        return;
+    }
+    qg_ms_to_civil(ms, &c);
+    if (c.year < 0 || c.year > 9999) {
+        qg_iso8601_format(ms, buf, (int)sizeof buf);
+        jb_str(b, buf);
+        return;
+    }
+    *o++ = '"';
+    o = two(o, c.year / 100);
+    o = two(o, c.year % 100);
+    *o++ = '-';
+    o = two(o, c.month);
+    *o++ = '-';
+    o = two(o, c.day);
+    *o++ = 'T';
+    o = two(o, c.hour);
+    *o++ = ':';
+    o = two(o, c.minute);
+    *o++ = ':';
+    o = two(o, c.second);
+    if (c.ms != 0) {
+        *o++ = '.';
+        *o++ = (char)('0' + c.ms / 100);
+        o = two(o, c.ms % 100);
+    }
+    *o++ = 'Z';
+    *o++ = '"';
+    jb_raw(b, buf, (size_t)(o - buf));
+}
+
+/* The text, or NULL (released) when anything failed. */
+static char *jb_finish(jb *b)
+{
+    if (b->err || jb_room(b, 0) < 0) {
+        free(b->p);
+        return NULL;
+    }
+    b->p[b->len] = '\0';
+    return b->p;
+}
+
 /* ------------------------------------------------------------- windows */
 
 json_t *qg_json_window(const qg_window_view *v, const char *unit_name)
@@ -109,18 +397,6 @@ json_t *qg_json_window(const qg_window_view *v, const char *unit_name)
         return NULL;
     }
     return o;
-}
-
-static json_t *windows_array(const qg_decision *d, const char *unit_name)
-{
-    json_t *a = json_array();
-    for (int i = 0; a && i < d->nviews; i++)
-        if (json_array_append_new(a, qg_json_window(&d->views[i],
-                                                    unit_name))) {
-            json_decref(a);
-            return NULL;
-        }
-    return a;
 }
 
 /* One recovery step; window name included when name is non-NULL. */
@@ -164,22 +440,6 @@ static json_t *recovers_array(const qg_decision *d, int only, int64_t now_ms)
 }
 
 /* --------------------------------------------------------------- check */
-
-static int set_names(json_t *o, const qg_decision *d)
-{
-    if (json_object_set_new(o, "plan", str_or_null(d->plan)))
-        return -1;
-    if (d->org && json_object_set_new(o, "org", json_string(d->org)))
-        return -1;
-    if (d->model && json_object_set_new(o, "model", json_string(d->model)))
-        return -1;
-    if (json_object_set_new(o, "rules_version",
-                            str_or_null(d->rules_version)) ||
-        json_object_set_new(o, "weights_version",
-                            str_or_null(d->weights_version)))
-        return -1;
-    return 0;
-}
 
 /* The window a refusal names: the binding one, or for a request no window
  * can hold, the first whose limit is below the weight. */
@@ -235,77 +495,149 @@ static void refusal_message(const qg_decision *d, int b, const char *unit,
                  v->name, used, limit, u, weight, at);
 }
 
+/* qg_json_window's object. */
+static void jb_window(jb *b, const qg_window_view *v, const char *unit_name)
+{
+    JB_LIT(b, "{\"name\":");
+    jb_str(b, v->name);
+    if (v->org)
+        JB_LIT(b, ",\"scope\":\"org\",\"type\":");
+    else
+        JB_LIT(b, ",\"scope\":\"member\",\"type\":");
+    jb_str(b, qg_json_win_type_name(v->type));
+    JB_LIT(b, ",\"unit\":");
+    jb_str(b, unit_of(v, unit_name));
+    JB_LIT(b, ",\"limit\":");
+    jb_milli(b, v->limit_milli);
+    JB_LIT(b, ",\"used\":");
+    jb_milli(b, v->used_milli);
+    JB_LIT(b, ",\"remaining\":");
+    jb_milli(b, v->remaining_milli);
+    JB_LIT(b, ",\"reset_at\":");
+    jb_time(b, v->reset_at_ms);
+    JB_LIT(b, "}");
+}
+
+/* recovers_array(d, -1, now_ms): every view's steps, each named. */
+static void jb_recovers(jb *b, const qg_decision *d, int64_t now_ms)
+{
+    int first = 1;
+    JB_LIT(b, "[");
+    for (int i = 0; i < d->nviews; i++) {
+        int n = d->nrecovery[i];
+        if (n > QG_MAX_RECOVERY)
+            n = QG_MAX_RECOVERY;
+        for (int k = 0; k < n; k++) {
+            const qg_recovery_point *p = &d->recovery[i][k];
+            int64_t in = p->at_ms > now_ms ? p->at_ms - now_ms : 0;
+            if (!first)
+                JB_LIT(b, ",");
+            first = 0;
+            if (d->views[i].name) {
+                JB_LIT(b, "{\"window\":");
+                jb_str(b, d->views[i].name);
+                JB_LIT(b, ",\"at\":");
+            } else {
+                JB_LIT(b, "{\"at\":");
+            }
+            jb_time(b, p->at_ms);
+            JB_LIT(b, ",\"in_s\":");
+            jb_milli(b, in);
+            JB_LIT(b, ",\"remaining\":");
+            jb_milli(b, p->remaining_milli);
+            JB_LIT(b, "}");
+        }
+    }
+    JB_LIT(b, "]");
+}
+
 char *qg_json_check(const qg_decision *d, const char *request_id,
                     const char *unit_name)
 {
-    json_t *o = json_object();
     int refused = d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER;
     char msg[512];
+    jb b;
 
-    if (!o)
+    if (jb_init(&b, 256 + 256 * (size_t)(d->nviews > 0 ? d->nviews : 1)) < 0)
         return NULL;
-    if (json_object_set_new(o, "decision",
-                            json_string(refused ? "reject" : "allow")) ||
-        json_object_set_new(o, "request_id", str_or_null(request_id)) ||
-        json_object_set_new(o, "weight", qg_json_milli(d->weight_milli)) ||
-        set_names(o, d) < 0)
-        goto fail;
-    if (!refused) {
-        if (json_object_set_new(o, "replayed", json_boolean(d->replayed)))
-            goto fail;
-    } else {
-        int b = refusing_view(d);
-        int never = d->outcome == QG_REJECT_NEVER;
-        json_t *err = json_object();
-        refusal_message(d, b, unit_name, msg, sizeof msg);
-        if (json_object_set_new(o, "error", err) ||
-            json_object_set_new(err, "type",
-                                json_string(never ? "request_too_large_for_plan"
-                                                  : "quota_exceeded")) ||
-            json_object_set_new(err, "window",
-                                str_or_null(b >= 0 ? d->views[b].name
-                                                   : NULL)) ||
-            json_object_set_new(err, "message", json_string(msg)) ||
-            json_object_set_new(o, "retryable", json_boolean(!never)))
-            goto fail;
-        if (!never &&
-            json_object_set_new(o, "retry_after_s",
-                                qg_json_milli(d->retry_after_ms > 0
-                                                  ? d->retry_after_ms
-                                                  : 0)))
-            goto fail;
-        if (json_object_set_new(o, "recovers",
-                                recovers_array(d, -1, d->decided_at_ms)))
-            goto fail;
+    if (refused)
+        JB_LIT(&b, "{\"decision\":\"reject\",\"request_id\":");
+    else
+        JB_LIT(&b, "{\"decision\":\"allow\",\"request_id\":");
+    jb_str(&b, request_id);
+    JB_LIT(&b, ",\"weight\":");
+    jb_milli(&b, d->weight_milli);
+    JB_LIT(&b, ",\"plan\":");
+    jb_str(&b, d->plan);
+    if (d->org) {
+        JB_LIT(&b, ",\"org\":");
+        jb_str(&b, d->org);
     }
-    if (json_object_set_new(o, "windows", windows_array(d, unit_name)))
-        goto fail;
-    return qg_json_dump_steal(o);
-fail:
-    json_decref(o);
-    return NULL;
+    if (d->model) {
+        JB_LIT(&b, ",\"model\":");
+        jb_str(&b, d->model);
+    }
+    JB_LIT(&b, ",\"rules_version\":");
+    jb_str(&b, d->rules_version);
+    JB_LIT(&b, ",\"weights_version\":");
+    jb_str(&b, d->weights_version);
+    if (!refused) {
+        JB_LIT(&b, ",\"replayed\":");
+        jb_bool(&b, d->replayed);
+    } else {
+        int v = refusing_view(d);
+        int never = d->outcome == QG_REJECT_NEVER;
+        refusal_message(d, v, unit_name, msg, sizeof msg);
+        if (never)
+            JB_LIT(&b, ",\"error\":{\"type\":\"request_too_large_for_plan\""
+                       ",\"window\":");
+        else
+            JB_LIT(&b, ",\"error\":{\"type\":\"quota_exceeded\",\"window\":");
+        jb_str(&b, v >= 0 ? d->views[v].name : NULL);
+        JB_LIT(&b, ",\"message\":");
+        jb_str(&b, msg);
+        JB_LIT(&b, "},\"retryable\":");
+        jb_bool(&b, !never);
+        if (!never) {
+            JB_LIT(&b, ",\"retry_after_s\":");
+            jb_milli(&b, d->retry_after_ms > 0 ? d->retry_after_ms : 0);
+        }
+        JB_LIT(&b, ",\"recovers\":");
+        jb_recovers(&b, d, d->decided_at_ms);
+    }
+    JB_LIT(&b, ",\"windows\":[");
+    for (int i = 0; i < d->nviews; i++) {
+        if (i)
+            JB_LIT(&b, ",");
+        jb_window(&b, &d->views[i], unit_name);
+    }
+    JB_LIT(&b, "]}");
+    return jb_finish(&b);
 }
 
 /* -------------------------------------------------------------- settle */
 
 char *qg_json_settle(const qg_settle_result *s, const char *request_id)
 {
-    json_t *o = json_object();
-    if (!o)
+    jb b;
+    if (jb_init(&b, 256) < 0)
         return NULL;
-    if (json_object_set_new(o, "request_id", str_or_null(request_id)) ||
-        json_object_set_new(o, "status",
-                            json_string(qg_json_settle_status_name(
-                                s->status))) ||
-        json_object_set_new(o, "reserved", qg_json_milli(s->reserved_milli)) ||
-        json_object_set_new(o, "actual", qg_json_milli(s->actual_milli)) ||
-        json_object_set_new(o, "charged", qg_json_milli(s->charged_milli)) ||
-        json_object_set_new(o, "late", json_boolean(s->late)) ||
-        json_object_set_new(o, "replayed", json_boolean(s->replayed))) {
-        json_decref(o);
-        return NULL;
-    }
-    return qg_json_dump_steal(o);
+    JB_LIT(&b, "{\"request_id\":");
+    jb_str(&b, request_id);
+    JB_LIT(&b, ",\"status\":");
+    jb_str(&b, qg_json_settle_status_name(s->status));
+    JB_LIT(&b, ",\"reserved\":");
+    jb_milli(&b, s->reserved_milli);
+    JB_LIT(&b, ",\"actual\":");
+    jb_milli(&b, s->actual_milli);
+    JB_LIT(&b, ",\"charged\":");
+    jb_milli(&b, s->charged_milli);
+    JB_LIT(&b, ",\"late\":");
+    jb_bool(&b, s->late);
+    JB_LIT(&b, ",\"replayed\":");
+    jb_bool(&b, s->replayed);
+    JB_LIT(&b, "}");
+    return jb_finish(&b);
 }
 
 /* --------------------------------------------------------------- usage */
@@ -621,12 +953,13 @@ char *qg_json_weights(const qg_rules *r)
 
 char *qg_json_error(const char *type, const char *message)
 {
-    json_t *o = json_object(), *e = json_object();
-    if (json_object_set_new(o, "error", e) ||
-        json_object_set_new(e, "type", str_or_null(type)) ||
-        json_object_set_new(e, "message", str_or_null(message))) {
-        json_decref(o);
+    jb b;
+    if (jb_init(&b, 128 + (message ? strlen(message) : 0)) < 0)
         return NULL;
-    }
-    return qg_json_dump_steal(o);
+    JB_LIT(&b, "{\"error\":{\"type\":");
+    jb_str(&b, type);
+    JB_LIT(&b, ",\"message\":");
+    jb_str(&b, message);
+    JB_LIT(&b, "}}");
+    return jb_finish(&b);
 }
