@@ -15,7 +15,7 @@ PKGS    := yaml-0.1 jansson libxxhash libevent libevent_pthreads sqlite3 libcryp
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
                  -Iinclude -Isrc/core -Isrc/store -Isrc/io -Isrc/analysis \
-                 -Isrc/http -Isrc/ledger -Isrc/server \
+                 -Isrc/http -Isrc/ledger -Isrc/server -Isrc/proxy \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE
 LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser -lpthread -lm
 OPT     := -O2
@@ -23,7 +23,7 @@ SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
            -fno-sanitize-recover=all
 
 LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c \
-             src/http/*.c src/ledger/*.c src/server/*.c)
+             src/http/*.c src/ledger/*.c src/server/*.c src/proxy/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)

@@ -1,0 +1,426 @@
+/* usage.c - token usage out of response JSON, admission fields out of
+ * request JSON, and the upstream rewrite of a request (see usage.h).
+ *
+ * Everything is parsed with jansson from caller buffers; nothing here does
+ * I/O or keeps state between calls, so each function can be unit-tested
+ * and fuzzed alone.  Responses come from the trusted upstream and are read
+ * leniently (unknown members ignored).  Requests come from callers and are
+ * read strictly where metering depends on them: a body with duplicate keys
+ * is refused, since the gateway and the upstream might otherwise disagree
+ * on which "model" was asked for and charge one model while serving
+ * another. */
+#include <string.h>
+
+#include <jansson.h>
+
+#include "quotagate.h"
+#include "usage.h"
+
+/* --------------------------------------------------------------- helpers */
+
+static json_t *load(const char *s, size_t len, size_t flags)
+{
+    json_error_t je;
+    if (!s)
+        return NULL;
+    return json_loadb(s, len, flags | JSON_ALLOW_NUL, &je);
+}
+
+/* A token count member of obj: 1 and *v when present, 0 when absent or
+ * null, -1 when it is not a non-negative integer. */
+static int get_count(const json_t *obj, const char *key, int64_t *v)
+{
+    json_t *x = json_object_get(obj, key);
+    if (!x || json_is_null(x))
+        return 0;
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+        return -1;
+    *v = (int64_t)json_integer_value(x);
+    return 1;
+}
+
+/* The first of two alternative count members that is present. */
+static int get_count2(const json_t *obj, const char *k1, const char *k2,
+                      int64_t *v)
+{
+    int rc = get_count(obj, k1, v);
+    return rc ? rc : get_count(obj, k2, v);
+}
+
+/* Copy an error object's "type" (else "code", else "error") into dst. */
+static void copy_error(char dst[64], const json_t *err)
+{
+    const char *t = json_string_value(json_object_get(err, "type"));
+    if (!t || !*t)
+        t = json_string_value(json_object_get(err, "code"));
+    if (!t || !*t)
+        t = "error";
+    size_t n = strlen(t);
+    if (n > 63)
+        n = 63;
+    memcpy(dst, t, n);
+    dst[n] = '\0';
+}
+
+/* Anthropic input: input_tokens plus both cache counts.  1 when
+ * input_tokens is present, 0 when absent, -1 on a bad value or overflow. */
+static int anthropic_input(const json_t *usage, int64_t *in)
+{
+    int64_t base = 0, cc = 0, cr = 0;
+    int rc = get_count(usage, "input_tokens", &base);
+    if (rc <= 0)
+        return rc;
+    if (get_count(usage, "cache_creation_input_tokens", &cc) < 0 ||
+        get_count(usage, "cache_read_input_tokens", &cr) < 0)
+        return -1;
+    if (__builtin_add_overflow(base, cc, in) ||
+        __builtin_add_overflow(*in, cr, in))
+        return -1;
+    return 1;
+}
+
+/* ------------------------------------------------------------ responses */
+
+int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out)
+{
+    int rc = -1;
+    memset(out, 0, sizeof *out);
+    json_t *root = load(body, len, 0);
+    if (!json_is_object(root))
+        goto done;
+    json_t *usage = json_object_get(root, "usage");
+    if (!usage || json_is_null(usage)) {
+        json_t *err = json_object_get(root, "error");
+        if (json_is_object(err))
+            copy_error(out->error, err);
+        rc = 0;
+        goto done;
+    }
+    if (!json_is_object(usage))
+        goto done;
+    int hi = get_count2(usage, "prompt_tokens", "input_tokens",
+                        &out->input_tokens);
+    int ho = get_count2(usage, "completion_tokens", "output_tokens",
+                        &out->output_tokens);
+    if (hi < 0 || ho < 0) {
+        memset(out, 0, sizeof *out);
+        goto done;
+    }
+    out->have_input = hi;
+    out->have_output = ho;
+    rc = hi || ho;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
+                          int *is_usage_only)
+{
+    int rc = -1;
+    json_t *root = NULL;
+    if (is_usage_only)
+        *is_usage_only = 0;
+    while (len && (data[0] == ' ' || data[0] == '\t' || data[0] == '\n' ||
+                   data[0] == '\r')) {
+        data++;
+        len--;
+    }
+    while (len && (data[len - 1] == ' ' || data[len - 1] == '\t' ||
+                   data[len - 1] == '\n' || data[len - 1] == '\r'))
+        len--;
+    if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
+        return 2;
+    root = load(data, len, 0);
+    if (!json_is_object(root))
+        goto done;
+    json_t *err = json_object_get(root, "error");
+    if (json_is_object(err)) {
+        copy_error(out->error, err);
+        rc = -2;
+        goto done;
+    }
+    json_t *usage = json_object_get(root, "usage");
+    if (!usage || json_is_null(usage)) {
+        rc = 0;
+        goto done;
+    }
+    if (!json_is_object(usage))
+        goto done;
+    int64_t in = 0, outt = 0;
+    int hi = get_count2(usage, "prompt_tokens", "input_tokens", &in);
+    int ho = get_count2(usage, "completion_tokens", "output_tokens", &outt);
+    if (hi < 0 || ho < 0)
+        goto done;
+    if (hi) {
+        out->input_tokens = in;
+        out->have_input = 1;
+    }
+    if (ho) {
+        out->output_tokens = outt;
+        out->have_output = 1;
+    }
+    json_t *choices = json_object_get(root, "choices");
+    if (is_usage_only)
+        *is_usage_only =
+            json_is_array(choices) && json_array_size(choices) == 0;
+    rc = 1;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int qg_usage_anthropic_json(const char *body, size_t len,
+                            qg_usage_counts *out)
+{
+    int rc = -1;
+    memset(out, 0, sizeof *out);
+    json_t *root = load(body, len, 0);
+    if (!json_is_object(root))
+        goto done;
+    const char *type = json_string_value(json_object_get(root, "type"));
+    if (type && strcmp(type, "error") == 0) {
+        copy_error(out->error, json_object_get(root, "error"));
+        rc = 0;
+        goto done;
+    }
+    json_t *usage = json_object_get(root, "usage");
+    if (!usage || json_is_null(usage)) {
+        rc = 0;
+        goto done;
+    }
+    if (!json_is_object(usage))
+        goto done;
+    int hi = anthropic_input(usage, &out->input_tokens);
+    int ho = get_count(usage, "output_tokens", &out->output_tokens);
+    if (hi < 0 || ho < 0) {
+        memset(out, 0, sizeof *out);
+        goto done;
+    }
+    out->have_input = hi;
+    out->have_output = ho;
+    rc = hi || ho;
+done:
+    json_decref(root);
+    return rc;
+}
+
+/* Read one Anthropic usage object into acc.  Its counts are totals so
+ * far (message_delta's are cumulative), so they replace acc's.  Returns
+ * 1 when a count was present, 0 when none, -1 when malformed. */
+static int anthropic_usage_into(const json_t *usage, qg_usage_counts *acc)
+{
+    int64_t in = 0, outt = 0;
+    if (!usage || json_is_null(usage))
+        return 0;
+    if (!json_is_object(usage))
+        return -1;
+    int hi = anthropic_input(usage, &in);
+    int ho = get_count(usage, "output_tokens", &outt);
+    if (hi < 0 || ho < 0)
+        return -1;
+    if (hi) {
+        acc->input_tokens = in;
+        acc->have_input = 1;
+    }
+    if (ho) {   /* cumulative: the last value wins, never a sum */
+        acc->output_tokens = outt;
+        acc->have_output = 1;
+    }
+    return hi || ho;
+}
+
+int qg_usage_anthropic_event(const char *event, size_t elen, const char *data,
+                             size_t dlen, qg_usage_counts *acc)
+{
+    int rc = -1;
+    char name[32];
+    json_t *root = load(data, dlen, 0);
+    if (!json_is_object(root))
+        goto done;
+    /* the payload's "type" is authoritative; the SSE type is the fallback */
+    const char *t = json_string_value(json_object_get(root, "type"));
+    if (!t) {
+        size_t n = event && elen < sizeof name ? elen : 0;
+        if (n)
+            memcpy(name, event, n);
+        name[n] = '\0';
+        t = name;
+    }
+    if (strcmp(t, "message_start") == 0) {
+        json_t *msg = json_object_get(root, "message");
+        if (msg && !json_is_object(msg))
+            goto done;
+        rc = anthropic_usage_into(json_object_get(msg, "usage"), acc);
+    } else if (strcmp(t, "message_delta") == 0) {
+        rc = anthropic_usage_into(json_object_get(root, "usage"), acc);
+    } else if (strcmp(t, "message_stop") == 0) {
+        rc = 2;
+    } else if (strcmp(t, "error") == 0) {
+        copy_error(acc->error, json_object_get(root, "error"));
+        rc = -2;
+    } else {
+        rc = 0;
+    }
+done:
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------- requests */
+
+/* Bytes of prompt text in a content value: a string, or an array of parts
+ * whose "text" counts and, at the first level, whose own "content" (an
+ * Anthropic tool_result) is counted the same way. */
+static int64_t content_bytes(const json_t *c, int depth)
+{
+    int64_t n = 0;
+    size_t i;
+    json_t *part;
+    if (json_is_string(c))
+        return (int64_t)json_string_length(c);
+    if (!json_is_array(c))
+        return 0;
+    json_array_foreach(c, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (json_is_string(text))
+            n += (int64_t)json_string_length(text);
+        else if (depth == 0)
+            n += content_bytes(json_object_get(part, "content"), 1);
+    }
+    return n;
+}
+
+int qg_request_fields(const char *body, size_t len, int shape,
+                      qg_request_info *out)
+{
+    int rc = QG_EINVAL;
+    memset(out, 0, sizeof *out);
+    out->max_output_tokens = -1;
+    json_t *root = load(body, len, JSON_REJECT_DUPLICATES);
+    if (!json_is_object(root) ||
+        (shape != QG_SHAPE_OPENAI && shape != QG_SHAPE_ANTHROPIC))
+        goto done;
+
+    json_t *model = json_object_get(root, "model");
+    size_t mlen = json_string_length(model);
+    if (!json_is_string(model) || mlen >= sizeof out->model ||
+        strlen(json_string_value(model)) != mlen)
+        goto done;
+    memcpy(out->model, json_string_value(model), mlen + 1);
+
+    json_t *stream = json_object_get(root, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream))
+        goto done;
+    out->stream = json_is_true(stream);
+
+    int have;
+    if (shape == QG_SHAPE_OPENAI)
+        have = get_count2(root, "max_completion_tokens", "max_tokens",
+                          &out->max_output_tokens);
+    else
+        have = get_count(root, "max_tokens", &out->max_output_tokens);
+    if (have < 0 || (have == 0 && shape == QG_SHAPE_ANTHROPIC))
+        goto done;
+    if (have == 0)
+        out->max_output_tokens = -1;
+
+    json_t *msgs = json_object_get(root, "messages"), *m;
+    size_t i;
+    if (msgs && !json_is_array(msgs) && !json_is_null(msgs))
+        goto done;
+    json_array_foreach(msgs, i, m)
+        out->input_bytes += content_bytes(json_object_get(m, "content"), 0);
+    out->input_bytes += content_bytes(json_object_get(root, "system"), 0);
+    out->input_tokens_estimate = (out->input_bytes + 3) / 4;
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc)
+        out->model[0] = '\0';
+    return rc;
+}
+
+/* Dump root compactly into a malloc'd text. */
+static int dump(json_t *root, char **out, size_t *outlen)
+{
+    char *s = json_dumps(root, JSON_COMPACT);
+    if (!s)
+        return QG_ENOMEM;
+    *out = s;
+    *outlen = strlen(s);  /* NULs inside strings are escaped as \u0000 */
+    return 0;
+}
+
+/* Set root's "model" to new_model: QG_EINVAL when it is not UTF-8. */
+static int set_model(json_t *root, const char *new_model)
+{
+    json_t *m = json_string(new_model);
+    if (!m)
+        return QG_EINVAL;
+    return json_object_set_new(root, "model", m) ? QG_ENOMEM : 0;
+}
+
+int qg_request_rewrite_openai(const char *body, size_t len, char **out,
+                              size_t *outlen, int *added_include_usage,
+                              const char *new_model)
+{
+    int rc = QG_EINVAL;
+    *out = NULL;
+    *outlen = 0;
+    if (added_include_usage)
+        *added_include_usage = 0;
+    json_t *root = load(body, len, JSON_REJECT_DUPLICATES);
+    if (!json_is_object(root))
+        goto done;
+    json_t *stream = json_object_get(root, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream))
+        goto done;
+    if (json_is_true(stream)) {
+        json_t *so = json_object_get(root, "stream_options");
+        int added = 0;
+        if (!so || json_is_null(so)) {
+            so = json_pack("{s:b}", "include_usage", 1);
+            if (!so || json_object_set_new(root, "stream_options", so)) {
+                rc = QG_ENOMEM;
+                goto done;
+            }
+            added = 1;
+        } else if (!json_is_object(so)) {
+            goto done;
+        } else if (!json_is_true(json_object_get(so, "include_usage"))) {
+            if (json_object_set_new(so, "include_usage", json_true())) {
+                rc = QG_ENOMEM;
+                goto done;
+            }
+            added = 1;
+        }
+        if (added_include_usage)
+            *added_include_usage = added;
+    }
+    if (new_model && (rc = set_model(root, new_model)) != 0)
+        goto done;
+    rc = dump(root, out, outlen);
+done:
+    json_decref(root);
+    if (rc && added_include_usage)
+        *added_include_usage = 0;
+    return rc;
+}
+
+int qg_request_replace_model(const char *body, size_t len,
+                             const char *new_model, char **out,
+                             size_t *outlen)
+{
+    int rc = QG_EINVAL;
+    *out = NULL;
+    *outlen = 0;
+    json_t *root = load(body, len, JSON_REJECT_DUPLICATES);
+    if (!json_is_object(root) || !new_model)
+        goto done;
+    if ((rc = set_model(root, new_model)) == 0)
+        rc = dump(root, out, outlen);
+done:
+    json_decref(root);
+    return rc;
+}
