@@ -20,11 +20,7 @@
 #include <unistd.h>
 
 #include "fixed.h"
-
-typedef struct result {
-    int rc;
-    char *out, *err;
-} result;
+#include "runcli.h"
 
 static const char *env(const char *name)
 {
@@ -32,67 +28,6 @@ static const char *env(const char *name)
     if (!v)
         fail_msg("%s is not set (run through tests/run.sh)", name);
     return v;
-}
-
-static char *slurp_fd(int fd)
-{
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    ssize_t n;
-    assert_non_null(buf);
-    lseek(fd, 0, SEEK_SET);
-    while ((n = read(fd, buf + len, cap - len - 1)) > 0) {
-        len += (size_t)n;
-        if (len + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-    }
-    buf[len] = '\0';
-    return buf;
-}
-
-/* Run $QG_BIN with the NULL-terminated arguments. */
-static result run(const char *arg0, ...)
-{
-    const char *argv[32];
-    char outp[] = "/tmp/qgcli.out.XXXXXX", errp[] = "/tmp/qgcli.err.XXXXXX";
-    int n = 0, ofd = mkstemp(outp), efd = mkstemp(errp), st;
-    va_list ap;
-    pid_t pid;
-    result r;
-
-    assert_true(ofd >= 0 && efd >= 0);
-    unlink(outp);
-    unlink(errp);
-    argv[n++] = env("QG_BIN");
-    va_start(ap, arg0);
-    for (const char *a = arg0; a && n < 31; a = va_arg(ap, const char *))
-        argv[n++] = a;
-    va_end(ap);
-    argv[n] = NULL;
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(ofd, 1);
-        dup2(efd, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    r.out = slurp_fd(ofd);
-    r.err = slurp_fd(efd);
-    close(ofd);
-    close(efd);
-    return r;
-}
-
-static void done(result *r)
-{
-    free(r->out);
-    free(r->err);
 }
 
 static char *path_in(const char *envname, const char *rel)
@@ -145,58 +80,60 @@ static void assert_matches(const char *text, const char *pattern)
 static void test_help_and_flags(void **state)
 {
     static const char *const cmds[] = { "analyze", "simulate", "lint" };
-    result r;
+    tst_cli_result r;
     size_t i;
     (void)state;
 
-    r = run("--help", NULL);
+    r = tst_cli_run("--help", NULL);
     assert_int_equal(r.rc, 0);
     for (i = 0; i < 3; i++)
         assert_non_null(strstr(r.out, cmds[i]));
-    done(&r);
-    r = run("--version", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("--version", NULL);
     assert_int_equal(r.rc, 0);
     assert_non_null(strstr(r.out, "quotagate "));
-    done(&r);
+    tst_cli_done(&r);
     for (i = 0; i < 3; i++) {
-        r = run(cmds[i], "--help", NULL);
+        r = tst_cli_run(cmds[i], "--help", NULL);
         assert_int_equal(r.rc, 0);
         assert_non_null(strstr(r.out, "usage: quotagate"));
         assert_non_null(strstr(r.out, "--config"));
-        done(&r);
+        tst_cli_done(&r);
     }
-    r = run(NULL);
+    r = tst_cli_run(NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("serve-nothing", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("serve-nothing", NULL);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "unknown command"));
-    done(&r);
-    r = run("analyze", "-c", EX("rules.yaml"), "--bogus", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("analyze", "-c", EX("rules.yaml"), "--bogus", NULL);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--bogus"));
-    done(&r);
-    r = run("analyze", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("analyze", NULL);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--config"));
-    done(&r);
-    r = run("analyze", "-c", EX("rules.yaml"), "--period", "soon", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("analyze", "-c", EX("rules.yaml"), "--period", "soon",
+                    NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("analyze", "-c", EX("rules.yaml"), "--baseline", "nope", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("analyze", "-c", EX("rules.yaml"), "--baseline", "nope",
+                    NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("simulate", "-c", EX("rules.yaml"), NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("simulate", "-c", EX("rules.yaml"), NULL);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--trace"));
-    done(&r);
-    r = run("simulate", "-c", EX("rules.yaml"), "--trace", EX("trace.csv"),
-            "--start", "yesterday", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("simulate", "-c", EX("rules.yaml"), "--trace",
+                    EX("trace.csv"), "--start", "yesterday", NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("lint", "-c", EX("rules.yaml"), "extra", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("lint", "-c", EX("rules.yaml"), "extra", NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
+    tst_cli_done(&r);
 }
 
 /* --------------------------------------------------------- analyze */
@@ -217,7 +154,8 @@ static void test_analyze_json(void **state)
     static const struct { const char *plan, *eff; } want[] = {
         { "pro", "1" }, { "max5", "3.5" }, { "max20", "6" },
     };
-    result r = run("analyze", "-c", EX("rules.yaml"), "--json", NULL);
+    tst_cli_result r = tst_cli_run("analyze", "-c", EX("rules.yaml"), "--json",
+                                   NULL);
     json_error_t je;
     json_t *root, *p, *c;
     size_t i, j;
@@ -261,12 +199,12 @@ static void test_analyze_json(void **state)
             assert_num(json_object_get(c, "ratio"), "3.5");
     }
     json_decref(root);
-    done(&r);
+    tst_cli_done(&r);
 }
 
 static void test_analyze_human(void **state)
 {
-    result r = run("analyze", "-c", EX("rules.yaml"), NULL);
+    tst_cli_result r = tst_cli_run("analyze", "-c", EX("rules.yaml"), NULL);
     const char *max5;
     (void)state;
     assert_int_equal(r.rc, 0);
@@ -276,7 +214,7 @@ static void test_analyze_human(void **state)
                                  "from the redeemable ratio (3.5x)"));
     assert_null(strstr(r.out, "MISMATCH"));
     assert_non_null(strstr(r.out, "binding: weekly"));
-    done(&r);
+    tst_cli_done(&r);
 }
 
 /* -------------------------------------------------------- simulate */
@@ -324,8 +262,9 @@ static void test_simulate_trace(void **state)
         { "r7", "reject" }, { "r8", "reject" }, { "r9", "reject" },
         { "r10", "allow" }, { "r11", "reject" }, { "r12", "allow" },
     };
-    result r = run("simulate", "-c", EX("rules.yaml"), "--trace",
-                   EX("trace.csv"), "--start", "2026-03-02T00:00:00Z", NULL);
+    tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
+                                   "--trace", EX("trace.csv"), "--start",
+                                   "2026-03-02T00:00:00Z", NULL);
     json_t **v, *sum, *bob;
     int n, i;
     (void)state;
@@ -361,15 +300,16 @@ static void test_simulate_trace(void **state)
                    "weight"),
                "48.5");
     free_lines(v, n);
-    done(&r);
+    tst_cli_done(&r);
 }
 
 /* The refused r7 retried exactly retry_after_s later is admitted; one
  * millisecond earlier it is still refused. */
 static void test_simulate_retry_exact(void **state)
 {
-    result r = run("simulate", "-c", EX("rules.yaml"), "--trace",
-                   EX("trace.csv"), "--start", "2026-03-02T00:00:00Z", NULL);
+    tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
+                                   "--trace", EX("trace.csv"), "--start",
+                                   "2026-03-02T00:00:00Z", NULL);
     char path[] = "/tmp/qgcli.trace.XXXXXX", t_at[32], t_before[32];
     json_t **v;
     int n, fd;
@@ -383,7 +323,7 @@ static void test_simulate_retry_exact(void **state)
     at = num_milli(json_object_get(v[6], "t")) +
          num_milli(json_object_get(v[6], "retry_after_s"));
     free_lines(v, n);
-    done(&r);
+    tst_cli_done(&r);
     qg_fixed_format(at, 3, t_at, sizeof t_at);
     qg_fixed_format(at - 1, 3, t_before, sizeof t_before);
 
@@ -398,8 +338,8 @@ static void test_simulate_retry_exact(void **state)
             "%s,bob,standard,3000,2500,r7-early\n"
             "%s,bob,standard,3000,2500,r7\n", t_before, t_at);
     fclose(f);
-    r = run("simulate", "-c", EX("rules.yaml"), "--trace", path, "--start",
-            "2026-03-02T00:00:00Z", NULL);
+    r = tst_cli_run("simulate", "-c", EX("rules.yaml"), "--trace", path,
+                    "--start", "2026-03-02T00:00:00Z", NULL);
     unlink(path);
     assert_int_equal(r.rc, 0);
     v = lines_of(r.out, &n);
@@ -410,14 +350,14 @@ static void test_simulate_retry_exact(void **state)
     assert_string_equal(sget(v[6], "request_id"), "r7");
     assert_string_equal(sget(v[6], "decision"), "allow");
     free_lines(v, n);
-    done(&r);
+    tst_cli_done(&r);
 }
 
 static void test_simulate_weights_and_quoting(void **state)
 {
-    result r = run("simulate", "-c", EX("rules.yaml"), "--trace",
-                   TD("cli/trace_weights.csv"), "--start",
-                   "2026-03-02T00:00:00Z", NULL);
+    tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
+                                   "--trace", TD("cli/trace_weights.csv"),
+                                   "--start", "2026-03-02T00:00:00Z", NULL);
     json_t **v;
     int n;
     (void)state;
@@ -433,7 +373,7 @@ static void test_simulate_weights_and_quoting(void **state)
                    "weight"),
                "3.5");
     free_lines(v, n);
-    done(&r);
+    tst_cli_done(&r);
 }
 
 static void test_simulate_bad_traces(void **state)
@@ -451,14 +391,14 @@ static void test_simulate_bad_traces(void **state)
     size_t i;
     (void)state;
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        result r = run("simulate", "-c", EX("rules.yaml"), "--trace",
-                       TD(bad[i].file), NULL);
+        tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
+                                       "--trace", TD(bad[i].file), NULL);
         assert_int_equal(r.rc, 2);
         if (!strstr(r.err, bad[i].want))
             fail_msg("%s: stderr \"%s\" lacks \"%s\"", bad[i].file, r.err,
                      bad[i].want);
         assert_string_equal(r.out, "");
-        done(&r);
+        tst_cli_done(&r);
     }
 }
 
@@ -466,16 +406,16 @@ static void test_simulate_bad_traces(void **state)
 
 static void test_lint_examples_clean(void **state)
 {
-    result r = run("lint", "-c", EX("rules.yaml"), NULL);
+    tst_cli_result r = tst_cli_run("lint", "-c", EX("rules.yaml"), NULL);
     (void)state;
     if (r.rc != 0)
         fail_msg("lint on examples: %s", r.out);
     assert_non_null(strstr(r.out, "0 findings"));
-    done(&r);
-    r = run("lint", "-c", EX("rules.yaml"), "--json", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("lint", "-c", EX("rules.yaml"), "--json", NULL);
     assert_int_equal(r.rc, 0);
     assert_non_null(strstr(r.out, "\"ok\": true"));
-    done(&r);
+    tst_cli_done(&r);
 }
 
 static void test_lint_findings(void **state)
@@ -500,10 +440,10 @@ static void test_lint_findings(void **state)
         json_error_t je;
         json_t *root, *f;
         int count = 0;
-        result r = cases[i].previous
-                       ? run("lint", "-c", TD(cases[i].file), "--previous",
-                             TD(cases[i].previous), "--json", NULL)
-                       : run("lint", "-c", TD(cases[i].file), "--json", NULL);
+        tst_cli_result r = cases[i].previous
+            ? tst_cli_run("lint", "-c", TD(cases[i].file), "--previous",
+                          TD(cases[i].previous), "--json", NULL)
+            : tst_cli_run("lint", "-c", TD(cases[i].file), "--json", NULL);
         assert_int_equal(r.rc, 1);
         root = json_loads(r.out, 0, &je);
         assert_non_null(root);
@@ -520,15 +460,16 @@ static void test_lint_findings(void **state)
         assert_int_equal(json_array_size(json_object_get(root, "findings")),
                          cases[i].previous ? 2 : (size_t)count);
         json_decref(root);
-        done(&r);
+        tst_cli_done(&r);
         /* human output: one "lint:" line per finding and the count */
-        r = cases[i].previous ? run("lint", "-c", TD(cases[i].file),
-                                    "--previous", TD(cases[i].previous), NULL)
-                              : run("lint", "-c", TD(cases[i].file), NULL);
+        r = cases[i].previous
+            ? tst_cli_run("lint", "-c", TD(cases[i].file), "--previous",
+                          TD(cases[i].previous), NULL)
+            : tst_cli_run("lint", "-c", TD(cases[i].file), NULL);
         assert_int_equal(r.rc, 1);
         assert_matches(r.out, "^lint: ");
         assert_matches(r.out, "^[0-9]+ findings?$");
-        done(&r);
+        tst_cli_done(&r);
     }
 }
 
@@ -539,12 +480,12 @@ static void check_bad_rules(const char *path)
     static const char *const cmds[] = { "lint", "analyze" };
     size_t i;
     for (i = 0; i < 2; i++) {
-        result r = run(cmds[i], "-c", path, NULL);
+        tst_cli_result r = tst_cli_run(cmds[i], "-c", path, NULL);
         if (r.rc != 2)
             fail_msg("%s %s: exit %d, expected 2", cmds[i], path, r.rc);
         assert_non_null(strstr(r.err, strrchr(path, '/') + 1));
         assert_matches(r.err, "\\.yaml:[0-9]+:[0-9]+: ");
-        done(&r);
+        tst_cli_done(&r);
     }
 }
 
@@ -573,15 +514,16 @@ static void test_bad_rules(void **state)
     }
     assert_true(seen >= 1);
     {
-        result r = run("lint", "-c", TD("cli/no_such_rules.yaml"), NULL);
+        tst_cli_result r = tst_cli_run("lint", "-c",
+                                       TD("cli/no_such_rules.yaml"), NULL);
         assert_int_equal(r.rc, 2);
         assert_non_null(strstr(r.err, "no_such_rules.yaml"));
-        done(&r);
-        r = run("lint", "-c", EX("rules.yaml"), "--previous",
-                TD("cli/bad_window_type.yaml"), NULL);
+        tst_cli_done(&r);
+        r = tst_cli_run("lint", "-c", EX("rules.yaml"), "--previous",
+                        TD("cli/bad_window_type.yaml"), NULL);
         assert_int_equal(r.rc, 2);
         assert_matches(r.err, "bad_window_type\\.yaml:8:[0-9]+: ");
-        done(&r);
+        tst_cli_done(&r);
     }
 }
 

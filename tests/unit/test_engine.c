@@ -20,7 +20,7 @@
 #include <cmocka.h>
 #include "quotagate.h"
 #include "rules.h"
-#include "tzfile.h"
+#include "ruletest.h"
 
 #define MIN_MS 60000LL
 #define HOUR_MS 3600000LL
@@ -70,15 +70,8 @@ typedef struct fixture {
 static fixture *fixture_new(const qg_memory_opts *mo)
 {
     static fixture f;
-    qg_rules *rules = NULL;
-    qg_diag diag;
-    char err[300];
+    qg_rules *rules = tst_rules_parse(rules_text);
 
-    if (qg_rules_parse(rules_text, strlen(rules_text), "test",
-                       qg_tz_load_system, NULL, &rules, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
-        fail_msg("rules: %s", err);
-    }
     f.store = qg_store_memory_new(mo);
     assert_non_null(f.store);
     f.eng = qg_engine_new(rules, f.store);

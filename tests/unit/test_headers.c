@@ -15,7 +15,7 @@
 #include "headers.h"
 #include "quotagate.h"
 #include "rules.h"
-#include "tzfile.h"
+#include "ruletest.h"
 
 #define NOW_MS 1772445600000LL /* 2026-03-02T10:00:00Z, a Monday */
 
@@ -38,33 +38,6 @@ static const char rules_text[] =
     "  acme: { windows: [ { name: monthly, type: calendar, every: month, anchor: billing, limit: 100000 } ] }\n"
     "default_plan: free\n";
 
-static qg_rules *load_rules(void)
-{
-    qg_rules *r = NULL;
-    qg_diag diag;
-    char err[300];
-    if (qg_rules_parse(rules_text, strlen(rules_text), "test",
-                       qg_tz_load_system, NULL, &r, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
-        fail_msg("rules: %s", err);
-    }
-    return r;
-}
-
-static void view(qg_decision *d, const char *name, int type, int unit,
-                 int org, int64_t limit, int64_t used, int64_t reset_at)
-{
-    qg_window_view *v = &d->views[d->nviews++];
-    v->name = name;
-    v->type = type;
-    v->unit = unit;
-    v->org = org;
-    v->limit_milli = limit;
-    v->used_milli = used;
-    v->remaining_milli = limit > used ? limit - used : 0;
-    v->reset_at_ms = reset_at;
-}
-
 /* The sample allow: some of every window used. */
 static void sample(qg_decision *d)
 {
@@ -76,12 +49,12 @@ static void sample(qg_decision *d)
     d->plan = "free";
     d->rules_version = "h1";
     d->weights_version = "w1";
-    view(d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 7000,
+    tst_decision_view(d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 7000,
          NOW_MS + 1233500);
-    view(d, "weekly", QG_WIN_CALENDAR, 0, 0, 400000, 16500,
+    tst_decision_view(d, "weekly", QG_WIN_CALENDAR, 0, 0, 400000, 16500,
          NOW_MS + 6 * 86400000LL + 14 * 3600000LL);
-    view(d, "rpm", QG_WIN_RATE, 1, 0, 20000, 1000, NOW_MS + 3000);
-    view(d, "concurrency", QG_WIN_CONCURRENCY, 1, 0, 2000, 1000,
+    tst_decision_view(d, "rpm", QG_WIN_RATE, 1, 0, 20000, 1000, NOW_MS + 3000);
+    tst_decision_view(d, "concurrency", QG_WIN_CONCURRENCY, 1, 0, 2000, 1000,
          NOW_MS + 600000);
 }
 
@@ -119,7 +92,7 @@ static void test_go_duration(void **state)
 
 static void test_allow_headers(void **state)
 {
-    qg_rules *r = load_rules();
+    qg_rules *r = tst_rules_parse(rules_text);
     qg_decision d;
     qg_hdr_buf b;
     (void)state;
@@ -151,7 +124,7 @@ static void test_allow_headers(void **state)
 
 static void test_refusal_headers(void **state)
 {
-    qg_rules *r = load_rules();
+    qg_rules *r = tst_rules_parse(rules_text);
     qg_decision d;
     qg_hdr_buf b;
     (void)state;
@@ -201,7 +174,7 @@ static void test_refusal_headers(void **state)
  * windows and NULL rules still give q, r and t; nothing used gives t=0. */
 static void test_org_and_lookup(void **state)
 {
-    qg_rules *r = load_rules();
+    qg_rules *r = tst_rules_parse(rules_text);
     qg_decision d;
     qg_hdr_buf b;
     (void)state;
@@ -211,10 +184,10 @@ static void test_org_and_lookup(void **state)
     d.binding = -1;
     d.plan = "free";
     d.org = "acme";
-    view(&d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 0, 0);
-    view(&d, "monthly", QG_WIN_CALENDAR, 0, 1, 100000000, 2500,
+    tst_decision_view(&d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 0, 0);
+    tst_decision_view(&d, "monthly", QG_WIN_CALENDAR, 0, 1, 100000000, 2500,
          NOW_MS - 1);
-    view(&d, "gone", QG_WIN_ROLLING, 0, 0, 10500, 0, 0);
+    tst_decision_view(&d, "gone", QG_WIN_ROLLING, 0, 0, 10500, 0, 0);
     assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit-Policy"),
                         "\"burst_5h\";q=50;w=18000, \"org.monthly\";q=100000;w=2678400, "
@@ -254,7 +227,8 @@ static void test_overflow(void **state)
     for (int i = 0; i < QG_MAX_VIEWS; i++) {
         memset(names[i], 'x', 69);
         names[i][69] = '\0';
-        view(&d, names[i], QG_WIN_ROLLING, 0, 0, 1000000000000LL, 0, 0);
+        tst_decision_view(&d, names[i], QG_WIN_ROLLING, 0, 0, 1000000000000LL,
+                          0, 0);
     }
     assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), -1);
     assert_int_equal(b.n, 0);

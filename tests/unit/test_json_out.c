@@ -16,7 +16,7 @@
 #include "json_out.h"
 #include "quotagate.h"
 #include "rules.h"
-#include "tzfile.h"
+#include "ruletest.h"
 
 #define NOW_MS 1772445600000LL /* 2026-03-02T10:00:00Z, a Monday */
 #define NEXT_MONDAY_MS 1773014400000LL /* 2026-03-09T00:00:00Z */
@@ -49,33 +49,6 @@ static const char rules_text[] =
     "  acme: { windows: [ { name: monthly, type: calendar, every: month, anchor: billing, limit: 100000 } ] }\n"
     "default_plan: free\n";
 
-static qg_rules *load_rules(void)
-{
-    qg_rules *r = NULL;
-    qg_diag diag;
-    char err[300];
-    if (qg_rules_parse(rules_text, strlen(rules_text), "test",
-                       qg_tz_load_system, NULL, &r, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
-        fail_msg("rules: %s", err);
-    }
-    return r;
-}
-
-static void view(qg_decision *d, const char *name, int type, int unit,
-                 int org, int64_t limit, int64_t used, int64_t reset_at)
-{
-    qg_window_view *v = &d->views[d->nviews++];
-    v->name = name;
-    v->type = type;
-    v->unit = unit;
-    v->org = org;
-    v->limit_milli = limit;
-    v->used_milli = used;
-    v->remaining_milli = limit > used ? limit - used : 0;
-    v->reset_at_ms = reset_at;
-}
-
 static void sample(qg_decision *d)
 {
     memset(d, 0, sizeof *d);
@@ -88,10 +61,12 @@ static void sample(qg_decision *d)
     d->model = "light";
     d->rules_version = "j1";
     d->weights_version = "w1";
-    view(d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 7000, NOW_MS + 1233500);
-    view(d, "weekly", QG_WIN_CALENDAR, 0, 0, 400000, 383500, NEXT_MONDAY_MS);
-    view(d, "rpm", QG_WIN_RATE, 1, 0, 20000, 1000, NOW_MS + 3000);
-    view(d, "monthly", QG_WIN_CALENDAR, 0, 1, 100000000, 0, 0);
+    tst_decision_view(d, "burst_5h", QG_WIN_ROLLING, 0, 0, 50000, 7000,
+                      NOW_MS + 1233500);
+    tst_decision_view(d, "weekly", QG_WIN_CALENDAR, 0, 0, 400000, 383500,
+                      NEXT_MONDAY_MS);
+    tst_decision_view(d, "rpm", QG_WIN_RATE, 1, 0, 20000, 1000, NOW_MS + 3000);
+    tst_decision_view(d, "monthly", QG_WIN_CALENDAR, 0, 1, 100000000, 0, 0);
 }
 
 /* Parse text (and free it), failing the test when it is not JSON. */
@@ -379,7 +354,7 @@ static json_t *find(json_t *arr, const char *name)
 
 static void test_plans(void **state)
 {
-    qg_rules *r = load_rules();
+    qg_rules *r = tst_rules_parse(rules_text);
     (void)state;
     char *text = qg_json_plans(r);
     assert_non_null(strstr(text, "\"price_usd_month\":19.99,"));
@@ -436,7 +411,7 @@ static void test_plans(void **state)
 
 static void test_weights(void **state)
 {
-    qg_rules *r = load_rules();
+    qg_rules *r = tst_rules_parse(rules_text);
     (void)state;
     char *text = qg_json_weights(r);
     assert_string_equal(

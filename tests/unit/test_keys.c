@@ -21,6 +21,7 @@
 #include "quotagate.h"
 #include "keys.h"
 #include "ledger.h"
+#include "runcli.h"
 
 #define NOW_MS 1780000000000LL
 
@@ -201,75 +202,6 @@ static void test_keys_differ(void **state)
 
 /* ------------------------------------------------------------ the CLI */
 
-typedef struct result {
-    int rc;
-    char *out, *err;
-} result;
-
-static char *slurp_fd(int fd)
-{
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    ssize_t n;
-    assert_non_null(buf);
-    lseek(fd, 0, SEEK_SET);
-    while ((n = read(fd, buf + len, cap - len - 1)) > 0) {
-        len += (size_t)n;
-        if (len + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-    }
-    buf[len] = '\0';
-    return buf;
-}
-
-static result run(const char *arg0, ...)
-{
-    const char *argv[32], *bin = getenv("QG_BIN");
-    char outp[] = "/tmp/qgkeys.out.XXXXXX", errp[] = "/tmp/qgkeys.err.XXXXXX";
-    int n = 0, ofd, efd, st;
-    va_list ap;
-    pid_t pid;
-    result r;
-
-    if (!bin)
-        fail_msg("QG_BIN is not set (run through tests/run.sh)");
-    ofd = mkstemp(outp);
-    efd = mkstemp(errp);
-    assert_true(ofd >= 0 && efd >= 0);
-    unlink(outp);
-    unlink(errp);
-    argv[n++] = bin;
-    va_start(ap, arg0);
-    for (const char *a = arg0; a && n < 31; a = va_arg(ap, const char *))
-        argv[n++] = a;
-    va_end(ap);
-    argv[n] = NULL;
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(ofd, 1);
-        dup2(efd, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    r.out = slurp_fd(ofd);
-    r.err = slurp_fd(efd);
-    close(ofd);
-    close(efd);
-    return r;
-}
-
-static void done(result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
 /* The last line of text, without its newline. */
 static void last_line(const char *text, char *out, size_t cap)
 {
@@ -287,26 +219,27 @@ static void test_cli_keys(void **state)
 {
     char dir[] = "/tmp/qgkeyscli.XXXXXX", data[96], db[128], key[128],
          id[32], key2[128], id2[32];
-    result r;
+    tst_cli_result r;
     (void)state;
 
     assert_non_null(mkdtemp(dir));
     snprintf(data, sizeof data, "%s/var/x", dir);   /* created */
-    r = run("keys", "create", "alice", "--data", data, NULL);
+    r = tst_cli_run("keys", "create", "alice", "--data", data, NULL);
     assert_int_equal(r.rc, 0);
     last_line(r.out, key, sizeof key);
     assert_int_equal(strlen(key), QG_KEY_LEN);
     assert_int_equal(qg_key_parse_id(key, id, sizeof id), 0);
     assert_non_null(strstr(r.out, "alice"));
-    done(&r);
+    tst_cli_done(&r);
 
-    r = run("keys", "create", "--role", "service", "--data", data, NULL);
+    r = tst_cli_run("keys", "create", "--role", "service", "--data", data,
+                    NULL);
     assert_int_equal(r.rc, 0);
     last_line(r.out, key2, sizeof key2);
     assert_int_equal(qg_key_parse_id(key2, id2, sizeof id2), 0);
-    done(&r);
+    tst_cli_done(&r);
 
-    r = run("keys", "list", "--data", data, NULL);
+    r = tst_cli_run("keys", "list", "--data", data, NULL);
     assert_int_equal(r.rc, 0);
     assert_non_null(strstr(r.out, id));
     assert_non_null(strstr(r.out, id2));
@@ -315,7 +248,7 @@ static void test_cli_keys(void **state)
     assert_null(strstr(r.out, key));
     assert_null(strstr(r.out, key + 17));   /* not even the secret */
     assert_null(strstr(r.out, key2 + 17));
-    done(&r);
+    tst_cli_done(&r);
 
     /* the stored record verifies the printed key */
     snprintf(db, sizeof db, "sqlite:%s/ledger.db", data);
@@ -330,15 +263,15 @@ static void test_cli_keys(void **state)
         qg_ledger_close(l);
     }
 
-    r = run("keys", "revoke", id, "--ledger", db, NULL);
+    r = tst_cli_run("keys", "revoke", id, "--ledger", db, NULL);
     assert_int_equal(r.rc, 0);
-    done(&r);
-    r = run("keys", "list", "--json", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "list", "--json", "--data", data, NULL);
     assert_int_equal(r.rc, 0);
     assert_non_null(strstr(r.out, "\"revoked\": \"20"));   /* alice's */
     assert_non_null(strstr(r.out, "\"revoked\": null"));   /* service */
     assert_null(strstr(r.out, key + 17));
-    done(&r);
+    tst_cli_done(&r);
     {
         char err[256];
         qg_key_rec rec;
@@ -350,38 +283,39 @@ static void test_cli_keys(void **state)
         qg_ledger_close(l);
     }
 
-    r = run("keys", "revoke", "ffffffffffff", "--data", data, NULL);
+    r = tst_cli_run("keys", "revoke", "ffffffffffff", "--data", data, NULL);
     assert_int_equal(r.rc, 1);
     assert_non_null(strstr(r.err, "ffffffffffff"));
-    done(&r);
+    tst_cli_done(&r);
 
     /* bad usage: exit 2 */
-    r = run("keys", "--data", data, NULL);
+    r = tst_cli_run("keys", "--data", data, NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "create", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "create", "--data", data, NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "create", "bob", "--role", "root", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "create", "bob", "--role", "root", "--data", data,
+                    NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "revoke", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "revoke", "--data", data, NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "drop", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "drop", "--data", data, NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "list", "extra", "more", "--data", data, NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "list", "extra", "more", "--data", data, NULL);
     assert_int_equal(r.rc, 2);
-    done(&r);
-    r = run("keys", "list", "--ledger", "postgresql://h/db", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "list", "--ledger", "postgresql://h/db", NULL);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "not supported"));
-    done(&r);
-    r = run("keys", "--help", NULL);
+    tst_cli_done(&r);
+    r = tst_cli_run("keys", "--help", NULL);
     assert_int_equal(r.rc, 0);
     assert_non_null(strstr(r.out, "--role"));
-    done(&r);
+    tst_cli_done(&r);
 
     {
         char cmd[256];

@@ -8,69 +8,31 @@
 #include <string.h>
 #include <cmocka.h>
 #include "window.h"
-
-static qg_window_spec conc_spec(int64_t slots, int64_t ttl)
-{
-    qg_window_spec s;
-    memset(&s, 0, sizeof s);
-    s.name = (char *)"concurrency";
-    s.type = QG_WIN_CONCURRENCY;
-    s.limit_milli = slots * 1000;
-    s.lease_ttl_ms = ttl;
-    return s;
-}
-
-static int64_t admit(const qg_window_spec *s, qg_win_state *st, int64_t now)
-{
-    qg_win_ctx c = { .now_ms = now };
-    return qg_win_admit_at(s, st, &c, qg_win_amount(s, 5555));
-}
-
-static int charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                  uint64_t rid)
-{
-    qg_win_ctx c = { .now_ms = now, .rid = rid };
-    return qg_win_charge(s, st, &c, qg_win_amount(s, 5555));
-}
-
-static int release(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                   uint64_t rid)
-{
-    qg_win_ctx c = { .now_ms = now, .rid = rid };
-    return qg_win_release(s, st, &c);
-}
-
-static qg_window_view view(const qg_window_spec *s, qg_win_state *st,
-                           int64_t now)
-{
-    qg_win_ctx c = { .now_ms = now };
-    qg_window_view v;
-    qg_win_view(s, st, &c, &v);
-    return v;
-}
+#include "wintest.h"
 
 static void test_slots_and_expiry(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(2, 10000);
+    qg_window_spec s = tst_conc_spec(2, 10000);
     qg_win_state st = { 0 };
     assert_int_equal(qg_win_amount(&s, 5555), 1000);
-    assert_int_equal(admit(&s, &st, 1000), 1000);
-    assert_int_equal(charge(&s, &st, 1000, 11), 0);
-    assert_int_equal(admit(&s, &st, 2000), 2000);
-    assert_int_equal(charge(&s, &st, 2000, 22), 0);
-    assert_int_equal(admit(&s, &st, 3000), 11000);
-    assert_int_equal(admit(&s, &st, 10999), 11000);
-    assert_int_equal(view(&s, &st, 10999).used_milli, 2000);
-    assert_int_equal(admit(&s, &st, 11000), 11000);      /* lease 11 gone */
-    qg_window_view v = view(&s, &st, 11000);
+    assert_int_equal(tst_conc_admit(&s, &st, 1000), 1000);
+    assert_int_equal(tst_conc_charge(&s, &st, 1000, 11), 0);
+    assert_int_equal(tst_conc_admit(&s, &st, 2000), 2000);
+    assert_int_equal(tst_conc_charge(&s, &st, 2000, 22), 0);
+    assert_int_equal(tst_conc_admit(&s, &st, 3000), 11000);
+    assert_int_equal(tst_conc_admit(&s, &st, 10999), 11000);
+    assert_int_equal(tst_win_view(&s, &st, 10999).used_milli, 2000);
+    /* lease 11 gone */
+    assert_int_equal(tst_conc_admit(&s, &st, 11000), 11000);
+    qg_window_view v = tst_win_view(&s, &st, 11000);
     assert_int_equal(v.used_milli, 1000);
     assert_int_equal(v.limit_milli, 2000);
     assert_int_equal(v.remaining_milli, 1000);
     assert_int_equal(v.reset_at_ms, 12000);
     assert_int_equal(v.unit, QG_UNIT_REQUESTS);
     assert_int_equal(v.type, QG_WIN_CONCURRENCY);
-    v = view(&s, &st, 12000);
+    v = tst_win_view(&s, &st, 12000);
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, 0);
     qg_win_free(&s, &st);
@@ -79,34 +41,34 @@ static void test_slots_and_expiry(void **state)
 static void test_release(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(2, 10000);
+    qg_window_spec s = tst_conc_spec(2, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 1000, 11);
-    charge(&s, &st, 1000, 22);
-    assert_int_equal(admit(&s, &st, 1500), 11000);
-    assert_int_equal(release(&s, &st, 1500, 22), 1);
-    assert_int_equal(release(&s, &st, 1500, 22), 0);
-    assert_int_equal(release(&s, &st, 1500, 99), 0);
-    assert_int_equal(admit(&s, &st, 1500), 1500);
-    assert_int_equal(view(&s, &st, 1500).used_milli, 1000);
+    tst_conc_charge(&s, &st, 1000, 11);
+    tst_conc_charge(&s, &st, 1000, 22);
+    assert_int_equal(tst_conc_admit(&s, &st, 1500), 11000);
+    assert_int_equal(tst_conc_release(&s, &st, 1500, 22), 1);
+    assert_int_equal(tst_conc_release(&s, &st, 1500, 22), 0);
+    assert_int_equal(tst_conc_release(&s, &st, 1500, 99), 0);
+    assert_int_equal(tst_conc_admit(&s, &st, 1500), 1500);
+    assert_int_equal(tst_win_view(&s, &st, 1500).used_milli, 1000);
     /* an expired lease cannot be released */
-    assert_int_equal(release(&s, &st, 11000, 11), 0);
+    assert_int_equal(tst_conc_release(&s, &st, 11000, 11), 0);
     /* release is a no-op for other window types */
-    qg_window_spec r = conc_spec(2, 0);
+    qg_window_spec r = tst_conc_spec(2, 0);
     r.type = QG_WIN_SESSION;
     qg_win_state rs = { 0 };
-    assert_int_equal(release(&r, &rs, 1, 11), 0);
+    assert_int_equal(tst_conc_release(&r, &rs, 1, 11), 0);
     qg_win_free(&s, &st);
 }
 
 static void test_same_rid_refreshes(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(2, 10000);
+    qg_window_spec s = tst_conc_spec(2, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 1000, 7);
-    charge(&s, &st, 5000, 7);
-    qg_window_view v = view(&s, &st, 5000);
+    tst_conc_charge(&s, &st, 1000, 7);
+    tst_conc_charge(&s, &st, 5000, 7);
+    qg_window_view v = tst_win_view(&s, &st, 5000);
     assert_int_equal(v.used_milli, 1000);
     assert_int_equal(v.reset_at_ms, 15000);
     qg_win_free(&s, &st);
@@ -115,36 +77,37 @@ static void test_same_rid_refreshes(void **state)
 static void test_never_default_ttl(void **state)
 {
     (void)state;
-    qg_window_spec z = conc_spec(0, 0);
+    qg_window_spec z = tst_conc_spec(0, 0);
     qg_win_state st = { 0 };
-    assert_int_equal(admit(&z, &st, 1000), QG_NEVER);
+    assert_int_equal(tst_conc_admit(&z, &st, 1000), QG_NEVER);
     qg_win_ctx c = { .now_ms = 1000 };
     assert_int_equal(qg_win_admit_at(&z, &st, &c, 0), 1000);
     qg_win_free(&z, &st);
 
-    qg_window_spec s = conc_spec(1, 0);             /* ttl 15 min */
-    charge(&s, &st, 1000, 1);
-    assert_int_equal(admit(&s, &st, 1000), 1000 + 15 * 60 * 1000);
+    qg_window_spec s = tst_conc_spec(1, 0);             /* ttl 15 min */
+    tst_conc_charge(&s, &st, 1000, 1);
+    assert_int_equal(tst_conc_admit(&s, &st, 1000), 1000 + 15 * 60 * 1000);
     qg_win_free(&s, &st);
 }
 
 static void test_hard_cap_and_bytes(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(1, 10000);
+    qg_window_spec s = tst_conc_spec(1, 10000);
     qg_win_state st = { 0 };
     int rc = 0, n = 0;
     /* forced charges beyond the slots: the array stops at slots + slack */
-    while ((rc = charge(&s, &st, 1000, (uint64_t)n + 1)) == 0 && n < 1000)
+    while ((rc = tst_conc_charge(&s, &st, 1000, (uint64_t)n + 1)) == 0 &&
+           n < 1000)
         n++;
     assert_int_equal(rc, QG_EFULL);
     assert_int_equal(n, 17);
     assert_int_equal(qg_win_bytes(&s, &st), st.u.conc.cap * sizeof(qg_lease));
     assert_true(st.u.conc.cap <= 17);
     /* with 17 leases on 1 slot, 17 must go: all expire at 11000 */
-    assert_int_equal(admit(&s, &st, 2000), 11000);
+    assert_int_equal(tst_conc_admit(&s, &st, 2000), 11000);
     /* once they expire there is room again */
-    assert_int_equal(charge(&s, &st, 11000, 999), 0);
+    assert_int_equal(tst_conc_charge(&s, &st, 11000, 999), 0);
     qg_win_free(&s, &st);
     assert_int_equal(qg_win_bytes(&s, &st), 0);
     assert_null(st.u.conc.leases);
@@ -153,25 +116,25 @@ static void test_hard_cap_and_bytes(void **state)
 static void test_overfull_and_recovery(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(2, 10000);
+    qg_window_spec s = tst_conc_spec(2, 10000);
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 3500 };
     qg_recovery_point p[4];
     qg_win_state empty = { 0 };
     assert_int_equal(qg_win_recovery(&s, &empty, &c, p, 4), 0);
-    charge(&s, &st, 3000, 3);      /* out of order on purpose */
-    charge(&s, &st, 1000, 1);      /* clamped to 3000 */
-    charge(&s, &st, 3000, 2);
+    tst_conc_charge(&s, &st, 3000, 3);      /* out of order on purpose */
+    tst_conc_charge(&s, &st, 1000, 1);      /* clamped to 3000 */
+    tst_conc_charge(&s, &st, 3000, 2);
     /* all three expire at 13000 */
-    assert_int_equal(admit(&s, &st, 3500), 13000);
+    assert_int_equal(tst_conc_admit(&s, &st, 3500), 13000);
     qg_win_free(&s, &st);
 
-    charge(&s, &st, 1000, 1);
-    charge(&s, &st, 2000, 2);
-    charge(&s, &st, 3000, 3);      /* forced: 3 leases on 2 slots */
+    tst_conc_charge(&s, &st, 1000, 1);
+    tst_conc_charge(&s, &st, 2000, 2);
+    tst_conc_charge(&s, &st, 3000, 3);      /* forced: 3 leases on 2 slots */
     /* two must go for one slot: the second expiry */
-    assert_int_equal(admit(&s, &st, 3500), 12000);
-    assert_int_equal(admit(&s, &st, 11999), 12000);
+    assert_int_equal(tst_conc_admit(&s, &st, 3500), 12000);
+    assert_int_equal(tst_conc_admit(&s, &st, 11999), 12000);
     assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 2);
     assert_int_equal(p[0].at_ms, 12000);          /* 11000 frees nothing */
     assert_int_equal(p[0].remaining_milli, 1000);
@@ -180,20 +143,20 @@ static void test_overfull_and_recovery(void **state)
     assert_int_equal(qg_win_recovery(&s, &st, &c, p, 1), 1);
     assert_int_equal(p[0].at_ms, 13000);
     assert_int_equal(p[0].remaining_milli, 2000);
-    assert_int_equal(admit(&s, &st, 12000), 12000);
+    assert_int_equal(tst_conc_admit(&s, &st, 12000), 12000);
     qg_win_free(&s, &st);
 }
 
 static void test_time_backwards(void **state)
 {
     (void)state;
-    qg_window_spec s = conc_spec(1, 10000);
+    qg_window_spec s = tst_conc_spec(1, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 5000, 1);
-    assert_int_equal(admit(&s, &st, 1000), 15000);
-    assert_int_equal(view(&s, &st, 16000).used_milli, 0);
-    charge(&s, &st, 2000, 2);      /* clamped to 16000 */
-    assert_int_equal(view(&s, &st, 2000).reset_at_ms, 26000);
+    tst_conc_charge(&s, &st, 5000, 1);
+    assert_int_equal(tst_conc_admit(&s, &st, 1000), 15000);
+    assert_int_equal(tst_win_view(&s, &st, 16000).used_milli, 0);
+    tst_conc_charge(&s, &st, 2000, 2);      /* clamped to 16000 */
+    assert_int_equal(tst_win_view(&s, &st, 2000).reset_at_ms, 26000);
     qg_win_free(&s, &st);
 }
 

@@ -8,80 +8,44 @@
 #include <string.h>
 #include <cmocka.h>
 #include "window.h"
-
-static qg_window_spec rate_spec(int64_t limit, int64_t per, int64_t burst,
-                                qg_unit unit)
-{
-    qg_window_spec s;
-    memset(&s, 0, sizeof s);
-    s.name = (char *)"rpm";
-    s.type = QG_WIN_RATE;
-    s.unit = unit;
-    s.limit_milli = limit;
-    s.length_ms = per;
-    s.burst_milli = burst;
-    return s;
-}
-
-static int64_t admit(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                     int64_t a)
-{
-    qg_win_ctx c = { .now_ms = now };
-    return qg_win_admit_at(s, st, &c, a);
-}
-
-static void charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                   int64_t a)
-{
-    qg_win_ctx c = { .now_ms = now };
-    assert_int_equal(qg_win_charge(s, st, &c, a), 0);
-}
-
-static qg_window_view view(const qg_window_spec *s, qg_win_state *st,
-                           int64_t now)
-{
-    qg_win_ctx c = { .now_ms = now };
-    qg_window_view v;
-    qg_win_view(s, st, &c, &v);
-    return v;
-}
+#include "wintest.h"
 
 /* Admission answers t: asserts one ms earlier is refused, t admits. */
 static void check_retry(const qg_window_spec *s, const qg_win_state *st,
                         int64_t now, int64_t a, int64_t want)
 {
     qg_win_state a1 = *st, a2 = *st;   /* rate state has no heap part */
-    assert_int_equal(admit(s, &a1, now, a), want);
+    assert_int_equal(tst_win_admit(s, &a1, now, a), want);
     if (want > now) {
-        assert_int_equal(admit(s, &a2, want - 1, a), want);
+        assert_int_equal(tst_win_admit(s, &a2, want - 1, a), want);
         a2 = *st;
     }
-    assert_int_equal(admit(s, &a2, want, a), want);
+    assert_int_equal(tst_win_admit(s, &a2, want, a), want);
 }
 
 static void test_burst_then_steady(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
     int64_t a = qg_win_amount(&s, 123456);    /* requests: always 1000 */
     assert_int_equal(a, 1000);
     const int64_t t0 = 100000;
     for (int i = 0; i < 10; i++) {
-        assert_int_equal(admit(&s, &st, t0, a), t0);
-        charge(&s, &st, t0, a);
+        assert_int_equal(tst_win_admit(&s, &st, t0, a), t0);
+        tst_win_charge(&s, &st, t0, a);
     }
     check_retry(&s, &st, t0, a, t0 + 6000);   /* the 11th */
-    charge(&s, &st, t0 + 6000, a);
+    tst_win_charge(&s, &st, t0 + 6000, a);
     check_retry(&s, &st, t0 + 6000, a, t0 + 12000);
     /* steady: one every 6 s */
     for (int i = 2; i < 20; i++) {
         int64_t t = t0 + 6000 * i;
-        assert_int_equal(admit(&s, &st, t - 1, a), t);
-        assert_int_equal(admit(&s, &st, t, a), t);
-        charge(&s, &st, t, a);
+        assert_int_equal(tst_win_admit(&s, &st, t - 1, a), t);
+        assert_int_equal(tst_win_admit(&s, &st, t, a), t);
+        tst_win_charge(&s, &st, t, a);
     }
-    qg_window_view v = view(&s, &st, t0 + 6000 * 19);
+    qg_window_view v = tst_win_view(&s, &st, t0 + 6000 * 19);
     assert_int_equal(v.limit_milli, 10000);
     assert_int_equal(v.used_milli, 10000);
     assert_int_equal(v.remaining_milli, 0);
@@ -91,46 +55,46 @@ static void test_burst_then_steady(void **state)
 static void test_custom_burst_and_never(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 5000, QG_UNIT_REQUESTS);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 5000, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(admit(&s, &st, 1000, 1000), 1000);
-        charge(&s, &st, 1000, 1000);
+        assert_int_equal(tst_win_admit(&s, &st, 1000, 1000), 1000);
+        tst_win_charge(&s, &st, 1000, 1000);
     }
     check_retry(&s, &st, 1000, 1000, 7000);
-    assert_int_equal(admit(&s, &st, 1000, 5001), QG_NEVER);
-    assert_int_equal(admit(&s, &st, 1000, 5000), 31000);
-    assert_int_equal(admit(&s, &st, 1000, 0), 1000);
+    assert_int_equal(tst_win_admit(&s, &st, 1000, 5001), QG_NEVER);
+    assert_int_equal(tst_win_admit(&s, &st, 1000, 5000), 31000);
+    assert_int_equal(tst_win_admit(&s, &st, 1000, 0), 1000);
 }
 
 static void test_retry_multi_unit(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 0, QG_UNIT_WEIGHT);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_WEIGHT);
     qg_win_state st = { 0 };
     assert_int_equal(qg_win_amount(&s, 3000), 3000);
-    charge(&s, &st, 0, 10000);                   /* bucket full */
+    tst_win_charge(&s, &st, 0, 10000);                   /* bucket full */
     check_retry(&s, &st, 0, 3000, 18000);        /* 3 units at 6 s each */
     check_retry(&s, &st, 0, 10000, 60000);
     check_retry(&s, &st, 5000, 2500, 15000);
-    assert_int_equal(admit(&s, &st, 0, 10001), QG_NEVER);
+    assert_int_equal(tst_win_admit(&s, &st, 0, 10001), QG_NEVER);
 }
 
 static void test_uneven_rate(void **state)
 {
     (void)state;
     /* 7 per second: one unit every 142.857... ms */
-    qg_window_spec s = rate_spec(7000, 1000, 0, QG_UNIT_REQUESTS);
+    qg_window_spec s = tst_rate_spec(7000, 1000, 0, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
     for (int i = 0; i < 7; i++)
-        charge(&s, &st, 0, 1000);
+        tst_win_charge(&s, &st, 0, 1000);
     check_retry(&s, &st, 0, 1000, 143);
     check_retry(&s, &st, 0, 2000, 286);          /* ceil(285.71) */
-    charge(&s, &st, 143, 1000);
+    tst_win_charge(&s, &st, 143, 1000);
     check_retry(&s, &st, 143, 1000, 286);
-    charge(&s, &st, 286, 1000);
+    tst_win_charge(&s, &st, 286, 1000);
     check_retry(&s, &st, 286, 1000, 429);        /* ceil(428.57) */
-    qg_window_view v = view(&s, &st, 286);
+    qg_window_view v = tst_win_view(&s, &st, 286);
     /* tat 9e6, S(286) = 2002000: fill 6998000 / P 1000 */
     assert_int_equal(v.used_milli, 6998);
 }
@@ -138,60 +102,60 @@ static void test_uneven_rate(void **state)
 static void test_adjust(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 0, QG_UNIT_WEIGHT);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_WEIGHT);
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 0 };
-    charge(&s, &st, 0, 4000);
+    tst_win_charge(&s, &st, 0, 4000);
     qg_win_adjust(&s, &st, &c, 0, 2000);         /* settle up */
-    assert_int_equal(view(&s, &st, 0).used_milli, 6000);
+    assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 6000);
     check_retry(&s, &st, 0, 6000, 12000);
     qg_win_adjust(&s, &st, &c, 0, -5000);        /* settle down */
-    assert_int_equal(view(&s, &st, 0).used_milli, 1000);
-    assert_int_equal(view(&s, &st, 0).reset_at_ms, 6000);
+    assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 1000);
+    assert_int_equal(tst_win_view(&s, &st, 0).reset_at_ms, 6000);
     /* a refund larger than the fill leaves a full bucket, no credit */
     qg_win_adjust(&s, &st, &c, 0, -100000);
-    assert_int_equal(view(&s, &st, 0).used_milli, 0);
-    assert_int_equal(view(&s, &st, 0).reset_at_ms, 0);
-    assert_int_equal(admit(&s, &st, 0, 10000), 0);
-    charge(&s, &st, 0, 10000);
-    assert_int_equal(admit(&s, &st, 0, 1), 6);
+    assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 0);
+    assert_int_equal(tst_win_view(&s, &st, 0).reset_at_ms, 0);
+    assert_int_equal(tst_win_admit(&s, &st, 0, 10000), 0);
+    tst_win_charge(&s, &st, 0, 10000);
+    assert_int_equal(tst_win_admit(&s, &st, 0, 1), 6);
 }
 
 static void test_time_backwards(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
     for (int i = 0; i < 10; i++)
-        charge(&s, &st, 100000, 1000);
-    assert_int_equal(admit(&s, &st, 50000, 1000), 106000);
-    assert_int_equal(admit(&s, &st, 50000, 0), 100000);
+        tst_win_charge(&s, &st, 100000, 1000);
+    assert_int_equal(tst_win_admit(&s, &st, 50000, 1000), 106000);
+    assert_int_equal(tst_win_admit(&s, &st, 50000, 0), 100000);
     /* a charge presented at an earlier time is taken at the clamped now */
-    charge(&s, &st, 20000, 1000);
-    assert_int_equal(admit(&s, &st, 20000, 1000), 112000);
-    assert_int_equal(view(&s, &st, 20000).used_milli, 11000);
+    tst_win_charge(&s, &st, 20000, 1000);
+    assert_int_equal(tst_win_admit(&s, &st, 20000, 1000), 112000);
+    assert_int_equal(tst_win_view(&s, &st, 20000).used_milli, 11000);
 }
 
 static void test_view_recovery(void **state)
 {
     (void)state;
-    qg_window_spec s = rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
+    qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 100000 };
     qg_recovery_point p[4];
     assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
     for (int i = 0; i < 10; i++)
-        charge(&s, &st, 100000, 1000);
-    qg_window_view v = view(&s, &st, 100000);
+        tst_win_charge(&s, &st, 100000, 1000);
+    qg_window_view v = tst_win_view(&s, &st, 100000);
     assert_int_equal(v.used_milli, 10000);
     assert_int_equal(v.reset_at_ms, 160000);
-    v = view(&s, &st, 130000);
+    v = tst_win_view(&s, &st, 130000);
     assert_int_equal(v.used_milli, 5000);
     assert_int_equal(v.remaining_milli, 5000);
 
     qg_win_state s2 = { 0 };
     for (int i = 0; i < 10; i++)
-        charge(&s, &s2, 100000, 1000);
+        tst_win_charge(&s, &s2, 100000, 1000);
     assert_int_equal(qg_win_recovery(&s, &s2, &c, p, 4), 4);
     const int64_t want_at[4] = { 115000, 130000, 145000, 160000 };
     const int64_t want_r[4] = { 2500, 5000, 7500, 10000 };
@@ -199,10 +163,10 @@ static void test_view_recovery(void **state)
         assert_int_equal(p[i].at_ms, want_at[i]);
         assert_int_equal(p[i].remaining_milli, want_r[i]);
         qg_win_state a = s2;
-        assert_true(view(&s, &a, p[i].at_ms - 1).remaining_milli <
+        assert_true(tst_win_view(&s, &a, p[i].at_ms - 1).remaining_milli <
                     p[i].remaining_milli);
         a = s2;
-        assert_int_equal(view(&s, &a, p[i].at_ms).remaining_milli,
+        assert_int_equal(tst_win_view(&s, &a, p[i].at_ms).remaining_milli,
                          p[i].remaining_milli);
     }
     assert_int_equal(qg_win_recovery(&s, &s2, &c, p, 1), 1);

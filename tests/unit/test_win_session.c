@@ -8,69 +8,30 @@
 #include <string.h>
 #include <cmocka.h>
 #include "window.h"
-
-static qg_window_spec sess_spec(int64_t limit, int64_t len)
-{
-    qg_window_spec s;
-    memset(&s, 0, sizeof s);
-    s.name = (char *)"session_5h";
-    s.type = QG_WIN_SESSION;
-    s.limit_milli = limit;
-    s.length_ms = len;
-    return s;
-}
-
-static int64_t admit(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                     int64_t a)
-{
-    qg_win_ctx c = { .now_ms = now };
-    return qg_win_admit_at(s, st, &c, a);
-}
-
-static void charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                   int64_t a)
-{
-    qg_win_ctx c = { .now_ms = now };
-    assert_int_equal(qg_win_charge(s, st, &c, a), 0);
-}
-
-static qg_window_view view(const qg_window_spec *s, qg_win_state *st,
-                           int64_t now)
-{
-    qg_win_ctx c = { .now_ms = now };
-    qg_window_view v;
-    qg_win_view(s, st, &c, &v);
-    return v;
-}
-
-static void adjust(const qg_window_spec *s, qg_win_state *st, int64_t now,
-                   int64_t t0, int64_t d)
-{
-    qg_win_ctx c = { .now_ms = now };
-    qg_win_adjust(s, st, &c, t0, d);
-}
+#include "wintest.h"
 
 static void test_opens_at_first_charge(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
-    qg_window_view v = view(&s, &st, 500);
+    qg_window_view v = tst_win_view(&s, &st, 500);
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, 0);
-    assert_int_equal(admit(&s, &st, 500, 5000), 500);  /* no session yet */
-    charge(&s, &st, 1000, 2000);
-    v = view(&s, &st, 10999);
+    /* no session yet */
+    assert_int_equal(tst_win_admit(&s, &st, 500, 5000), 500);
+    tst_win_charge(&s, &st, 1000, 2000);
+    v = tst_win_view(&s, &st, 10999);
     assert_int_equal(v.used_milli, 2000);
     assert_int_equal(v.remaining_milli, 3000);
     assert_int_equal(v.reset_at_ms, 11000);
     assert_int_equal(v.type, QG_WIN_SESSION);
-    v = view(&s, &st, 11000);                          /* closed */
+    v = tst_win_view(&s, &st, 11000);                          /* closed */
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, 0);
     /* the next session opens at the next charge, not at 11000 */
-    charge(&s, &st, 15000, 1000);
-    assert_int_equal(view(&s, &st, 15000).reset_at_ms, 25000);
+    tst_win_charge(&s, &st, 15000, 1000);
+    assert_int_equal(tst_win_view(&s, &st, 15000).reset_at_ms, 25000);
     assert_int_equal(qg_win_bytes(&s, &st), 0);
     qg_win_free(&s, &st);
 }
@@ -78,84 +39,85 @@ static void test_opens_at_first_charge(void **state)
 static void test_retry_exact(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 1000, 2000);
-    assert_int_equal(admit(&s, &st, 5000, 3000), 5000);
-    int64_t t = admit(&s, &st, 5000, 4000);
+    tst_win_charge(&s, &st, 1000, 2000);
+    assert_int_equal(tst_win_admit(&s, &st, 5000, 3000), 5000);
+    int64_t t = tst_win_admit(&s, &st, 5000, 4000);
     assert_int_equal(t, 11000);
-    assert_int_equal(admit(&s, &st, t - 1, 4000), t);
-    assert_int_equal(admit(&s, &st, t, 4000), t);
-    charge(&s, &st, t, 4000);
-    assert_int_equal(view(&s, &st, t).used_milli, 4000);
-    assert_int_equal(view(&s, &st, t).reset_at_ms, t + 10000);
+    assert_int_equal(tst_win_admit(&s, &st, t - 1, 4000), t);
+    assert_int_equal(tst_win_admit(&s, &st, t, 4000), t);
+    tst_win_charge(&s, &st, t, 4000);
+    assert_int_equal(tst_win_view(&s, &st, t).used_milli, 4000);
+    assert_int_equal(tst_win_view(&s, &st, t).reset_at_ms, t + 10000);
     qg_win_free(&s, &st);
 }
 
 static void test_never_and_zero(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
-    assert_int_equal(admit(&s, &st, 1000, 5001), QG_NEVER);
-    charge(&s, &st, 1000, 5000);
-    assert_int_equal(admit(&s, &st, 2000, 5001), QG_NEVER);
-    assert_int_equal(admit(&s, &st, 2000, 0), 2000);
-    assert_int_equal(admit(&s, &st, 2000, 1), 11000);
+    assert_int_equal(tst_win_admit(&s, &st, 1000, 5001), QG_NEVER);
+    tst_win_charge(&s, &st, 1000, 5000);
+    assert_int_equal(tst_win_admit(&s, &st, 2000, 5001), QG_NEVER);
+    assert_int_equal(tst_win_admit(&s, &st, 2000, 0), 2000);
+    assert_int_equal(tst_win_admit(&s, &st, 2000, 1), 11000);
     qg_win_free(&s, &st);
 }
 
 static void test_adjust(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 1000, 2000);
-    adjust(&s, &st, 3000, 1000, 1500);
-    assert_int_equal(view(&s, &st, 3000).used_milli, 3500);
-    adjust(&s, &st, 3000, 1000, -99999);
-    assert_int_equal(view(&s, &st, 3000).used_milli, 0);
-    adjust(&s, &st, 3000, 1000, 9000);     /* may exceed the limit */
-    assert_int_equal(view(&s, &st, 3000).remaining_milli, 0);
-    assert_int_equal(admit(&s, &st, 3000, 1), 11000);
-    adjust(&s, &st, 3000, 500, -9000);     /* before the session: ignored */
-    assert_int_equal(view(&s, &st, 3000).used_milli, 9000);
+    tst_win_charge(&s, &st, 1000, 2000);
+    tst_win_adjust(&s, &st, 3000, 1000, 1500);
+    assert_int_equal(tst_win_view(&s, &st, 3000).used_milli, 3500);
+    tst_win_adjust(&s, &st, 3000, 1000, -99999);
+    assert_int_equal(tst_win_view(&s, &st, 3000).used_milli, 0);
+    tst_win_adjust(&s, &st, 3000, 1000, 9000);     /* may exceed the limit */
+    assert_int_equal(tst_win_view(&s, &st, 3000).remaining_milli, 0);
+    assert_int_equal(tst_win_admit(&s, &st, 3000, 1), 11000);
+    tst_win_adjust(&s, &st, 3000, 500,
+                   -9000);  /* before the session: ignored */
+    assert_int_equal(tst_win_view(&s, &st, 3000).used_milli, 9000);
     /* after the session closed and a new one opened, an old charge's
      * settlement is ignored */
-    charge(&s, &st, 12000, 1000);
-    adjust(&s, &st, 12500, 1000, 3000);
-    assert_int_equal(view(&s, &st, 12500).used_milli, 1000);
-    adjust(&s, &st, 12500, 12000, 500);
-    assert_int_equal(view(&s, &st, 12500).used_milli, 1500);
+    tst_win_charge(&s, &st, 12000, 1000);
+    tst_win_adjust(&s, &st, 12500, 1000, 3000);
+    assert_int_equal(tst_win_view(&s, &st, 12500).used_milli, 1000);
+    tst_win_adjust(&s, &st, 12500, 12000, 500);
+    assert_int_equal(tst_win_view(&s, &st, 12500).used_milli, 1500);
     qg_win_free(&s, &st);
 }
 
 static void test_time_backwards(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
-    charge(&s, &st, 5000, 5000);
-    assert_int_equal(admit(&s, &st, 100, 1), 15000);
-    assert_int_equal(admit(&s, &st, 100, 0), 5000);     /* clamped now */
-    assert_int_equal(view(&s, &st, 100).used_milli, 5000);
-    assert_int_equal(view(&s, &st, 16000).used_milli, 0);
+    tst_win_charge(&s, &st, 5000, 5000);
+    assert_int_equal(tst_win_admit(&s, &st, 100, 1), 15000);
+    assert_int_equal(tst_win_admit(&s, &st, 100, 0), 5000);  /* clamped now */
+    assert_int_equal(tst_win_view(&s, &st, 100).used_milli, 5000);
+    assert_int_equal(tst_win_view(&s, &st, 16000).used_milli, 0);
     /* once closed, an earlier instant does not reopen it */
-    assert_int_equal(view(&s, &st, 14000).used_milli, 0);
-    charge(&s, &st, 14000, 1000);   /* clamped to 16000: opens there */
-    assert_int_equal(view(&s, &st, 14000).reset_at_ms, 26000);
+    assert_int_equal(tst_win_view(&s, &st, 14000).used_milli, 0);
+    tst_win_charge(&s, &st, 14000, 1000);   /* clamped to 16000: opens there */
+    assert_int_equal(tst_win_view(&s, &st, 14000).reset_at_ms, 26000);
     qg_win_free(&s, &st);
 }
 
 static void test_recovery(void **state)
 {
     (void)state;
-    qg_window_spec s = sess_spec(5000, 10000);
+    qg_window_spec s = tst_sess_spec(5000, 10000);
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 500 };
     qg_recovery_point p[4];
     assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
-    charge(&s, &st, 1000, 4000);
+    tst_win_charge(&s, &st, 1000, 4000);
     c.now_ms = 2000;
     assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 1);
     assert_int_equal(p[0].at_ms, 11000);
