@@ -17,7 +17,18 @@
  * Lifetime: code reached from an event callback or qg_http_respond only
  * marks a connection want_close; the outermost entry point (nest == 0)
  * closes it in conn_end.  While the handler holds the request (busy) the
- * object outlives its socket, and qg_http_respond frees it. */
+ * object outlives its socket, and qg_http_respond frees it.  Closing a
+ * held request's socket (the client's EOF or reset, a failed write, a
+ * write stuck past idle_timeout_ms) marks it gone and runs the owner's
+ * on_close hook from notify_ev, a per-connection event activated by hand
+ * so that hooks never run inside the owner's own calls.
+ *
+ * Streaming (qg_http_stream_*): the head is queued like a response with
+ * chunked framing (or none, for HTTP/1.0, ending at close); each write is
+ * one sendmsg of chunk header, data and CRLF when nothing is pending, else
+ * appended to out (compacted as the socket drains its front).  Pending
+ * bytes above stream_high_water make writes return 1; on_write kicks the
+ * owner's on_drain once they fall to a quarter of it. */
 #include <errno.h>
 #include <http_parser.h>
 #include <netinet/in.h>
@@ -32,7 +43,11 @@
 
 #include "http_internal.h"
 
-enum { IN_INIT = 4096, IN_SOFT = 64 * 1024, LINGER_MS = 2000 };
+enum { IN_INIT = 4096, IN_SOFT = 64 * 1024, LINGER_MS = 2000,
+       OUT_KEEP = 256 * 1024 };    /* a bigger idle out buffer is freed */
+
+/* How a response body is delimited. */
+enum { FR_LENGTH, FR_CHUNKED, FR_CLOSE };
 
 static void conn_process(qg__conn *c);
 
@@ -128,12 +143,74 @@ int qg__conn_flush(qg__conn *c)
     return 1;
 }
 
+static size_t pending(const qg__conn *c)
+{
+    return c->out_len - c->out_off;
+}
+
+/* Room for n more bytes at the end of out, moving the unsent rest to the
+ * front first when that avoids growing (a stream keeps appending while
+ * the socket drains the front). */
+static int out_room(qg__conn *c, size_t n)
+{
+    if (c->out_off > 0 && c->out_len + n > c->out_cap) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
+    return qg__reserve(&c->out, &c->out_cap, c->out_len + n, SIZE_MAX / 2);
+}
+
+/* Send the iovecs now if nothing is pending, buffer what the socket does
+ * not take (all of it behind pending output).  -1: dead socket or no
+ * memory. */
+static int out_sendv(qg__conn *c, const struct iovec *iov, int niov)
+{
+    size_t total = 0, sent = 0;
+    int was_empty = pending(c) == 0;
+    for (int i = 0; i < niov; i++)
+        total += iov[i].iov_len;
+    if (was_empty) {
+        struct msghdr mh = { .msg_iov = (struct iovec *)iov,
+                             .msg_iovlen = (size_t)niov };
+        ssize_t n;
+        c->out_off = c->out_len = 0;
+        do
+            n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        sent = n < 0 ? 0 : (size_t)n;
+        if (sent == total)
+            return 0;
+    }
+    if (out_room(c, total - sent) < 0)
+        return -1;
+    for (int i = 0; i < niov; i++) {
+        size_t l = iov[i].iov_len;
+        const char *b = iov[i].iov_base;
+        if (sent >= l) {
+            sent -= l;
+            continue;
+        }
+        memcpy(c->out + c->out_len, b + sent, l - sent);
+        c->out_len += l - sent;
+        sent = 0;
+    }
+    if (was_empty) {
+        wev_set(c, 1);
+        qg__set_deadline(c, qg__opts(c)->idle_timeout_ms);
+    }
+    return 0;
+}
+
 /* Format a response and send it; what the socket does not take now is
  * kept in out (the body is passed by iovec, not copied, when nothing is
- * pending).  Returns -1 on a dead socket or no memory. */
+ * pending).  framing FR_CHUNKED / FR_CLOSE: the head of a stream (len
+ * 0).  Returns -1 on a dead socket or no memory. */
 static int conn_queue(qg__conn *c, int status, const qg_http_out_header *hs,
                       int nhs, const char *ctype, const char *body,
-                      size_t len, int keep)
+                      size_t len, int keep, int framing)
 {
     const char *why = reason(status), *date = qg__date(c->w);
     int with_body = !c->head && len > 0;
@@ -155,8 +232,10 @@ static int conn_queue(qg__conn *c, int status, const qg_http_out_header *hs,
     *p++ = ' ';
     p = put(p, why);
     p = put(put(put(p, "\r\nContent-Type: "), ctype), "\r\n");
-    if (!no_len)
+    if (!no_len && framing == FR_LENGTH)
         p = put(put_u(put(p, "Content-Length: "), len), "\r\n");
+    else if (!no_len && framing == FR_CHUNKED)
+        p = put(p, "Transfer-Encoding: chunked\r\n");
     p = put(p, keep ? "Connection: keep-alive\r\nDate: "
                     : "Connection: close\r\nDate: ");
     p = put(put(p, date), "\r\n");
@@ -214,6 +293,11 @@ static void conn_written(qg__conn *c)
 {
     if (c->busy || c->fd < 0 || c->want_close)
         return;
+    if (c->out_cap > OUT_KEEP && pending(c) == 0) {  /* after a big one */
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = c->out_off = c->out_len = 0;
+    }
     if (c->closing) {
         if (c->rd_eof || c->w->stopping) {
             c->want_close = 1;
@@ -256,7 +340,7 @@ static void conn_error(qg__conn *c, int status)
     c->head = 0;
     qg__stat_add(&c->w->st_errors, 1);
     if (conn_queue(c, status, NULL, 0, "application/json", body,
-                   (size_t)n, 0) < 0)
+                   (size_t)n, 0, FR_LENGTH) < 0)
         c->want_close = 1;
     else if (c->out_len == 0)
         conn_written(c);
@@ -313,6 +397,7 @@ static void conn_free(qg__conn *c)
 {
     qg__worker *w = c->w;
     conn_shutdown(c);
+    event_del(&c->notify_ev);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -328,15 +413,26 @@ static void conn_free(qg__conn *c)
     free(c);
 }
 
-/* End of an entry point: close if asked, unless we are nested. */
+static void notify_kick(qg__conn *c)
+{
+    event_active(&c->notify_ev, EV_TIMEOUT, 1);
+}
+
+/* End of an entry point: close if asked, unless we are nested.  Closed
+ * while the handler holds the request: the client is gone (on_close). */
 static void conn_end(qg__conn *c)
 {
     qg__worker *w = c->w;
     if (c->nest > 0 || !c->want_close)
         return;
     conn_shutdown(c);
-    if (!c->busy)
+    if (!c->busy) {
         conn_free(c);
+    } else if (!c->gone) {
+        c->gone = 1;
+        if (c->close_fn && !c->close_fired)
+            notify_kick(c);
+    }
     if (w->stopping)
         qg__worker_check_exit(w);
 }
@@ -387,10 +483,10 @@ static void conn_read(qg__conn *c)
     } else if (n == 0) {
         c->rd_eof = 1;
         rev_set(c, 0);
-        if (c->busy || c->out_len > 0)
-            c->closing = 1;             /* answer, then close */
+        if (!c->busy && c->out_len > 0)
+            c->closing = 1;             /* finish writing, then close */
         else
-            c->want_close = 1;
+            c->want_close = 1;          /* held: the client is gone */
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         c->want_close = 1;
     }
@@ -410,13 +506,51 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 static void on_write(evutil_socket_t fd, short what, void *arg)
 {
     qg__conn *c = arg;
+    int rc;
     (void)fd;
     (void)what;
     c->nest++;
-    if (qg__conn_flush(c) == 1) {
+    rc = qg__conn_flush(c);
+    if (rc == 1) {
+        if (c->busy)
+            c->deadline_ms = 0;         /* a stream waits for its producer */
         conn_written(c);
         conn_process(c);
     }
+    if (rc >= 0 && c->busy && c->drain_fn &&
+        pending(c) <= qg__opts(c)->stream_high_water / 4)
+        notify_kick(c);
+    c->nest--;
+    conn_end(c);
+}
+
+/* The held request's owner hooks, run from the loop (never from inside
+ * the owner's own calls): on_close once the client is gone, on_drain
+ * once the pending output is low. */
+static void on_notify(evutil_socket_t fd, short what, void *arg)
+{
+    qg__conn *c = arg;
+    void (*fn)(void *);
+    void *fa;
+    (void)fd;
+    (void)what;
+    c->nest++;
+    if (c->busy && c->gone && c->close_fn && !c->close_fired) {
+        fn = c->close_fn;
+        fa = c->close_arg;
+        c->close_fired = 1;
+        c->close_fn = NULL;
+        fn(fa);
+    }
+    if (c->busy && !c->gone && c->drain_fn &&
+        pending(c) <= qg__opts(c)->stream_high_water / 4) {
+        fn = c->drain_fn;
+        fa = c->drain_arg;
+        c->drain_fn = NULL;
+        fn(fa);
+    }
+    if (!c->busy)
+        conn_process(c);                /* released: pipelined requests */
     c->nest--;
     conn_end(c);
 }
@@ -440,6 +574,7 @@ static int conn_new(qg__worker *w, int fd)
     c->hp.data = c;
     event_assign(&c->rev, w->base, fd, EV_READ | EV_PERSIST, on_read, c);
     event_assign(&c->wev, w->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
+    event_assign(&c->notify_ev, w->base, -1, 0, on_notify, c);
     if (event_add(&c->rev, NULL) < 0) {
         free(c->in);
         free(c);
@@ -491,8 +626,9 @@ void qg__conns_sweep(qg__worker *w)
         c->deadline_ms = 0;
         if (c->out_len == 0 && (c->phase == PH_HEADERS || c->phase == PH_BODY))
             conn_error(c, 408);
-        else if (!c->busy)
-            c->want_close = 1;          /* idle, lingering or stuck writing */
+        else if (!c->busy || c->out_off < c->out_len)
+            c->want_close = 1;          /* idle, lingering or stuck writing
+                                         * (held: the client is gone) */
         c->nest--;
         conn_end(c);
     }
@@ -537,6 +673,39 @@ void qg__conns_release(qg__worker *w, int final)
 
 /* ---- public ----------------------------------------------------------- */
 
+static int alive(const qg__conn *c)
+{
+    return c->fd >= 0 && !c->want_close && !c->gone;
+}
+
+/* The owner lets go of the request: forget its hooks. */
+static void req_release(qg__conn *c)
+{
+    c->busy = 0;
+    c->streaming = c->st_chunked = c->st_nobody = 0;
+    c->close_fired = 0;
+    c->close_fn = c->drain_fn = NULL;
+    c->close_arg = c->drain_arg = NULL;
+    event_del(&c->notify_ev);
+}
+
+/* A started stream released by qg_http_respond: send what is queued,
+ * then close without the terminating chunk (a truncated response). */
+static void stream_abort(qg__conn *c)
+{
+    req_release(c);
+    c->nest++;
+    if (alive(c)) {
+        c->closing = 1;
+        if (pending(c) == 0)
+            conn_written(c);
+    } else {
+        c->want_close = 1;
+    }
+    c->nest--;
+    conn_end(c);
+}
+
 void qg_http_respond(qg_http_req *r, int status,
                      const qg_http_out_header *headers, int nheaders,
                      const char *content_type, const char *body, size_t len)
@@ -544,15 +713,19 @@ void qg_http_respond(qg_http_req *r, int status,
     qg__conn *c = r ? r->priv : NULL;
     if (!c || !c->busy)
         return;
-    c->busy = 0;
+    if (c->streaming) {
+        stream_abort(c);
+        return;
+    }
+    req_release(c);
     c->nest++;
-    if (c->fd >= 0 && !c->want_close) {
+    if (alive(c)) {
         int keep = c->keepalive && !c->closing && !c->w->stopping;
         if (!keep)
             c->closing = 1;
         if (conn_queue(c, status, headers, nheaders,
                        content_type ? content_type : "application/json",
-                       body ? body : "", body ? len : 0, keep) < 0)
+                       body ? body : "", body ? len : 0, keep, FR_LENGTH) < 0)
             c->want_close = 1;
         else if (c->out_len == 0)
             conn_written(c);
@@ -565,4 +738,116 @@ void qg_http_respond(qg_http_req *r, int status,
     }
     c->nest--;
     conn_end(c);
+}
+
+int qg_http_stream_start(qg_http_req *r, int status,
+                         const qg_http_out_header *headers, int nheaders,
+                         const char *content_type)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    int v11, keep, nobody, rc;
+    if (!c || !c->busy || c->streaming || !alive(c))
+        return -1;
+    v11 = c->hp.http_major > 1 ||
+          (c->hp.http_major == 1 && c->hp.http_minor >= 1);
+    nobody = c->head || status < 200 || status == 204 || status == 304;
+    keep = v11 && c->keepalive && !c->closing && !c->w->stopping;
+    if (!keep)
+        c->closing = 1;
+    c->nest++;
+    if (conn_queue(c, status, headers, nheaders,
+                   content_type ? content_type : "application/json", "", 0,
+                   keep, v11 ? FR_CHUNKED : FR_CLOSE) < 0) {
+        c->want_close = 1;
+    } else {
+        c->streaming = 1;
+        c->st_chunked = v11 && !nobody;
+        c->st_nobody = nobody;
+    }
+    c->nest--;
+    rc = alive(c) ? 0 : -1;
+    conn_end(c);
+    return rc;
+}
+
+int qg_http_stream_write(qg_http_req *r, const char *data, size_t len)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    size_t hw;
+    int rc = 0;
+    if (!c || !c->busy || !c->streaming || !alive(c))
+        return -1;
+    hw = qg__opts(c)->stream_high_water;
+    if (len == 0 || c->st_nobody)
+        return pending(c) > hw ? 1 : 0;
+    c->nest++;
+    if (c->st_chunked) {
+        char hdr[24];
+        int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
+        struct iovec iov[3] = { { hdr, (size_t)n }, { (void *)data, len },
+                                { (void *)"\r\n", 2 } };
+        rc = out_sendv(c, iov, 3);
+    } else {
+        struct iovec iov = { (void *)data, len };
+        rc = out_sendv(c, &iov, 1);
+    }
+    if (rc < 0)
+        c->want_close = 1;
+    c->nest--;
+    rc = !alive(c) ? -1 : pending(c) > hw ? 1 : 0;
+    conn_end(c);
+    return rc;
+}
+
+void qg_http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    if (!c || !c->busy)
+        return;
+    c->drain_fn = fn;
+    c->drain_arg = arg;
+    if (fn && !c->gone && pending(c) <= qg__opts(c)->stream_high_water / 4)
+        notify_kick(c);
+}
+
+void qg_http_stream_end(qg_http_req *r)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    int started, chunked;
+    if (!c || !c->busy)
+        return;
+    started = c->streaming;
+    chunked = c->st_chunked;
+    req_release(c);
+    c->nest++;
+    if (started && alive(c)) {
+        static const struct iovec last = { (void *)"0\r\n\r\n", 5 };
+        if (chunked && out_sendv(c, &last, 1) < 0)
+            c->want_close = 1;
+        else if (pending(c) == 0)
+            conn_written(c);
+        if (c->nest == 1)
+            conn_process(c);
+    } else {
+        c->want_close = 1;              /* gone, or no stream: close */
+    }
+    c->nest--;
+    conn_end(c);
+}
+
+void qg_http_on_close(qg_http_req *r, void (*fn)(void *), void *arg)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    if (!c || !c->busy)
+        return;
+    c->close_fn = fn;
+    c->close_arg = arg;
+    if (fn && c->gone && !c->close_fired)
+        notify_kick(c);
+}
+
+struct event_base *qg_http_req_base(qg_http_req *r)
+{
+    qg__conn *c = r ? r->priv : NULL;
+    return c ? c->w->base : NULL;
 }

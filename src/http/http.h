@@ -17,13 +17,18 @@
  * worker thread (e.g. after the ledger made a charge durable, using
  * qg_http_post to get back onto that thread).  Every request must be
  * responded to exactly once; if the client went away meanwhile the
- * response is discarded. */
+ * response is discarded.
+ *
+ * Instead of one response a handler may stream one (qg_http_stream_*,
+ * below): the status and headers first, then the body piece by piece as
+ * it is produced, each piece handed to the socket at once. */
 #ifndef QG_HTTP_H
 #define QG_HTTP_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+struct event_base;
 typedef struct qg_http_server qg_http_server;
 
 enum { QG_HTTP_GET = 1, QG_HTTP_POST, QG_HTTP_PUT, QG_HTTP_DELETE,
@@ -60,6 +65,11 @@ typedef struct qg_http_out_header {
 } qg_http_out_header;
 
 /* Send the response to r and release r (do not touch r afterwards).
+ * On a stream already started (qg_http_stream_start) it aborts the
+ * stream instead: status, headers and body are ignored, what was queued
+ * is still sent, then the connection is closed without the terminating
+ * chunk, so the client sees a truncated response (use it when the
+ * upstream failed mid-stream).
  * Must be called on r's worker thread.  Headers and body are copied.
  * content_type may be NULL (then "application/json").  A request still
  * held when qg_http_server_run returned may be responded to from the
@@ -68,6 +78,74 @@ typedef struct qg_http_out_header {
 void qg_http_respond(qg_http_req *r, int status,
                      const qg_http_out_header *headers, int nheaders,
                      const char *content_type, const char *body, size_t len);
+
+/* ---- Streaming responses and the held request's hooks -----------------
+ *
+ * Threading: every function below must be called on r's worker thread
+ * (from the handler, a callback of r's worker's event base, or a
+ * function run there by qg_http_post), and every callback registered
+ * here runs on that thread, from the worker's event loop (never from
+ * inside one of these calls).  Other threads use qg_http_post.
+ *
+ * Releasing r: a stream, once started, is released by qg_http_stream_end
+ * (or aborted by qg_http_respond); a stream that was not started (or
+ * whose start failed) by qg_http_respond or qg_http_stream_end (the
+ * latter then closes the connection without a response).  Exactly one
+ * release per request, as always, and also after the client went away.
+ *
+ * Output that the socket does not take at once is buffered without limit;
+ * the owner keeps it bounded by pausing its producer when a write
+ * returns 1 and resuming from qg_http_stream_on_drain. */
+
+/* Status line and headers of a streamed response.  HTTP/1.1 client:
+ * "Transfer-Encoding: chunked", keep-alive continues after the end when
+ * the request allows it.  HTTP/1.0 client: no framing, "Connection:
+ * close", the body ends when the server closes.  No body is sent for
+ * HEAD or status 1xx/204/304 (writes are accepted and discarded).
+ * content_type NULL means "application/json".  Returns 0, or -1 when
+ * the client is gone, r is not held, or the stream was already started
+ * (r stays held either way). */
+int qg_http_stream_start(qg_http_req *r, int status,
+                         const qg_http_out_header *headers, int nheaders,
+                         const char *content_type);
+
+/* One piece of the body (a chunk: hex length CRLF data CRLF; raw bytes
+ * for HTTP/1.0), sent at once as far as the socket takes it, the rest
+ * buffered (data is copied).  len 0 sends nothing.  Returns
+ *    0  sent or buffered;
+ *    1  sent or buffered, but the connection's pending output now
+ *       exceeds the high-water mark (opts.stream_high_water): pause the
+ *       producer until qg_http_stream_on_drain's callback runs;
+ *   -1  the client is gone (or no stream was started): stop producing
+ *       (e.g. cancel the upstream request) and release r. */
+int qg_http_stream_write(qg_http_req *r, const char *data, size_t len);
+
+/* Call fn(arg) once, when the pending output is at or below the
+ * low-water mark (a quarter of the high-water mark), soon if it already
+ * is.  One callback at a time: a new call replaces the previous one; fn
+ * NULL cancels.  Not called if the client goes away (on_close is). */
+void qg_http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg);
+
+/* The terminating zero-length chunk; then r is released exactly like
+ * qg_http_respond releases it (keep-alive continues with the next
+ * request once the output is written; HTTP/1.0: the connection closes). */
+void qg_http_stream_end(qg_http_req *r);
+
+/* Call fn(arg) once if the client disconnects while r is held (streaming
+ * or deferred): the client closed or reset the connection (end of file
+ * counts: a client that half-closes while its request is held loses the
+ * response), a write failed, or the pending output made no progress for
+ * idle_timeout_ms.  The socket is then already closed: writes return -1,
+ * a response is discarded, and the owner must still release r (from the
+ * callback or later).  Registered after the disconnect: fn runs soon.
+ * The rule: fn is never called after the owner released r, and not when
+ * the server stops (writes then return -1; the owner releases r as
+ * qg_http_respond says).  A new call replaces the previous callback; fn
+ * NULL cancels. */
+void qg_http_on_close(qg_http_req *r, void (*fn)(void *), void *arg);
+
+/* r's worker's event base, for timers and upstream I/O on r's thread. */
+struct event_base *qg_http_req_base(qg_http_req *r);
 
 typedef void (*qg_http_handler)(qg_http_req *r, void *ud);
 
@@ -80,6 +158,8 @@ typedef struct qg_http_opts {
     int header_timeout_ms;     /* default 10 s: to receive a whole header */
     int idle_timeout_ms;       /* default 60 s between requests */
     int max_connections;       /* per worker, default 4096 */
+    size_t stream_high_water;  /* default 256 KiB of pending output, see
+                                * qg_http_stream_write */
 } qg_http_opts;
 
 /* Bind and listen (every worker's socket) without serving yet.  Returns

@@ -1,7 +1,8 @@
 /* http_internal.h - what the three files of the HTTP layer share:
  * server.c (sockets, worker threads, posting, stopping), conn.c (one
  * connection: accept, read, write, time out, respond) and request.c
- * (parser callbacks, building the qg_http_req).  Not part of the public
+ * (parser callbacks, building the qg_http_req) - conn.c also streams
+ * responses (qg_http_stream_*).  Not part of the public
  * API: only src/http/ includes it.
  *
  * Threading: everything in a qg__worker except the post queue (mu, q*)
@@ -94,6 +95,7 @@ struct qg__conn {
     int fd;                    /* -1 once closed */
     int nest;                  /* entry points on the stack */
     struct event rev, wev;
+    struct event notify_ev;    /* runs on_close / on_drain from the loop */
     unsigned rev_on : 1, wev_on : 1;
     unsigned busy : 1;         /* the handler holds req */
     unsigned msg_done : 1;     /* the parser paused after a message */
@@ -103,6 +105,16 @@ struct qg__conn {
     unsigned want_close : 1;
     unsigned url_done : 1;
     unsigned head : 1;         /* HEAD: no response body */
+    /* Streaming (qg_http_stream_*) and the held request's owner hooks. */
+    unsigned streaming : 1;    /* stream_start done, stream_end not yet */
+    unsigned st_chunked : 1;   /* chunked framing (else: ends at close) */
+    unsigned st_nobody : 1;    /* HEAD, 1xx, 204, 304: writes discarded */
+    unsigned gone : 1;         /* the client went away while busy */
+    unsigned close_fired : 1;
+    void (*close_fn)(void *);
+    void *close_arg;
+    void (*drain_fn)(void *);
+    void *drain_arg;
     int phase;
     int err_status;            /* set by a parser callback that failed */
     int hkind;                 /* last header callback: 1 field, 2 value */

@@ -322,6 +322,8 @@ qg_http_server *qg_http_server_new(const qg_http_opts *opts,
         s->o.idle_timeout_ms = 60000;
     if (s->o.max_connections <= 0)
         s->o.max_connections = 4096;
+    if (s->o.stream_high_water == 0)
+        s->o.stream_high_water = 256 * 1024;
     if (s->o.port < 0 || s->o.port > 65535) {
         snprintf(err, errcap, "bad port %d", s->o.port);
         free(s);

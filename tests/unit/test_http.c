@@ -6,7 +6,9 @@
  * echoes what it parsed ("m=1 p=/x q=a=1 h=... b=...") so one response
  * checks method, path, query, header lookup and body; /hold keeps the
  * request so a test can answer it later through qg_http_post; /big
- * answers 4 MiB to exercise partial writes. */
+ * answers 4 MiB to exercise partial writes.  /stream, /forever, /flood
+ * and /holdc exercise streaming responses and the on_close hook (see
+ * "streaming handlers" below). */
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <event2/event.h>
 
 #include "http.h"
 
@@ -37,9 +40,166 @@ typedef struct srv {
     qg_http_req *held;
     int held_count;
     int on_thread;            /* the handler ran on a worker thread */
+    /* Streaming handlers' observations (under mu, signalled on cv). */
+    int st_done;              /* streams released */
+    int st_closed;            /* on_close calls */
+    int st_write_after;       /* a write's result after on_close */
+    int st_start_rc;
+    int flood_rc;             /* the flood's last write result */
+    size_t flood_bytes;       /* body bytes written by the flood */
+    int flood_ready;          /* the flood reached the high-water mark */
+    int drained;              /* on_drain calls */
+    int st_bad;               /* unexpected results on the worker */
 } srv;
 
-enum { BIG = 4 << 20 };
+enum { BIG = 4 << 20, NCHUNK = 5, GAP_MS = 50, FLOOD_PIECE = 16384 };
+
+static void handler(qg_http_req *r, void *ud);
+
+/* ---- streaming handlers ------------------------------------------------
+ * /stream: NCHUNK chunks "data: i\n\n", GAP_MS apart on a timer of the
+ * worker's base, then the end.  /forever: a chunk every 10 ms until the
+ * client goes away; on_close records, writes once more (must be -1) and
+ * ends.  /flood: writes until the high-water mark, then waits for on_drain
+ * to write "end" and finish.  /holdc: a deferred request with on_close. */
+
+typedef struct strm {
+    srv *x;
+    qg_http_req *r;
+    struct event *tev;
+    int i, forever;
+} strm;
+
+static void strm_signal(srv *x, int *field, int v)
+{
+    pthread_mutex_lock(&x->mu);
+    *field += v;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void strm_free(strm *st)
+{
+    srv *x = st->x;
+    event_free(st->tev);
+    free(st);
+    strm_signal(x, &x->st_done, 1);
+}
+
+static void strm_arm(strm *st, int ms)
+{
+    struct timeval tv = { 0, ms * 1000 };
+    evtimer_add(st->tev, &tv);
+}
+
+static void strm_tick(evutil_socket_t fd, short what, void *arg)
+{
+    strm *st = arg;
+    char b[32];
+    int n, rc;
+    (void)fd;
+    (void)what;
+    n = snprintf(b, sizeof b, "data: %d\n\n", st->i++);
+    rc = qg_http_stream_write(st->r, b, (size_t)n);
+    if (rc < 0)
+        return;                         /* gone: on_close ends it */
+    if (st->forever) {
+        strm_arm(st, 10);
+        return;
+    }
+    if (rc != 0)
+        strm_signal(st->x, &st->x->st_bad, 1);
+    if (st->i < NCHUNK) {
+        strm_arm(st, GAP_MS);
+        return;
+    }
+    qg_http_stream_end(st->r);
+    strm_free(st);
+}
+
+static void strm_closed(void *arg)
+{
+    strm *st = arg;
+    srv *x = st->x;
+    pthread_mutex_lock(&x->mu);
+    x->st_write_after = qg_http_stream_write(st->r, "late", 4);
+    pthread_mutex_unlock(&x->mu);
+    evtimer_del(st->tev);
+    qg_http_stream_end(st->r);
+    strm_free(st);
+    strm_signal(x, &x->st_closed, 1);
+}
+
+static void flood_drained(void *arg)
+{
+    strm *st = arg;
+    srv *x = st->x;
+    strm_signal(x, &x->drained, 1);
+    if (qg_http_stream_write(st->r, "end", 3) < 0)
+        strm_signal(x, &x->st_bad, 1);
+    qg_http_stream_end(st->r);
+    strm_free(st);
+}
+
+static void holdc_closed(void *arg)
+{
+    strm *st = arg;
+    srv *x = st->x;
+    qg_http_respond(st->r, 200, NULL, 0, NULL, "{}", 2);  /* discarded */
+    strm_free(st);
+    strm_signal(x, &x->st_closed, 1);
+}
+
+static int stream_handler(qg_http_req *r, srv *x)
+{
+    qg_http_out_header oh[] = { { "Cache-Control", "no-cache" } };
+    strm *st;
+    int forever = !strcmp(r->path, "/forever");
+    if (!strcmp(r->path, "/abort")) {       /* a truncated stream */
+        if (qg_http_stream_start(r, 200, NULL, 0, "text/plain") != 0 ||
+            qg_http_stream_write(r, "x", 1) != 0)
+            strm_signal(x, &x->st_bad, 1);
+        qg_http_respond(r, 500, NULL, 0, NULL, "ignored", 7);
+        return 1;
+    }
+    if (strcmp(r->path, "/stream") && !forever && strcmp(r->path, "/flood")
+        && strcmp(r->path, "/holdc"))
+        return 0;
+    st = calloc(1, sizeof *st);
+    st->x = x;
+    st->r = r;
+    st->forever = forever;
+    st->tev = evtimer_new(qg_http_req_base(r), strm_tick, st);
+    if (!strcmp(r->path, "/holdc")) {
+        qg_http_on_close(r, holdc_closed, st);
+        strm_signal(x, &x->held_count, 1);
+        return 1;
+    }
+    x->st_start_rc = qg_http_stream_start(r, 200, oh, 1,
+                                          "text/event-stream");
+    if (!strcmp(r->path, "/flood")) {
+        char *piece = malloc(FLOOD_PIECE);
+        size_t total = 0;
+        int rc = 0;
+        memset(piece, 'f', FLOOD_PIECE);
+        while (rc == 0 && total < ((size_t)256 << 20)) {
+            rc = qg_http_stream_write(r, piece, FLOOD_PIECE);
+            total += FLOOD_PIECE;
+        }
+        free(piece);
+        qg_http_stream_on_drain(r, flood_drained, st);
+        pthread_mutex_lock(&x->mu);
+        x->flood_rc = rc;
+        x->flood_bytes = total;
+        x->flood_ready = 1;
+        pthread_cond_broadcast(&x->cv);
+        pthread_mutex_unlock(&x->mu);
+        return 1;
+    }
+    qg_http_on_close(r, strm_closed, st);
+    strm_tick(-1, 0, st);               /* the first chunk at once */
+    return 1;
+}
 
 static void handler(qg_http_req *r, void *ud)
 {
@@ -49,6 +209,8 @@ static void handler(qg_http_req *r, void *ud)
     const char *h;
     int n;
     qg_http_out_header oh[] = { { "X-Served-By", "test" } };
+    if (stream_handler(r, x))
+        return;
     if (!strcmp(r->path, "/hold")) {
         pthread_mutex_lock(&x->mu);
         x->held = r;
@@ -132,8 +294,11 @@ static qg_http_req *wait_held(srv *x, int count)
 static void respond_held(void *arg)
 {
     srv *x = arg;
-    qg_http_req *r = x->held;
+    qg_http_req *r;
+    pthread_mutex_lock(&x->mu);
+    r = x->held;
     x->held = NULL;
+    pthread_mutex_unlock(&x->mu);
     qg_http_respond(r, 202, NULL, 0, NULL, "{\"deferred\":true}", 17);
 }
 
@@ -291,6 +456,66 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One chunk of a chunked body into out (up to cap bytes, NUL-terminated
+ * when it fits): its length, 0 for the last chunk (with an empty
+ * trailer), -1 on bad framing, EOF or timeout. */
+static long cli_chunk(cli *c, char *out, size_t cap)
+{
+    char *crlf, *endp;
+    size_t hl;
+    unsigned long n;
+    for (;;) {
+        crlf = c->len ? memmem(c->buf, c->len, "\r\n", 2) : NULL;
+        if (crlf)
+            break;
+        if (c->len > 32 || cli_fill(c) <= 0)
+            return -1;
+    }
+    n = strtoul(c->buf, &endp, 16);
+    if (endp == c->buf || endp != crlf)
+        return -1;
+    hl = (size_t)(crlf - c->buf) + 2;
+    while (c->len < hl + n + 2)
+        if (cli_fill(c) <= 0)
+            return -1;
+    if (memcmp(c->buf + hl + n, "\r\n", 2) != 0)
+        return -1;
+    if (out && n < cap) {
+        memcpy(out, c->buf + hl, n);
+        out[n] = '\0';
+    }
+    memmove(c->buf, c->buf + hl + n + 2, c->len - hl - n - 2);
+    c->len -= hl + n + 2;
+    return (long)n;
+}
+
+/* Wait until *field >= want (under x->mu); its value. */
+static int wait_field(srv *x, const int *field, int want, int secs)
+{
+    struct timespec ts;
+    int v;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += secs;
+    pthread_mutex_lock(&x->mu);
+    while (*field < want && pthread_cond_timedwait(&x->cv, &x->mu, &ts) == 0)
+        ;
+    v = *field;
+    pthread_mutex_unlock(&x->mu);
+    return v;
+}
+
+static void wait_no_connections(srv *x)
+{
+    qg_http_stats st;
+    for (int i = 0; i < 300; i++) {
+        qg_http_server_stats(x->s, &st);
+        if (st.connections_open == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(st.connections_open, 0);
 }
 
 /* ---- tests -------------------------------------------------------------- */
@@ -472,13 +697,19 @@ static void test_deferred_disconnect(void **state)
     usleep(100000);
     assert_int_equal(qg_http_post(x->s, r->worker, respond_held, x), 0);
     for (int i = 0; i < 300; i++) {
+        int held;
         qg_http_server_stats(x->s, &st);
-        if (st.connections_open == 0)
+        pthread_mutex_lock(&x->mu);
+        held = x->held != NULL;
+        pthread_mutex_unlock(&x->mu);
+        if (st.connections_open == 0 && !held)
             break;
         usleep(10000);
     }
     assert_int_equal(st.connections_open, 0);
+    pthread_mutex_lock(&x->mu);
     assert_null(x->held);
+    pthread_mutex_unlock(&x->mu);
     /* A hard reset while held, too. */
     c = cli_open(x->port);
     cli_sends(c, "GET /hold HTTP/1.1\r\n\r\n");
@@ -827,6 +1058,211 @@ static void test_stats(void **state)
     finish(x);
 }
 
+static void test_stream_chunks(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x = start(&o);
+    cli *c = cli_open(x->port);
+    resp r;
+    char b[64], want[64];
+    double t[NCHUNK];
+    (void)state;
+    cli_sends(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "\r\nTransfer-Encoding: chunked\r\n"));
+    assert_non_null(strstr(r.head, "\r\nContent-Type: text/event-stream\r\n"));
+    assert_non_null(strstr(r.head, "\r\nConnection: keep-alive\r\n"));
+    assert_non_null(strstr(r.head, "\r\nCache-Control: no-cache\r\n"));
+    assert_null(strcasestr(r.head, "Content-Length"));
+    resp_free(&r);
+    for (int i = 0; i < NCHUNK; i++) {
+        long n = cli_chunk(c, b, sizeof b);
+        t[i] = now_s();
+        snprintf(want, sizeof want, "data: %d\n\n", i);
+        assert_int_equal(n, (long)strlen(want));
+        assert_string_equal(b, want);
+    }
+    assert_int_equal(cli_chunk(c, NULL, 0), 0);
+    assert_int_equal(c->len, 0);        /* nothing after the last chunk */
+    /* Each chunk arrived on its own, not buffered up to the end: the
+     * producer waits GAP_MS between chunks, so must the arrivals. */
+    for (int i = 1; i < NCHUNK; i++)
+        if (t[i] - t[i - 1] <= 0.030)
+            fail_msg("chunk %d arrived %.1f ms after the previous one", i,
+                     (t[i] - t[i - 1]) * 1e3);
+    /* Keep-alive continues after the stream. */
+    cli_sends(c, "GET /after HTTP/1.1\r\n\r\n");
+    expect_ok(c, "p=/after ");
+    assert_int_equal(wait_field(x, &x->st_done, 1, 3), 1);
+    assert_int_equal(x->st_start_rc, 0);
+    assert_int_equal(x->st_closed, 0);
+    assert_int_equal(x->st_bad, 0);
+    cli_close(c);
+    finish(x);
+}
+
+static void test_stream_pipelined_and_head(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x = start(&o);
+    cli *c = cli_open(x->port);
+    resp r;
+    (void)state;
+    /* HEAD: the stream's head only; the pipelined GET waits for the end. */
+    cli_sends(c, "HEAD /stream HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 1), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "Transfer-Encoding: chunked\r\n"));
+    resp_free(&r);
+    expect_ok(c, "p=/next ");
+    assert_int_equal(wait_field(x, &x->st_done, 1, 3), 1);
+    /* A stream then a pipelined request: the request waits for the end. */
+    cli_sends(c, "GET /stream HTTP/1.1\r\n\r\nGET /then HTTP/1.1\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    resp_free(&r);
+    for (int i = 0; i < NCHUNK; i++)
+        assert_true(cli_chunk(c, NULL, 0) > 0);
+    assert_int_equal(cli_chunk(c, NULL, 0), 0);
+    expect_ok(c, "p=/then ");
+    assert_int_equal(x->st_bad, 0);
+    cli_close(c);
+    finish(x);
+}
+
+static void test_stream_http10(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x = start(&o);
+    cli *c = cli_open(x->port);
+    resp r;
+    char want[256] = "";
+    ssize_t n;
+    (void)state;
+    cli_sends(c, "GET /stream HTTP/1.0\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "\r\nConnection: close\r\n"));
+    assert_null(strcasestr(r.head, "Transfer-Encoding"));
+    assert_null(strcasestr(r.head, "Content-Length"));
+    resp_free(&r);
+    while ((n = cli_fill(c)) > 0)       /* the body ends at close */
+        ;
+    assert_int_equal(n, 0);
+    for (int i = 0; i < NCHUNK; i++)
+        snprintf(want + strlen(want), sizeof want - strlen(want),
+                 "data: %d\n\n", i);
+    assert_int_equal(c->len, strlen(want));
+    assert_memory_equal(c->buf, want, c->len);
+    assert_int_equal(wait_field(x, &x->st_done, 1, 3), 1);
+    assert_int_equal(x->st_bad, 0);
+    cli_close(c);
+    finish(x);
+}
+
+static void test_stream_client_closes(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x = start(&o);
+    cli *c = cli_open(x->port);
+    resp r;
+    (void)state;
+    cli_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    resp_free(&r);
+    assert_true(cli_chunk(c, NULL, 0) > 0);
+    assert_true(cli_chunk(c, NULL, 0) > 0);
+    cli_close(c);                       /* gone mid-stream */
+    assert_int_equal(wait_field(x, &x->st_closed, 1, 5), 1);
+    assert_int_equal(x->st_write_after, -1);
+    assert_int_equal(wait_field(x, &x->st_done, 1, 3), 1);
+    wait_no_connections(x);
+    /* A hard reset mid-stream. */
+    x->st_write_after = 0;
+    c = cli_open(x->port);
+    cli_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    resp_free(&r);
+    assert_true(cli_chunk(c, NULL, 0) > 0);
+    {
+        struct linger l = { 1, 0 };
+        setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    }
+    cli_close(c);
+    assert_int_equal(wait_field(x, &x->st_closed, 2, 5), 2);
+    assert_int_equal(x->st_write_after, -1);
+    assert_int_equal(wait_field(x, &x->st_done, 2, 3), 2);
+    /* A deferred (not streaming) request learns of the disconnect too. */
+    c = cli_open(x->port);
+    cli_sends(c, "GET /holdc HTTP/1.1\r\n\r\n");
+    assert_int_equal(wait_field(x, &x->held_count, 1, 3), 1);
+    cli_close(c);
+    assert_int_equal(wait_field(x, &x->st_closed, 3, 5), 3);
+    assert_int_equal(wait_field(x, &x->st_done, 3, 3), 3);
+    wait_no_connections(x);
+    assert_int_equal(x->st_bad, 0);
+    finish(x);
+}
+
+static void test_stream_abort(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x = start(&o);
+    cli *c = cli_open(x->port);
+    resp r;
+    char b[8];
+    (void)state;
+    cli_sends(c, "GET /abort HTTP/1.1\r\n\r\n");
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    assert_int_equal(cli_chunk(c, b, sizeof b), 1);
+    assert_string_equal(b, "x");
+    assert_int_equal(cli_chunk(c, NULL, 0), -1);   /* EOF, no last chunk */
+    assert_int_equal(x->st_bad, 0);
+    cli_close(c);
+    finish(x);
+}
+
+static void test_stream_high_water(void **state)
+{
+    qg_http_opts o = base_opts();
+    srv *x;
+    cli *c;
+    resp r;
+    char b[FLOOD_PIECE + 1], last[8] = "";
+    size_t got = 0;
+    long n;
+    (void)state;
+    o.workers = 1;
+    x = start(&o);
+    c = cli_open(x->port);
+    /* The client does not read: writes fill the socket, then the buffer. */
+    cli_sends(c, "GET /flood HTTP/1.1\r\n\r\n");
+    assert_int_equal(wait_field(x, &x->flood_ready, 1, 20), 1);
+    assert_int_equal(x->flood_rc, 1);
+    usleep(50000);
+    assert_int_equal(x->drained, 0);    /* nothing read: no drain yet */
+    /* Now read everything: on_drain fires, writes "end" and ends. */
+    assert_int_equal(cli_read(c, &r, 0), 0);
+    resp_free(&r);
+    while ((n = cli_chunk(c, b, sizeof b)) > 0) {
+        got += (size_t)n;
+        if (n < (long)sizeof last)
+            memcpy(last, b, (size_t)n + 1);
+    }
+    assert_int_equal(n, 0);
+    assert_string_equal(last, "end");
+    assert_int_equal(got, x->flood_bytes + 3);
+    assert_int_equal(wait_field(x, &x->drained, 1, 3), 1);
+    assert_int_equal(wait_field(x, &x->st_done, 1, 3), 1);
+    cli_sends(c, "GET /after HTTP/1.1\r\n\r\n");
+    expect_ok(c, "p=/after ");
+    assert_int_equal(x->st_bad, 0);
+    cli_close(c);
+    finish(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -854,6 +1290,12 @@ int main(void)
         cmocka_unit_test(test_port_in_use),
         cmocka_unit_test(test_post_many),
         cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_stream_chunks),
+        cmocka_unit_test(test_stream_pipelined_and_head),
+        cmocka_unit_test(test_stream_http10),
+        cmocka_unit_test(test_stream_client_closes),
+        cmocka_unit_test(test_stream_abort),
+        cmocka_unit_test(test_stream_high_water),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
