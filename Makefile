@@ -78,7 +78,17 @@ test: deps-test
 	@$(MAKE) --no-print-directory test-build
 	@tests/run.sh build build/asan
 
-test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS)
+test-build: build/quotagate $(OPTB_TESTS) build/asan/quotagate $(ASANB_TESTS) \
+            build/upstream_double build/asan/upstream_double
+
+# the proxy tests' fake model provider (tests/upstream/upstream_double.c)
+DOUBLE_LIBS := $(shell pkg-config --libs jansson libevent 2>/dev/null)
+build/upstream_double: tests/upstream/upstream_double.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPTB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
+build/asan/upstream_double: tests/upstream/upstream_double.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
 bench: deps-bench build/bench_engine build/bench_ledger build/quotagate
 	@build/bench_engine

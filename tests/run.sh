@@ -8,6 +8,7 @@ QG_TESTDATA="$(pwd)/tests/data"; export QG_TESTDATA
 QG_EXAMPLES="$(pwd)/examples"; export QG_EXAMPLES
 for dir in "$@"; do
   QG_BIN="$(pwd)/$dir/quotagate"; export QG_BIN
+  QG_UPSTREAM_BIN="$(pwd)/$dir/upstream_double"; export QG_UPSTREAM_BIN
   for t in "$dir"/tests/test_*; do
     [ -x "$t" ] || continue
     log="$dir/tests/$(basename "$t").log"
