@@ -31,6 +31,7 @@ static const route routes[] = {
     {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg_h_usage},
     {QG_HTTP_GET, "/v1/plans", 0, ANY, qg_h_plans},
     {QG_HTTP_GET, "/v1/weights", 0, ANY, qg_h_weights},
+    {QG_HTTP_GET, "/v1/authz", 0, ANY, qg_h_authz},  /* own auth: h_authz.c */
     {QG_HTTP_GET, "/healthz", 0, ANY, qg_h_healthz},
     {QG_HTTP_GET, "/metrics", 0, ANY, qg_h_metrics},
     {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg_h_admin_subjects},

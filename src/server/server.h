@@ -87,5 +87,8 @@ void qg_h_metrics(qg_server *s, qg_http_req *r, const char *subject);
 void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *subject);
 void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *subject);
 void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
+/* GET /v1/authz (forward-auth): authenticates its own caller from
+ * X-Quotagate-Key, so its route is open (h_authz.c). */
+void qg_h_authz(qg_server *s, qg_http_req *r, const char *subject);
 
 #endif

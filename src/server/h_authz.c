@@ -1,0 +1,483 @@
+/* h_authz.c - GET /v1/authz: forward-auth for gateways that already exist
+ * (nginx auth_request, Envoy ext_authz in HTTP mode, Traefik ForwardAuth).
+ * docs/forward-auth.md has the configurations.
+ *
+ * Who:
+ *  - the service key comes in `X-Quotagate-Key: KEY` (set by the proxy in
+ *    front; the client's own Authorization header is passed through
+ *    untouched by these gateways and identifies the subject).  When the
+ *    subject is named explicitly (X-Quotagate-Subject) and there is no
+ *    X-Quotagate-Key, the service key may come in `Authorization: Bearer`
+ *    or `x-api-key` instead.  The admin key is accepted wherever the
+ *    service key is (as on /v1/check).
+ *  - the subject: `X-Quotagate-Subject` if present, else the client's
+ *    subject key in `Authorization: Bearer KEY` / `x-api-key: KEY`.
+ *  - the request id: `X-Request-Id` (nginx's $request_id), else one is
+ *    generated ("authz-<ms>-<counter>").  A repeated request id is
+ *    answered with the original decision and charged nothing again.
+ *  - the weight: `X-Quotagate-Weight` (decimal, at most 3 decimals), or
+ *    `X-Quotagate-Model` with `X-Quotagate-Input-Tokens` and
+ *    `X-Quotagate-Max-Output-Tokens` (as /v1/check); default 1 point.
+ *
+ * A forward-auth call cannot be settled (the gateway never says when the
+ * request ends), so it is a one-phase charge: decided with
+ * qg_engine_check and, when admitted, settled at once at its reserved
+ * weight (status completed), so no concurrency lease is held.  Both ledger
+ * rows are queued as /v1/check's are (the check row, then a settle-only
+ * row) and the answer does not wait for durability: forward-auth charges
+ * are durable within the ledger's batching window, like checks.
+ *
+ * Answers:
+ *  - allowed: 200, the RateLimit / x-ratelimit headers, X-Quotagate-Subject,
+ *    X-Quotagate-Weight and X-Quotagate-Request-Id (for the gateway to copy
+ *    upstream), and /v1/check's JSON body;
+ *  - refused: 429 with /v1/check's JSON body, Retry-After and the
+ *    rate-limit headers (Envoy and Traefik pass this answer through);
+ *  - `?mode=nginx`: nginx turns any auth subrequest status other than 2xx,
+ *    401 and 403 into a 500, so every answer that is not 2xx or 401 is
+ *    sent as 403 with the same headers and body plus
+ *    `X-Quotagate-Status: <real status>` and `X-Quotagate-Body: <the JSON
+ *    body>` (ASCII-only), which the documented nginx configuration maps
+ *    back to a real 429 (or 400/404/503) with its body;
+ *  - unknown subject: 404 unknown_subject (403 in nginx mode);
+ *    missing or invalid service key, missing or invalid client key: 401
+ *    unauthorized; malformed weight headers: 400 invalid_request. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "auth.h"
+#include "headers.h"
+#include "json_out.h"
+#include "metrics.h"
+#include "rules.h"
+#include "server.h"
+
+#define ERRCAP 320
+#define NEXTRA 6
+#define MILLI_MAX (INT64_C(1) << 50)
+#define TOKENS_MAX (INT64_C(1) << 40)
+
+static _Atomic uint64_t authz_counter;
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n;
+    if (cap == 0)
+        return;
+    n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+/* Header `name` trimmed of blanks into buf (cap bytes).  Returns 1 when
+ * present and non-empty, 0 when absent or empty, -1 when too long. */
+static int header_str(const qg_http_req *r, const char *name, char *buf,
+                      size_t cap)
+{
+    size_t n;
+    const char *v = qg_http_header_get(r, name, &n);
+    if (!v)
+        return 0;
+    while (n && (*v == ' ' || *v == '\t')) {
+        v++;
+        n--;
+    }
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    if (n == 0)
+        return 0;
+    if (n >= cap)
+        return -1;
+    memcpy(buf, v, n);
+    buf[n] = '\0';
+    return 1;
+}
+
+/* The client's key: "Authorization: Bearer KEY" or "x-api-key: KEY". */
+static int client_key(const qg_http_req *r, char *buf, size_t cap)
+{
+    char a[1024];
+    int rc = header_str(r, "authorization", a, sizeof a);
+    if (rc > 0 && strncasecmp(a, "Bearer ", 7) == 0) {
+        const char *k = a + 7;
+        while (*k == ' ')
+            k++;
+        if (!*k)
+            return 0;
+        if (strlen(k) >= cap)
+            return -1;
+        copy_str(buf, cap, k);
+        return 1;
+    }
+    return header_str(r, "x-api-key", buf, cap);
+}
+
+/* "12", "0.5", "1.125" (at most 3 decimals) into milli-units. */
+static int parse_milli(const char *s, int64_t *out)
+{
+    int64_t v = 0;
+    int frac = -1;
+    if (!*s)
+        return -1;
+    for (; *s; s++) {
+        if (*s == '.') {
+            if (frac >= 0)
+                return -1;
+            frac = 0;
+            continue;
+        }
+        if (*s < '0' || *s > '9')
+            return -1;
+        if (frac >= 0 && ++frac > 3)
+            return -1;
+        v = v * 10 + (*s - '0');
+        if (v > MILLI_MAX)
+            return -1;
+    }
+    if (frac == 0)
+        return -1;           /* "12." */
+    for (int i = frac < 0 ? 0 : frac; i < 3; i++)
+        v *= 10;
+    if (v > MILLI_MAX)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_int(const char *s, int64_t max, int64_t *out)
+{
+    int64_t v = 0;
+    if (!*s)
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+        if (v > max)
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ?mode=nginx.  Returns 1 nginx, 0 default, -1 unknown mode. */
+static int parse_mode(const char *q)
+{
+    int mode = 0;
+    while (q && *q) {
+        const char *amp = strchr(q, '&');
+        size_t n = amp ? (size_t)(amp - q) : strlen(q);
+        if (n >= 5 && strncmp(q, "mode=", 5) == 0) {
+            const char *v = q + 5;
+            size_t vn = n - 5;
+            if (vn == 5 && strncmp(v, "nginx", 5) == 0)
+                mode = 1;
+            else if (vn == 0 || (vn == 7 && !strncmp(v, "default", 7)) ||
+                     (vn == 5 && !strncmp(v, "envoy", 5)) ||
+                     (vn == 7 && !strncmp(v, "traefik", 7)))
+                mode = 0;
+            else
+                return -1;
+        }
+        q = amp ? amp + 1 : NULL;
+    }
+    return mode;
+}
+
+/* Respond with status (or, in nginx mode, 403 + X-Quotagate-Status and
+ * X-Quotagate-Body for anything not 2xx/401), adding h (nh headers). */
+static void answer(qg_server *s, qg_http_req *r, int nginx, int status,
+                   char *json, const qg_http_out_header *h, int nh)
+{
+    qg_http_out_header all[QG_HDR_MAX + NEXTRA + 2];
+    char st[16];
+    char *ascii = NULL;
+    int n = 0;
+
+    for (int i = 0; i < nh && n < QG_HDR_MAX + NEXTRA; i++)
+        all[n++] = h[i];
+    if (nginx && json && !(status >= 200 && status < 300) && status != 401) {
+        json_t *j = json_loads(json, 0, NULL);
+        snprintf(st, sizeof st, "%d", status);
+        all[n++] = (qg_http_out_header){"X-Quotagate-Status", st};
+        if (j) {
+            ascii = json_dumps(j, QG_JSON_DUMP_FLAGS | JSON_ENSURE_ASCII);
+            json_decref(j);
+        }
+        if (ascii)
+            all[n++] = (qg_http_out_header){"X-Quotagate-Body", ascii};
+        status = 403;
+    }
+    qg_reply_json(s, r, status, json, all, n);
+    free(ascii);
+}
+
+static void fail(qg_server *s, qg_http_req *r, int nginx, int status,
+                 const char *type, const char *message)
+{
+    answer(s, r, nginx, status, qg_json_error(type, message), NULL, 0);
+}
+
+static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
+                        const char *msg)
+{
+    switch (rc) {
+    case QG_ENOSUBJECT:
+        fail(s, r, nginx, 404, "unknown_subject", msg);
+        break;
+    case QG_EMODEL:
+        fail(s, r, nginx, 400, "unknown_model", msg);
+        break;
+    case QG_EFULL:
+        fail(s, r, nginx, 503, "overloaded", msg);
+        break;
+    case QG_EINVAL:
+    case QG_ERANGE:
+        fail(s, r, nginx, 400, "invalid_request", msg);
+        break;
+    default:
+        fail(s, r, nginx, 500, "internal_error", msg);
+    }
+}
+
+static int is_service(int role)
+{
+    return role == QG_ROLE_SERVICE || role == QG_ROLE_ADMIN;
+}
+
+/* After the immediate settle: the subject's views as they now stand (no
+ * lease held), when they line up with the decision's. */
+static void refresh_views(qg_server *s, const char *subject, int64_t now,
+                          qg_decision *d)
+{
+    qg_decision *u = malloc(sizeof *u);
+    int same;
+    if (!u)
+        return;
+    if (qg_engine_usage(s->engine, subject, now, u) == QG_OK &&
+        u->nviews == d->nviews) {
+        same = 1;
+        for (int i = 0; i < d->nviews && same; i++)
+            same = strcmp(u->views[i].name, d->views[i].name) == 0 &&
+                   u->views[i].org == d->views[i].org;
+        if (same)
+            memcpy(d->views, u->views, sizeof d->views[0] * (size_t)d->nviews);
+    }
+    free(u);
+}
+
+void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[ERRCAP], svc[1024], ckey[1024], subject[256], rid[256];
+    char model[QG_NAME_MAX], num[64], wtext[64];
+    int64_t in_tokens = 0, max_out = -1, weight = 1000, now;
+    int nginx, rc, role, has_subject, has_svc, has_model, has_weight;
+    qg_check_req req;
+    qg_decision dbuf, *d = &dbuf;
+    qg_hdr_buf hb;
+    qg_ledger_row row;
+    qg_http_out_header extra[QG_HDR_MAX + NEXTRA];
+    const qg_rules *rules;
+    int n;
+
+    (void)caller;
+    nginx = parse_mode(r->query);
+    if (nginx < 0) {
+        fail(s, r, 0, 400, "invalid_request",
+             "mode must be nginx (or absent)");
+        return;
+    }
+    now = qg_server_now(s);
+
+    /* the service key */
+    has_subject = header_str(r, "x-quotagate-subject", subject,
+                             sizeof subject);
+    if (has_subject < 0) {
+        fail(s, r, nginx, 400, "invalid_request",
+             "X-Quotagate-Subject is longer than 255 bytes");
+        return;
+    }
+    has_svc = header_str(r, "x-quotagate-key", svc, sizeof svc);
+    if (has_svc <= 0 && has_subject > 0)
+        has_svc = client_key(r, svc, sizeof svc);
+    if (has_svc <= 0) {
+        fail(s, r, nginx, 401, "unauthorized",
+             "the service key is required: X-Quotagate-Key: KEY");
+        return;
+    }
+    role = qg_auth_identify(s->auth, svc, strlen(svc), now, NULL, 0);
+    if (!is_service(role)) {
+        fail(s, r, nginx, 401, "unauthorized",
+             "the service key is not valid (X-Quotagate-Key)");
+        return;
+    }
+
+    /* the subject */
+    if (has_subject <= 0) {
+        char who[256] = "";
+        rc = client_key(r, ckey, sizeof ckey);
+        if (rc <= 0) {
+            fail(s, r, nginx, 401, "unauthorized",
+                 "no subject: the client's API key is required "
+                 "(Authorization: Bearer KEY or x-api-key: KEY), or "
+                 "X-Quotagate-Subject");
+            return;
+        }
+        role = qg_auth_identify(s->auth, ckey, strlen(ckey), now, who,
+                                sizeof who);
+        if (role != QG_ROLE_SUBJECT || !who[0]) {
+            fail(s, r, nginx, 401, "unauthorized",
+                 role == QG_ROLE_NONE
+                     ? "the client's API key is not valid (unknown or "
+                       "revoked)"
+                     : "the client's API key is not a subject key");
+            return;
+        }
+        copy_str(subject, sizeof subject, who);
+    }
+
+    /* the request id */
+    rc = header_str(r, "x-request-id", rid, sizeof rid);
+    if (rc < 0) {
+        fail(s, r, nginx, 400, "invalid_request",
+             "X-Request-Id is longer than 255 bytes");
+        return;
+    }
+    if (rc == 0)
+        snprintf(rid, sizeof rid, "authz-%lld-%llu", (long long)now,
+                 (unsigned long long)atomic_fetch_add(&authz_counter, 1) + 1);
+
+    /* the weight */
+    has_weight = header_str(r, "x-quotagate-weight", num, sizeof num);
+    if (has_weight < 0 || (has_weight > 0 && parse_milli(num, &weight) < 0)) {
+        fail(s, r, nginx, 400, "invalid_request",
+             "X-Quotagate-Weight must be a number >= 0 with at most 3 "
+             "decimals");
+        return;
+    }
+    has_model = header_str(r, "x-quotagate-model", model, sizeof model);
+    if (has_model < 0) {
+        fail(s, r, nginx, 400, "invalid_request",
+             "X-Quotagate-Model is too long");
+        return;
+    }
+    if (has_model > 0 && has_weight > 0) {
+        fail(s, r, nginx, 400, "invalid_request",
+             "give either X-Quotagate-Model (with X-Quotagate-Input-Tokens "
+             "and X-Quotagate-Max-Output-Tokens) or X-Quotagate-Weight");
+        return;
+    }
+    if (has_model > 0) {
+        rc = header_str(r, "x-quotagate-input-tokens", num, sizeof num);
+        if (rc < 0 || (rc > 0 && parse_int(num, TOKENS_MAX, &in_tokens) < 0)) {
+            fail(s, r, nginx, 400, "invalid_request",
+                 "X-Quotagate-Input-Tokens must be an integer >= 0");
+            return;
+        }
+        rc = header_str(r, "x-quotagate-max-output-tokens", num, sizeof num);
+        if (rc < 0 || (rc > 0 && parse_int(num, TOKENS_MAX, &max_out) < 0)) {
+            fail(s, r, nginx, 400, "invalid_request",
+                 "X-Quotagate-Max-Output-Tokens must be an integer >= 0");
+            return;
+        }
+    }
+    if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
+        fail(s, r, nginx, 503, "overloaded",
+             "the ledger is behind; retry shortly");
+        return;
+    }
+
+    /* decide */
+    req = (qg_check_req){.subject = subject, .request_id = rid,
+                         .model = has_model > 0 ? model : NULL,
+                         .input_tokens = in_tokens,
+                         .max_output_tokens = max_out,
+                         .weight_milli = has_model > 0 ? 0 : weight};
+    rc = qg_engine_check(s->engine, &req, now, d, err, sizeof err);
+    if (rc != QG_OK) {
+        fail_engine(s, r, nginx, rc, err);
+        return;
+    }
+    rules = qg_engine_rules(s->engine);
+    qg_metrics_record(s->metrics, d);
+    if (!d->replayed) {
+        memset(&row, 0, sizeof row);
+        copy_str(row.request_id, sizeof row.request_id, rid);
+        copy_str(row.subject, sizeof row.subject, subject);
+        copy_str(row.org, sizeof row.org, d->org);
+        copy_str(row.plan, sizeof row.plan, d->plan);
+        copy_str(row.rules_version, sizeof row.rules_version,
+                 d->rules_version);
+        copy_str(row.weights_version, sizeof row.weights_version,
+                 d->weights_version);
+        copy_str(row.model, sizeof row.model, d->model);
+        if (d->binding >= 0)
+            copy_str(row.window, sizeof row.window, d->views[d->binding].name);
+        row.decision = d->outcome;
+        row.status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED
+                                            : QG_ROW_REJECTED;
+        row.input_tokens = in_tokens;
+        row.output_tokens = has_model > 0
+                                ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                               : max_out)
+                                : 0;
+        row.reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
+        row.weight_milli = row.reserved_milli;
+        row.created_ms = d->decided_at_ms;
+        if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+            fprintf(stderr, "quotagate: ledger queue full: the row of "
+                    "request %s was not queued\n", rid);
+        if (d->outcome == QG_ALLOW) {
+            /* one phase: settle at once at the reserved weight */
+            qg_settle_result res;
+            qg_settle_req sr = {.request_id = rid,
+                                .status = QG_SETTLE_COMPLETED,
+                                .input_tokens = row.input_tokens,
+                                .output_tokens = row.output_tokens,
+                                .weight_milli = -1};
+            if (qg_engine_settle(s->engine, &sr, now, &res, err,
+                                 sizeof err) == QG_OK) {
+                qg_ledger_row srow;
+                qg_metrics_settle(s->metrics, &res);
+                memset(&srow, 0, sizeof srow);
+                copy_str(srow.request_id, sizeof srow.request_id, rid);
+                srow.settle_only = 1;
+                srow.status = QG_ROW_COMPLETED;
+                srow.estimated = has_model > 0;
+                srow.input_tokens = row.input_tokens;
+                srow.output_tokens = row.output_tokens;
+                srow.weight_milli = res.charged_milli;
+                srow.settled_ms = now;
+                if (qg_ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
+                    fprintf(stderr, "quotagate: ledger queue full: the "
+                            "settle of request %s was not queued\n", rid);
+                refresh_views(s, subject, now, d);
+            } else {
+                fprintf(stderr, "quotagate: authz: settle of %s: %s\n", rid,
+                        err);
+            }
+        }
+    }
+    if (qg_headers_for_decision(d, rules, now, &hb) < 0)
+        hb.n = 0;
+    n = 0;
+    for (int i = 0; i < hb.n; i++)
+        extra[n++] = hb.h[i];
+    {
+        int64_t w = d->weight_milli;
+        if (w % 1000 == 0)
+            snprintf(wtext, sizeof wtext, "%lld", (long long)(w / 1000));
+        else {
+            int len = snprintf(wtext, sizeof wtext, "%lld.%03lld",
+                               (long long)(w / 1000), (long long)(w % 1000));
+            while (len > 0 && wtext[len - 1] == '0')
+                wtext[--len] = '\0';
+        }
+    }
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Subject", subject};
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Weight", wtext};
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", rid};
+    answer(s, r, nginx, d->outcome == QG_ALLOW ? 200 : 429,
+           qg_json_check(d, rid, rules->unit), extra, n);
+}
