@@ -20,6 +20,7 @@ typedef struct route {
 } route;
 
 #define ANY 0
+#define QG_ANY_METHOD 0          /* a route for every method */
 #define SERVICE QG_ROLE_SERVICE
 #define ADMIN QG_ROLE_ADMIN
 #define SUBJECT QG_ROLE_SUBJECT
@@ -31,7 +32,8 @@ static const route routes[] = {
     {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg_h_usage},
     {QG_HTTP_GET, "/v1/plans", 0, ANY, qg_h_plans},
     {QG_HTTP_GET, "/v1/weights", 0, ANY, qg_h_weights},
-    {QG_HTTP_GET, "/v1/authz", 0, ANY, qg_h_authz},  /* own auth: h_authz.c */
+    /* any method: Envoy's ext_authz asks with the client's own method */
+    {QG_ANY_METHOD, "/v1/authz", 0, ANY, qg_h_authz},  /* own auth: h_authz.c */
     {QG_HTTP_GET, "/healthz", 0, ANY, qg_h_healthz},
     {QG_HTTP_GET, "/metrics", 0, ANY, qg_h_metrics},
     {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg_h_admin_subjects},
@@ -78,7 +80,8 @@ void qg_server_handle(qg_http_req *r, void *ud)
         if (!path_matches(&routes[i], r->path))
             continue;
         path_known = 1;
-        if (routes[i].method == r->method ||
+        if (routes[i].method == QG_ANY_METHOD ||
+            routes[i].method == r->method ||
             (r->method == QG_HTTP_HEAD && routes[i].method == QG_HTTP_GET)) {
             found = &routes[i];
             break;

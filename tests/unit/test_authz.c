@@ -329,10 +329,14 @@ static void test_allow(void **state)
     assert_non_null(strstr(hdr(r, "X-Quotagate-Request-Id", "gen"),
                            "authz-"));
     assert_true(NEAR(used_in(s, "burst_5h"), 2));
-    /* POST is not this route's method */
+    /* POST is answered like GET (Envoy checks with the client's method):
+     * the service key in Authorization without X-Quotagate-Subject is
+     * not a forward-auth call, so 401 as for GET */
     {
         http_resp *p = call("POST", "/v1/authz", SERVICE, "{}");
-        WANT(p, 405, "POST /v1/authz");
+        WANT(p, 401, "POST /v1/authz without X-Quotagate-Key");
+        p = call("GET", "/v1/authz", SERVICE, NULL);
+        WANT(p, 401, "GET /v1/authz without X-Quotagate-Key");
     }
 }
 
