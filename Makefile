@@ -11,7 +11,8 @@
 # the CLI and every test.
 
 CC      ?= cc
-PKGS    := yaml-0.1 jansson libxxhash libevent libevent_pthreads sqlite3 libcrypto
+PKGS    := yaml-0.1 jansson libxxhash libevent libevent_pthreads \
+           libevent_openssl sqlite3 libssl libcrypto
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
                  -Iinclude -Isrc/core -Isrc/store -Isrc/io -Isrc/analysis \
@@ -99,8 +100,8 @@ bench: deps-bench build/bench_engine build/bench_ledger build/quotagate
 deps-bench:
 	@scripts/deps.sh bench
 
-build/bench_engine: bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a
-	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c $(OPTB_SUPOBJ) build/libquotagate.a $(LIBS)
+build/bench_engine: bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a $(LIBS)
 
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)

@@ -23,16 +23,68 @@ static const qg_win_ctx *ctx_of(const qg_decide_in *in, int i)
     return &in->ctx[in->org[i]];
 }
 
+/* Direct per-type calls (the same functions window.c's table forwards to,
+ * with the same answers for an unknown type): the decision path calls
+ * them several times per window, and the table lookup, the view's memset
+ * and the out-of-line dispatchers showed in profiles. */
+static inline int64_t admit_at(const qg_window_spec *s, qg_win_state *st,
+                               const qg_win_ctx *ctx, int64_t a)
+{
+    switch (s->type) {
+    case QG_WIN_ROLLING: return qg__rolling_admit_at(s, st, ctx, a);
+    case QG_WIN_CALENDAR: return qg__calendar_admit_at(s, st, ctx, a);
+    case QG_WIN_SESSION: return qg__session_admit_at(s, st, ctx, a);
+    case QG_WIN_RATE: return qg__rate_admit_at(s, st, ctx, a);
+    case QG_WIN_CONCURRENCY: return qg__concurrency_admit_at(s, st, ctx, a);
+    default: return QG_NEVER;
+    }
+}
+
+static inline int charge(const qg_window_spec *s, qg_win_state *st,
+                         const qg_win_ctx *ctx, int64_t a)
+{
+    switch (s->type) {
+    case QG_WIN_ROLLING: return qg__rolling_charge(s, st, ctx, a);
+    case QG_WIN_CALENDAR: return qg__calendar_charge(s, st, ctx, a);
+    case QG_WIN_SESSION: return qg__session_charge(s, st, ctx, a);
+    case QG_WIN_RATE: return qg__rate_charge(s, st, ctx, a);
+    case QG_WIN_CONCURRENCY: return qg__concurrency_charge(s, st, ctx, a);
+    default: return QG_EINVAL;
+    }
+}
+
+/* qg_win_view without the memset: every type fills the four amounts. */
+static inline void view(const qg_window_spec *s, qg_win_state *st,
+                        const qg_win_ctx *ctx, qg_window_view *out)
+{
+    out->name = s->name;
+    out->type = (int)s->type;
+    out->unit = s->type == QG_WIN_CONCURRENCY ? (int)QG_UNIT_REQUESTS
+                                              : (int)s->unit;
+    switch (s->type) {
+    case QG_WIN_ROLLING: qg__rolling_view(s, st, ctx, out); break;
+    case QG_WIN_CALENDAR: qg__calendar_view(s, st, ctx, out); break;
+    case QG_WIN_SESSION: qg__session_view(s, st, ctx, out); break;
+    case QG_WIN_RATE: qg__rate_view(s, st, ctx, out); break;
+    case QG_WIN_CONCURRENCY: qg__concurrency_view(s, st, ctx, out); break;
+    default:
+        out->limit_milli = out->used_milli = out->remaining_milli = 0;
+        out->reset_at_ms = 0;
+        break;
+    }
+}
+
 void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery)
 {
     out->nviews = in->n;
     for (int i = 0; i < in->n; i++) {
-        qg_win_view(in->spec[i], in->state[i], ctx_of(in, i), &out->views[i]);
+        const qg_win_ctx *ctx = ctx_of(in, i);
+        view(in->spec[i], in->state[i], ctx, &out->views[i]);
         out->views[i].org = in->org[i];
         out->nrecovery[i] = 0;
         if (with_recovery && out->views[i].used_milli > 0)
             out->nrecovery[i] =
-                qg_win_recovery(in->spec[i], in->state[i], ctx_of(in, i),
+                qg_win_recovery(in->spec[i], in->state[i], ctx,
                                 out->recovery[i], QG_MAX_RECOVERY);
     }
 }
@@ -64,8 +116,8 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
         int64_t at;
         if (!qg_window_applies(s, in->model))
             continue;
-        at = qg_win_admit_at(s, in->state[i], ctx_of(in, i),
-                             qg_win_amount(s, in->weight_milli));
+        at = admit_at(s, in->state[i], ctx_of(in, i),
+                      qg_win_amount(s, in->weight_milli));
         if (at == QG_NEVER) {
             /* The first window that can never hold it binds. */
             if (never < 0)
@@ -88,8 +140,8 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
             int rc;
             if (!qg_window_applies(s, in->model))
                 continue;
-            rc = qg_win_charge(s, in->state[i], ctx_of(in, i),
-                               qg_win_amount(s, in->weight_milli));
+            rc = charge(s, in->state[i], ctx_of(in, i),
+                        qg_win_amount(s, in->weight_milli));
             if (rc != QG_OK) {
                 rollback(in, i);
                 return rc;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "window.h"
+#include "store.h"   /* QG_WIN_BORROWED */
 
 #define CONC_DEFAULT_TTL_MS (15LL * 60 * 1000)
 #define CONC_SLACK 16u
@@ -95,16 +96,25 @@ int qg__concurrency_charge(const qg_window_spec *s, qg_win_state *st,
             return 0;
         }
     }
-    if (st->u.conc.count == st->u.conc.cap) {
+    uint32_t cap = st->u.conc.cap & ~QG_WIN_BORROWED;
+    if (st->u.conc.count == cap) {
         int64_t lim = slots_of(s) + CONC_SLACK;
         if (lim > CONC_HARD_CAP)
             lim = CONC_HARD_CAP;
-        if ((int64_t)st->u.conc.cap >= lim)
+        if ((int64_t)cap >= lim)
             return QG_EFULL;
-        uint32_t nc = st->u.conc.cap ? st->u.conc.cap * 2 : 2;
+        uint32_t nc = cap ? cap * 2 : 2;
         if ((int64_t)nc > lim)
             nc = (uint32_t)lim;
-        qg_lease *n = realloc(st->u.conc.leases, (size_t)nc * sizeof *n);
+        qg_lease *n;
+        if (st->u.conc.cap & QG_WIN_BORROWED) {
+            /* Lent by the store (store.h): move to the heap. */
+            if ((n = malloc((size_t)nc * sizeof *n)) != NULL)
+                memcpy(n, st->u.conc.leases,
+                       (size_t)st->u.conc.count * sizeof *n);
+        } else {
+            n = realloc(st->u.conc.leases, (size_t)nc * sizeof *n);
+        }
         if (!n)
             return QG_ENOMEM;
         st->u.conc.leases = n;
@@ -198,11 +208,14 @@ int qg__concurrency_recovery(const qg_window_spec *s, qg_win_state *st,
 size_t qg__concurrency_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
     (void)s;
+    if (st->u.conc.cap & QG_WIN_BORROWED)
+        return 0;              /* counted in the lender's block */
     return (size_t)st->u.conc.cap * sizeof(qg_lease);
 }
 
 void qg__concurrency_free(qg_win_state *st)
 {
-    free(st->u.conc.leases);
+    if (!(st->u.conc.cap & QG_WIN_BORROWED))
+        free(st->u.conc.leases);
     memset(st, 0, sizeof *st);
 }

@@ -32,6 +32,7 @@
 #include <string.h>
 #include "window.h"
 #include "fixed.h"
+#include "store.h"   /* QG_WIN_BORROWED */
 
 #define ROLL_START_CAP 4u
 #define ROLL_MIN_MAX 16u
@@ -55,12 +56,18 @@ static uint32_t max_entries(const qg_window_spec *s)
     return m;
 }
 
+/* Ring capacity without the borrowed bit (store.h). */
+static uint32_t rcap(const qg_win_state *st)
+{
+    return st->u.roll.cap & ~QG_WIN_BORROWED;
+}
+
 /* i-th entry counting from the oldest. */
 static qg_roll_entry *ent(const qg_win_state *st, uint32_t i)
 {
     uint32_t k = st->u.roll.head + i;
-    if (k >= st->u.roll.cap)
-        k -= st->u.roll.cap;
+    if (k >= rcap(st))
+        k -= rcap(st);
     return &st->u.roll.ring[k];
 }
 
@@ -81,7 +88,7 @@ static void prune(const qg_window_spec *s, qg_win_state *st, int64_t now)
         if (sat_add(e->t_ms, s->length_ms) > now)
             break;
         st->u.roll.total_milli -= e->amount_milli;
-        st->u.roll.head = st->u.roll.head + 1 == st->u.roll.cap
+        st->u.roll.head = st->u.roll.head + 1 == rcap(st)
                               ? 0 : st->u.roll.head + 1;
         st->u.roll.count--;
     }
@@ -100,7 +107,8 @@ static int resize(qg_win_state *st, uint32_t newcap)
         return QG_ENOMEM;
     for (uint32_t i = 0; i < st->u.roll.count; i++)
         n[i] = *ent(st, i);
-    free(st->u.roll.ring);
+    if (!(st->u.roll.cap & QG_WIN_BORROWED))
+        free(st->u.roll.ring);
     st->u.roll.ring = n;
     st->u.roll.cap = newcap;
     st->u.roll.head = 0;
@@ -197,18 +205,18 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
         if (n && ent(st, n - 1)->t_ms >= t)
             return qg__rolling_charge(s, st, ctx, a);
     }
-    if (n == st->u.roll.cap) {
-        uint32_t nc = st->u.roll.cap ? st->u.roll.cap * 2 : ROLL_START_CAP;
+    if (n == rcap(st)) {
+        uint32_t nc = rcap(st) ? rcap(st) * 2 : ROLL_START_CAP;
         if (nc > m)
             nc = m;
         int rc = resize(st, nc);
         if (rc)
             return rc;
-    } else if (st->u.roll.cap > 4 * ROLL_START_CAP &&
-               (n + 1) * 4 <= st->u.roll.cap) {
+    } else if (rcap(st) > 4 * ROLL_START_CAP &&
+               (n + 1) * 4 <= rcap(st)) {
         /* Mostly empty after a burst expired: give memory back.  A failed
          * shrink is harmless. */
-        (void)resize(st, st->u.roll.cap / 2);
+        (void)resize(st, rcap(st) / 2);
     }
     qg_roll_entry *e = ent(st, n);
     e->t_ms = t;
@@ -315,11 +323,14 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
 size_t qg__rolling_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
     (void)s;
+    if (st->u.roll.cap & QG_WIN_BORROWED)
+        return 0;              /* counted in the lender's block */
     return (size_t)st->u.roll.cap * sizeof(qg_roll_entry);
 }
 
 void qg__rolling_free(qg_win_state *st)
 {
-    free(st->u.roll.ring);
+    if (!(st->u.roll.cap & QG_WIN_BORROWED))
+        free(st->u.roll.ring);
     memset(st, 0, sizeof *st);
 }

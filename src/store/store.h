@@ -22,6 +22,13 @@ typedef struct qg_key {
     uint64_t hi, lo;
 } qg_key;
 
+/* Window state memory lent by a store.  A store may place a rolling ring
+ * or a lease array inside its own block (window.h's state then points into
+ * it) and mark the capacity with this bit: the window code uses the memory
+ * but never frees or reallocates it, and moves to the heap when it needs
+ * more.  One block then holds all of an entity's state (one prefetch). */
+#define QG_WIN_BORROWED 0x80000000u
+
 /* One decision, fully resolved by the engine. */
 typedef struct qg_store_check {
     qg_key rid;                 /* request id */

@@ -128,14 +128,51 @@ static const layout *layout_get(ent_shard *sh, const qg_window_spec *specs,
     return l;
 }
 
+/* Rolling rings and lease arrays start inside the entity's block (lent,
+ * store.h): a decision then reads one block, which mem_check prefetches,
+ * instead of chasing two more pointers to scattered heap blocks.  They
+ * move to the heap only when they outgrow these. */
+#define INLINE_RING 4            /* = the rolling ring's first capacity */
+#define INLINE_LEASES 4
+
+static size_t inline_bytes(const layout *lay)
+{
+    size_t b = 0;
+    for (uint32_t i = 0; i < lay->n; i++)
+        if (lay->type[i] == QG_WIN_ROLLING)
+            b += INLINE_RING * sizeof(qg_roll_entry);
+        else if (lay->type[i] == QG_WIN_CONCURRENCY)
+            b += INLINE_LEASES * sizeof(qg_lease);
+    return b;
+}
+
+static size_t entity_bytes(const layout *lay)
+{
+    return sizeof(entity) + (size_t)lay->n * sizeof(qg_win_state) +
+           inline_bytes(lay);
+}
+
 static entity *entity_new(qg_key key, const layout *lay)
 {
-    entity *e = calloc(1, sizeof *e + (size_t)lay->n * sizeof(qg_win_state));
+    entity *e = calloc(1, entity_bytes(lay));
     if (!e)
         return NULL;
     e->key = key;
     e->lay = lay;
     e->win = e->inline_win;
+    char *p = (char *)&e->inline_win[lay->n];
+    for (uint32_t i = 0; i < lay->n; i++) {
+        qg_win_state *st = &e->win[i];
+        if (lay->type[i] == QG_WIN_ROLLING) {
+            st->u.roll.ring = (qg_roll_entry *)(void *)p;
+            st->u.roll.cap = INLINE_RING | QG_WIN_BORROWED;
+            p += INLINE_RING * sizeof(qg_roll_entry);
+        } else if (lay->type[i] == QG_WIN_CONCURRENCY) {
+            st->u.conc.leases = (qg_lease *)(void *)p;
+            st->u.conc.cap = INLINE_LEASES | QG_WIN_BORROWED;
+            p += INLINE_LEASES * sizeof(qg_lease);
+        }
+    }
     return e;
 }
 
@@ -229,7 +266,7 @@ static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
     sh->slots[j].key = key;
     sh->slots[j].e = e;
     sh->count++;
-    sh->bytes += sizeof *e + (size_t)n * sizeof(qg_win_state);
+    sh->bytes += entity_bytes(lay);
     *out = e;
     return QG_OK;
 }
@@ -341,9 +378,20 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     din->ctx[0].anchor_ms = anchor;
     din->ctx[1].anchor_ms = 0;
     din->ctx[0].rid = din->ctx[1].rid = rid.lo;
-    qg_decide_add(din, m->lay->specs, (int)m->lay->n, m->win, 0);
+    /* qg_decide_add inlined (get_entities checked the total fits). */
+    int n = 0;
+    for (uint32_t i = 0; i < m->lay->n; i++, n++) {
+        din->spec[n] = &m->lay->specs[i];
+        din->state[n] = &m->win[i];
+        din->org[n] = 0;
+    }
     if (o)
-        qg_decide_add(din, o->lay->specs, (int)o->lay->n, o->win, 1);
+        for (uint32_t i = 0; i < o->lay->n; i++, n++) {
+            din->spec[n] = &o->lay->specs[i];
+            din->state[n] = &o->win[i];
+            din->org[n] = 1;
+        }
+    din->n = n;
 }
 
 /* hint: an entity this member was found at before (the engine caches it
@@ -384,9 +432,20 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     /* The request id's slot and the member's entity are far apart in
      * memory and both needed: start loading them together. */
     __builtin_prefetch(&rs->slots[(uint32_t)(in->rid.lo >> 8) & (rs->cap - 1)]);
+    /* When the shard is full, resv_make_room forgets the oldest id: its
+     * slot is a third random line.  Read the FIFO head without the lock:
+     * a stale value only makes the prefetch useless, never wrong. */
+    if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) >= rs->max) {
+        uint32_t h = __atomic_load_n(&rs->fifo_head, __ATOMIC_RELAXED);
+        uint64_t lo = __atomic_load_n(&rs->fifo[h < rs->max ? h : 0].lo,
+                                      __ATOMIC_RELAXED);
+        __builtin_prefetch(&rs->slots[(uint32_t)(lo >> 8) & (rs->cap - 1)]);
+    }
     if (in->hint && *in->hint) {
+        /* header, 4-5 window states and the lent ring and leases: up to
+         * 6 lines for the plans seen so far */
         const char *h = *in->hint;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 6; i++)
             __builtin_prefetch(h + 64 * i);
     }
     pthread_mutex_lock(&rs->mu);
