@@ -34,6 +34,8 @@ static const route routes[] = {
     {QG_HTTP_GET, "/v1/weights", 0, ANY, qg_h_weights},
     /* any method: Envoy's ext_authz asks with the client's own method */
     {QG_ANY_METHOD, "/v1/authz", 0, ANY, qg_h_authz},  /* own auth: h_authz.c */
+    {QG_HTTP_POST, "/v1/chat/completions", 0, SUBJECT, qg_h_proxy_openai},
+    {QG_HTTP_POST, "/v1/messages", 0, SUBJECT, qg_h_proxy_anthropic},
     {QG_HTTP_GET, "/healthz", 0, ANY, qg_h_healthz},
     {QG_HTTP_GET, "/metrics", 0, ANY, qg_h_metrics},
     {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg_h_admin_subjects},
@@ -131,6 +133,8 @@ int qg_server_route(const char *path)
         {"/v1/weights", QG_ROUTE_WEIGHTS}, {"/v1/authz", QG_ROUTE_AUTHZ},
         {"/v1/admin/", QG_ROUTE_ADMIN},    {"/metrics", QG_ROUTE_METRICS},
         {"/healthz", QG_ROUTE_HEALTHZ},
+        {"/v1/chat/completions", QG_ROUTE_CHAT},
+        {"/v1/messages", QG_ROUTE_MESSAGES},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (strncmp(path, map[i].prefix, strlen(map[i].prefix)) == 0)

@@ -290,6 +290,10 @@ int qg_serve(const qg_serve_opts *opts)
         goto done;
     }
     rules = NULL;                /* the engine owns them */
+    if (qg_proxy_start(&s, err, sizeof err) != 0) {
+        fprintf(stderr, "quotagate: --upstream: %s\n", err);
+        goto done;
+    }
     if (qg_ledger_scan_subjects(s.ledger, put_subject, &s) != QG_OK ||
         rebuild(&s) != QG_OK) {
         fprintf(stderr, "quotagate: cannot read the ledger to rebuild the "
@@ -334,6 +338,7 @@ done:
     }
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
+    qg_proxy_stop(&s);
     qg_ledger_close(s.ledger);
     qg_http_server_free(s.http);
     qg_metrics_free(s.metrics);

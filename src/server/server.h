@@ -13,6 +13,7 @@
 
 typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
+typedef struct qg_proxy qg_proxy;   /* h_proxy.c */
 
 typedef struct qg_serve_opts {
     const char *rules_path;
@@ -22,7 +23,7 @@ typedef struct qg_serve_opts {
     const char *data_dir;        /* default ./var */
     const char *ledger_url;      /* default sqlite:DATA/ledger.db */
     const char *store_url;       /* "memory" (default) */
-    const char *upstream;        /* the proxy's (a later issue) */
+    const char *upstream;        /* the proxy's upstream URL, or NULL */
     int workers;                 /* HTTP worker threads, default 2 */
     int header_timeout_ms;
     int idle_timeout_ms;
@@ -39,6 +40,7 @@ typedef struct qg_server {
     qg_http_server *http;
     qg_metrics *metrics;
     qg_auth *auth;
+    qg_proxy *proxy;             /* NULL without --upstream */
     pthread_mutex_t reload_mu;   /* one reload at a time */
     int64_t wall0_ms;            /* CLOCK_REALTIME at start */
     int64_t mono0_ms;            /* CLOCK_MONOTONIC at start */
@@ -90,5 +92,14 @@ void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
 /* GET /v1/authz (forward-auth): authenticates its own caller from
  * X-Quotagate-Key, so its route is open (h_authz.c). */
 void qg_h_authz(qg_server *s, qg_http_req *r, const char *subject);
+/* The metering proxy (h_proxy.c, docs/proxy.md): POST /v1/chat/completions
+ * and POST /v1/messages with a subject key. */
+void qg_h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject);
+void qg_h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject);
+/* Set up the proxy when opts.upstream is set (0, or -1 with err: a bad
+ * URL); stop it after qg_http_server_run returned and before the ledger
+ * closes (cancels requests in flight, settles them cancelled). */
+int qg_proxy_start(qg_server *s, char *err, size_t errcap);
+void qg_proxy_stop(qg_server *s);
 
 #endif

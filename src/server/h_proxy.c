@@ -1,0 +1,839 @@
+/* h_proxy.c - the metering proxy: POST /v1/chat/completions (OpenAI
+ * shape) and POST /v1/messages (Anthropic shape), docs/proxy.md.
+ *
+ * One request, on the worker thread that read it:
+ *   1. the caller's subject key names the subject (routes.c); the body
+ *      gives the model, the input estimate and the output cap
+ *      (qg_request_fields); qg_engine_check reserves, or the request is
+ *      refused like /v1/check (429, headers, JSON body) and the upstream
+ *      is never called;
+ *   2. the request goes upstream on the worker's event base through a
+ *      pooled keep-alive connection (upstream.h), with the gateway's own
+ *      credential instead of the caller's key;
+ *   3. a non-streaming answer is read whole, its usage read, the charge
+ *      settled, the answer passed on; a stream is passed on chunk by
+ *      chunk as it arrives while an SSE parser reads its usage, and
+ *      settled when it ends.
+ * The unhappy paths each have one rule (docs/proxy.md), all settled
+ * through px_settle: the ledger row's status and estimated flag say
+ * which rule applied.
+ *
+ * libevent's client callbacks are never used to cancel their own request:
+ * a cancel from inside a chunk callback is deferred to a zero timer. */
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "headers.h"
+#include "json_out.h"
+#include "metrics.h"
+#include "proxy.h"
+#include "rules.h"
+#include "server.h"
+#include "sse.h"
+#include "upstream.h"
+#include "usage.h"
+
+#define SSE_MAX_EVENT (1u << 20)
+#define MAX_BUFFERED_BODY (64u << 20)
+
+typedef struct px px;
+
+struct qg_proxy {
+    qg_upstream *up;
+    int nworkers;
+    px **live;                 /* per worker: requests in flight */
+};
+
+struct px {
+    qg_server *s;
+    qg_http_req *r;
+    int worker;
+    int shape;
+    int route;
+    struct event_base *base;
+    struct evhttp_connection *conn;
+    struct evhttp_request *ureq;   /* NULL once finished or cancelled */
+    struct event *defer;           /* zero timer: abort after client gone */
+    px *prev, *next;               /* in qg_proxy.live[worker] */
+
+    char rid[QG_REQUEST_ID_MAX + 1];
+    int64_t in_est;                /* admission's input estimate */
+    int caller_stream;             /* the caller asked "stream": true */
+    int filter;                    /* drop the usage-only chunk */
+    int streaming;                 /* qg_http_stream_start done */
+    int client_gone;
+    int settled;
+    int cancelling;                /* we cancel ureq: ignore its callbacks */
+    int paused;
+    int uerr;                      /* evhttp_request_error, -1 none */
+    int status;                    /* the upstream's status */
+    char ctype[128];
+    char retry_after[64];
+    struct evbuffer *body;         /* buffered (non-stream) answer */
+    struct evbuffer *pend;         /* filter mode: the current event */
+    qg_sse *sse;
+    qg_sse_split split;
+    int drop;                      /* set by on_event: drop this event */
+    qg_usage_counts u;
+    int final_usage;               /* the stream's final usage arrived */
+    int64_t content_bytes;
+    qg_hdr_buf hb;                 /* the decision's rate-limit headers */
+};
+
+static _Atomic uint64_t px_counter;
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n;
+    if (cap == 0)
+        return;
+    n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+/* -------------------------------------------------------- lifecycle */
+
+static void px_free(px *p)
+{
+    qg_proxy *pr = p->s->proxy;
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (pr->live[p->worker] == p)
+        pr->live[p->worker] = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    if (p->conn)
+        qg_upstream_release(pr->up, p->worker, p->conn);
+    if (p->defer)
+        event_free(p->defer);
+    if (p->body)
+        evbuffer_free(p->body);
+    if (p->pend)
+        evbuffer_free(p->pend);
+    qg_sse_free(p->sse);
+    free(p);
+}
+
+/* Cancel the upstream request (not from inside its own callbacks). */
+static void px_cancel_upstream(px *p)
+{
+    if (p->ureq) {
+        struct evhttp_request *q = p->ureq;
+        p->cancelling = 1;
+        p->ureq = NULL;
+        evhttp_cancel_request(q);
+    }
+}
+
+/* ------------------------------------------------------------ settle */
+
+/* Tokens to charge from what the response showed: reported counts when
+ * present, else the input estimate and ceil(content bytes / 4); a
+ * stream's output counts as reported only when its final usage came. */
+static void px_tokens(const px *p, int64_t *in, int64_t *out, int *est)
+{
+    int64_t by_bytes = (p->content_bytes + 3) / 4;
+    *est = 0;
+    if (p->u.have_input) {
+        *in = p->u.input_tokens;
+    } else {
+        *in = p->in_est;
+        *est = 1;
+    }
+    if (p->final_usage && p->u.have_output) {
+        *out = p->u.output_tokens;
+    } else {
+        int64_t seen = p->u.have_output ? p->u.output_tokens : 0;
+        *out = seen > by_bytes ? seen : by_bytes;
+        *est = 1;
+    }
+}
+
+static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
+                      int estimated)
+{
+    static const int row_status[] = {0, QG_ROW_COMPLETED, QG_ROW_CANCELLED,
+                                     QG_ROW_FAILED};
+    char err[256];
+    qg_settle_req req;
+    qg_settle_result res;
+    qg_ledger_row row;
+    int64_t now;
+
+    if (p->settled)
+        return;
+    p->settled = 1;
+    now = qg_server_now(p->s);
+    req = (qg_settle_req){.request_id = p->rid, .status = st,
+                          .input_tokens = in, .output_tokens = out,
+                          .weight_milli = -1};
+    if (qg_engine_settle(p->s->engine, &req, now, &res, err, sizeof err) !=
+        QG_OK) {
+        fprintf(stderr, "quotagate: proxy: settle of %s: %s\n", p->rid, err);
+        return;
+    }
+    qg_metrics_settle(p->s->metrics, &res);
+    memset(&row, 0, sizeof row);
+    copy_str(row.request_id, sizeof row.request_id, p->rid);
+    row.settle_only = 1;
+    row.status = row_status[st];
+    row.estimated = estimated;
+    row.input_tokens = in;
+    row.output_tokens = out;
+    row.weight_milli = res.charged_milli;
+    row.settled_ms = now;
+    if (qg_ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
+        fprintf(stderr, "quotagate: ledger queue full: the settle of "
+                "request %s was not queued\n", p->rid);
+}
+
+/* Settle with what was seen so far (status cancelled). */
+static void px_settle_partial(px *p)
+{
+    int64_t in, out;
+    int est;
+    px_tokens(p, &in, &out, &est);
+    px_settle(p, QG_SETTLE_CANCELLED, in, out, est);
+}
+
+/* ----------------------------------------------------------- replies */
+
+#define MAX_OUT_HDR (QG_HDR_MAX + 4)
+
+static int px_headers(px *p, qg_http_out_header *h, int with_retry)
+{
+    int n = 0;
+    for (int i = 0; i < p->hb.n; i++)
+        h[n++] = p->hb.h[i];
+    h[n++] = (qg_http_out_header){"X-Request-Id", p->rid};
+    if (with_retry && p->retry_after[0])
+        h[n++] = (qg_http_out_header){"Retry-After", p->retry_after};
+    return n;
+}
+
+/* Answer (releases r) and free p. */
+static void px_reply(px *p, int status, const char *ctype, const char *body,
+                     size_t len, int with_retry)
+{
+    qg_http_out_header h[MAX_OUT_HDR];
+    int n = px_headers(p, h, with_retry);
+    qg_metrics_http(p->s->metrics, p->route, status);
+    qg_http_on_close(p->r, NULL, NULL);
+    qg_http_respond(p->r, status, h, n, ctype, body, len);
+    px_free(p);
+}
+
+static void px_reply_error(px *p, int status, const char *type,
+                           const char *msg)
+{
+    char *body = qg_json_error(type, msg);
+    px_reply(p, status, "application/json", body ? body : "{}",
+             body ? strlen(body) : 2, 0);
+    free(body);
+}
+
+/* ----------------------------------------------------------- streams */
+
+static void px_abort_cb(evutil_socket_t fd, short what, void *arg);
+
+/* The caller is gone (on_close, or a failed write): stop the upstream,
+ * charge what was produced, release r.  Soon, from the event loop. */
+static void px_schedule_abort(px *p)
+{
+    struct timeval zero = {0, 0};
+    p->client_gone = 1;
+    if (p->defer)
+        event_add(p->defer, &zero);
+}
+
+static void px_write(px *p, const char *data, size_t len)
+{
+    int rc;
+    if (p->client_gone || len == 0)
+        return;
+    rc = qg_http_stream_write(p->r, data, len);
+    if (rc < 0) {
+        px_schedule_abort(p);
+    } else if (rc == 1 && !p->paused && p->conn) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->conn);
+        if (bev) {
+            bufferevent_disable(bev, EV_READ);
+            p->paused = 1;
+        }
+    }
+}
+
+static void px_drained(void *arg)
+{
+    px *p = arg;
+    if (p->paused && p->conn) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->conn);
+        if (bev)
+            bufferevent_enable(bev, EV_READ);
+    }
+    p->paused = 0;
+}
+
+static int on_event(const char *event, size_t elen, const char *data,
+                    size_t dlen, void *ud)
+{
+    px *p = ud;
+    if (p->shape == QG_SHAPE_OPENAI) {
+        int only = 0, rc;
+        if (dlen == 6 && memcmp(data, "[DONE]", 6) == 0)
+            return 0;
+        rc = qg_usage_openai_chunk(data, dlen, &p->u, &only);
+        if (rc == 1) {
+            p->final_usage = 1;
+            if (only && p->filter)
+                p->drop = 1;
+        }
+        if (rc >= 0)
+            p->content_bytes += qg_content_bytes_openai_chunk(data, dlen);
+    } else {
+        int rc = qg_usage_anthropic_event(event, elen, data, dlen, &p->u);
+        if (rc == 1 && !strstr(data, "\"message_start\""))
+            p->final_usage = 1;          /* a message_delta's usage */
+        if (rc == 0)
+            p->content_bytes += qg_content_bytes_anthropic_event(data, dlen);
+    }
+    return 0;
+}
+
+/* Pass stream bytes on (event by event in filter mode) and read them. */
+static void px_stream_bytes(px *p, const char *data, size_t n)
+{
+    if (!p->filter) {
+        qg_sse_feed(p->sse, data, n, on_event, p);
+        px_write(p, data, n);
+        return;
+    }
+    while (n > 0) {
+        size_t k = qg_sse_split_next(&p->split, data, n);
+        if (k == 0) {
+            evbuffer_add(p->pend, data, n);
+            return;
+        }
+        evbuffer_add(p->pend, data, k);
+        data += k;
+        n -= k;
+        {
+            size_t elen = evbuffer_get_length(p->pend);
+            const char *ev = (const char *)evbuffer_pullup(p->pend, -1);
+            p->drop = 0;
+            qg_sse_feed(p->sse, ev, elen, on_event, p);
+            if (!p->drop)
+                px_write(p, ev, elen);
+            evbuffer_drain(p->pend, elen);
+        }
+    }
+}
+
+/* ---------------------------------------------- upstream callbacks */
+
+static int up_header_cb(struct evhttp_request *req, void *arg)
+{
+    px *p = arg;
+    struct evkeyvalq *hs;
+    const char *v;
+    if (p->cancelling)
+        return 0;
+    p->status = evhttp_request_get_response_code(req);
+    hs = evhttp_request_get_input_headers(req);
+    if ((v = evhttp_find_header(hs, "Content-Type")))
+        copy_str(p->ctype, sizeof p->ctype, v);
+    if ((v = evhttp_find_header(hs, "Retry-After")))
+        copy_str(p->retry_after, sizeof p->retry_after, v);
+    if (p->caller_stream && p->status == 200 &&
+        strncasecmp(p->ctype, "text/event-stream", 17) == 0 &&
+        !p->client_gone) {
+        qg_http_out_header h[MAX_OUT_HDR + 1];
+        int n = px_headers(p, h, 0);
+        h[n++] = (qg_http_out_header){"Cache-Control", "no-cache"};
+        if (qg_http_stream_start(p->r, 200, h, n, p->ctype) == 0) {
+            p->streaming = 1;
+            qg_http_stream_on_drain(p->r, NULL, NULL);
+            qg_metrics_http(p->s->metrics, p->route, 200);
+        } else {
+            px_schedule_abort(p);
+        }
+    }
+    return 0;
+}
+
+static void up_chunk_cb(struct evhttp_request *req, void *arg)
+{
+    px *p = arg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    if (p->cancelling || n == 0)
+        return;
+    if (p->streaming) {
+        px_stream_bytes(p, (const char *)evbuffer_pullup(in, -1), n);
+        if (p->paused)
+            qg_http_stream_on_drain(p->r, px_drained, p);
+    } else if (evbuffer_get_length(p->body) + n <= MAX_BUFFERED_BODY) {
+        evbuffer_add_buffer(p->body, in);
+    }
+}
+
+static void up_error_cb(enum evhttp_request_error e, void *arg)
+{
+    px *p = arg;
+    if (!p->cancelling)
+        p->uerr = (int)e;
+}
+
+/* The upstream answered whole (non-stream). */
+static void px_finish_buffered(px *p)
+{
+    size_t len = evbuffer_get_length(p->body);
+    const char *body = len ? (const char *)evbuffer_pullup(p->body, -1) : "";
+    qg_settle_status ok = p->client_gone ? QG_SETTLE_CANCELLED
+                                         : QG_SETTLE_COMPLETED;
+    char msg[160];
+
+    if (p->status >= 500) {
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        snprintf(msg, sizeof msg, "the upstream answered HTTP %d",
+                 p->status);
+        px_reply_error(p, 502, "upstream_error", msg);
+        return;
+    }
+    if (p->status < 200 || p->status > 299) {
+        /* 429 and other refusals: passed through, nothing but the
+         * per-request base charged */
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 1);
+        return;
+    }
+    {
+        int rc = p->shape == QG_SHAPE_OPENAI
+                     ? qg_usage_openai_json(body, len, &p->u)
+                     : qg_usage_anthropic_json(body, len, &p->u);
+        int64_t in, out;
+        int est;
+        if (rc != 1)
+            memset(&p->u, 0, sizeof p->u);
+        p->final_usage = rc == 1;
+        p->content_bytes = qg_content_bytes_json(body, len, p->shape);
+        px_tokens(p, &in, &out, &est);
+        px_settle(p, ok, in, out, est);
+    }
+    px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 0);
+}
+
+static void up_done_cb(struct evhttp_request *req, void *arg)
+{
+    px *p = arg;
+    if (p->cancelling)
+        return;
+    p->ureq = NULL;
+    if (req == NULL || p->uerr >= 0 ||
+        evhttp_request_get_response_code(req) == 0) {
+        /* the upstream failed (connect, reset, timeout, bad answer) */
+        if (p->streaming) {
+            /* mid-stream: charge what was produced, truncate */
+            px_settle_partial(p);
+            qg_http_on_close(p->r, NULL, NULL);
+            qg_http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
+            px_free(p);
+        } else {
+            px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+            px_reply_error(p, 502,
+                           p->uerr == EVREQ_HTTP_TIMEOUT ? "upstream_timeout"
+                                                         : "upstream_unavailable",
+                           p->uerr == EVREQ_HTTP_TIMEOUT
+                               ? "the upstream did not answer in time"
+                               : "the upstream could not be reached or "
+                                 "closed the connection");
+        }
+        return;
+    }
+    if (!p->streaming) {
+        px_finish_buffered(p);
+        return;
+    }
+    /* a stream that ended: flush a last partial event, settle, end */
+    if (p->filter && evbuffer_get_length(p->pend)) {
+        size_t n = evbuffer_get_length(p->pend);
+        px_write(p, (const char *)evbuffer_pullup(p->pend, -1), n);
+        evbuffer_drain(p->pend, n);
+    }
+    qg_sse_finish(p->sse);
+    {
+        int64_t in, out;
+        int est;
+        px_tokens(p, &in, &out, &est);
+        px_settle(p, p->client_gone ? QG_SETTLE_CANCELLED
+                                    : QG_SETTLE_COMPLETED, in, out, est);
+    }
+    qg_http_on_close(p->r, NULL, NULL);
+    qg_http_stream_on_drain(p->r, NULL, NULL);
+    if (p->client_gone)
+        qg_http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
+    else
+        qg_http_stream_end(p->r);
+    px_free(p);
+}
+
+/* The caller went away: a stream (or a streaming request still waiting
+ * for its headers) stops the upstream and is charged what was produced;
+ * a non-streaming request lets the upstream finish so that the real
+ * usage is charged (status cancelled). */
+static void px_abort_cb(evutil_socket_t fd, short what, void *arg)
+{
+    px *p = arg;
+    (void)fd;
+    (void)what;
+    if (!p->streaming && !p->caller_stream && p->ureq)
+        return;                         /* settled when the answer comes */
+    px_cancel_upstream(p);
+    px_settle_partial(p);
+    qg_http_on_close(p->r, NULL, NULL);
+    qg_http_stream_on_drain(p->r, NULL, NULL);
+    qg_http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
+    px_free(p);
+}
+
+static void px_on_close(void *arg)
+{
+    px *p = arg;
+    p->client_gone = 1;
+    px_abort_cb(-1, 0, p);
+}
+
+/* ----------------------------------------------------------- handler */
+
+static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+                               const char *msg)
+{
+    switch (rc) {
+    case QG_ENOSUBJECT:
+        qg_reply_error(s, r, 404, "unknown_subject", msg);
+        break;
+    case QG_EMODEL:
+        qg_reply_error(s, r, 400, "unknown_model", msg);
+        break;
+    case QG_EFULL:
+        qg_reply_error(s, r, 503, "overloaded", msg);
+        break;
+    case QG_EINVAL:
+    case QG_ERANGE:
+        qg_reply_error(s, r, 400, "invalid_request", msg);
+        break;
+    default:
+        qg_reply_error(s, r, 500, "internal_error", msg);
+    }
+}
+
+static void check_row(qg_ledger_row *row, const qg_decision *d,
+                      const char *rid, const char *subject,
+                      const qg_request_info *info)
+{
+    memset(row, 0, sizeof *row);
+    copy_str(row->request_id, sizeof row->request_id, rid);
+    copy_str(row->subject, sizeof row->subject, subject);
+    copy_str(row->org, sizeof row->org, d->org);
+    copy_str(row->plan, sizeof row->plan, d->plan);
+    copy_str(row->rules_version, sizeof row->rules_version,
+             d->rules_version);
+    copy_str(row->weights_version, sizeof row->weights_version,
+             d->weights_version);
+    copy_str(row->model, sizeof row->model, d->model);
+    if (d->binding >= 0)
+        copy_str(row->window, sizeof row->window, d->views[d->binding].name);
+    row->decision = d->outcome;
+    row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
+    row->input_tokens = info->input_tokens_estimate;
+    row->output_tokens = info->max_output_tokens < 0
+                             ? QG_DEFAULT_OUTPUT_ESTIMATE
+                             : info->max_output_tokens;
+    row->reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
+    row->weight_milli = row->reserved_milli;
+    row->created_ms = d->decided_at_ms;
+    row->estimated = 1;
+}
+
+/* Add the caller's headers that go upstream, then the proxy's own. */
+static int up_headers(px *p, struct evkeyvalq *out, size_t body_len)
+{
+    const qg_http_req *r = p->r;
+    const char *key = getenv("QUOTAGATE_UPSTREAM_KEY");
+    char name[256], value[8192], num[32];
+    int have_ctype = 0;
+
+    for (int i = 0; i < r->nheaders; i++) {
+        const qg_http_header *h = &r->headers[i];
+        if (!qg_proxy_forward_header(h->name, h->name_len) ||
+            h->name_len >= sizeof name || h->value_len >= sizeof value)
+            continue;
+        memcpy(name, h->name, h->name_len);
+        name[h->name_len] = '\0';
+        memcpy(value, h->value, h->value_len);
+        value[h->value_len] = '\0';
+        if (strcasecmp(name, "content-type") == 0)
+            have_ctype = 1;
+        if (evhttp_add_header(out, name, value) != 0)
+            return -1;
+    }
+    snprintf(num, sizeof num, "%zu", body_len);
+    if (evhttp_add_header(out, "Host", qg_upstream_host(p->s->proxy->up)) ||
+        evhttp_add_header(out, "Content-Length", num) ||
+        evhttp_add_header(out, "X-Request-Id", p->rid) ||
+        (!have_ctype &&
+         evhttp_add_header(out, "Content-Type", "application/json")))
+        return -1;
+    if (key && *key) {
+        if (p->shape == QG_SHAPE_OPENAI) {
+            char *bearer;
+            int rc;
+            if (asprintf(&bearer, "Bearer %s", key) < 0)
+                return -1;
+            rc = evhttp_add_header(out, "Authorization", bearer);
+            free(bearer);
+            if (rc)
+                return -1;
+        } else if (evhttp_add_header(out, "x-api-key", key)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void proxy(qg_server *s, qg_http_req *r, const char *subject,
+                  int shape)
+{
+    char err[320], upath[600];
+    qg_request_info info;
+    qg_decision dbuf, *d = &dbuf;
+    qg_check_req creq;
+    qg_ledger_row row;
+    const qg_rules *rules;
+    const char *v;
+    size_t vlen;
+    char *nbody = NULL;
+    const char *body = r->body;
+    size_t blen = r->body_len, nlen;
+    int added = 0, rc, route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT
+                                                        : QG_ROUTE_MESSAGES;
+    int64_t now;
+    px *p;
+
+    if (!s->proxy) {
+        qg_reply_error(s, r, 503, "no_upstream",
+                       "this gateway has no upstream: start it with "
+                       "--upstream URL");
+        return;
+    }
+    if (!subject) {
+        qg_reply_error(s, r, 403, "forbidden",
+                       "the proxy needs a subject key");
+        return;
+    }
+    rc = qg_request_fields(r->body, r->body_len, shape, &info);
+    if (rc != QG_OK) {
+        if (rc == QG_ENOMEM)
+            qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        else
+            qg_reply_error(s, r, 400, "invalid_request",
+                           shape == QG_SHAPE_OPENAI
+                               ? "the body is not a valid chat completions "
+                                 "request (JSON object with a model, "
+                                 "messages, optional integer max_tokens)"
+                               : "the body is not a valid messages request "
+                                 "(JSON object with a model, messages and "
+                                 "an integer max_tokens)");
+        return;
+    }
+    if (!(p = calloc(1, sizeof *p))) {
+        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        return;
+    }
+    p->uerr = -1;
+    v = qg_http_header_get(r, "x-request-id", &vlen);
+    if (v && vlen > 0) {
+        if (vlen > QG_REQUEST_ID_MAX) {
+            free(p);
+            qg_reply_error(s, r, 400, "invalid_request",
+                           "X-Request-Id is longer than 255 bytes");
+            return;
+        }
+        memcpy(p->rid, v, vlen);
+        p->rid[vlen] = '\0';
+    } else {
+        snprintf(p->rid, sizeof p->rid, "px-%lld-%d-%" PRIu64,
+                 (long long)qg_server_now(s), r->worker,
+                 atomic_fetch_add(&px_counter, 1) + 1);
+    }
+    if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
+        free(p);
+        qg_reply_error(s, r, 503, "overloaded",
+                       "the ledger is behind; retry shortly");
+        return;
+    }
+
+    /* admission */
+    now = qg_server_now(s);
+    creq = (qg_check_req){.subject = subject, .request_id = p->rid,
+                          .model = info.model,
+                          .input_tokens = info.input_tokens_estimate,
+                          .max_output_tokens = info.max_output_tokens};
+    rc = qg_engine_check(s->engine, &creq, now, d, err, sizeof err);
+    if (rc != QG_OK) {
+        free(p);
+        reply_engine_error(s, r, rc, err);
+        return;
+    }
+    rules = qg_engine_rules(s->engine);
+    if (d->replayed) {
+        free(p);
+        qg_reply_error(s, r, 409, "duplicate_request_id",
+                       "this X-Request-Id was already used; every proxied "
+                       "call needs a fresh one");
+        return;
+    }
+    qg_metrics_record(s->metrics, d);
+    check_row(&row, d, p->rid, subject, &info);
+    if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+        fprintf(stderr, "quotagate: ledger queue full: the row of request "
+                "%s was not queued\n", p->rid);
+    if (qg_headers_for_decision(d, rules, now, &p->hb) < 0)
+        p->hb.n = 0;
+    if (d->outcome != QG_ALLOW) {
+        qg_http_out_header h[MAX_OUT_HDR];
+        int n = 0;
+        char *json = qg_json_check(d, p->rid, rules->unit);
+        for (int i = 0; i < p->hb.n; i++)
+            h[n++] = p->hb.h[i];
+        h[n++] = (qg_http_out_header){"X-Request-Id", p->rid};
+        qg_reply_json(s, r, 429, json, h, n);
+        free(p);
+        return;
+    }
+
+    /* the upstream request */
+    p->s = s;
+    p->r = r;
+    p->worker = r->worker;
+    p->shape = shape;
+    p->route = route;
+    p->base = qg_http_req_base(r);
+    p->in_est = info.input_tokens_estimate;
+    p->caller_stream = info.stream;
+    if (shape == QG_SHAPE_OPENAI && info.stream) {
+        if (qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
+                                      &added, NULL) == QG_OK) {
+            body = nbody;
+            blen = nlen;
+            p->filter = added;
+        }
+    }
+    p->next = s->proxy->live[p->worker];
+    if (p->next)
+        p->next->prev = p;
+    s->proxy->live[p->worker] = p;
+    if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
+        !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
+        !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p)) ||
+        !(p->conn = qg_upstream_acquire(s->proxy->up, p->worker, p->base)) ||
+        !(p->ureq = evhttp_request_new(up_done_cb, p))) {
+        free(nbody);
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        px_reply_error(p, 500, "internal_error", "out of memory");
+        return;
+    }
+    evhttp_request_set_header_cb(p->ureq, up_header_cb);
+    evhttp_request_set_chunked_cb(p->ureq, up_chunk_cb);
+    evhttp_request_set_error_cb(p->ureq, up_error_cb);
+    if (up_headers(p, evhttp_request_get_output_headers(p->ureq), blen) < 0 ||
+        evbuffer_add(evhttp_request_get_output_buffer(p->ureq), body,
+                     blen) < 0) {
+        free(nbody);
+        evhttp_request_free(p->ureq);
+        p->ureq = NULL;
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        px_reply_error(p, 400, "invalid_request",
+                       "a request header cannot be forwarded");
+        return;
+    }
+    free(nbody);
+    snprintf(upath, sizeof upath, "%s%s", qg_upstream_prefix(s->proxy->up),
+             r->path);
+    if (evhttp_make_request(p->conn, p->ureq, EVHTTP_REQ_POST, upath) != 0) {
+        p->ureq = NULL;                  /* libevent owns or freed it */
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        px_reply_error(p, 502, "upstream_unavailable",
+                       "the upstream could not be reached");
+        return;
+    }
+    qg_http_on_close(r, px_on_close, p);
+}
+
+void qg_h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject)
+{
+    proxy(s, r, subject, QG_SHAPE_OPENAI);
+}
+
+void qg_h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject)
+{
+    proxy(s, r, subject, QG_SHAPE_ANTHROPIC);
+}
+
+/* ------------------------------------------------------ start / stop */
+
+int qg_proxy_start(qg_server *s, char *err, size_t errcap)
+{
+    qg_proxy *pr;
+    const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
+    int timeout = t ? atoi(t) : 0;
+    int workers = s->opts.workers > 0 ? s->opts.workers : 2;
+
+    s->proxy = NULL;
+    if (!s->opts.upstream || !*s->opts.upstream)
+        return 0;
+    if (!(pr = calloc(1, sizeof *pr)) ||
+        !(pr->live = calloc((size_t)workers, sizeof *pr->live))) {
+        free(pr);
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    pr->nworkers = workers;
+    if (!(pr->up = qg_upstream_new(s->opts.upstream, workers, timeout,
+                                   getenv("QUOTAGATE_UPSTREAM_CA"), err,
+                                   errcap))) {
+        free(pr->live);
+        free(pr);
+        return -1;
+    }
+    s->proxy = pr;
+    return 0;
+}
+
+void qg_proxy_stop(qg_server *s)
+{
+    qg_proxy *pr = s->proxy;
+    if (!pr)
+        return;
+    for (int w = 0; w < pr->nworkers; w++)
+        while (pr->live[w]) {
+            px *p = pr->live[w];
+            px_cancel_upstream(p);
+            px_settle_partial(p);
+            qg_http_respond(p->r, 503, NULL, 0, NULL, NULL, 0);
+            px_free(p);
+        }
+    qg_upstream_free(pr->up);
+    free(pr->live);
+    free(pr);
+    s->proxy = NULL;
+}

@@ -1,0 +1,849 @@
+/* test_proxy.c - the metering proxy end to end: the real server binary
+ * ($QG_BIN serve --upstream ...) in front of the upstream double
+ * ($QG_UPSTREAM_BIN, tests/upstream/upstream_double.c), both as child
+ * processes.  Each test checks what the caller got, what the upstream got
+ * (/_double/last, /_double/count), the charge in /v1/usage and the ledger
+ * row (read from BASE/data/ledger.db with SQLite, polled until the settle
+ * is written: the proxy does not wait for the settle to be durable).
+ *
+ * Rules: tests/data/proxy/rules.yaml (weight = 1 + (in + out) / 1000).
+ * Token counts of the double: prompt = ceil(text bytes / 4), completion =
+ * max_tokens; "hello there friend" (18 bytes) is 5 prompt tokens.
+ * Loopback only; every wait is bounded. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "httpc.h"
+#include "qgproc.h"
+
+#define ADMIN QGPROC_ADMIN_KEY
+#define UPKEY "upstream-secret-of-the-gateway-42"
+#define PROMPT "hello there friend"
+
+static qgproc P;
+static httpc C;                /* to quotagate */
+static httpc D;                /* to the double */
+static pid_t dbl_pid;
+static int dbl_port;
+static int counter;
+
+/* ------------------------------------------------------------ garbage */
+
+enum { GC_MEM, GC_JSON, GC_RESP };
+#define GC_MAX 2048
+static struct {
+    int kind;
+    void *p;
+} gc[GC_MAX];
+static int ngc;
+
+static void *gc_add(int kind, void *p)
+{
+    if (ngc == GC_MAX)
+        fail_msg("test garbage list full");
+    gc[ngc].kind = kind;
+    gc[ngc].p = p;
+    ngc++;
+    return p;
+}
+
+static int gc_teardown(void **state)
+{
+    (void)state;
+    for (int i = ngc - 1; i >= 0; i--) {
+        if (gc[i].kind == GC_JSON)
+            json_decref(gc[i].p);
+        else if (gc[i].kind == GC_RESP) {
+            http_resp_free(gc[i].p);
+            free(gc[i].p);
+        } else
+            free(gc[i].p);
+    }
+    ngc = 0;
+    return 0;
+}
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...)
+{
+    va_list ap;
+    char *s;
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    assert_non_null(s);
+    return gc_add(GC_MEM, s);
+}
+
+static const char *uid(const char *prefix)
+{
+    return fmt("%s-%d-%d", prefix, (int)getpid(), ++counter);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static const char *excerpt(const http_resp *r)
+{
+    return fmt("%.600s", r->body ? r->body : "");
+}
+
+#define WANT(r, st, what) want_status((r), (st), (what), __LINE__)
+static void want_status(const http_resp *r, int status, const char *what,
+                        int line)
+{
+    if (r->status != status)
+        fail_msg("line %d: %s: expected HTTP %d, got %d; body: %s", line,
+                 what, status, r->status, excerpt(r));
+}
+
+static json_t *jparse_text(const char *text, size_t len, const char *what)
+{
+    json_error_t e;
+    json_t *j = json_loadb(text ? text : "", text ? len : 0, 0, &e);
+    if (!j)
+        fail_msg("%s: not JSON (%s): %.600s", what, e.text,
+                 text ? text : "");
+    return gc_add(GC_JSON, j);
+}
+
+static json_t *jparse(const http_resp *r, const char *what)
+{
+    return jparse_text(r->body, r->body_len, what);
+}
+
+static const char *jstr(json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v))
+        fail_msg("%s: \"%s\" missing or not a string", what, key);
+    return json_string_value(v);
+}
+
+static double jnum(json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v))
+        fail_msg("%s: \"%s\" missing or not a number", what, key);
+    return json_number_value(v);
+}
+
+#define NEAR(a, b) (fabs((a) - (b)) < 1e-6)
+
+static const char *error_type(const http_resp *r, const char *what)
+{
+    json_t *e = json_object_get(jparse(r, what), "error");
+    if (!json_is_object(e))
+        fail_msg("%s: no \"error\" object: %s", what, excerpt(r));
+    return jstr(e, "type", what);
+}
+
+static const char *hdr(const http_resp *r, const char *name, const char *what)
+{
+    const char *v = http_resp_header(r, name);
+    if (!v || !*v)
+        fail_msg("%s: header %s missing (HTTP %d, body %s)", what, name,
+                 r->status, excerpt(r));
+    return v;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static http_resp *call_on(httpc *c, const char *method, const char *path,
+                          const char *key, const char *body)
+{
+    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_call(c, method, path, "bearer", key, body, r) < 0)
+        fail_msg("%s %s: no response: %s", method, path, c->err);
+    return r;
+}
+
+static http_resp *call(const char *method, const char *path, const char *key,
+                       const char *body)
+{
+    return call_on(&C, method, path, key, body);
+}
+
+/* POST to the proxy with the NULL-terminated extra headers. */
+static http_resp *post(const char *path, const char *const *h,
+                       const char *body)
+{
+    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_request(&C, "POST", path, h, body, strlen(body), r) < 0)
+        fail_msg("POST %s: no response: %s", path, C.err);
+    return r;
+}
+
+static const char *new_subject(const char *plan)
+{
+    const char *s = uid("s");
+    http_resp *r = call("POST", "/v1/admin/subjects", ADMIN,
+                        fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
+    if (r->status != 200 && r->status != 201)
+        fail_msg("create subject: %d %s", r->status, excerpt(r));
+    return s;
+}
+
+static const char *new_key(const char *subject)
+{
+    http_resp *r = call("POST", "/v1/admin/keys", ADMIN,
+                        fmt("{\"subject\":\"%s\"}", subject));
+    if (r->status != 200 && r->status != 201)
+        fail_msg("create key: %d %s", r->status, excerpt(r));
+    return jstr(jparse(r, "keys"), "key", "keys");
+}
+
+static double used_in(const char *subject)
+{
+    http_resp *r = call("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    json_t *ws, *w;
+    size_t i;
+    WANT(r, 200, "usage");
+    ws = json_object_get(jparse(r, "usage"), "windows");
+    json_array_foreach(ws, i, w)
+        if (!strcmp(jstr(w, "name", "usage"), "burst_5h"))
+            return jnum(w, "used", "usage");
+    fail_msg("usage of %s: no window burst_5h: %s", subject, excerpt(r));
+    return -1;
+}
+
+static long double_count(void)
+{
+    http_resp *r = call_on(&D, "GET", "/_double/count", NULL, NULL);
+    WANT(r, 200, "/_double/count");
+    return (long)jnum(jparse(r, "count"), "count", "count");
+}
+
+static json_t *double_last(void)
+{
+    http_resp *r = call_on(&D, "GET", "/_double/last", NULL, NULL);
+    WANT(r, 200, "/_double/last");
+    return jparse(r, "last");
+}
+
+/* ------------------------------------------------------------- ledger */
+
+typedef struct lrow {
+    int status, estimated;
+    long long in, out, weight_milli, settled_ms;
+} lrow;
+
+/* The row of rid once settled (polled up to 10 s). */
+static lrow ledger_row(const char *rid)
+{
+    lrow row = {0};
+    long long t0 = qg_now_ms();
+    const char *db = fmt("%s/ledger.db", P.data);
+    while (qg_now_ms() - t0 < 10000) {
+        sqlite3 *h = NULL;
+        sqlite3_stmt *st = NULL;
+        int found = 0;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
+                SQLITE_OK &&
+            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
+            sqlite3_prepare_v2(h, "SELECT status, estimated, input_tokens, "
+                               "output_tokens, weight_milli, settled_ms "
+                               "FROM requests WHERE request_id = ?1", -1,
+                               &st, NULL) == SQLITE_OK &&
+            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW) {
+            row.status = sqlite3_column_int(st, 0);
+            row.estimated = sqlite3_column_int(st, 1);
+            row.in = sqlite3_column_int64(st, 2);
+            row.out = sqlite3_column_int64(st, 3);
+            row.weight_milli = sqlite3_column_int64(st, 4);
+            row.settled_ms = sqlite3_column_int64(st, 5);
+            found = row.settled_ms > 0;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        if (found)
+            return row;
+        sleep_ms(20);
+    }
+    fail_msg("ledger: no settled row for %s", rid);
+    return row;
+}
+
+/* ------------------------------------------------------- raw sockets */
+
+static int raw_connect(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((unsigned short)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+        fail_msg("connect: %s", strerror(errno));
+    return fd;
+}
+
+static void raw_send(int fd, const char *text)
+{
+    size_t n = strlen(text), off = 0;
+    while (off < n) {
+        ssize_t k = write(fd, text + off, n - off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        assert_true(k > 0);
+        off += (size_t)k;
+    }
+}
+
+/* Read until EOF, until `until` appears (when non-NULL) or timeout_ms. */
+static char *raw_read(int fd, const char *until, int timeout_ms)
+{
+    size_t len = 0, cap = 65536;
+    char *buf = gc_add(GC_MEM, calloc(1, cap + 1));
+    long long t0 = qg_now_ms();
+    while (len < cap && qg_now_ms() - t0 < timeout_ms) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ssize_t k;
+        if (poll(&pf, 1, 50) <= 0)
+            continue;
+        k = read(fd, buf + len, cap - len);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        buf[len] = '\0';
+        if (until && strstr(buf, until))
+            break;
+    }
+    return buf;
+}
+
+static const char *raw_request(const char *path, const char *key,
+                               const char *extra, const char *body)
+{
+    return fmt("POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\n%sContent-Length: %zu\r\n"
+               "\r\n%s", path, key, extra ? extra : "", strlen(body), body);
+}
+
+/* ------------------------------------------------------- the double */
+
+static int double_start(const char *bin)
+{
+    int out[2];
+    char line[256];
+    size_t n = 0;
+    long long t0;
+    if (pipe(out) < 0)
+        return -1;
+    dbl_pid = fork();
+    if (dbl_pid < 0)
+        return -1;
+    if (dbl_pid == 0) {
+        char *argv[] = {(char *)bin, "--listen", "127.0.0.1:0", NULL};
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execv(bin, argv);
+        _exit(127);
+    }
+    close(out[1]);
+    t0 = qg_now_ms();
+    while (n < sizeof line - 1 && qg_now_ms() - t0 < 10000) {
+        struct pollfd pf = {out[0], POLLIN, 0};
+        ssize_t k;
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        k = read(out[0], line + n, 1);
+        if (k <= 0)
+            break;
+        if (line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    close(out[0]);
+    {
+        const char *c = strrchr(line, ':');
+        dbl_port = c && strstr(line, "listening") ? atoi(c + 1) : 0;
+    }
+    return dbl_port > 0 ? 0 : -1;
+}
+
+static void double_stop(void)
+{
+    if (dbl_pid > 0) {
+        int st;
+        kill(dbl_pid, SIGTERM);
+        waitpid(dbl_pid, &st, 0);
+        dbl_pid = 0;
+    }
+}
+
+/* ----------------------------------------------------------- fixtures */
+
+static int group_setup(void **state)
+{
+    const char *src = getenv("QG_TESTDATA"), *ub = getenv("QG_UPSTREAM_BIN");
+    char path[1024], up[128];
+    const char *args[3], *env[3];
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    if (!src || !ub) {
+        fprintf(stderr, "QG_TESTDATA / QG_UPSTREAM_BIN not set (run through "
+                "tests/run.sh)\n");
+        return -1;
+    }
+    if (double_start(ub) < 0) {
+        fprintf(stderr, "cannot start the upstream double %s\n", ub);
+        double_stop();
+        return -1;
+    }
+    if (qgproc_init(&P) < 0) {
+        fprintf(stderr, "qgproc_init: %s\n", P.why);
+        double_stop();
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/proxy/rules.yaml", src);
+    snprintf(up, sizeof up, "http://127.0.0.1:%d", dbl_port);
+    args[0] = "--upstream";
+    args[1] = up;
+    args[2] = NULL;
+    env[0] = "QUOTAGATE_UPSTREAM_KEY=" UPKEY;
+    env[1] = "QUOTAGATE_UPSTREAM_TIMEOUT_MS=1500";
+    env[2] = NULL;
+    if (qgproc_copy_file(path, qgproc_path(&P, "rules.yaml")) < 0 ||
+        qgproc_start(&P, qgproc_path(&P, "rules.yaml"), args, env) < 0) {
+        fprintf(stderr, "cannot start the server: %s\n", P.why);
+        qgproc_cleanup(&P);
+        double_stop();
+        return -1;
+    }
+    httpc_init(&C, qgproc_port(&P));
+    httpc_init(&D, dbl_port);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    int rc = 0;
+    (void)state;
+    httpc_close(&C);
+    httpc_close(&D);
+    if (P.pid > 0 && qgproc_stop(&P, 20000) != 0) {
+        fprintf(stderr, "server: SIGTERM failed (%s)\n", P.why);
+        qgproc_dump_stderr(&P);
+        rc = -1;
+    }
+    qgproc_cleanup(&P);
+    double_stop();
+    return rc;
+}
+
+/* ============================================================== tests */
+
+static const char *openai_body(int stream, int max_tokens, const char *more)
+{
+    return fmt("{\"model\":\"light\",%s\"messages\":[{\"role\":\"user\","
+               "\"content\":\"" PROMPT "\"}],\"max_tokens\":%d%s}",
+               stream ? "\"stream\":true," : "", max_tokens,
+               more ? more : "");
+}
+
+static const char *anthropic_body(int stream, int max_tokens)
+{
+    return fmt("{\"model\":\"claude-light\",%s\"messages\":[{\"role\":"
+               "\"user\",\"content\":\"" PROMPT "\"}],\"max_tokens\":%d}",
+               stream ? "\"stream\":true," : "", max_tokens);
+}
+
+static void test_openai_plain(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("plain");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    json_t *j, *u;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+    WANT(r, 200, "plain completion");
+    assert_string_equal(hdr(r, "X-Request-Id", "plain"), rid);
+    assert_non_null(strstr(hdr(r, "RateLimit", "plain"), "burst_5h"));
+    hdr(r, "RateLimit-Policy", "plain");
+    j = jparse(r, "plain");
+    u = json_object_get(j, "usage");
+    assert_true(NEAR(jnum(u, "prompt_tokens", "usage"), 5));
+    assert_true(NEAR(jnum(u, "completion_tokens", "usage"), 7));
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);           /* completed */
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 7);
+    assert_int_equal(row.weight_milli, 1012);
+    assert_true(NEAR(used_in(s), 1.012));
+}
+
+static void test_key_never_forwarded(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *h[4] = {fmt("Authorization: Bearer %s", key), NULL};
+    json_t *last, *hs;
+    const char *k, *dump;
+    json_t *it;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 3, NULL)), 200,
+         "openai");
+    last = double_last();
+    hs = json_object_get(last, "headers");
+    assert_string_equal(jstr(hs, "authorization", "last"), "Bearer " UPKEY);
+    assert_null(json_object_get(hs, "x-api-key"));
+    dump = gc_add(GC_MEM, json_dumps(last, 0));
+    assert_null(strstr(dump, key));
+    /* Anthropic: x-api-key in, the gateway's x-api-key out, the
+     * anthropic-version header passed on */
+    h[0] = fmt("x-api-key: %s", key);
+    h[1] = "anthropic-version: 2023-06-01";
+    h[2] = NULL;
+    WANT(post("/v1/messages", h, anthropic_body(0, 3)), 200, "anthropic");
+    last = double_last();
+    hs = json_object_get(last, "headers");
+    assert_string_equal(jstr(hs, "x-api-key", "last"), UPKEY);
+    assert_string_equal(jstr(hs, "anthropic-version", "last"), "2023-06-01");
+    assert_null(json_object_get(hs, "authorization"));
+    json_object_foreach(hs, k, it)
+        assert_null(strstr(json_string_value(it) ? json_string_value(it) : "",
+                           key));
+    dump = gc_add(GC_MEM, json_dumps(last, 0));
+    assert_null(strstr(dump, key));
+}
+
+static void test_openai_stream_usage_added(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("st");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    json_t *last;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h, openai_body(1, 4, NULL));
+    WANT(r, 200, "stream");
+    assert_non_null(strstr(hdr(r, "Content-Type", "stream"),
+                           "text/event-stream"));
+    assert_non_null(strstr(r->body, "tok3"));
+    assert_non_null(strstr(r->body, "data: [DONE]"));
+    /* the usage-only chunk the gateway asked for is not passed on */
+    assert_null(strstr(r->body, "\"choices\":[]"));
+    assert_null(strstr(r->body, "\"prompt_tokens\""));
+    /* ... but the upstream was asked for it */
+    last = double_last();
+    assert_true(json_is_true(json_object_get(
+        json_object_get(json_object_get(last, "body_json"),
+                        "stream_options"), "include_usage")));
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 4);
+    assert_true(NEAR(used_in(s), 1.009));
+}
+
+static void test_openai_stream_usage_asked(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("st2");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h,
+             openai_body(1, 6, ",\"stream_options\":{\"include_usage\":true}"));
+    WANT(r, 200, "stream with include_usage");
+    /* the caller asked: the usage chunk is passed on */
+    assert_non_null(strstr(r->body, "\"choices\":[]"));
+    assert_non_null(strstr(r->body, "\"completion_tokens\":6"));
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 6);
+}
+
+static void test_anthropic_stream(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("an");
+    const char *h[5] = {fmt("x-api-key: %s", key),
+                        "anthropic-version: 2023-06-01",
+                        fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    lrow row;
+    (void)state;
+    r = post("/v1/messages", h, anthropic_body(1, 9));
+    WANT(r, 200, "anthropic stream");
+    assert_non_null(strstr(r->body, "event: message_start"));
+    assert_non_null(strstr(r->body, "event: message_delta"));
+    assert_non_null(strstr(r->body, "event: message_stop"));
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 9);      /* the last message_delta, not 1 + 9 */
+    assert_true(NEAR(used_in(s), 1.014));
+    /* non-streaming Anthropic too */
+    rid = uid("an2");
+    h[2] = fmt("X-Request-Id: %s", rid);
+    WANT(post("/v1/messages", h, anthropic_body(0, 2)), 200, "anthropic");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.out, 2);
+}
+
+static void test_caller_disconnects(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("gone");
+    int fd = raw_connect(qgproc_port(&P));
+    char *got;
+    lrow row;
+    (void)state;
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             fmt("X-Request-Id: %s\r\n"
+                                 "X-Double-Mode: slow=100\r\n", rid),
+                             openai_body(1, 200, NULL)));
+    got = raw_read(fd, "tok2", 10000);
+    assert_non_null(strstr(got, "tok2"));
+    close(fd);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);           /* cancelled */
+    assert_int_equal(row.estimated, 1);        /* no usage arrived */
+    assert_int_equal(row.in, 5);
+    assert_true(row.out >= 3 && row.out < 200);
+    /* the upstream stream was stopped: the next call still works */
+    WANT(post("/v1/chat/completions",
+              (const char *const[]){fmt("Authorization: Bearer %s", key),
+                                    NULL},
+              openai_body(0, 1, NULL)), 200, "after the disconnect");
+}
+
+static void test_reset_mid_stream(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("rst");
+    int fd = raw_connect(qgproc_port(&P));
+    char *got;
+    lrow row;
+    (void)state;
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             fmt("X-Request-Id: %s\r\n"
+                                 "X-Double-Mode: reset-after=4,slow=60\r\n",
+                                 rid),
+                             openai_body(1, 50, NULL)));
+    got = raw_read(fd, NULL, 10000);           /* until the gateway closes */
+    close(fd);
+    if (!strstr(got, "200 OK") || !strstr(got, "tok1"))
+        fail_msg("reset mid-stream: got %.2000s", got);
+    assert_null(strstr(got, "[DONE]"));
+    assert_null(strstr(got, "\r\n0\r\n\r\n")); /* truncated: no last chunk */
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);
+    /* "" + "tok0" + " tok1" + " tok2" = 14 bytes: 4 tokens; the RST may
+     * discard the last event before the gateway read it (9 bytes: 3) */
+    assert_true(row.out == 4 || row.out == 3);
+}
+
+static void test_no_usage(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("nu");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: no-usage", NULL};
+    lrow row;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 6, NULL)), 200,
+         "no usage");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);                /* ceil(18 / 4) */
+    assert_int_equal(row.out, 8);               /* "tok0 .. tok5": 29 bytes */
+    /* streaming, no usage chunk at all */
+    rid = uid("nus");
+    h[1] = fmt("X-Request-Id: %s", rid);
+    WANT(post("/v1/chat/completions", h, openai_body(1, 6, NULL)), 200,
+         "no usage, stream");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.out, 8);
+}
+
+static void test_upstream_429(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("u429");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: status=429", NULL};
+    http_resp *r;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h, openai_body(0, 6, NULL));
+    WANT(r, 429, "upstream 429 passed through");
+    assert_string_equal(hdr(r, "Retry-After", "429"), "2");
+    assert_string_equal(jstr(json_object_get(jparse(r, "429"), "error"),
+                             "code", "429"), "rate_limit_exceeded");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 4);            /* failed */
+    assert_int_equal(row.in, 0);
+    assert_int_equal(row.out, 0);
+    /* the documented rule: no tokens, the per-request base only */
+    assert_int_equal(row.weight_milli, 1000);
+    assert_true(NEAR(used_in(s), 1.0));
+}
+
+static void test_upstream_500(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("u500");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: status=500", NULL};
+    http_resp *r;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h, openai_body(1, 6, NULL));
+    WANT(r, 502, "upstream 500");
+    assert_string_equal(error_type(r, "500"), "upstream_error");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 4);
+    assert_int_equal(row.out, 0);
+    assert_int_equal(row.weight_milli, 1000);
+    assert_true(NEAR(used_in(s), 1.0));
+}
+
+static void test_upstream_timeout(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = uid("hang");
+    const char *h[4] = {fmt("Authorization: Bearer %s", key),
+                        fmt("X-Request-Id: %s", rid), "X-Double-Mode: hang",
+                        NULL};
+    http_resp *r;
+    int fd;
+    char *got;
+    lrow row;
+    long long t0 = qg_now_ms();
+    (void)state;
+    /* no answer at all: 502 upstream_timeout after the 1.5 s timeout */
+    r = post("/v1/chat/completions", h, openai_body(0, 5, NULL));
+    WANT(r, 502, "upstream hangs");
+    assert_string_equal(error_type(r, "hang"), "upstream_timeout");
+    assert_true(qg_now_ms() - t0 >= 1400);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 4);
+    assert_int_equal(row.weight_milli, 1000);
+    /* mid-stream: the first event at once, the next one 3 s later */
+    rid = uid("slow");
+    fd = raw_connect(qgproc_port(&P));
+    raw_send(fd, raw_request("/v1/messages", key,
+                             fmt("X-Request-Id: %s\r\n"
+                                 "X-Double-Mode: slow=3000\r\n", rid),
+                             anthropic_body(1, 20)));
+    got = raw_read(fd, NULL, 10000);
+    close(fd);
+    assert_non_null(strstr(got, "message_start"));
+    assert_null(strstr(got, "message_stop"));
+    assert_null(strstr(got, "\r\n0\r\n\r\n"));
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);            /* cancelled */
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);                /* from message_start */
+    assert_int_equal(row.out, 1);               /* message_start's count */
+}
+
+static void test_refusal(void **state)
+{
+    const char *s = new_subject("tiny"), *key = new_key(s);
+    const char *h[4] = {fmt("Authorization: Bearer %s", key), NULL};
+    http_resp *r;
+    json_t *j;
+    long before;
+    (void)state;
+    /* 1 + (5 + 1000) / 1000 = 2.005 of 3 */
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1000, NULL)), 200,
+         "first");
+    before = double_count();
+    r = post("/v1/chat/completions", h, openai_body(0, 1000, NULL));
+    WANT(r, 429, "over the plan");
+    assert_true(atol(hdr(r, "Retry-After", "refusal")) > 0);
+    hdr(r, "RateLimit", "refusal");
+    hdr(r, "RateLimit-Policy", "refusal");
+    j = jparse(r, "refusal");
+    assert_string_equal(jstr(j, "decision", "refusal"), "reject");
+    assert_string_equal(error_type(r, "refusal"), "quota_exceeded");
+    assert_int_equal(double_count(), before);   /* upstream not called */
+    assert_true(NEAR(used_in(s), 2.005));
+    /* an unknown model: 400, upstream not called */
+    r = post("/v1/chat/completions", h,
+             "{\"model\":\"nope\",\"messages\":[],\"max_tokens\":1}");
+    WANT(r, 400, "unknown model");
+    assert_string_equal(error_type(r, "model"), "unknown_model");
+    assert_int_equal(double_count(), before);
+    /* no key, a bad body */
+    r = post("/v1/chat/completions", NULL, openai_body(0, 1, NULL));
+    WANT(r, 401, "no key");
+    r = post("/v1/chat/completions", h, "not json");
+    WANT(r, 400, "bad body");
+    assert_int_equal(double_count(), before);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_openai_plain, gc_teardown),
+        cmocka_unit_test_teardown(test_key_never_forwarded, gc_teardown),
+        cmocka_unit_test_teardown(test_openai_stream_usage_added,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_openai_stream_usage_asked,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_anthropic_stream, gc_teardown),
+        cmocka_unit_test_teardown(test_caller_disconnects, gc_teardown),
+        cmocka_unit_test_teardown(test_reset_mid_stream, gc_teardown),
+        cmocka_unit_test_teardown(test_no_usage, gc_teardown),
+        cmocka_unit_test_teardown(test_upstream_429, gc_teardown),
+        cmocka_unit_test_teardown(test_upstream_500, gc_teardown),
+        cmocka_unit_test_teardown(test_upstream_timeout, gc_teardown),
+        cmocka_unit_test_teardown(test_refusal, gc_teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
