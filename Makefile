@@ -91,10 +91,11 @@ build/asan/upstream_double: tests/upstream/upstream_double.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
-bench: deps-bench build/bench_engine build/bench_ledger build/quotagate
+bench: deps-bench build/bench_engine build/bench_ledger build/quotagate build/upstream_double
 	@build/bench_engine
 	@build/bench_ledger
 	@bench/http_bench.sh
+	@bench/proxy_bench.sh
 	@bench/rebuild_bench.sh
 
 deps-bench:

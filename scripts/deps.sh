@@ -5,7 +5,9 @@ set -e
 want="gcc make pkg-config libyaml-dev libjansson-dev libxxhash-dev tzdata \
       libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev"
 case "${1:-build}" in
-  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl" ;;
+  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl"
+         # tests/sdk: the openai npm package under node --test
+         { command -v node && command -v npm; } >/dev/null || want="$want nodejs npm" ;;
   bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3" ;;
 esac
 missing=""

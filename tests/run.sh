@@ -27,6 +27,21 @@ for dir in "$@"; do
     fi
   done
 done
+# tests/sdk: the official openai npm package against the proxy, once, on
+# the optimised build (node --test; its TAP "# pass N" / "# fail M" tallied)
+case " $* " in *" build "*)
+  t=tests/sdk; log=build/tests/sdk.log; mkdir -p build/tests; echo "== $t"
+  { [ -d $t/node_modules ] || npm ci --prefix $t --no-audit --no-fund; } >"$log" 2>&1 &&
+    QG_BIN="$(pwd)/build/quotagate" QG_UPSTREAM_BIN="$(pwd)/build/upstream_double" \
+    node --test --test-reporter=tap $t/ >>"$log" 2>&1
+  rc=$?
+  p=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$log" | tail -1); p=${p:-0}
+  f=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$log" | tail -1); f=${f:-0}
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then
+    cat "$log"; [ "$f" -eq 0 ] && failed=$((failed + 1)); broken="$broken $t"
+  else echo "   $p passed"; fi ;;
+esac
 [ -n "$broken" ] && echo "failing:$broken"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -56,6 +56,7 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -558,10 +559,24 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
     json_decref(j);
 }
 
+/* Small SSE chunks must leave at once, as a real provider's do: without
+ * TCP_NODELAY, Nagle holds each one until the reader's delayed ACK
+ * (~40 ms), which would dominate every streaming measurement. */
+static void no_delay(struct evhttp_request *req)
+{
+    struct evhttp_connection *c = evhttp_request_get_connection(req);
+    struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+    int one = 1;
+    if (bev && bufferevent_getfd(bev) >= 0)
+        setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
+                   sizeof one);
+}
+
 static void route(struct evhttp_request *req, void *arg)
 {
     dbl *d = arg;
     const char *uri = evhttp_request_get_uri(req);
+    no_delay(req);
     int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
     int get = evhttp_request_get_command(req) == EVHTTP_REQ_GET;
     if (!strcmp(uri, "/v1/chat/completions") && post) {

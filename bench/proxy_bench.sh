@@ -1,0 +1,295 @@
+#!/bin/sh
+# proxy_bench.sh - the metering proxy's cost: the same wrk load sent
+#   (a) straight to the upstream double (tests/upstream/upstream_double.c),
+#   (b) through `quotagate serve --upstream http://127.0.0.1:DOUBLE`, with
+#       a subject key on a plan that never refuses (docs/proxy.md),
+#   (c) through nginx proxy_pass to the double (keepalive upstream pool,
+#       HTTP/1.1, proxy_buffering off so streams are passed on at once, as
+#       quotagate does),
+# all in one run on this machine, for plain and for streaming (stream:
+# true) chat completions (docs/benchmarks.md: ratios, not absolutes).
+#
+#   bench/proxy_bench.sh           (make bench runs it)
+#
+# Installs nothing: needs wrk, nginx and curl (prints why and exits 0
+# without them), build/quotagate (or $QG_BIN) and build/upstream_double (or
+# $QG_UPSTREAM_BIN): `make build/quotagate build/upstream_double`.
+# Load: bench/wrk_proxy.lua, POST /v1/chat/completions, model "light",
+# max_tokens $BENCH_MAX_TOKENS, X-Double-Mode: slow=0 (no pause between
+# stream chunks), one request in flight per connection.
+# Prints req/s, p50 and p99 of each path, the p50/p99 latency quotagate and
+# nginx add over direct, and the quotagate/nginx throughput ratio.
+# Caveat (streams): the double does not set TCP_NODELAY, so with slow=0
+# its small SSE chunks meet Nagle + the reader's delayed ACK: one keep-alive
+# connection alone takes ~44 ms per 16-token stream (wrk -c1), against
+# <1 ms for a fresh curl.  The stream rows therefore measure that stall
+# as seen through each path, not the proxies' per-chunk cost.
+# Everything listens on 127.0.0.1 only; every process started here is
+# stopped on exit (trap).
+# Environment: BENCH_DURATION (default 8s), BENCH_THREADS (2),
+# BENCH_CONNECTIONS (32), BENCH_MAX_TOKENS (16), BENCH_WORKERS (quotagate
+# --workers and nginx worker_processes, default 2), BENCH_TASKSET=1 pins
+# the servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~55 s
+# with the defaults (6 wrk runs).
+set -u
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+QG=${QG_BIN:-$ROOT/build/quotagate}
+DBL=${QG_UPSTREAM_BIN:-$ROOT/build/upstream_double}
+DUR=${BENCH_DURATION:-8s}
+THREADS=${BENCH_THREADS:-2}
+CONNS=${BENCH_CONNECTIONS:-32}
+MAXTOK=${BENCH_MAX_TOKENS:-16}
+WORKERS=${BENCH_WORKERS:-2}
+ADMIN_KEY="bench-admin-key-$$"
+SERVICE_KEY="bench-service-key-$$"
+
+say() { printf '%s\n' "$*"; }
+skip() { say "proxy_bench: $*; skipping the proxy benchmark"; exit 0; }
+
+command -v wrk >/dev/null 2>&1 || skip "wrk is not installed (apt-get install wrk)"
+NGINX=$(command -v nginx 2>/dev/null || true)
+[ -z "$NGINX" ] && [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx
+[ -n "$NGINX" ] || skip "nginx is not installed (apt-get install nginx-light)"
+command -v curl >/dev/null 2>&1 || skip "curl is not installed"
+[ -x "$QG" ] || skip "$QG is not built (make build/quotagate)"
+[ -x "$DBL" ] || skip "$DBL is not built (make build/upstream_double)"
+"$QG" serve --help 2>&1 | grep -q -- '--upstream' ||
+    skip "$QG serve has no --upstream yet"
+
+PIN_SRV=""; PIN_WRK=""
+if [ "${BENCH_TASKSET:-0}" = 1 ] && command -v taskset >/dev/null 2>&1 &&
+   [ "$(nproc)" -ge 2 ]; then
+    PIN_SRV="taskset -c 1"; PIN_WRK="taskset -c 0"
+fi
+
+TMP=$(mktemp -d /tmp/qg-proxy-bench.XXXXXX) || exit 1
+DBL_PID=""; QG_PID=""; NGX_PID=""
+stop_pid() {
+    # stop one process we started, by its pid: TERM, then KILL after 5 s
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || return 0
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+cleanup() {
+    stop_pid "$NGX_PID"; NGX_PID=""
+    stop_pid "$QG_PID"; QG_PID=""
+    stop_pid "$DBL_PID"; DBL_PID=""
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$1\$"; }
+pick_port() {
+    p=$((20000 + ($$ + 7919) % 20000))
+    while ! port_free $p; do p=$((p + 1)); done
+    echo $p
+}
+# wait_port NAME PID FILE PATTERN: the port a child prints on its stdout
+wait_port() {
+    i=0
+    while [ $i -lt 200 ]; do
+        p=$(sed -n "s|^$4 listening on http://127\\.0\\.0\\.1:\\([0-9]*\\).*|\\1|p" "$3" | head -1)
+        [ -n "$p" ] && { echo "$p"; return 0; }
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+
+CHAT='{"model":"light","messages":[{"role":"user","content":"hello"}],"max_tokens":3}'
+CHAT_S='{"model":"light","stream":true,"messages":[{"role":"user","content":"hello"}],"max_tokens":3}'
+# probe NAME URL: one plain and one streaming call must answer 200 with the
+# completion (and, streaming, the terminating [DONE])
+probe() {
+    code=$(curl -s -m 10 -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SUBJECT_KEY" \
+        -H 'Content-Type: application/json' -H 'X-Double-Mode: slow=0' -d "$CHAT" "$2/v1/chat/completions")
+    if [ "$code" != 200 ] || ! grep -q 'tok2' "$TMP/probe"; then
+        say "proxy_bench: a probe call to $1 answered $code: $(head -c 300 "$TMP/probe")"; exit 1
+    fi
+    code=$(curl -s -N -m 10 -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SUBJECT_KEY" \
+        -H 'Content-Type: application/json' -H 'X-Double-Mode: slow=0' -d "$CHAT_S" "$2/v1/chat/completions")
+    if [ "$code" != 200 ] || ! grep -q '^data: \[DONE\]' "$TMP/probe"; then
+        say "proxy_bench: a probe stream to $1 answered $code: $(head -c 300 "$TMP/probe")"; exit 1
+    fi
+}
+
+# ----------------------------------------------------------- the double
+SUBJECT_KEY=none
+$PIN_SRV "$DBL" --listen 127.0.0.1:0 >"$TMP/dbl.out" 2>"$TMP/dbl.err" &
+DBL_PID=$!
+DBL_PORT=$(wait_port double "$DBL_PID" "$TMP/dbl.out" upstream_double:) || {
+    say "proxy_bench: the upstream double did not start:"; cat "$TMP/dbl.err"; exit 1; }
+DBL_URL="http://127.0.0.1:$DBL_PORT"
+probe "the upstream double" "$DBL_URL"
+
+# ------------------------------------------------------------ quotagate
+# model "light" and a "bench" plan whose 5 h window never fills and whose
+# concurrency allows every connection (the proxy holds a lease per call).
+cat > "$TMP/rules.yaml" <<YAML
+version: "proxy-bench-1"
+unit: "weight points"
+weights:
+  version: "w1"
+  calibrated: "2026-11-29"
+  models:
+    light: { per_request: 1, input_per_1k: 1, output_per_1k: 1 }
+plans:
+  bench:
+    windows:
+      - { name: burst_5h, type: rolling, length: 5h, limit: 1000000000000 }
+    concurrency: 100000
+    overage: { policy: reject }
+subjects:
+  bench: { plan: bench }
+YAML
+"$QG" lint -c "$TMP/rules.yaml" >/dev/null 2>"$TMP/lint.err"
+if [ $? -eq 2 ]; then say "proxy_bench: the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
+
+mkdir -p "$TMP/qg"
+QUOTAGATE_ADMIN_KEY=$ADMIN_KEY QUOTAGATE_SERVICE_KEY=$SERVICE_KEY \
+    QUOTAGATE_UPSTREAM_KEY="bench-upstream-key-$$" QUOTAGATE_UPSTREAM_TIMEOUT_MS=10000 \
+    $PIN_SRV "$QG" serve -c "$TMP/rules.yaml" --listen 127.0.0.1:0 --data "$TMP/qg" \
+    --workers "$WORKERS" --upstream "$DBL_URL" >"$TMP/qg.out" 2>"$TMP/qg.err" &
+QG_PID=$!
+QG_PORT=$(wait_port quotagate "$QG_PID" "$TMP/qg.out" quotagate:) || {
+    say "proxy_bench: quotagate serve did not start; its stderr:"; cat "$TMP/qg.err"; exit 1; }
+QG_URL="http://127.0.0.1:$QG_PORT"
+code=$(curl -s -m 10 -o "$TMP/key" -w '%{http_code}' -H "Authorization: Bearer $ADMIN_KEY" \
+       -H 'Content-Type: application/json' -d '{"subject":"bench"}' "$QG_URL/v1/admin/keys")
+SUBJECT_KEY=$(sed -n 's/.*"key" *: *"\([^"]*\)".*/\1/p' "$TMP/key")
+if [ "$code" != 200 ] && [ "$code" != 201 ] || [ -z "$SUBJECT_KEY" ]; then
+    say "proxy_bench: creating a subject key answered $code: $(cat "$TMP/key")"; exit 1
+fi
+probe quotagate "$QG_URL"
+
+# ---------------------------------------------------------------- nginx
+NGX_PORT=$(pick_port)
+mkdir -p "$TMP/nginx/logs" "$TMP/nginx/tmp"
+cat > "$TMP/nginx/nginx.conf" <<NGX
+worker_processes $WORKERS;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/tmp/body;
+    proxy_temp_path $TMP/nginx/tmp/proxy;
+    fastcgi_temp_path $TMP/nginx/tmp/fastcgi;
+    uwsgi_temp_path $TMP/nginx/tmp/uwsgi;
+    scgi_temp_path $TMP/nginx/tmp/scgi;
+    keepalive_requests 100000000;
+    upstream double {
+        server 127.0.0.1:$DBL_PORT;
+        keepalive 256;
+        keepalive_requests 100000000;
+    }
+    server {
+        listen 127.0.0.1:$NGX_PORT reuseport;
+        location / {
+            proxy_pass http://double;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 10s;
+        }
+    }
+}
+NGX
+$PIN_SRV "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" >"$TMP/nginx/logs/stdout" 2>&1 &
+NGX_PID=$!
+i=0
+while ! curl -s -o /dev/null "http://127.0.0.1:$NGX_PORT/_double/count" 2>/dev/null; do
+    if ! kill -0 "$NGX_PID" 2>/dev/null || [ $i -ge 100 ]; then
+        say "proxy_bench: nginx did not start:"
+        cat "$TMP/nginx/logs/stdout" "$TMP/nginx/logs/error.log" 2>/dev/null; exit 1
+    fi
+    sleep 0.05; i=$((i + 1))
+done
+NGX_URL="http://127.0.0.1:$NGX_PORT"
+probe nginx "$NGX_URL"
+
+# ------------------------------------------------------------------ wrk
+# run_wrk NAME URL MODE: writes $TMP/NAME.txt and sets R_RPS R_P50 R_P99
+# R_NON2XX R_ERR (latencies in microseconds)
+run_wrk() {
+    QG_SUBJECT_KEY=$SUBJECT_KEY timeout 120 $PIN_WRK wrk -t"$THREADS" -c"$CONNS" \
+        -d"$DUR" --latency -s bench/wrk_proxy.lua "$2" -- "$3" "$MAXTOK" >"$TMP/$1.txt" 2>&1
+    R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
+    R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "50%" {print us($2)}' "$TMP/$1.txt")
+    R_P99=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "99%" {print us($2)}' "$TMP/$1.txt")
+    R_NON2XX=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$TMP/$1.txt")
+    R_NON2XX=${R_NON2XX:-0}
+    R_ERR=$(awk '/Socket errors:/ { n = 0; for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i; print n }' "$TMP/$1.txt")
+    R_ERR=${R_ERR:-0}
+    if [ -z "$R_RPS" ] || [ -z "$R_P50" ] || [ -z "$R_P99" ]; then
+        say "proxy_bench: could not parse wrk's output for $1:"; cat "$TMP/$1.txt"; exit 1
+    fi
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
+added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.3f", (a - b) / 1000 }'; }
+line() { printf '  %-24s %10s %10s %10s %9s %7s\n' "$@"; }
+
+say ""
+say "Proxy benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency, POST /v1/chat/completions max_tokens $MAXTOK, X-Double-Mode: slow=0${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
+say "  direct   upstream double $DBL_URL (one event loop)"
+say "  quotagate serve --workers $WORKERS --upstream $DBL_URL on $QG_URL (data in $TMP/qg)"
+say "  nginx    $("$NGINX" -v 2>&1 | sed 's/.*\///'), $WORKERS workers, proxy_pass keepalive upstream on $NGX_URL"
+
+BAD=0
+for mode in plain stream; do
+    run_wrk "direct_$mode" "$DBL_URL" "$mode"
+    D_RPS=$R_RPS D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
+    run_wrk "qg_$mode" "$QG_URL" "$mode"
+    Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
+    run_wrk "ngx_$mode" "$NGX_URL" "$mode"
+    N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+    [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
+
+    say ""
+    if [ "$mode" = plain ]; then
+        say "  plain (JSON answer)"
+    else
+        say "  stream (stream: true, $MAXTOK content chunks; quotagate asks for include_usage and drops the usage chunk)"
+    fi
+    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors"
+    line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" "$D_ERR"
+    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR"
+    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR"
+    line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" "$(added "$Q_P99" "$D_P99")" "" ""
+    line "nginx added" "" "$(added "$N_P50" "$D_P50")" "$(added "$N_P99" "$D_P99")" "" ""
+    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" ""
+    line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" ""
+    line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" ""
+    if [ "$mode" = stream ] && awk -v p="$D_P50" 'BEGIN { exit !(p >= 35000) }'; then
+        say "  note: direct stream p50 >= 35 ms: the double's chunks stall on Nagle + delayed ACK"
+        say "  (it does not set TCP_NODELAY); these rows measure that, not per-chunk proxy cost"
+    fi
+done
+
+# the proxy really metered: the subject's 5 h window holds the calls
+USED=$(curl -s -m 10 -H "Authorization: Bearer $ADMIN_KEY" "$QG_URL/v1/usage/bench" |
+       tr -d ' \n' | sed -n 's/.*"name":"burst_5h"[^}]*"used":\([0-9.eE+-]*\).*/\1/p')
+say ""
+say "quotagate metered: burst_5h used ${USED:-?} weight points for subject bench"
+if [ "$BAD" != 0 ]; then
+    say "note: non-2xx answers or socket errors above; first lines of quotagate's stderr:"
+    head -5 "$TMP/qg.err"
+fi
+for n in "$DBL_PID:upstream double" "$QG_PID:quotagate serve" "$NGX_PID:nginx"; do
+    if ! kill -0 "${n%%:*}" 2>/dev/null; then
+        say "proxy_bench: ${n#*:} died during the benchmark"; cat "$TMP/qg.err"; exit 1
+    fi
+done
+exit 0
