@@ -6,7 +6,9 @@
  *      gives the model, the input estimate and the output cap
  *      (qg_request_fields); qg_engine_check reserves, or the request is
  *      refused like /v1/check (429, headers, JSON body) and the upstream
- *      is never called;
+ *      is never called - unless the policy in force for the refusal is
+ *      downgrade and the lighter model is admitted (docs/proxy.md,
+ *      "Overage: downgrade"): then the body names the lighter model;
  *   2. the request goes upstream on the worker's event base through a
  *      pooled keep-alive connection (upstream.h), with the gateway's own
  *      credential instead of the caller's key;
@@ -86,6 +88,8 @@ struct px {
     int final_usage;               /* the stream's final usage arrived */
     int64_t content_bytes;
     qg_hdr_buf hb;                 /* the decision's rate-limit headers */
+    char dg_from[QG_REQUEST_MODEL_MAX]; /* downgraded: the requested model */
+    char dg_model[QG_REQUEST_MODEL_MAX]; /* downgraded: the model served */
 };
 
 static _Atomic uint64_t px_counter;
@@ -207,7 +211,7 @@ static void px_settle_partial(px *p)
 
 /* ----------------------------------------------------------- replies */
 
-#define MAX_OUT_HDR (QG_HDR_MAX + 4)
+#define MAX_OUT_HDR (QG_HDR_MAX + 6)
 
 static int px_headers(px *p, qg_http_out_header *h, int with_retry)
 {
@@ -215,6 +219,11 @@ static int px_headers(px *p, qg_http_out_header *h, int with_retry)
     for (int i = 0; i < p->hb.n; i++)
         h[n++] = p->hb.h[i];
     h[n++] = (qg_http_out_header){"X-Request-Id", p->rid};
+    if (p->dg_from[0]) {
+        h[n++] = (qg_http_out_header){"x-quotagate-downgraded-from",
+                                      p->dg_from};
+        h[n++] = (qg_http_out_header){"x-quotagate-model", p->dg_model};
+    }
     if (with_retry && p->retry_after[0])
         h[n++] = (qg_http_out_header){"Retry-After", p->retry_after};
     return n;
@@ -536,6 +545,36 @@ static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
     }
 }
 
+/* The overage policy in force for a refusal: the binding window's own
+ * policy when it sets one, else the plan's.  NULL when unknown. */
+static const qg_overage *refusal_overage(const qg_rules *rules,
+                                         const qg_decision *d)
+{
+    int pi = d->plan ? qg_rules_find_plan(rules, d->plan) : -1;
+    const qg_plan *plan;
+    const qg_window_spec *w = NULL;
+    if (pi < 0)
+        return NULL;
+    plan = &rules->plans[pi];
+    if (d->binding >= 0 && d->binding < d->nviews) {
+        const qg_window_view *v = &d->views[d->binding];
+        if (v->org) {
+            int oi = d->org ? qg_rules_find_org(rules, d->org) : -1;
+            if (oi >= 0) {
+                const qg_org_spec *o = &rules->orgs[oi];
+                for (int i = 0; i < o->nwindows; i++)
+                    if (v->name && !strcmp(o->windows[i].name, v->name))
+                        w = &o->windows[i];
+            }
+        } else if (v->name) {
+            w = qg_plan_find_window(plan, v->name);
+        }
+    }
+    if (w && w->overage.policy != QG_POLICY_NONE)
+        return &w->overage;
+    return &plan->overage;
+}
+
 static void check_row(qg_ledger_row *row, const qg_decision *d,
                       const char *rid, const char *subject,
                       const qg_request_info *info)
@@ -615,7 +654,8 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
 {
     char err[320], upath[600];
     qg_request_info info;
-    qg_decision dbuf, *d = &dbuf;
+    qg_decision dbuf, dg, *d = &dbuf;
+    char dg_window[sizeof ((qg_ledger_row *)0)->window];
     qg_check_req creq;
     qg_ledger_row row;
     const qg_rules *rules;
@@ -624,8 +664,8 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     char *nbody = NULL;
     const char *body = r->body;
     size_t blen = r->body_len, nlen;
-    int added = 0, rc, route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT
-                                                        : QG_ROUTE_MESSAGES;
+    int added = 0, rewrite_failed = 0, rc;
+    int route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT : QG_ROUTE_MESSAGES;
     int64_t now;
     px *p;
 
@@ -702,8 +742,33 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
                        "call needs a fresh one");
         return;
     }
+    /* downgrade: the refusal charged nothing and is not remembered, so
+     * the lighter model is checked under the same request id */
+    if (d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER) {
+        const qg_overage *ov = refusal_overage(rules, d);
+        if (ov && ov->policy == QG_POLICY_DOWNGRADE && ov->to_model >= 0 &&
+            ov->to_model < rules->nmodels &&
+            strcmp(rules->models[ov->to_model].name, info.model) != 0) {
+            const char *to = rules->models[ov->to_model].name;
+            qg_check_req c2 = creq;
+            c2.model = to;
+            if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
+                !dg.replayed && dg.outcome == QG_ALLOW) {
+                copy_str(p->dg_from, sizeof p->dg_from, info.model);
+                copy_str(p->dg_model, sizeof p->dg_model, to);
+                if (d->binding >= 0)
+                    snprintf(dg_window, sizeof dg_window, "downgraded:%s",
+                             d->views[d->binding].name);
+                else
+                    snprintf(dg_window, sizeof dg_window, "downgraded:");
+                d = &dg;
+            }
+        }
+    }
     qg_metrics_record(s->metrics, d);
     check_row(&row, d, p->rid, subject, &info);
+    if (p->dg_from[0])
+        copy_str(row.window, sizeof row.window, dg_window);
     if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the row of request "
                 "%s was not queued\n", p->rid);
@@ -730,12 +795,24 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     p->base = qg_http_req_base(r);
     p->in_est = info.input_tokens_estimate;
     p->caller_stream = info.stream;
-    if (shape == QG_SHAPE_OPENAI && info.stream) {
+    if (shape == QG_SHAPE_OPENAI && (info.stream || p->dg_from[0])) {
         if (qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
-                                      &added, NULL) == QG_OK) {
+                                      &added,
+                                      p->dg_from[0] ? p->dg_model : NULL) ==
+            QG_OK) {
             body = nbody;
             blen = nlen;
             p->filter = added;
+        } else if (p->dg_from[0]) {
+            rewrite_failed = 1;
+        }
+    } else if (p->dg_from[0]) {
+        if (qg_request_replace_model(r->body, r->body_len, p->dg_model,
+                                     &nbody, &nlen) == QG_OK) {
+            body = nbody;
+            blen = nlen;
+        } else {
+            rewrite_failed = 1;
         }
     }
     p->next = s->proxy->live[p->worker];
@@ -750,6 +827,15 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
         free(nbody);
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply_error(p, 500, "internal_error", "out of memory");
+        return;
+    }
+    if (rewrite_failed) {
+        /* a body that qg_request_fields accepted: only out of memory */
+        evhttp_request_free(p->ureq);
+        p->ureq = NULL;
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+        px_reply_error(p, 500, "internal_error",
+                       "the downgraded request could not be written");
         return;
     }
     evhttp_request_set_header_cb(p->ureq, up_header_cb);

@@ -233,6 +233,20 @@ static double used_in(const char *subject)
     return -1;
 }
 
+static double used_in_window(const char *subject, const char *name)
+{
+    http_resp *r = call("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    json_t *ws, *w;
+    size_t i;
+    WANT(r, 200, "usage");
+    ws = json_object_get(jparse(r, "usage"), "windows");
+    json_array_foreach(ws, i, w)
+        if (!strcmp(jstr(w, "name", "usage"), name))
+            return jnum(w, "used", "usage");
+    fail_msg("usage of %s: no window %s: %s", subject, name, excerpt(r));
+    return -1;
+}
+
 static long double_count(void)
 {
     http_resp *r = call_on(&D, "GET", "/_double/count", NULL, NULL);
@@ -289,6 +303,39 @@ static lrow ledger_row(const char *rid)
     }
     fail_msg("ledger: no settled row for %s", rid);
     return row;
+}
+
+/* The model and window columns of rid's row (polled up to 10 s). */
+static void ledger_model_window(const char *rid, const char **model,
+                                const char **window)
+{
+    long long t0 = qg_now_ms();
+    const char *db = fmt("%s/ledger.db", P.data);
+    while (qg_now_ms() - t0 < 10000) {
+        sqlite3 *h = NULL;
+        sqlite3_stmt *st = NULL;
+        int found = 0;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
+                SQLITE_OK &&
+            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
+            sqlite3_prepare_v2(h, "SELECT model, window FROM requests "
+                               "WHERE request_id = ?1", -1, &st, NULL) ==
+                SQLITE_OK &&
+            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW) {
+            const unsigned char *m = sqlite3_column_text(st, 0);
+            const unsigned char *w = sqlite3_column_text(st, 1);
+            *model = fmt("%s", m ? (const char *)m : "");
+            *window = fmt("%s", w ? (const char *)w : "");
+            found = 1;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        if (found)
+            return;
+        sleep_ms(20);
+    }
+    fail_msg("ledger: no row for %s", rid);
 }
 
 /* ------------------------------------------------------- raw sockets */
@@ -827,6 +874,132 @@ static void test_refusal(void **state)
     assert_int_equal(double_count(), before);
 }
 
+static const char *large_body(int stream)
+{
+    return fmt("{\"model\":\"large\",%s\"messages\":[{\"role\":\"user\","
+               "\"content\":\"" PROMPT "\"}],\"max_tokens\":7}",
+               stream ? "\"stream\":true," : "");
+}
+
+/* Plan dg: large_5h (3 points, models [large]) has its own overage
+ * {downgrade, to_model: light}; light_5h holds 2 points.  large costs
+ * 2 + 12/1000 = 2.012 a call, light 1.012. */
+static void test_downgrade(void **state)
+{
+    const char *s = new_subject("dg"), *key = new_key(s);
+    const char *rid1 = uid("dg1"), *rid2 = uid("dg2"), *rid3 = uid("dg3");
+    const char *h1[3] = {fmt("Authorization: Bearer %s", key),
+                         fmt("X-Request-Id: %s", rid1), NULL};
+    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid2), NULL};
+    const char *h3[3] = {h1[0], fmt("X-Request-Id: %s", rid3), NULL};
+    const char *model, *window;
+    http_resp *r;
+    json_t *j, *last;
+    lrow row;
+    long before;
+    (void)state;
+    /* 1: served as large */
+    r = post("/v1/chat/completions", h1, large_body(0));
+    WANT(r, 200, "large");
+    assert_null(http_resp_header(r, "x-quotagate-downgraded-from"));
+    last = json_object_get(double_last(), "body_json");
+    assert_string_equal(jstr(last, "model", "last"), "large");
+    row = ledger_row(rid1);
+    assert_int_equal(row.weight_milli, 2012);
+    assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
+    /* 2: large_5h refuses (4.024 > 3): served by light, and says so */
+    r = post("/v1/chat/completions", h2, large_body(0));
+    WANT(r, 200, "downgraded");
+    assert_string_equal(hdr(r, "x-quotagate-downgraded-from", "dg"),
+                        "large");
+    assert_string_equal(hdr(r, "x-quotagate-model", "dg"), "light");
+    assert_string_equal(hdr(r, "X-Request-Id", "dg"), rid2);
+    j = jparse(r, "downgraded");
+    assert_string_equal(jstr(j, "model", "downgraded"), "light");
+    last = json_object_get(double_last(), "body_json");
+    assert_string_equal(jstr(last, "model", "last"), "light");
+    row = ledger_row(rid2);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.weight_milli, 1012);      /* light's weights */
+    ledger_model_window(rid2, &model, &window);
+    assert_string_equal(model, "light");
+    assert_string_equal(window, "downgraded:large_5h");
+    assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));  /* unchanged */
+    assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
+    assert_true(NEAR(used_in(s), 3.024));
+    /* 3: light is full too (2.024 > 2): the original refusal */
+    before = double_count();
+    r = post("/v1/chat/completions", h3, large_body(0));
+    WANT(r, 429, "both refuse");
+    assert_null(http_resp_header(r, "x-quotagate-downgraded-from"));
+    assert_true(atol(hdr(r, "Retry-After", "both")) > 0);
+    hdr(r, "RateLimit", "both");
+    j = jparse(r, "both");
+    assert_string_equal(jstr(j, "decision", "both"), "reject");
+    assert_string_equal(error_type(r, "both"), "quota_exceeded");
+    assert_non_null(strstr(r->body, "large_5h"));
+    assert_int_equal(double_count(), before);
+    ledger_model_window(rid3, &model, &window);
+    assert_string_equal(model, "large");
+    assert_string_equal(window, "large_5h");
+    assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
+    assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
+}
+
+/* A streamed downgrade: the rewritten body asks for the usage chunk and
+ * names light; the stream's headers say so. */
+static void test_downgrade_stream(void **state)
+{
+    const char *s = new_subject("dg"), *key = new_key(s);
+    const char *rid = uid("dgs");
+    const char *h1[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    json_t *last;
+    lrow row;
+    (void)state;
+    WANT(post("/v1/chat/completions", h1, large_body(0)), 200, "large");
+    r = post("/v1/chat/completions", h2, large_body(1));
+    WANT(r, 200, "downgraded stream");
+    assert_string_equal(hdr(r, "x-quotagate-downgraded-from", "dgs"),
+                        "large");
+    assert_string_equal(hdr(r, "x-quotagate-model", "dgs"), "light");
+    assert_non_null(strstr(r->body, "\"model\":\"light\""));
+    last = json_object_get(double_last(), "body_json");
+    assert_string_equal(jstr(last, "model", "last"), "light");
+    assert_true(json_is_true(json_object_get(
+        json_object_get(last, "stream_options"), "include_usage")));
+    row = ledger_row(rid);
+    assert_int_equal(row.estimated, 0);
+    assert_int_equal(row.weight_milli, 1012);
+    assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
+    assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
+}
+
+/* The Anthropic shape downgrades the same way (qg_request_replace_model). */
+static void test_downgrade_anthropic(void **state)
+{
+    const char *s = new_subject("dg"), *key = new_key(s);
+    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *body = "{\"model\":\"large\",\"messages\":[{\"role\":"
+                       "\"user\",\"content\":\"" PROMPT "\"}],"
+                       "\"max_tokens\":7}";
+    http_resp *r;
+    json_t *last;
+    (void)state;
+    WANT(post("/v1/messages", h, body), 200, "large");
+    r = post("/v1/messages", h, body);
+    WANT(r, 200, "downgraded messages");
+    assert_string_equal(hdr(r, "x-quotagate-downgraded-from", "dga"),
+                        "large");
+    assert_string_equal(hdr(r, "x-quotagate-model", "dga"), "light");
+    last = json_object_get(double_last(), "body_json");
+    assert_string_equal(jstr(last, "model", "last"), "light");
+    assert_string_equal(jstr(jparse(r, "dga"), "model", "dga"), "light");
+    assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
+    assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -844,6 +1017,9 @@ int main(void)
         cmocka_unit_test_teardown(test_upstream_500, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_timeout, gc_teardown),
         cmocka_unit_test_teardown(test_refusal, gc_teardown),
+        cmocka_unit_test_teardown(test_downgrade, gc_teardown),
+        cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),
+        cmocka_unit_test_teardown(test_downgrade_anthropic, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
