@@ -1,10 +1,8 @@
 // openai.test.mjs - the metering proxy driven by the official `openai` npm
 // package, unmodified, as a real client would use it (node --test).
 //
-// Starts tests/upstream's double ($QG_UPSTREAM_BIN, default build/) and
-// `$QG_BIN serve --upstream http://127.0.0.1:DOUBLE` (default
-// build/quotagate) on free ports in a temporary directory, with the rules
-// of tests/sdk/rules.yaml, and checks with `new OpenAI({baseURL: proxy})`:
+// Starts the upstream double and the gateway (harness.mjs, rules of
+// tests/sdk/rules.yaml) and checks with `new OpenAI({baseURL: proxy})`:
 //   - a plain chat completion is charged exactly the weight of the double's
 //     deterministic token counts (1 + prompt + completion for "light");
 //   - a stream the caller did not ask usage for yields every content chunk,
@@ -18,125 +16,18 @@
 // upstream).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, dirname, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
-
-const HERE = dirname(fileURLToPath(import.meta.url));
-const ROOT = resolve(HERE, '..', '..');
-const QG_BIN = process.env.QG_BIN || join(ROOT, 'build', 'quotagate');
-const DOUBLE_BIN = process.env.QG_UPSTREAM_BIN || join(ROOT, 'build', 'upstream_double');
-const RULES = join(HERE, 'rules.yaml');
-const ADMIN_KEY = 'sdk-test-admin-key';
-const SERVICE_KEY = 'sdk-test-service-key';
-const START_TIMEOUT_MS = 10000;
-
-let tmp;
-let dbl;     // {child, port, log}
-let srv;     // {child, port, log}
-let base;    // http://127.0.0.1:PORT
-
-// Spawn BIN ARGS and resolve with the port of its "<name>: listening on
-// http://127.0.0.1:PORT" stdout line.
-function startListening(bin, args, env) {
-  return new Promise((resolvePromise, reject) => {
-    const child = spawn(bin, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
-    const proc = { child, port: 0, log: '' };
-    let out = '';
-    let done = false;
-    const fail = (why) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      child.kill('SIGKILL');
-      reject(new Error(`${bin}: ${why}\n---- output ----\n${proc.log}`));
-    };
-    const timer = setTimeout(() => fail(`no listening line within ${START_TIMEOUT_MS} ms`),
-      START_TIMEOUT_MS);
-    child.on('error', (e) => fail(e.message));
-    child.on('exit', (code, sig) => fail(`exited (${code ?? sig}) before listening`));
-    child.stderr.on('data', (d) => { proc.log += d; });
-    child.stdout.on('data', (d) => {
-      proc.log += d;
-      if (done) return;
-      out += d;
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(out);
-      if (m) {
-        done = true;
-        clearTimeout(timer);
-        proc.port = Number(m[1]);
-        resolvePromise(proc);
-      }
-    });
-  });
-}
-
-function stop(proc) {
-  if (!proc || proc.child.exitCode !== null || proc.child.signalCode !== null)
-    return Promise.resolve();
-  return new Promise((res) => {
-    const t = setTimeout(() => proc.child.kill('SIGKILL'), 5000);
-    proc.child.once('exit', () => { clearTimeout(t); res(); });
-    proc.child.kill('SIGTERM');
-  });
-}
-
-async function adminPost(path, body) {
-  const r = await fetch(`${base}${path}`, {
-    method: 'POST',
-    headers: { Authorization: `Bearer ${ADMIN_KEY}`, 'Content-Type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  const j = await r.json();
-  assert.equal(r.status, 200, `${path}: ${JSON.stringify(j)}`);
-  return j;
-}
-
-// A subject on PLAN and a fresh subject key for it.
-async function subjectKey(subject, plan) {
-  await adminPost('/v1/admin/subjects', { subject, plan });
-  const k = await adminPost('/v1/admin/keys', { subject });
-  assert.match(k.key, /^qgk_/);
-  return k.key;
-}
-
-async function used(subject, window) {
-  const r = await fetch(`${base}/v1/usage/${subject}`,
-    { headers: { Authorization: `Bearer ${ADMIN_KEY}` } });
-  const j = await r.json();
-  assert.equal(r.status, 200, JSON.stringify(j));
-  const w = j.windows.find((x) => x.name === window);
-  assert.ok(w, `no window ${window} in ${JSON.stringify(j)}`);
-  return w.used;
-}
-
-// quotagate_http_requests_total{route="chat_completions",code=CODE}
-async function proxyAnswers(code) {
-  const text = await (await fetch(`${base}/metrics`)).text();
-  const re = new RegExp(
-    `^quotagate_http_requests_total\\{route="chat_completions",code="${code}"\\} (\\d+)$`, 'm');
-  const m = re.exec(text);
-  return m ? Number(m[1]) : 0;
-}
-
-async function doubleCount() {
-  const j = await (await fetch(`http://127.0.0.1:${dbl.port}/_double/count`)).json();
-  return j.count;
-}
-
-async function doubleLast() {
-  return (await fetch(`http://127.0.0.1:${dbl.port}/_double/last`)).json();
-}
+import {
+  stack, start, stop, subjectKey, used, proxyAnswers, doubleCount, doubleLast, words,
+} from './harness.mjs';
 
 // The double's prompt tokens: ceil(bytes of every message text / 4).
 const promptTokens = (messages) =>
   Math.ceil(messages.reduce((s, m) => s + Buffer.byteLength(m.content), 0) / 4);
 // rules.yaml: light = per_request 1 + 1 point per input or output token.
 const lightWeight = (prompt, completion) => 1 + prompt + completion;
-const words = (n) => Array.from({ length: n }, (_, i) => `tok${i}`).join(' ');
+// rules.yaml: large = per_request 2 + 1 point per input or output token.
+const largeWeight = (prompt, completion) => 2 + prompt + completion;
 
 // An OpenAI client whose fetch records every request it makes.
 function client(apiKey, maxRetries) {
@@ -151,26 +42,13 @@ function client(apiKey, maxRetries) {
     return res;
   };
   const c = new OpenAI({
-    apiKey, baseURL: `${base}/v1`, maxRetries, timeout: 30000, fetch: recordingFetch,
+    apiKey, baseURL: `${stack.base}/v1`, maxRetries, timeout: 30000, fetch: recordingFetch,
   });
   return { c, sent };
 }
 
-before(async () => {
-  tmp = mkdtempSync(join(tmpdir(), 'qg-sdk-'));
-  dbl = await startListening(DOUBLE_BIN, ['--listen', '127.0.0.1:0'], process.env);
-  const env = { ...process.env, QUOTAGATE_ADMIN_KEY: ADMIN_KEY, QUOTAGATE_SERVICE_KEY: SERVICE_KEY };
-  delete env.QUOTAGATE_UPSTREAM_KEY;
-  srv = await startListening(QG_BIN, ['serve', '-c', RULES, '--listen', '127.0.0.1:0',
-    '--data', join(tmp, 'data'), '--upstream', `http://127.0.0.1:${dbl.port}`], env);
-  base = `http://127.0.0.1:${srv.port}`;
-});
-
-after(async () => {
-  await stop(srv);
-  await stop(dbl);
-  if (tmp) rmSync(tmp, { recursive: true, force: true });
-});
+before(start);
+after(stop);
 
 test('plain chat completion is charged the weight of the real tokens', { timeout: 30000 }, async () => {
   const key = await subjectKey('sdk-plain', 'roomy');
@@ -288,4 +166,33 @@ test('long refusal: 429 APIError with the structured body, not retried', { timeo
   assert.equal(await proxyAnswers(429) - refused0, 1);
   assert.equal(await doubleCount() - upstream0, 0);
   assert.equal(await used('sdk-capped', 'burst_5h'), lightWeight(p, 3));
+});
+
+test('downgrade: the response names the lighter model, headers say so', { timeout: 30000 }, async () => {
+  const key = await subjectKey('sdk-dg', 'dg');
+  const { c } = client(key, 0);
+  const messages = [{ role: 'user', content: 'hi' }];
+  const p = promptTokens(messages);
+  // 2 + 1 + 15 = 18 of large_5h's 20 points: served by "large" itself.
+  const first = await c.chat.completions.create({ model: 'large', messages, max_tokens: 15 });
+  assert.equal(first.model, 'large');
+  assert.equal(await used('sdk-dg', 'large_5h'), largeWeight(p, 15));
+  const upstream0 = await doubleCount();
+
+  // The next "large" call (2 + 1 + 5 more) does not fit: downgraded to "light".
+  const { data: r, response } = await c.chat.completions
+    .create({ model: 'large', messages, max_tokens: 5 }).withResponse();
+  assert.equal(response.status, 200);
+  assert.equal(r.model, 'light', 'the SDK reports the model that served the call');
+  assert.equal(r.choices[0].message.content, words(5));
+  assert.deepEqual([r.usage.prompt_tokens, r.usage.completion_tokens], [p, 5]);
+  assert.equal(response.headers.get('x-quotagate-downgraded-from'), 'large');
+  assert.equal(response.headers.get('x-quotagate-model'), 'light');
+  // The upstream was asked for "light", once.
+  assert.equal(await doubleCount() - upstream0, 1);
+  assert.equal((await doubleLast()).body_json.model, 'light');
+  // Charged as "light"; the large window was not charged again.
+  assert.equal(await used('sdk-dg', 'light_5h'), lightWeight(p, 5));
+  assert.equal(await used('sdk-dg', 'large_5h'), largeWeight(p, 15));
+  assert.equal(await used('sdk-dg', 'burst_5h'), largeWeight(p, 15) + lightWeight(p, 5));
 });
