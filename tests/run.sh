@@ -27,7 +27,7 @@ for dir in "$@"; do
     fi
   done
 done
-# tests/sdk: the official openai npm package against the proxy, once, on
+# tests/sdk: the official openai and @anthropic-ai/sdk packages against the proxy, once, on
 # the optimised build (node --test; its TAP "# pass N" / "# fail M" tallied)
 case " $* " in *" build "*)
   t=tests/sdk; log=build/tests/sdk.log; mkdir -p build/tests; echo "== $t"
