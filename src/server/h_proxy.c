@@ -8,7 +8,10 @@
  *      refused like /v1/check (429, headers, JSON body) and the upstream
  *      is never called - unless the policy in force for the refusal is
  *      downgrade and the lighter model is admitted (docs/proxy.md,
- *      "Overage: downgrade"): then the body names the lighter model;
+ *      "Overage: downgrade"): then the body names the lighter model -
+ *      or it is queue and the retry fits max_wait ("Overage: queue"):
+ *      then the request is held on a timer of the worker's loop and
+ *      checked again at the retry instant;
  *   2. the request goes upstream on the worker's event base through a
  *      pooled keep-alive connection (upstream.h), with the gateway's own
  *      credential instead of the caller's key;
@@ -28,6 +31,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,11 +52,61 @@
 
 typedef struct px px;
 
+typedef struct qslot {
+    char plan[128];
+    int n;                     /* requests held for this plan */
+} qslot;
+
 struct qg_proxy {
     qg_upstream *up;
     int nworkers;
-    px **live;                 /* per worker: requests in flight */
+    px **live;                 /* per worker: requests in flight or held */
+    pthread_mutex_t qlock;     /* the overage queues, shared by workers */
+    qslot *qs;
+    int nqs, capqs;
 };
+
+/* Take a slot of plan's queue (bounded by cap, over all workers).
+ * Returns 0, or -1 when the queue is full (or out of memory). */
+static int q_take(qg_proxy *pr, const char *plan, int cap)
+{
+    int rc = -1, i;
+    pthread_mutex_lock(&pr->qlock);
+    for (i = 0; i < pr->nqs; i++)
+        if (!strcmp(pr->qs[i].plan, plan))
+            break;
+    if (i == pr->nqs) {
+        if (pr->nqs == pr->capqs) {
+            int nc = pr->capqs ? pr->capqs * 2 : 8;
+            qslot *q = realloc(pr->qs, (size_t)nc * sizeof *q);
+            if (!q)
+                goto out;
+            pr->qs = q;
+            pr->capqs = nc;
+        }
+        memset(&pr->qs[i], 0, sizeof pr->qs[i]);
+        snprintf(pr->qs[i].plan, sizeof pr->qs[i].plan, "%s", plan);
+        pr->nqs++;
+    }
+    if (pr->qs[i].n < cap) {
+        pr->qs[i].n++;
+        rc = 0;
+    }
+out:
+    pthread_mutex_unlock(&pr->qlock);
+    return rc;
+}
+
+static void q_give(qg_proxy *pr, const char *plan)
+{
+    pthread_mutex_lock(&pr->qlock);
+    for (int i = 0; i < pr->nqs; i++)
+        if (!strcmp(pr->qs[i].plan, plan) && pr->qs[i].n > 0) {
+            pr->qs[i].n--;
+            break;
+        }
+    pthread_mutex_unlock(&pr->qlock);
+}
 
 struct px {
     qg_server *s;
@@ -90,6 +144,17 @@ struct px {
     qg_hdr_buf hb;                 /* the decision's rate-limit headers */
     char dg_from[QG_REQUEST_MODEL_MAX]; /* downgraded: the requested model */
     char dg_model[QG_REQUEST_MODEL_MAX]; /* downgraded: the model served */
+
+    /* admission (kept for a held request's re-check) */
+    char subject[256];
+    qg_request_info info;
+    /* overage queue (docs/proxy.md, "Overage: queue") */
+    int linked;                    /* in qg_proxy.live[worker] */
+    int queued;                    /* held: takes a slot of q_plan's queue */
+    struct event *qtimer;          /* fires at the retry instant */
+    int64_t q_start_ms;            /* when the hold began */
+    char q_plan[128];
+    char qms[24];                  /* x-quotagate-queued-ms, "" = no wait */
 };
 
 static _Atomic uint64_t px_counter;
@@ -106,15 +171,34 @@ static void copy_str(char *dst, size_t cap, const char *src)
 
 /* -------------------------------------------------------- lifecycle */
 
+static void px_link(px *p)
+{
+    qg_proxy *pr = p->s->proxy;
+    if (p->linked)
+        return;
+    p->linked = 1;
+    p->prev = NULL;
+    p->next = pr->live[p->worker];
+    if (p->next)
+        p->next->prev = p;
+    pr->live[p->worker] = p;
+}
+
 static void px_free(px *p)
 {
     qg_proxy *pr = p->s->proxy;
-    if (p->prev)
-        p->prev->next = p->next;
-    else if (pr->live[p->worker] == p)
-        pr->live[p->worker] = p->next;
-    if (p->next)
-        p->next->prev = p->prev;
+    if (p->linked) {
+        if (p->prev)
+            p->prev->next = p->next;
+        else if (pr->live[p->worker] == p)
+            pr->live[p->worker] = p->next;
+        if (p->next)
+            p->next->prev = p->prev;
+    }
+    if (p->qtimer)
+        event_free(p->qtimer);
+    if (p->queued)
+        q_give(pr, p->q_plan);
     if (p->conn)
         qg_upstream_release(pr->up, p->worker, p->conn);
     if (p->defer)
@@ -211,7 +295,7 @@ static void px_settle_partial(px *p)
 
 /* ----------------------------------------------------------- replies */
 
-#define MAX_OUT_HDR (QG_HDR_MAX + 6)
+#define MAX_OUT_HDR (QG_HDR_MAX + 7)
 
 static int px_headers(px *p, qg_http_out_header *h, int with_retry)
 {
@@ -224,6 +308,8 @@ static int px_headers(px *p, qg_http_out_header *h, int with_retry)
                                       p->dg_from};
         h[n++] = (qg_http_out_header){"x-quotagate-model", p->dg_model};
     }
+    if (p->qms[0])
+        h[n++] = (qg_http_out_header){"x-quotagate-queued-ms", p->qms};
     if (with_retry && p->retry_after[0])
         h[n++] = (qg_http_out_header){"Retry-After", p->retry_after};
     return n;
@@ -649,24 +735,64 @@ static int up_headers(px *p, struct evkeyvalq *out, size_t body_len)
     return 0;
 }
 
+static void px_admit(px *p);
+
+/* Release a request that never reached the upstream (the reply is sent
+ * by the caller, through r, after this). */
+static void px_discard(px *p)
+{
+    qg_http_on_close(p->r, NULL, NULL);
+    px_free(p);
+}
+
+/* The caller left while held: nothing was reserved, nothing is counted. */
+static void px_q_gone(void *arg)
+{
+    px *p = arg;
+    qg_http_on_close(p->r, NULL, NULL);
+    qg_http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
+    px_free(p);
+}
+
+static void px_q_fire(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    px_admit(arg);
+}
+
+/* Hold p for ms (a timer on the worker's loop, never a blocked thread);
+ * the first hold takes a slot of plan's queue (bounded by cap).
+ * Returns 0; 1 when the queue is full; -1 out of memory (answer the
+ * refusal instead). */
+static int px_hold(px *p, const char *plan, int cap, int64_t ms,
+                   int64_t now)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    if (!p->qtimer && !(p->qtimer = evtimer_new(p->base, px_q_fire, p)))
+        return -1;
+    if (!p->queued) {
+        if (q_take(p->s->proxy, plan, cap) < 0)
+            return 1;
+        p->queued = 1;
+        p->q_start_ms = now;
+        copy_str(p->q_plan, sizeof p->q_plan, plan);
+        p->settled = 1;                 /* nothing reserved while held */
+        px_link(p);
+        qg_http_on_close(p->r, px_q_gone, p);
+    }
+    if (evtimer_add(p->qtimer, &tv) != 0)
+        return -1;
+    return 0;
+}
+
 static void proxy(qg_server *s, qg_http_req *r, const char *subject,
                   int shape)
 {
-    char err[320], upath[600];
     qg_request_info info;
-    qg_decision dbuf, dg, *d = &dbuf;
-    char dg_window[sizeof ((qg_ledger_row *)0)->window];
-    qg_check_req creq;
-    qg_ledger_row row;
-    const qg_rules *rules;
     const char *v;
     size_t vlen;
-    char *nbody = NULL;
-    const char *body = r->body;
-    size_t blen = r->body_len, nlen;
-    int added = 0, rewrite_failed = 0, rc;
-    int route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT : QG_ROUTE_MESSAGES;
-    int64_t now;
+    int rc;
     px *p;
 
     if (!s->proxy) {
@@ -700,6 +826,14 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
         return;
     }
     p->uerr = -1;
+    p->s = s;
+    p->r = r;
+    p->worker = r->worker;
+    p->shape = shape;
+    p->route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT : QG_ROUTE_MESSAGES;
+    p->base = qg_http_req_base(r);
+    p->info = info;
+    copy_str(p->subject, sizeof p->subject, subject);
     v = qg_http_header_get(r, "x-request-id", &vlen);
     if (v && vlen > 0) {
         if (vlen > QG_REQUEST_ID_MAX) {
@@ -715,8 +849,33 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
                  (long long)qg_server_now(s), r->worker,
                  atomic_fetch_add(&px_counter, 1) + 1);
     }
+    px_admit(p);
+}
+
+/* Admission, first or again for a held request (docs/proxy.md): check,
+ * then downgrade, hold (queue) or refuse as the overage policy says, or
+ * forward. */
+static void px_admit(px *p)
+{
+    qg_server *s = p->s;
+    qg_http_req *r = p->r;
+    const qg_request_info *info = &p->info;
+    const char *subject = p->subject;
+    char err[320], upath[600];
+    qg_decision dbuf, dg, *d = &dbuf;
+    char dg_window[sizeof ((qg_ledger_row *)0)->window];
+    qg_check_req creq;
+    qg_ledger_row row;
+    const qg_rules *rules;
+    const qg_overage *ov = NULL;
+    char *nbody = NULL;
+    const char *body = r->body;
+    size_t blen = r->body_len, nlen;
+    int added = 0, rewrite_failed = 0, queue_full = 0, rc;
+    int64_t now;
+
     if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
-        free(p);
+        px_discard(p);
         qg_reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
         return;
@@ -725,48 +884,69 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     /* admission */
     now = qg_server_now(s);
     creq = (qg_check_req){.subject = subject, .request_id = p->rid,
-                          .model = info.model,
-                          .input_tokens = info.input_tokens_estimate,
-                          .max_output_tokens = info.max_output_tokens};
+                          .model = info->model,
+                          .input_tokens = info->input_tokens_estimate,
+                          .max_output_tokens = info->max_output_tokens};
     rc = qg_engine_check(s->engine, &creq, now, d, err, sizeof err);
     if (rc != QG_OK) {
-        free(p);
+        px_discard(p);
         reply_engine_error(s, r, rc, err);
         return;
     }
     rules = qg_engine_rules(s->engine);
     if (d->replayed) {
-        free(p);
+        px_discard(p);
         qg_reply_error(s, r, 409, "duplicate_request_id",
                        "this X-Request-Id was already used; every proxied "
                        "call needs a fresh one");
         return;
     }
+    if (d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER)
+        ov = refusal_overage(rules, d);
     /* downgrade: the refusal charged nothing and is not remembered, so
      * the lighter model is checked under the same request id */
-    if (d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER) {
-        const qg_overage *ov = refusal_overage(rules, d);
-        if (ov && ov->policy == QG_POLICY_DOWNGRADE && ov->to_model >= 0 &&
-            ov->to_model < rules->nmodels &&
-            strcmp(rules->models[ov->to_model].name, info.model) != 0) {
-            const char *to = rules->models[ov->to_model].name;
-            qg_check_req c2 = creq;
-            c2.model = to;
-            if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
-                !dg.replayed && dg.outcome == QG_ALLOW) {
-                copy_str(p->dg_from, sizeof p->dg_from, info.model);
-                copy_str(p->dg_model, sizeof p->dg_model, to);
-                if (d->binding >= 0)
-                    snprintf(dg_window, sizeof dg_window, "downgraded:%s",
-                             d->views[d->binding].name);
-                else
-                    snprintf(dg_window, sizeof dg_window, "downgraded:");
-                d = &dg;
-            }
+    if (ov && ov->policy == QG_POLICY_DOWNGRADE && ov->to_model >= 0 &&
+        ov->to_model < rules->nmodels &&
+        strcmp(rules->models[ov->to_model].name, info->model) != 0) {
+        const char *to = rules->models[ov->to_model].name;
+        qg_check_req c2 = creq;
+        c2.model = to;
+        if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
+            !dg.replayed && dg.outcome == QG_ALLOW) {
+            copy_str(p->dg_from, sizeof p->dg_from, info->model);
+            copy_str(p->dg_model, sizeof p->dg_model, to);
+            if (d->binding >= 0)
+                snprintf(dg_window, sizeof dg_window, "downgraded:%s",
+                         d->views[d->binding].name);
+            else
+                snprintf(dg_window, sizeof dg_window, "downgraded:");
+            d = &dg;
         }
     }
+    /* queue: hold while the exact retry instant still fits max_wait (the
+     * refusal charged nothing and is not remembered: the re-check runs
+     * under the same request id); only the final decision is recorded */
+    if (ov && ov->policy == QG_POLICY_QUEUE && d->outcome == QG_REJECT &&
+        d->retry_after_ms > 0 && d->plan) {
+        int64_t waited = p->queued ? now - p->q_start_ms : 0;
+        if (waited < 0)
+            waited = 0;
+        if (waited + d->retry_after_ms <= ov->max_wait_ms) {
+            rc = px_hold(p, d->plan, ov->queue_size, d->retry_after_ms, now);
+            if (rc == 0)
+                return;
+            queue_full = rc == 1;
+        }
+    }
+    if (p->queued) {
+        int64_t w = now - p->q_start_ms;
+        snprintf(p->qms, sizeof p->qms, "%lld", (long long)(w > 0 ? w : 0));
+        q_give(s->proxy, p->q_plan);    /* frees its slot */
+        p->queued = 0;
+        p->settled = 0;
+    }
     qg_metrics_record(s->metrics, d);
-    check_row(&row, d, p->rid, subject, &info);
+    check_row(&row, d, p->rid, subject, info);
     if (p->dg_from[0])
         copy_str(row.window, sizeof row.window, dg_window);
     if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
@@ -777,25 +957,32 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     if (d->outcome != QG_ALLOW) {
         qg_http_out_header h[MAX_OUT_HDR];
         int n = 0;
-        char *json = qg_json_check(d, p->rid, rules->unit);
+        char *json;
+        if (queue_full) {
+            char msg[400];
+            snprintf(msg, sizeof msg,
+                     "the quota is used up and the queue of plan %s is "
+                     "full (%d requests already waiting); retry after "
+                     "Retry-After seconds", d->plan,
+                     (int)ov->queue_size);
+            json = qg_json_error("queue_full", msg);
+        } else {
+            json = qg_json_check(d, p->rid, rules->unit);
+        }
         for (int i = 0; i < p->hb.n; i++)
             h[n++] = p->hb.h[i];
         h[n++] = (qg_http_out_header){"X-Request-Id", p->rid};
+        if (p->qms[0])
+            h[n++] = (qg_http_out_header){"x-quotagate-queued-ms", p->qms};
         qg_reply_json(s, r, 429, json, h, n);
-        free(p);
+        px_discard(p);
         return;
     }
 
     /* the upstream request */
-    p->s = s;
-    p->r = r;
-    p->worker = r->worker;
-    p->shape = shape;
-    p->route = route;
-    p->base = qg_http_req_base(r);
-    p->in_est = info.input_tokens_estimate;
-    p->caller_stream = info.stream;
-    if (shape == QG_SHAPE_OPENAI && (info.stream || p->dg_from[0])) {
+    p->in_est = info->input_tokens_estimate;
+    p->caller_stream = info->stream;
+    if (p->shape == QG_SHAPE_OPENAI && (info->stream || p->dg_from[0])) {
         if (qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
                                       &added,
                                       p->dg_from[0] ? p->dg_model : NULL) ==
@@ -815,10 +1002,7 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
             rewrite_failed = 1;
         }
     }
-    p->next = s->proxy->live[p->worker];
-    if (p->next)
-        p->next->prev = p;
-    s->proxy->live[p->worker] = p;
+    px_link(p);
     if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
         !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
         !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p)) ||
@@ -894,9 +1078,11 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
         return -1;
     }
     pr->nworkers = workers;
+    pthread_mutex_init(&pr->qlock, NULL);
     if (!(pr->up = qg_upstream_new(s->opts.upstream, workers, timeout,
                                    getenv("QUOTAGATE_UPSTREAM_CA"), err,
                                    errcap))) {
+        pthread_mutex_destroy(&pr->qlock);
         free(pr->live);
         free(pr);
         return -1;
@@ -919,6 +1105,8 @@ void qg_proxy_stop(qg_server *s)
             px_free(p);
         }
     qg_upstream_free(pr->up);
+    pthread_mutex_destroy(&pr->qlock);
+    free(pr->qs);
     free(pr->live);
     free(pr);
     s->proxy = NULL;

@@ -1000,6 +1000,113 @@ static void test_downgrade_anthropic(void **state)
     assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
 }
 
+/* Plans q, q_short, q_one: a rate window of 1 request per 2 s with
+ * overage {queue, max_wait 5s (q_short: 1s), queue_size 2 (q_one: 1)}.
+ * Bounds are generous: these check behaviour, not speed. */
+static void test_queue_waits(void **state)
+{
+    const char *s = new_subject("q"), *key = new_key(s);
+    const char *rid = uid("q2");
+    const char *h1[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid), NULL};
+    http_resp *r;
+    long before, qms;
+    long long t0;
+    lrow row;
+    (void)state;
+    r = post("/v1/chat/completions", h1, openai_body(0, 1, NULL));
+    WANT(r, 200, "first");
+    assert_null(http_resp_header(r, "x-quotagate-queued-ms"));
+    before = double_count();
+    t0 = qg_now_ms();
+    r = post("/v1/chat/completions", h2, openai_body(0, 1, NULL));
+    WANT(r, 200, "held, then served");
+    qms = atol(hdr(r, "x-quotagate-queued-ms", "queued"));
+    assert_true(qms >= 1000 && qms <= 5000);
+    assert_true(qg_now_ms() - t0 >= 1000);
+    assert_string_equal(hdr(r, "X-Request-Id", "queued"), rid);
+    assert_int_equal(double_count(), before + 1);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);            /* completed */
+}
+
+static void test_queue_too_long(void **state)
+{
+    const char *s = new_subject("q_short"), *key = new_key(s);
+    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    http_resp *r;
+    long before;
+    long long t0;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "first");
+    before = double_count();
+    t0 = qg_now_ms();
+    r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
+    WANT(r, 429, "retry beyond max_wait");
+    assert_true(qg_now_ms() - t0 < 1000);       /* not held */
+    assert_string_equal(error_type(r, "too long"), "quota_exceeded");
+    assert_true(atol(hdr(r, "Retry-After", "too long")) > 0);
+    assert_null(http_resp_header(r, "x-quotagate-queued-ms"));
+    assert_int_equal(double_count(), before);
+}
+
+static void test_queue_full(void **state)
+{
+    const char *s = new_subject("q_one"), *key = new_key(s);
+    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *rid2 = uid("qf2");
+    http_resp *r;
+    int fd;
+    char *got;
+    long before;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "first");
+    before = double_count();
+    fd = raw_connect(qgproc_port(&P));
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             fmt("X-Request-Id: %s\r\nConnection: close\r\n",
+                                 rid2),
+                             openai_body(0, 1, NULL)));
+    sleep_ms(300);                              /* the second is held */
+    r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
+    WANT(r, 429, "third: queue full");
+    assert_string_equal(error_type(r, "full"), "queue_full");
+    assert_true(atol(hdr(r, "Retry-After", "full")) > 0);
+    got = raw_read(fd, NULL, 10000);
+    close(fd);
+    assert_non_null(strstr(got, "HTTP/1.1 200"));
+    assert_non_null(strcasestr(got, "x-quotagate-queued-ms"));
+    assert_int_equal(double_count(), before + 1);
+    assert_int_equal(ledger_row(rid2).status, 2);
+}
+
+/* A held caller that leaves: nothing reserved, nothing forwarded. */
+static void test_queue_caller_leaves(void **state)
+{
+    const char *s = new_subject("q"), *key = new_key(s);
+    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    http_resp *r;
+    int fd;
+    long before;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "first");
+    before = double_count();
+    fd = raw_connect(qgproc_port(&P));
+    raw_send(fd, raw_request("/v1/chat/completions", key, NULL,
+                             openai_body(0, 1, NULL)));
+    sleep_ms(300);
+    close(fd);
+    sleep_ms(2500);            /* past the retry instant of the held one */
+    assert_int_equal(double_count(), before);
+    r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
+    WANT(r, 200, "after the held caller left");
+    assert_null(http_resp_header(r, "x-quotagate-queued-ms"));
+    assert_int_equal(double_count(), before + 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1020,6 +1127,10 @@ int main(void)
         cmocka_unit_test_teardown(test_downgrade, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_anthropic, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_waits, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_too_long, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_full, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_caller_leaves, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
