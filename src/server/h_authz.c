@@ -60,15 +60,6 @@
 
 static _Atomic uint64_t authz_counter;
 
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n;
-    if (cap == 0)
-        return;
-    n = src ? strnlen(src, cap - 1) : 0;
-    memcpy(dst, src ? src : "", n);
-    dst[n] = '\0';
-}
 
 /* Header `name` trimmed of blanks into buf (cap bytes).  Returns 1 when
  * present and non-empty, 0 when absent or empty, -1 when too long. */
@@ -107,7 +98,7 @@ static int client_key(const qg_http_req *r, char *buf, size_t cap)
             return 0;
         if (strlen(k) >= cap)
             return -1;
-        copy_str(buf, cap, k);
+        qg_row_copy(buf, cap, k);
         return 1;
     }
     return header_str(r, "x-api-key", buf, cap);
@@ -334,7 +325,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                      : "the client's API key is not a subject key");
             return;
         }
-        copy_str(subject, sizeof subject, who);
+        qg_row_copy(subject, sizeof subject, who);
     }
 
     /* the request id */
@@ -402,29 +393,11 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
     rules = qg_engine_rules(s->engine);
     qg_metrics_record(s->metrics, d);
     if (!d->replayed) {
-        memset(&row, 0, sizeof row);
-        copy_str(row.request_id, sizeof row.request_id, rid);
-        copy_str(row.subject, sizeof row.subject, subject);
-        copy_str(row.org, sizeof row.org, d->org);
-        copy_str(row.plan, sizeof row.plan, d->plan);
-        copy_str(row.rules_version, sizeof row.rules_version,
-                 d->rules_version);
-        copy_str(row.weights_version, sizeof row.weights_version,
-                 d->weights_version);
-        copy_str(row.model, sizeof row.model, d->model);
-        if (d->binding >= 0)
-            copy_str(row.window, sizeof row.window, d->views[d->binding].name);
-        row.decision = d->outcome;
-        row.status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED
-                                            : QG_ROW_REJECTED;
-        row.input_tokens = in_tokens;
-        row.output_tokens = has_model > 0
-                                ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
-                                               : max_out)
-                                : 0;
-        row.reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
-        row.weight_milli = row.reserved_milli;
-        row.created_ms = d->decided_at_ms;
+        qg_row_of_decision(&row, d, rid, subject, in_tokens,
+                           has_model > 0
+                               ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                              : max_out)
+                               : 0);
         if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
             fprintf(stderr, "quotagate: ledger queue full: the row of "
                     "request %s was not queued\n", rid);
@@ -441,7 +414,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                 qg_ledger_row srow;
                 qg_metrics_settle(s->metrics, &res);
                 memset(&srow, 0, sizeof srow);
-                copy_str(srow.request_id, sizeof srow.request_id, rid);
+                qg_row_copy(srow.request_id, sizeof srow.request_id, rid);
                 srow.settle_only = 1;
                 srow.status = QG_ROW_COMPLETED;
                 srow.estimated = has_model > 0;

@@ -19,43 +19,7 @@
 
 #define ERRCAP 320
 
-/* snprintf(dst, cap, "%s", src) without the printf machinery: at most
- * cap - 1 bytes, always terminated; NULL copies "". */
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n;
-    if (cap == 0)
-        return;
-    n = src ? strnlen(src, cap - 1) : 0;
-    memcpy(dst, src ? src : "", n);
-    dst[n] = '\0';
-}
 
-/* Map an engine error to an HTTP answer. */
-static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
-                               const char *msg)
-{
-    switch (rc) {
-    case QG_ENOSUBJECT:
-        qg_reply_error(s, r, 404, "unknown_subject", msg);
-        break;
-    case QG_EMODEL:
-        qg_reply_error(s, r, 400, "unknown_model", msg);
-        break;
-    case QG_ENOTFOUND:
-        qg_reply_error(s, r, 404, "unknown_request", msg);
-        break;
-    case QG_EFULL:
-        qg_reply_error(s, r, 503, "overloaded", msg);
-        break;
-    case QG_EINVAL:
-    case QG_ERANGE:
-        qg_reply_error(s, r, 400, "invalid_request", msg);
-        break;
-    default:
-        qg_reply_error(s, r, 500, "internal_error", msg);
-    }
-}
 
 /* A lock-free read of the writer's backlog (rows queued or being
  * written), checked on every check and settle. */
@@ -118,34 +82,16 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     now = qg_server_now(s);
     rc = qg_engine_check(s->engine, &req, now, d, err, sizeof err);
     if (rc != QG_OK) {
-        reply_engine_error(s, r, rc, err);
+        qg_reply_engine_error(s, r, rc, err);
         goto out;
     }
     rules = qg_engine_rules(s->engine);
     qg_metrics_record(s->metrics, d);
     if (!d->replayed) {
-        memset(&row, 0, sizeof row);
-        copy_str(row.request_id, sizeof row.request_id, rid);
-        copy_str(row.subject, sizeof row.subject, subject);
-        copy_str(row.org, sizeof row.org, d->org);
-        copy_str(row.plan, sizeof row.plan, d->plan);
-        copy_str(row.rules_version, sizeof row.rules_version,
-                 d->rules_version);
-        copy_str(row.weights_version, sizeof row.weights_version,
-                 d->weights_version);
-        copy_str(row.model, sizeof row.model, d->model);
-        if (d->binding >= 0)
-            copy_str(row.window, sizeof row.window, d->views[d->binding].name);
-        row.decision = d->outcome;
-        row.status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED
-                                            : QG_ROW_REJECTED;
-        row.input_tokens = in_tokens;
-        row.output_tokens = model ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
-                                                 : max_out)
-                                  : 0;
-        row.reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
-        row.weight_milli = row.reserved_milli;
-        row.created_ms = d->decided_at_ms;
+        qg_row_of_decision(&row, d, rid, subject, in_tokens,
+                           model ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                                : max_out)
+                                 : 0);
         if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
             fprintf(stderr, "quotagate: ledger queue full: the row of "
                     "request %s was not queued\n", rid);
@@ -251,17 +197,17 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
     res->reserved_milli = res->actual_milli = res->charged_milli = w;
     res->decided_at_ms = now;
     res->status = statuses[status_i].status;
-    copy_str(row->subject, sizeof row->subject, subject);
+    qg_row_copy(row->subject, sizeof row->subject, subject);
     if (rc == QG_OK) {
-        copy_str(row->org, sizeof row->org, u->org);
-        copy_str(row->plan, sizeof row->plan, u->plan);
-        copy_str(row->rules_version, sizeof row->rules_version,
+        qg_row_copy(row->org, sizeof row->org, u->org);
+        qg_row_copy(row->plan, sizeof row->plan, u->plan);
+        qg_row_copy(row->rules_version, sizeof row->rules_version,
                  u->rules_version);
-        copy_str(row->weights_version, sizeof row->weights_version,
+        qg_row_copy(row->weights_version, sizeof row->weights_version,
                  u->weights_version);
     }
     free(u);
-    copy_str(row->model, sizeof row->model, model);
+    qg_row_copy(row->model, sizeof row->model, model);
     row->decision = QG_ALLOW;
     row->created_ms = now;
     row->reserved_milli = w;
@@ -330,11 +276,11 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         row.settle_only = 1;
     }
     if (rc != QG_OK) {
-        reply_engine_error(s, r, rc, err);
+        qg_reply_engine_error(s, r, rc, err);
         goto out;
     }
     qg_metrics_settle(s->metrics, &res);
-    copy_str(row.request_id, sizeof row.request_id, rid);
+    qg_row_copy(row.request_id, sizeof row.request_id, rid);
     row.status = statuses[status_i].row_status;
     row.input_tokens = in_t;
     row.output_tokens = out_t;

@@ -159,15 +159,6 @@ struct px {
 
 static _Atomic uint64_t px_counter;
 
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n;
-    if (cap == 0)
-        return;
-    n = src ? strnlen(src, cap - 1) : 0;
-    memcpy(dst, src ? src : "", n);
-    dst[n] = '\0';
-}
 
 /* -------------------------------------------------------- lifecycle */
 
@@ -271,7 +262,7 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
     }
     qg_metrics_settle(p->s->metrics, &res);
     memset(&row, 0, sizeof row);
-    copy_str(row.request_id, sizeof row.request_id, p->rid);
+    qg_row_copy(row.request_id, sizeof row.request_id, p->rid);
     row.settle_only = 1;
     row.status = row_status[st];
     row.estimated = estimated;
@@ -445,9 +436,9 @@ static int up_header_cb(struct evhttp_request *req, void *arg)
     p->status = evhttp_request_get_response_code(req);
     hs = evhttp_request_get_input_headers(req);
     if ((v = evhttp_find_header(hs, "Content-Type")))
-        copy_str(p->ctype, sizeof p->ctype, v);
+        qg_row_copy(p->ctype, sizeof p->ctype, v);
     if ((v = evhttp_find_header(hs, "Retry-After")))
-        copy_str(p->retry_after, sizeof p->retry_after, v);
+        qg_row_copy(p->retry_after, sizeof p->retry_after, v);
     if (p->caller_stream && p->status == 200 &&
         strncasecmp(p->ctype, "text/event-stream", 17) == 0 &&
         !p->client_gone) {
@@ -609,27 +600,6 @@ static void px_on_close(void *arg)
 
 /* ----------------------------------------------------------- handler */
 
-static void reply_engine_error(qg_server *s, qg_http_req *r, int rc,
-                               const char *msg)
-{
-    switch (rc) {
-    case QG_ENOSUBJECT:
-        qg_reply_error(s, r, 404, "unknown_subject", msg);
-        break;
-    case QG_EMODEL:
-        qg_reply_error(s, r, 400, "unknown_model", msg);
-        break;
-    case QG_EFULL:
-        qg_reply_error(s, r, 503, "overloaded", msg);
-        break;
-    case QG_EINVAL:
-    case QG_ERANGE:
-        qg_reply_error(s, r, 400, "invalid_request", msg);
-        break;
-    default:
-        qg_reply_error(s, r, 500, "internal_error", msg);
-    }
-}
 
 /* The overage policy in force for a refusal: the binding window's own
  * policy when it sets one, else the plan's.  NULL when unknown. */
@@ -665,27 +635,10 @@ static void check_row(qg_ledger_row *row, const qg_decision *d,
                       const char *rid, const char *subject,
                       const qg_request_info *info)
 {
-    memset(row, 0, sizeof *row);
-    copy_str(row->request_id, sizeof row->request_id, rid);
-    copy_str(row->subject, sizeof row->subject, subject);
-    copy_str(row->org, sizeof row->org, d->org);
-    copy_str(row->plan, sizeof row->plan, d->plan);
-    copy_str(row->rules_version, sizeof row->rules_version,
-             d->rules_version);
-    copy_str(row->weights_version, sizeof row->weights_version,
-             d->weights_version);
-    copy_str(row->model, sizeof row->model, d->model);
-    if (d->binding >= 0)
-        copy_str(row->window, sizeof row->window, d->views[d->binding].name);
-    row->decision = d->outcome;
-    row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
-    row->input_tokens = info->input_tokens_estimate;
-    row->output_tokens = info->max_output_tokens < 0
-                             ? QG_DEFAULT_OUTPUT_ESTIMATE
-                             : info->max_output_tokens;
-    row->reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
-    row->weight_milli = row->reserved_milli;
-    row->created_ms = d->decided_at_ms;
+    qg_row_of_decision(row, d, rid, subject, info->input_tokens_estimate,
+                       info->max_output_tokens < 0
+                           ? QG_DEFAULT_OUTPUT_ESTIMATE
+                           : info->max_output_tokens);
     row->estimated = 1;
 }
 
@@ -776,7 +729,7 @@ static int px_hold(px *p, const char *plan, int cap, int64_t ms,
             return 1;
         p->queued = 1;
         p->q_start_ms = now;
-        copy_str(p->q_plan, sizeof p->q_plan, plan);
+        qg_row_copy(p->q_plan, sizeof p->q_plan, plan);
         p->settled = 1;                 /* nothing reserved while held */
         px_link(p);
         qg_http_on_close(p->r, px_q_gone, p);
@@ -833,7 +786,7 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     p->route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT : QG_ROUTE_MESSAGES;
     p->base = qg_http_req_base(r);
     p->info = info;
-    copy_str(p->subject, sizeof p->subject, subject);
+    qg_row_copy(p->subject, sizeof p->subject, subject);
     v = qg_http_header_get(r, "x-request-id", &vlen);
     if (v && vlen > 0) {
         if (vlen > QG_REQUEST_ID_MAX) {
@@ -890,7 +843,7 @@ static void px_admit(px *p)
     rc = qg_engine_check(s->engine, &creq, now, d, err, sizeof err);
     if (rc != QG_OK) {
         px_discard(p);
-        reply_engine_error(s, r, rc, err);
+        qg_reply_engine_error(s, r, rc, err);
         return;
     }
     rules = qg_engine_rules(s->engine);
@@ -913,8 +866,8 @@ static void px_admit(px *p)
         c2.model = to;
         if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
             !dg.replayed && dg.outcome == QG_ALLOW) {
-            copy_str(p->dg_from, sizeof p->dg_from, info->model);
-            copy_str(p->dg_model, sizeof p->dg_model, to);
+            qg_row_copy(p->dg_from, sizeof p->dg_from, info->model);
+            qg_row_copy(p->dg_model, sizeof p->dg_model, to);
             if (d->binding >= 0)
                 snprintf(dg_window, sizeof dg_window, "downgraded:%s",
                          d->views[d->binding].name);
@@ -948,7 +901,7 @@ static void px_admit(px *p)
     qg_metrics_record(s->metrics, d);
     check_row(&row, d, p->rid, subject, info);
     if (p->dg_from[0])
-        copy_str(row.window, sizeof row.window, dg_window);
+        qg_row_copy(row.window, sizeof row.window, dg_window);
     if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the row of request "
                 "%s was not queued\n", p->rid);

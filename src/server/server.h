@@ -78,6 +78,16 @@ void qg_reply_error(qg_server *s, qg_http_req *r, int status,
 void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
                    const qg_http_out_header *h, int nh);
 
+/* rows.c: the ledger row of a decision (check rows: status reserved or
+ * rejected, reserved = weight when admitted); strnlen-bounded copies; the
+ * one mapping of engine errors (QG_E*) to typed HTTP errors. */
+void qg_row_copy(char *dst, size_t cap, const char *src);
+void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
+                        const char *rid, const char *subject,
+                        int64_t input_tokens, int64_t output_tokens);
+void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+                           const char *msg);
+
 /* Route handlers.  `subject` is the caller's subject for subject keys. */
 void qg_h_check(qg_server *s, qg_http_req *r, const char *subject);
 void qg_h_settle(qg_server *s, qg_http_req *r, const char *subject);

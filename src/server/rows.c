@@ -1,0 +1,63 @@
+/* rows.c - the ledger row of a decision, built the same way by every
+ * route that decides (/v1/check, /v1/authz, the proxy), and the one
+ * mapping of engine errors to HTTP answers. */
+#include <string.h>
+#include "server.h"
+
+void qg_row_copy(char *dst, size_t cap, const char *src)
+{
+    size_t n;
+    if (cap == 0)
+        return;
+    n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
+                        const char *rid, const char *subject,
+                        int64_t input_tokens, int64_t output_tokens)
+{
+    memset(row, 0, sizeof *row);
+    qg_row_copy(row->request_id, sizeof row->request_id, rid);
+    qg_row_copy(row->subject, sizeof row->subject, subject);
+    qg_row_copy(row->org, sizeof row->org, d->org);
+    qg_row_copy(row->plan, sizeof row->plan, d->plan);
+    qg_row_copy(row->rules_version, sizeof row->rules_version,
+                d->rules_version);
+    qg_row_copy(row->weights_version, sizeof row->weights_version,
+                d->weights_version);
+    qg_row_copy(row->model, sizeof row->model, d->model);
+    if (d->binding >= 0)
+        qg_row_copy(row->window, sizeof row->window,
+                    d->views[d->binding].name);
+    row->decision = d->outcome;
+    row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
+    row->input_tokens = input_tokens;
+    row->output_tokens = output_tokens;
+    row->reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
+    row->weight_milli = row->reserved_milli;
+    row->created_ms = d->decided_at_ms;
+}
+
+void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+                           const char *msg)
+{
+    static const struct {
+        int rc, status;
+        const char *type;
+    } map[] = {
+        {QG_ENOSUBJECT, 404, "unknown_subject"},
+        {QG_EMODEL, 400, "unknown_model"},
+        {QG_ENOTFOUND, 404, "unknown_request"},
+        {QG_EFULL, 503, "overloaded"},
+        {QG_EINVAL, 400, "invalid_request"},
+        {QG_ERANGE, 400, "invalid_request"},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (map[i].rc == rc) {
+            qg_reply_error(s, r, map[i].status, map[i].type, msg);
+            return;
+        }
+    qg_reply_error(s, r, 500, "internal_error", msg);
+}
