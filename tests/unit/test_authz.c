@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "httpc.h"
+#include "srvtest.h"
 #include "qgproc.h"
 
 #define ADMIN QGPROC_ADMIN_KEY
@@ -44,29 +45,12 @@
 
 static qgproc P;
 static httpc C;
-static int counter;
 
 /* ------------------------------------------------------------ garbage */
 
-enum { GC_MEM, GC_JSON, GC_RESP };
-#define GC_MAX 4096
-static struct {
-    int kind;
-    void *p;
-} gc[GC_MAX];
-static int ngc;
 static pid_t nginx_pid;        /* stopped by the teardown if a test fails */
 static httpc *own_c;
 
-static void *gc_add(int kind, void *p)
-{
-    if (ngc == GC_MAX)
-        fail_msg("test garbage list full");
-    gc[ngc].kind = kind;
-    gc[ngc].p = p;
-    ngc++;
-    return p;
-}
 
 static void nginx_stop(void);
 
@@ -77,114 +61,36 @@ static int gc_teardown(void **state)
     if (own_c)
         httpc_close(own_c);
     own_c = NULL;
-    for (int i = ngc - 1; i >= 0; i--) {
-        if (gc[i].kind == GC_JSON)
-            json_decref(gc[i].p);
-        else if (gc[i].kind == GC_RESP) {
-            http_resp_free(gc[i].p);
-            free(gc[i].p);
-        } else
-            free(gc[i].p);
-    }
-    ngc = 0;
+    tst_gc_free_all();
     return 0;
 }
 
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    char *s;
-    va_start(ap, f);
-    if (vasprintf(&s, f, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    assert_non_null(s);
-    return gc_add(GC_MEM, s);
-}
 
-static const char *uid(const char *prefix)
-{
-    return fmt("%s-%d-%d", prefix, (int)getpid(), ++counter);
-}
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 /* ------------------------------------------------------------ requests */
 
-static const char *excerpt(const http_resp *r)
-{
-    return fmt("%.600s", r->body ? r->body : "");
-}
 
-#define WANT(r, st, what) want_status((r), (st), (what), __LINE__)
-static void want_status(const http_resp *r, int status, const char *what,
-                        int line)
-{
-    if (r->status != status)
-        fail_msg("line %d: %s: expected HTTP %d, got %d; body: %s", line,
-                 what, status, r->status, excerpt(r));
-}
 
-static json_t *jparse_text(const char *text, size_t len, const char *what)
-{
-    json_error_t e;
-    json_t *j = json_loadb(text ? text : "", text ? len : 0, 0, &e);
-    if (!j)
-        fail_msg("%s: not JSON (%s): %.600s", what, e.text,
-                 text ? text : "");
-    return gc_add(GC_JSON, j);
-}
 
-static json_t *jparse(const http_resp *r, const char *what)
-{
-    return jparse_text(r->body, r->body_len, what);
-}
 
-static const char *jstr(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_string(v))
-        fail_msg("%s: \"%s\" missing or not a string", what, key);
-    return json_string_value(v);
-}
 
-static double jnum(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_number(v))
-        fail_msg("%s: \"%s\" missing or not a number", what, key);
-    return json_number_value(v);
-}
 
-#define NEAR(a, b) (fabs((a) - (b)) < 1e-6)
 
-static const char *error_type(const http_resp *r, const char *what)
-{
-    json_t *j = jparse(r, what), *e = json_object_get(j, "error");
-    if (!json_is_object(e))
-        fail_msg("%s: no \"error\" object: %s", what, excerpt(r));
-    return jstr(e, "type", what);
-}
 
 static const char *hdr(const http_resp *r, const char *name, const char *what)
 {
     const char *v = http_resp_header(r, name);
     if (!v || !*v)
         fail_msg("%s: header %s missing (HTTP %d, body %s)", what, name,
-                 r->status, excerpt(r));
+                 r->status, tst_excerpt(r));
     return v;
 }
 
 /* GET path on c with the NULL-terminated header list. */
 static http_resp *get_on(httpc *c, const char *path, const char *const *h)
 {
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     assert_non_null(r);
     if (httpc_request(c, "GET", path, h, NULL, 0, r) < 0)
         fail_msg("GET %s: no response: %s", path, c->err);
@@ -199,20 +105,20 @@ static http_resp *authz_subject(const char *query, const char *subject,
     const char *h[8];
     int n = 0;
     h[n++] = "X-Quotagate-Key: " SERVICE;
-    h[n++] = fmt("X-Quotagate-Subject: %s", subject);
-    h[n++] = fmt("X-Request-Id: %s", uid("authz"));
+    h[n++] = tst_fmt("X-Quotagate-Subject: %s", subject);
+    h[n++] = tst_fmt("X-Request-Id: %s", tst_uid("authz"));
     if (extra1)
         h[n++] = extra1;
     if (extra2)
         h[n++] = extra2;
     h[n] = NULL;
-    return get_on(&C, fmt("/v1/authz%s", query ? query : ""), h);
+    return get_on(&C, tst_fmt("/v1/authz%s", query ? query : ""), h);
 }
 
 static http_resp *call(const char *method, const char *path, const char *key,
                        const char *body)
 {
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     assert_non_null(r);
     if (httpc_call(&C, method, path, "bearer", key, body, r) < 0)
         fail_msg("%s %s: no response: %s", method, path, C.err);
@@ -221,34 +127,34 @@ static http_resp *call(const char *method, const char *path, const char *key,
 
 static const char *new_subject(const char *plan)
 {
-    const char *s = uid("s");
+    const char *s = tst_uid("s");
     http_resp *r = call("POST", "/v1/admin/subjects", ADMIN,
-                        fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
+                        tst_fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
     if (r->status != 200 && r->status != 201)
-        fail_msg("create subject: %d %s", r->status, excerpt(r));
+        fail_msg("create subject: %d %s", r->status, tst_excerpt(r));
     return s;
 }
 
 static const char *new_key(const char *subject)
 {
     http_resp *r = call("POST", "/v1/admin/keys", ADMIN,
-                        fmt("{\"subject\":\"%s\"}", subject));
+                        tst_fmt("{\"subject\":\"%s\"}", subject));
     if (r->status != 200 && r->status != 201)
-        fail_msg("create key: %d %s", r->status, excerpt(r));
-    return jstr(jparse(r, "keys"), "key", "keys");
+        fail_msg("create key: %d %s", r->status, tst_excerpt(r));
+    return tst_jstr(tst_jparse(r, "keys"), "key", "keys");
 }
 
 static double used_in(const char *subject, const char *window)
 {
-    http_resp *r = call("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    http_resp *r = call("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
     json_t *ws, *w;
     size_t i;
     WANT(r, 200, "usage");
-    ws = json_object_get(jparse(r, "usage"), "windows");
+    ws = json_object_get(tst_jparse(r, "usage"), "windows");
     json_array_foreach(ws, i, w)
-        if (!strcmp(jstr(w, "name", "usage"), window))
-            return jnum(w, "used", "usage");
-    fail_msg("usage of %s: no window %s: %s", subject, window, excerpt(r));
+        if (!strcmp(tst_jstr(w, "name", "usage"), window))
+            return tst_jnum(w, "used", "usage");
+    fail_msg("usage of %s: no window %s: %s", subject, window, tst_excerpt(r));
     return -1;
 }
 
@@ -303,8 +209,8 @@ static void test_allow(void **state)
     json_t *j;
     (void)state;
     h[0] = "X-Quotagate-Key: " SERVICE;
-    h[1] = fmt("Authorization: Bearer %s", key);
-    h[2] = fmt("X-Request-Id: %s", uid("a"));
+    h[1] = tst_fmt("Authorization: Bearer %s", key);
+    h[2] = tst_fmt("X-Request-Id: %s", tst_uid("a"));
     h[3] = NULL;
     r = get_on(&C, "/v1/authz", h);
     WANT(r, 200, "authz with the client's Bearer key");
@@ -318,10 +224,10 @@ static void test_allow(void **state)
     hdr(r, "x-ratelimit-remaining-requests", "allow");
     assert_null(http_resp_header(r, "Retry-After"));
     assert_null(http_resp_header(r, "X-Quotagate-Status"));
-    j = jparse(r, "allow");
-    assert_string_equal(jstr(j, "decision", "allow"), "allow");
+    j = tst_jparse(r, "allow");
+    assert_string_equal(tst_jstr(j, "decision", "allow"), "allow");
     /* x-api-key, no request id (generated), nginx mode: still 200 */
-    h[1] = fmt("x-api-key: %s", key);
+    h[1] = tst_fmt("x-api-key: %s", key);
     h[2] = NULL;
     r = get_on(&C, "/v1/authz?mode=nginx", h);
     WANT(r, 200, "authz with x-api-key in nginx mode");
@@ -358,10 +264,10 @@ static void test_refusal(void **state)
     hdr(r, "RateLimit-Policy", "refusal");
     hdr(r, "x-should-retry", "refusal");
     assert_null(http_resp_header(r, "X-Quotagate-Status"));
-    j = jparse(r, "refusal");
-    assert_string_equal(jstr(j, "decision", "refusal"), "reject");
-    assert_string_equal(error_type(r, "refusal"), "quota_exceeded");
-    assert_true(jnum(j, "retry_after_s", "refusal") > 0);
+    j = tst_jparse(r, "refusal");
+    assert_string_equal(tst_jstr(j, "decision", "refusal"), "reject");
+    assert_string_equal(tst_error_type(r, "refusal"), "quota_exceeded");
+    assert_true(tst_jnum(j, "retry_after_s", "refusal") > 0);
     assert_true(json_is_array(json_object_get(j, "recovers")));
     /* the refusal charged nothing */
     assert_true(NEAR(used_in(s, "burst_5h"), 5));
@@ -373,27 +279,27 @@ static void test_refusal(void **state)
     assert_true(atol(hdr(r, "Retry-After", "nginx")) > 0);
     hdr(r, "RateLimit", "nginx");
     hdr(r, "RateLimit-Policy", "nginx");
-    assert_string_equal(error_type(r, "nginx"), "quota_exceeded");
-    b = jparse_text(hdr(r, "X-Quotagate-Body", "nginx"),
+    assert_string_equal(tst_error_type(r, "nginx"), "quota_exceeded");
+    b = tst_jparse_text(hdr(r, "X-Quotagate-Body", "nginx"),
                     strlen(hdr(r, "X-Quotagate-Body", "nginx")),
                     "X-Quotagate-Body");
-    assert_string_equal(jstr(b, "decision", "body header"), "reject");
-    assert_true(jnum(b, "retry_after_s", "body header") > 0);
+    assert_string_equal(tst_jstr(b, "decision", "body header"), "reject");
+    assert_true(tst_jnum(b, "retry_after_s", "body header") > 0);
     assert_true(NEAR(used_in(s, "burst_5h"), 5));
 }
 
 static void test_unknown_subject(void **state)
 {
-    const char *nobody = uid("nobody");
+    const char *nobody = tst_uid("nobody");
     http_resp *r;
     (void)state;
     r = authz_subject(NULL, nobody, NULL, NULL);
     WANT(r, 404, "unknown subject");
-    assert_string_equal(error_type(r, "unknown"), "unknown_subject");
+    assert_string_equal(tst_error_type(r, "unknown"), "unknown_subject");
     r = authz_subject("?mode=nginx", nobody, NULL, NULL);
     WANT(r, 403, "unknown subject, nginx mode");
     assert_string_equal(hdr(r, "X-Quotagate-Status", "unknown"), "404");
-    assert_string_equal(error_type(r, "unknown nginx"), "unknown_subject");
+    assert_string_equal(tst_error_type(r, "unknown nginx"), "unknown_subject");
     r = authz_subject("?mode=bogus", nobody, NULL, NULL);
     WANT(r, 400, "unknown mode");
 }
@@ -405,28 +311,28 @@ static void test_keys(void **state)
     http_resp *r;
     (void)state;
     /* no service key at all: the client's key alone is not enough */
-    h[0] = fmt("Authorization: Bearer %s", key);
+    h[0] = tst_fmt("Authorization: Bearer %s", key);
     h[1] = NULL;
     r = get_on(&C, "/v1/authz", h);
     WANT(r, 401, "no service key");
-    assert_string_equal(error_type(r, "no key"), "unauthorized");
+    assert_string_equal(tst_error_type(r, "no key"), "unauthorized");
     r = get_on(&C, "/v1/authz?mode=nginx", h);
     WANT(r, 401, "no service key, nginx mode (401 passes nginx)");
     r = get_on(&C, "/v1/authz", NULL);
     WANT(r, 401, "no headers");
     /* a wrong service key; a subject key as the service key */
     h[0] = "X-Quotagate-Key: not-the-service-key";
-    h[1] = fmt("Authorization: Bearer %s", key);
+    h[1] = tst_fmt("Authorization: Bearer %s", key);
     h[2] = NULL;
     WANT(get_on(&C, "/v1/authz", h), 401, "wrong service key");
-    h[0] = fmt("X-Quotagate-Key: %s", key);
+    h[0] = tst_fmt("X-Quotagate-Key: %s", key);
     WANT(get_on(&C, "/v1/authz", h), 401, "subject key as service key");
     /* service key, but no client key (and no subject) */
     h[0] = "X-Quotagate-Key: " SERVICE;
     h[1] = NULL;
     r = get_on(&C, "/v1/authz", h);
     WANT(r, 401, "no client key");
-    assert_string_equal(error_type(r, "no client key"), "unauthorized");
+    assert_string_equal(tst_error_type(r, "no client key"), "unauthorized");
     /* an invalid client key; the service key as the client's key */
     h[1] = "Authorization: Bearer qg_bogus_key";
     WANT(get_on(&C, "/v1/authz", h), 401, "invalid client key");
@@ -434,13 +340,13 @@ static void test_keys(void **state)
     WANT(get_on(&C, "/v1/authz", h), 401, "service key as client key");
     /* explicit subject with the service key in Authorization */
     h[0] = "Authorization: Bearer " SERVICE;
-    h[1] = fmt("X-Quotagate-Subject: %s", s);
+    h[1] = tst_fmt("X-Quotagate-Subject: %s", s);
     h[2] = NULL;
     r = get_on(&C, "/v1/authz", h);
     WANT(r, 200, "service key in Authorization with a subject");
     assert_string_equal(hdr(r, "X-Quotagate-Subject", "explicit"), s);
     /* ...but not a subject key with an explicit subject */
-    h[0] = fmt("Authorization: Bearer %s", key);
+    h[0] = tst_fmt("Authorization: Bearer %s", key);
     WANT(get_on(&C, "/v1/authz", h), 401, "subject key + X-Quotagate-Subject");
     assert_true(NEAR(used_in(s, "burst_5h"), 1));
 }
@@ -453,7 +359,7 @@ static void test_weight(void **state)
     r = authz_subject(NULL, s, "X-Quotagate-Weight: 2.5", NULL);
     WANT(r, 200, "weight 2.5");
     assert_string_equal(hdr(r, "X-Quotagate-Weight", "2.5"), "2.5");
-    assert_true(NEAR(jnum(jparse(r, "w"), "weight", "w"), 2.5));
+    assert_true(NEAR(tst_jnum(tst_jparse(r, "w"), "weight", "w"), 2.5));
     assert_true(NEAR(used_in(s, "burst_5h"), 2.5));
     r = authz_subject(NULL, s, "X-Quotagate-Weight: 0.125", NULL);
     WANT(r, 200, "weight 0.125");
@@ -467,11 +373,11 @@ static void test_weight(void **state)
     {
         const char *h[7];
         h[0] = "X-Quotagate-Key: " SERVICE;
-        h[1] = fmt("X-Quotagate-Subject: %s", s);
+        h[1] = tst_fmt("X-Quotagate-Subject: %s", s);
         h[2] = "X-Quotagate-Model: light";
         h[3] = "X-Quotagate-Input-Tokens: 1000";
         h[4] = "X-Quotagate-Max-Output-Tokens: 1000";
-        h[5] = fmt("X-Request-Id: %s", uid("m"));
+        h[5] = tst_fmt("X-Request-Id: %s", tst_uid("m"));
         h[6] = NULL;
         double before = used_in(s, "burst_5h");
         r = get_on(&C, "/v1/authz", h);
@@ -505,13 +411,13 @@ static void test_counted_once(void **state)
     assert_true(NEAR(used_in(s, "burst_5h"), 7));
     /* a repeated request id is the original decision, not a new charge */
     h[0] = "X-Quotagate-Key: " SERVICE;
-    h[1] = fmt("X-Quotagate-Subject: %s", s);
-    h[2] = fmt("X-Request-Id: %s", uid("rep"));
+    h[1] = tst_fmt("X-Quotagate-Subject: %s", s);
+    h[2] = tst_fmt("X-Request-Id: %s", tst_uid("rep"));
     h[3] = NULL;
     WANT(get_on(&C, "/v1/authz", h), 200, "first");
     r = get_on(&C, "/v1/authz", h);
     WANT(r, 200, "repeat");
-    assert_true(json_is_true(json_object_get(jparse(r, "rep"), "replayed")));
+    assert_true(json_is_true(json_object_get(tst_jparse(r, "rep"), "replayed")));
     assert_true(NEAR(used_in(s, "burst_5h"), 8));
     /* the ledger has the rows: a restart rebuilds the same usage */
     httpc_close(&C);
@@ -526,7 +432,7 @@ static void test_counted_once(void **state)
 static void test_no_lease_held(void **state)
 {
     const char *s = new_subject("roomy");   /* concurrency 1 */
-    const char *rid = uid("chk");
+    const char *rid = tst_uid("chk");
     http_resp *r;
     (void)state;
     for (int i = 0; i < 3; i++)
@@ -534,15 +440,15 @@ static void test_no_lease_held(void **state)
              "sequential authz calls under concurrency 1");
     /* the limit is real: a /v1/check holds the one slot... */
     r = call("POST", "/v1/check", SERVICE,
-             fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}",
+             tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}",
                  s, rid));
     WANT(r, 200, "check holding the slot");
     r = authz_subject(NULL, s, NULL, NULL);
     WANT(r, 429, "authz while the slot is held");
-    assert_non_null(strstr(excerpt(r), "concurrency"));
+    assert_non_null(strstr(tst_excerpt(r), "concurrency"));
     /* ...and once it is settled, authz is admitted again */
     r = call("POST", "/v1/settle", SERVICE,
-             fmt("{\"request_id\":\"%s\",\"weight\":1,\"status\":"
+             tst_fmt("{\"request_id\":\"%s\",\"weight\":1,\"status\":"
                  "\"completed\"}", rid));
     WANT(r, 200, "settle");
     WANT(authz_subject(NULL, s, NULL, NULL), 200, "after the settle");
@@ -596,7 +502,7 @@ static void nginx_stop(void)
             nginx_pid = 0;
             return;
         }
-        sleep_ms(50);
+        tst_sleep_ms(50);
     }
     kill(nginx_pid, SIGKILL);
     waitpid(nginx_pid, &st, 0);
@@ -619,7 +525,7 @@ static void dump_file(const char *path)
  * service key and paths of a temporary prefix around it. */
 static const char *nginx_conf(int listen_port, int app_port, int qg_port)
 {
-    return fmt(
+    return tst_fmt(
         "daemon off;\n"
         "master_process off;\n"
         "worker_processes 1;\n"
@@ -713,8 +619,8 @@ static const char *nginx_conf(int listen_port, int app_port, int qg_port)
 
 static int nginx_start(int listen_port, int app_port)
 {
-    const char *conf = fmt("%s/nginx.conf", nginx_dir);
-    const char *err = fmt("%s/error.log", nginx_dir);
+    const char *conf = tst_fmt("%s/nginx.conf", nginx_dir);
+    const char *err = tst_fmt("%s/error.log", nginx_dir);
     int st;
     if (qgproc_write_file(conf, nginx_conf(listen_port, app_port,
                                            qgproc_port(&P))) < 0)
@@ -723,7 +629,7 @@ static int nginx_start(int listen_port, int app_port)
     if (nginx_pid < 0)
         fail_msg("fork: %s", strerror(errno));
     if (nginx_pid == 0) {
-        int fd = open(fmt("%s/stderr.log", nginx_dir),
+        int fd = open(tst_fmt("%s/stderr.log", nginx_dir),
                       O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -737,13 +643,13 @@ static int nginx_start(int listen_port, int app_port)
     for (int i = 0; i < 200; i++) {   /* up to 10 s */
         if (waitpid(nginx_pid, &st, WNOHANG) == nginx_pid) {
             nginx_pid = 0;
-            dump_file(fmt("%s/stderr.log", nginx_dir));
+            dump_file(tst_fmt("%s/stderr.log", nginx_dir));
             dump_file(err);
             return -1;
         }
         if (port_open(listen_port) && port_open(app_port))
             return 0;
-        sleep_ms(50);
+        tst_sleep_ms(50);
     }
     return -1;
 }
@@ -780,24 +686,24 @@ static void test_nginx(void **state)
 
     /* allowed requests reach the upstream; the rate-limit state comes
      * back; the five points run out after five requests */
-    h[0] = fmt("Authorization: Bearer %s", key);
+    h[0] = tst_fmt("Authorization: Bearer %s", key);
     /* a client trying to charge someone else is ignored */
-    h[1] = fmt("X-Quotagate-Subject: %s", other);
+    h[1] = tst_fmt("X-Quotagate-Subject: %s", other);
     h[2] = NULL;
     for (int i = 0; i < 10; i++) {
-        r = get_on(&N, fmt("/api/hello/%d", i), h);
+        r = get_on(&N, tst_fmt("/api/hello/%d", i), h);
         if (r->status != 200)
             break;
         if (strcmp(r->body, "upstream ok") != 0)
             fail_msg("nginx allowed request %d: body \"%s\"", i,
-                     excerpt(r));
+                     tst_excerpt(r));
         hdr(r, "RateLimit", "nginx allowed");
         assert_null(http_resp_header(r, "Retry-After"));
         allowed++;
     }
     if (allowed != 5)
         fail_msg("nginx admitted %d requests of a 5-point plan; last: HTTP "
-                 "%d %s", allowed, r->status, excerpt(r));
+                 "%d %s", allowed, r->status, tst_excerpt(r));
     /* the refusal is a real 429 with the headers and the JSON body */
     WANT(r, 429, "nginx refusal");
     assert_true(atol(hdr(r, "Retry-After", "nginx 429")) > 0);
@@ -807,10 +713,10 @@ static void test_nginx(void **state)
     hdr(r, "x-should-retry", "nginx 429");
     assert_non_null(strstr(hdr(r, "Content-Type", "nginx 429"),
                            "application/json"));
-    j = jparse(r, "nginx 429 body");
-    assert_string_equal(jstr(j, "decision", "nginx 429"), "reject");
-    assert_string_equal(error_type(r, "nginx 429"), "quota_exceeded");
-    assert_true(jnum(j, "retry_after_s", "nginx 429") > 0);
+    j = tst_jparse(r, "nginx 429 body");
+    assert_string_equal(tst_jstr(j, "decision", "nginx 429"), "reject");
+    assert_string_equal(tst_error_type(r, "nginx 429"), "quota_exceeded");
+    assert_true(tst_jnum(j, "retry_after_s", "nginx 429") > 0);
     assert_null(http_resp_header(r, "X-Quotagate-Body"));
     /* charged once each, to the key's subject only */
     assert_true(NEAR(used_in(s, "burst_5h"), 5));

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "httpc.h"
+#include "srvtest.h"
 #include "qgproc.h"
 
 #define ADMIN QGPROC_ADMIN_KEY
@@ -44,130 +45,35 @@ static httpc C;                /* to quotagate */
 static httpc D;                /* to the double */
 static pid_t dbl_pid;
 static int dbl_port;
-static int counter;
 
 /* ------------------------------------------------------------ garbage */
 
-enum { GC_MEM, GC_JSON, GC_RESP };
-#define GC_MAX 2048
-static struct {
-    int kind;
-    void *p;
-} gc[GC_MAX];
-static int ngc;
 
-static void *gc_add(int kind, void *p)
-{
-    if (ngc == GC_MAX)
-        fail_msg("test garbage list full");
-    gc[ngc].kind = kind;
-    gc[ngc].p = p;
-    ngc++;
-    return p;
-}
 
 static int gc_teardown(void **state)
 {
     (void)state;
-    for (int i = ngc - 1; i >= 0; i--) {
-        if (gc[i].kind == GC_JSON)
-            json_decref(gc[i].p);
-        else if (gc[i].kind == GC_RESP) {
-            http_resp_free(gc[i].p);
-            free(gc[i].p);
-        } else
-            free(gc[i].p);
-    }
-    ngc = 0;
+    tst_gc_free_all();
     return 0;
 }
 
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    char *s;
-    va_start(ap, f);
-    if (vasprintf(&s, f, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    assert_non_null(s);
-    return gc_add(GC_MEM, s);
-}
 
-static const char *uid(const char *prefix)
-{
-    return fmt("%s-%d-%d", prefix, (int)getpid(), ++counter);
-}
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
-static const char *excerpt(const http_resp *r)
-{
-    return fmt("%.600s", r->body ? r->body : "");
-}
 
-#define WANT(r, st, what) want_status((r), (st), (what), __LINE__)
-static void want_status(const http_resp *r, int status, const char *what,
-                        int line)
-{
-    if (r->status != status)
-        fail_msg("line %d: %s: expected HTTP %d, got %d; body: %s", line,
-                 what, status, r->status, excerpt(r));
-}
 
-static json_t *jparse_text(const char *text, size_t len, const char *what)
-{
-    json_error_t e;
-    json_t *j = json_loadb(text ? text : "", text ? len : 0, 0, &e);
-    if (!j)
-        fail_msg("%s: not JSON (%s): %.600s", what, e.text,
-                 text ? text : "");
-    return gc_add(GC_JSON, j);
-}
 
-static json_t *jparse(const http_resp *r, const char *what)
-{
-    return jparse_text(r->body, r->body_len, what);
-}
 
-static const char *jstr(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_string(v))
-        fail_msg("%s: \"%s\" missing or not a string", what, key);
-    return json_string_value(v);
-}
 
-static double jnum(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_number(v))
-        fail_msg("%s: \"%s\" missing or not a number", what, key);
-    return json_number_value(v);
-}
 
-#define NEAR(a, b) (fabs((a) - (b)) < 1e-6)
 
-static const char *error_type(const http_resp *r, const char *what)
-{
-    json_t *e = json_object_get(jparse(r, what), "error");
-    if (!json_is_object(e))
-        fail_msg("%s: no \"error\" object: %s", what, excerpt(r));
-    return jstr(e, "type", what);
-}
 
 static const char *hdr(const http_resp *r, const char *name, const char *what)
 {
     const char *v = http_resp_header(r, name);
     if (!v || !*v)
         fail_msg("%s: header %s missing (HTTP %d, body %s)", what, name,
-                 r->status, excerpt(r));
+                 r->status, tst_excerpt(r));
     return v;
 }
 
@@ -176,7 +82,7 @@ static const char *hdr(const http_resp *r, const char *name, const char *what)
 static http_resp *call_on(httpc *c, const char *method, const char *path,
                           const char *key, const char *body)
 {
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     assert_non_null(r);
     if (httpc_call(c, method, path, "bearer", key, body, r) < 0)
         fail_msg("%s %s: no response: %s", method, path, c->err);
@@ -193,7 +99,7 @@ static http_resp *call(const char *method, const char *path, const char *key,
 static http_resp *post(const char *path, const char *const *h,
                        const char *body)
 {
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     assert_non_null(r);
     if (httpc_request(&C, "POST", path, h, body, strlen(body), r) < 0)
         fail_msg("POST %s: no response: %s", path, C.err);
@@ -202,48 +108,48 @@ static http_resp *post(const char *path, const char *const *h,
 
 static const char *new_subject(const char *plan)
 {
-    const char *s = uid("s");
+    const char *s = tst_uid("s");
     http_resp *r = call("POST", "/v1/admin/subjects", ADMIN,
-                        fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
+                        tst_fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
     if (r->status != 200 && r->status != 201)
-        fail_msg("create subject: %d %s", r->status, excerpt(r));
+        fail_msg("create subject: %d %s", r->status, tst_excerpt(r));
     return s;
 }
 
 static const char *new_key(const char *subject)
 {
     http_resp *r = call("POST", "/v1/admin/keys", ADMIN,
-                        fmt("{\"subject\":\"%s\"}", subject));
+                        tst_fmt("{\"subject\":\"%s\"}", subject));
     if (r->status != 200 && r->status != 201)
-        fail_msg("create key: %d %s", r->status, excerpt(r));
-    return jstr(jparse(r, "keys"), "key", "keys");
+        fail_msg("create key: %d %s", r->status, tst_excerpt(r));
+    return tst_jstr(tst_jparse(r, "keys"), "key", "keys");
 }
 
 static double used_in(const char *subject)
 {
-    http_resp *r = call("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    http_resp *r = call("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
     json_t *ws, *w;
     size_t i;
     WANT(r, 200, "usage");
-    ws = json_object_get(jparse(r, "usage"), "windows");
+    ws = json_object_get(tst_jparse(r, "usage"), "windows");
     json_array_foreach(ws, i, w)
-        if (!strcmp(jstr(w, "name", "usage"), "burst_5h"))
-            return jnum(w, "used", "usage");
-    fail_msg("usage of %s: no window burst_5h: %s", subject, excerpt(r));
+        if (!strcmp(tst_jstr(w, "name", "usage"), "burst_5h"))
+            return tst_jnum(w, "used", "usage");
+    fail_msg("usage of %s: no window burst_5h: %s", subject, tst_excerpt(r));
     return -1;
 }
 
 static double used_in_window(const char *subject, const char *name)
 {
-    http_resp *r = call("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    http_resp *r = call("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
     json_t *ws, *w;
     size_t i;
     WANT(r, 200, "usage");
-    ws = json_object_get(jparse(r, "usage"), "windows");
+    ws = json_object_get(tst_jparse(r, "usage"), "windows");
     json_array_foreach(ws, i, w)
-        if (!strcmp(jstr(w, "name", "usage"), name))
-            return jnum(w, "used", "usage");
-    fail_msg("usage of %s: no window %s: %s", subject, name, excerpt(r));
+        if (!strcmp(tst_jstr(w, "name", "usage"), name))
+            return tst_jnum(w, "used", "usage");
+    fail_msg("usage of %s: no window %s: %s", subject, name, tst_excerpt(r));
     return -1;
 }
 
@@ -251,14 +157,14 @@ static long double_count(void)
 {
     http_resp *r = call_on(&D, "GET", "/_double/count", NULL, NULL);
     WANT(r, 200, "/_double/count");
-    return (long)jnum(jparse(r, "count"), "count", "count");
+    return (long)tst_jnum(tst_jparse(r, "count"), "count", "count");
 }
 
 static json_t *double_last(void)
 {
     http_resp *r = call_on(&D, "GET", "/_double/last", NULL, NULL);
     WANT(r, 200, "/_double/last");
-    return jparse(r, "last");
+    return tst_jparse(r, "last");
 }
 
 /* ------------------------------------------------------------- ledger */
@@ -273,7 +179,7 @@ static lrow ledger_row(const char *rid)
 {
     lrow row = {0};
     long long t0 = qg_now_ms();
-    const char *db = fmt("%s/ledger.db", P.data);
+    const char *db = tst_fmt("%s/ledger.db", P.data);
     while (qg_now_ms() - t0 < 10000) {
         sqlite3 *h = NULL;
         sqlite3_stmt *st = NULL;
@@ -299,7 +205,7 @@ static lrow ledger_row(const char *rid)
         sqlite3_close(h);
         if (found)
             return row;
-        sleep_ms(20);
+        tst_sleep_ms(20);
     }
     fail_msg("ledger: no settled row for %s", rid);
     return row;
@@ -310,7 +216,7 @@ static void ledger_model_window(const char *rid, const char **model,
                                 const char **window)
 {
     long long t0 = qg_now_ms();
-    const char *db = fmt("%s/ledger.db", P.data);
+    const char *db = tst_fmt("%s/ledger.db", P.data);
     while (qg_now_ms() - t0 < 10000) {
         sqlite3 *h = NULL;
         sqlite3_stmt *st = NULL;
@@ -325,15 +231,15 @@ static void ledger_model_window(const char *rid, const char **model,
             sqlite3_step(st) == SQLITE_ROW) {
             const unsigned char *m = sqlite3_column_text(st, 0);
             const unsigned char *w = sqlite3_column_text(st, 1);
-            *model = fmt("%s", m ? (const char *)m : "");
-            *window = fmt("%s", w ? (const char *)w : "");
+            *model = tst_fmt("%s", m ? (const char *)m : "");
+            *window = tst_fmt("%s", w ? (const char *)w : "");
             found = 1;
         }
         sqlite3_finalize(st);
         sqlite3_close(h);
         if (found)
             return;
-        sleep_ms(20);
+        tst_sleep_ms(20);
     }
     fail_msg("ledger: no row for %s", rid);
 }
@@ -368,7 +274,7 @@ static void raw_send(int fd, const char *text)
 static char *raw_read(int fd, const char *until, int timeout_ms)
 {
     size_t len = 0, cap = 65536;
-    char *buf = gc_add(GC_MEM, calloc(1, cap + 1));
+    char *buf = tst_gc_add(GC_MEM, calloc(1, cap + 1));
     long long t0 = qg_now_ms();
     while (len < cap && qg_now_ms() - t0 < timeout_ms) {
         struct pollfd pf = {fd, POLLIN, 0};
@@ -389,7 +295,7 @@ static char *raw_read(int fd, const char *until, int timeout_ms)
 static const char *raw_request(const char *path, const char *key,
                                const char *extra, const char *body)
 {
-    return fmt("POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+    return tst_fmt("POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
                "Content-Type: application/json\r\n%sContent-Length: %zu\r\n"
                "\r\n%s", path, key, extra ? extra : "", strlen(body), body);
 }
@@ -512,7 +418,7 @@ static int group_teardown(void **state)
 
 static const char *openai_body(int stream, int max_tokens, const char *more)
 {
-    return fmt("{\"model\":\"light\",%s\"messages\":[{\"role\":\"user\","
+    return tst_fmt("{\"model\":\"light\",%s\"messages\":[{\"role\":\"user\","
                "\"content\":\"" PROMPT "\"}],\"max_tokens\":%d%s}",
                stream ? "\"stream\":true," : "", max_tokens,
                more ? more : "");
@@ -520,7 +426,7 @@ static const char *openai_body(int stream, int max_tokens, const char *more)
 
 static const char *anthropic_body(int stream, int max_tokens)
 {
-    return fmt("{\"model\":\"claude-light\",%s\"messages\":[{\"role\":"
+    return tst_fmt("{\"model\":\"claude-light\",%s\"messages\":[{\"role\":"
                "\"user\",\"content\":\"" PROMPT "\"}],\"max_tokens\":%d}",
                stream ? "\"stream\":true," : "", max_tokens);
 }
@@ -528,9 +434,9 @@ static const char *anthropic_body(int stream, int max_tokens)
 static void test_openai_plain(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("plain");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid), NULL};
+    const char *rid = tst_uid("plain");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     json_t *j, *u;
     lrow row;
@@ -540,10 +446,10 @@ static void test_openai_plain(void **state)
     assert_string_equal(hdr(r, "X-Request-Id", "plain"), rid);
     assert_non_null(strstr(hdr(r, "RateLimit", "plain"), "burst_5h"));
     hdr(r, "RateLimit-Policy", "plain");
-    j = jparse(r, "plain");
+    j = tst_jparse(r, "plain");
     u = json_object_get(j, "usage");
-    assert_true(NEAR(jnum(u, "prompt_tokens", "usage"), 5));
-    assert_true(NEAR(jnum(u, "completion_tokens", "usage"), 7));
+    assert_true(NEAR(tst_jnum(u, "prompt_tokens", "usage"), 5));
+    assert_true(NEAR(tst_jnum(u, "completion_tokens", "usage"), 7));
     row = ledger_row(rid);
     assert_int_equal(row.status, 2);           /* completed */
     assert_int_equal(row.estimated, 0);
@@ -556,7 +462,7 @@ static void test_openai_plain(void **state)
 static void test_key_never_forwarded(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *h[4] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key), NULL};
     json_t *last, *hs;
     const char *k, *dump;
     json_t *it;
@@ -565,34 +471,34 @@ static void test_key_never_forwarded(void **state)
          "openai");
     last = double_last();
     hs = json_object_get(last, "headers");
-    assert_string_equal(jstr(hs, "authorization", "last"), "Bearer " UPKEY);
+    assert_string_equal(tst_jstr(hs, "authorization", "last"), "Bearer " UPKEY);
     assert_null(json_object_get(hs, "x-api-key"));
-    dump = gc_add(GC_MEM, json_dumps(last, 0));
+    dump = tst_gc_add(GC_MEM, json_dumps(last, 0));
     assert_null(strstr(dump, key));
     /* Anthropic: x-api-key in, the gateway's x-api-key out, the
      * anthropic-version header passed on */
-    h[0] = fmt("x-api-key: %s", key);
+    h[0] = tst_fmt("x-api-key: %s", key);
     h[1] = "anthropic-version: 2023-06-01";
     h[2] = NULL;
     WANT(post("/v1/messages", h, anthropic_body(0, 3)), 200, "anthropic");
     last = double_last();
     hs = json_object_get(last, "headers");
-    assert_string_equal(jstr(hs, "x-api-key", "last"), UPKEY);
-    assert_string_equal(jstr(hs, "anthropic-version", "last"), "2023-06-01");
+    assert_string_equal(tst_jstr(hs, "x-api-key", "last"), UPKEY);
+    assert_string_equal(tst_jstr(hs, "anthropic-version", "last"), "2023-06-01");
     assert_null(json_object_get(hs, "authorization"));
     json_object_foreach(hs, k, it)
         assert_null(strstr(json_string_value(it) ? json_string_value(it) : "",
                            key));
-    dump = gc_add(GC_MEM, json_dumps(last, 0));
+    dump = tst_gc_add(GC_MEM, json_dumps(last, 0));
     assert_null(strstr(dump, key));
 }
 
 static void test_openai_stream_usage_added(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("st");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid), NULL};
+    const char *rid = tst_uid("st");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     json_t *last;
     lrow row;
@@ -622,9 +528,9 @@ static void test_openai_stream_usage_added(void **state)
 static void test_openai_stream_usage_asked(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("st2");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid), NULL};
+    const char *rid = tst_uid("st2");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     lrow row;
     (void)state;
@@ -644,10 +550,10 @@ static void test_openai_stream_usage_asked(void **state)
 static void test_anthropic_stream(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("an");
-    const char *h[5] = {fmt("x-api-key: %s", key),
+    const char *rid = tst_uid("an");
+    const char *h[5] = {tst_fmt("x-api-key: %s", key),
                         "anthropic-version: 2023-06-01",
-                        fmt("X-Request-Id: %s", rid), NULL};
+                        tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     lrow row;
     (void)state;
@@ -663,8 +569,8 @@ static void test_anthropic_stream(void **state)
     assert_int_equal(row.out, 9);      /* the last message_delta, not 1 + 9 */
     assert_true(NEAR(used_in(s), 1.014));
     /* non-streaming Anthropic too */
-    rid = uid("an2");
-    h[2] = fmt("X-Request-Id: %s", rid);
+    rid = tst_uid("an2");
+    h[2] = tst_fmt("X-Request-Id: %s", rid);
     WANT(post("/v1/messages", h, anthropic_body(0, 2)), 200, "anthropic");
     row = ledger_row(rid);
     assert_int_equal(row.status, 2);
@@ -675,13 +581,13 @@ static void test_anthropic_stream(void **state)
 static void test_caller_disconnects(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("gone");
+    const char *rid = tst_uid("gone");
     int fd = raw_connect(qgproc_port(&P));
     char *got;
     lrow row;
     (void)state;
     raw_send(fd, raw_request("/v1/chat/completions", key,
-                             fmt("X-Request-Id: %s\r\n"
+                             tst_fmt("X-Request-Id: %s\r\n"
                                  "X-Double-Mode: slow=100\r\n", rid),
                              openai_body(1, 200, NULL)));
     got = raw_read(fd, "tok2", 10000);
@@ -694,7 +600,7 @@ static void test_caller_disconnects(void **state)
     assert_true(row.out >= 3 && row.out < 200);
     /* the upstream stream was stopped: the next call still works */
     WANT(post("/v1/chat/completions",
-              (const char *const[]){fmt("Authorization: Bearer %s", key),
+              (const char *const[]){tst_fmt("Authorization: Bearer %s", key),
                                     NULL},
               openai_body(0, 1, NULL)), 200, "after the disconnect");
 }
@@ -702,13 +608,13 @@ static void test_caller_disconnects(void **state)
 static void test_reset_mid_stream(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("rst");
+    const char *rid = tst_uid("rst");
     int fd = raw_connect(qgproc_port(&P));
     char *got;
     lrow row;
     (void)state;
     raw_send(fd, raw_request("/v1/chat/completions", key,
-                             fmt("X-Request-Id: %s\r\n"
+                             tst_fmt("X-Request-Id: %s\r\n"
                                  "X-Double-Mode: reset-after=4,slow=60\r\n",
                                  rid),
                              openai_body(1, 50, NULL)));
@@ -730,9 +636,9 @@ static void test_reset_mid_stream(void **state)
 static void test_no_usage(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("nu");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid),
+    const char *rid = tst_uid("nu");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
                         "X-Double-Mode: no-usage", NULL};
     lrow row;
     (void)state;
@@ -744,8 +650,8 @@ static void test_no_usage(void **state)
     assert_int_equal(row.in, 5);                /* ceil(18 / 4) */
     assert_int_equal(row.out, 8);               /* "tok0 .. tok5": 29 bytes */
     /* streaming, no usage chunk at all */
-    rid = uid("nus");
-    h[1] = fmt("X-Request-Id: %s", rid);
+    rid = tst_uid("nus");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
     WANT(post("/v1/chat/completions", h, openai_body(1, 6, NULL)), 200,
          "no usage, stream");
     row = ledger_row(rid);
@@ -757,9 +663,9 @@ static void test_no_usage(void **state)
 static void test_upstream_429(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("u429");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid),
+    const char *rid = tst_uid("u429");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
                         "X-Double-Mode: status=429", NULL};
     http_resp *r;
     lrow row;
@@ -767,7 +673,7 @@ static void test_upstream_429(void **state)
     r = post("/v1/chat/completions", h, openai_body(0, 6, NULL));
     WANT(r, 429, "upstream 429 passed through");
     assert_string_equal(hdr(r, "Retry-After", "429"), "2");
-    assert_string_equal(jstr(json_object_get(jparse(r, "429"), "error"),
+    assert_string_equal(tst_jstr(json_object_get(tst_jparse(r, "429"), "error"),
                              "code", "429"), "rate_limit_exceeded");
     row = ledger_row(rid);
     assert_int_equal(row.status, 4);            /* failed */
@@ -781,16 +687,16 @@ static void test_upstream_429(void **state)
 static void test_upstream_500(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("u500");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid),
+    const char *rid = tst_uid("u500");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
                         "X-Double-Mode: status=500", NULL};
     http_resp *r;
     lrow row;
     (void)state;
     r = post("/v1/chat/completions", h, openai_body(1, 6, NULL));
     WANT(r, 502, "upstream 500");
-    assert_string_equal(error_type(r, "500"), "upstream_error");
+    assert_string_equal(tst_error_type(r, "500"), "upstream_error");
     row = ledger_row(rid);
     assert_int_equal(row.status, 4);
     assert_int_equal(row.out, 0);
@@ -801,9 +707,9 @@ static void test_upstream_500(void **state)
 static void test_upstream_timeout(void **state)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
-    const char *rid = uid("hang");
-    const char *h[4] = {fmt("Authorization: Bearer %s", key),
-                        fmt("X-Request-Id: %s", rid), "X-Double-Mode: hang",
+    const char *rid = tst_uid("hang");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid), "X-Double-Mode: hang",
                         NULL};
     http_resp *r;
     int fd;
@@ -814,16 +720,16 @@ static void test_upstream_timeout(void **state)
     /* no answer at all: 502 upstream_timeout after the 1.5 s timeout */
     r = post("/v1/chat/completions", h, openai_body(0, 5, NULL));
     WANT(r, 502, "upstream hangs");
-    assert_string_equal(error_type(r, "hang"), "upstream_timeout");
+    assert_string_equal(tst_error_type(r, "hang"), "upstream_timeout");
     assert_true(qg_now_ms() - t0 >= 1400);
     row = ledger_row(rid);
     assert_int_equal(row.status, 4);
     assert_int_equal(row.weight_milli, 1000);
     /* mid-stream: the first event at once, the next one 3 s later */
-    rid = uid("slow");
+    rid = tst_uid("slow");
     fd = raw_connect(qgproc_port(&P));
     raw_send(fd, raw_request("/v1/messages", key,
-                             fmt("X-Request-Id: %s\r\n"
+                             tst_fmt("X-Request-Id: %s\r\n"
                                  "X-Double-Mode: slow=3000\r\n", rid),
                              anthropic_body(1, 20)));
     got = raw_read(fd, NULL, 10000);
@@ -841,7 +747,7 @@ static void test_upstream_timeout(void **state)
 static void test_refusal(void **state)
 {
     const char *s = new_subject("tiny"), *key = new_key(s);
-    const char *h[4] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key), NULL};
     http_resp *r;
     json_t *j;
     long before;
@@ -855,16 +761,16 @@ static void test_refusal(void **state)
     assert_true(atol(hdr(r, "Retry-After", "refusal")) > 0);
     hdr(r, "RateLimit", "refusal");
     hdr(r, "RateLimit-Policy", "refusal");
-    j = jparse(r, "refusal");
-    assert_string_equal(jstr(j, "decision", "refusal"), "reject");
-    assert_string_equal(error_type(r, "refusal"), "quota_exceeded");
+    j = tst_jparse(r, "refusal");
+    assert_string_equal(tst_jstr(j, "decision", "refusal"), "reject");
+    assert_string_equal(tst_error_type(r, "refusal"), "quota_exceeded");
     assert_int_equal(double_count(), before);   /* upstream not called */
     assert_true(NEAR(used_in(s), 2.005));
     /* an unknown model: 400, upstream not called */
     r = post("/v1/chat/completions", h,
              "{\"model\":\"nope\",\"messages\":[],\"max_tokens\":1}");
     WANT(r, 400, "unknown model");
-    assert_string_equal(error_type(r, "model"), "unknown_model");
+    assert_string_equal(tst_error_type(r, "model"), "unknown_model");
     assert_int_equal(double_count(), before);
     /* no key, a bad body */
     r = post("/v1/chat/completions", NULL, openai_body(0, 1, NULL));
@@ -876,7 +782,7 @@ static void test_refusal(void **state)
 
 static const char *large_body(int stream)
 {
-    return fmt("{\"model\":\"large\",%s\"messages\":[{\"role\":\"user\","
+    return tst_fmt("{\"model\":\"large\",%s\"messages\":[{\"role\":\"user\","
                "\"content\":\"" PROMPT "\"}],\"max_tokens\":7}",
                stream ? "\"stream\":true," : "");
 }
@@ -887,11 +793,11 @@ static const char *large_body(int stream)
 static void test_downgrade(void **state)
 {
     const char *s = new_subject("dg"), *key = new_key(s);
-    const char *rid1 = uid("dg1"), *rid2 = uid("dg2"), *rid3 = uid("dg3");
-    const char *h1[3] = {fmt("Authorization: Bearer %s", key),
-                         fmt("X-Request-Id: %s", rid1), NULL};
-    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid2), NULL};
-    const char *h3[3] = {h1[0], fmt("X-Request-Id: %s", rid3), NULL};
+    const char *rid1 = tst_uid("dg1"), *rid2 = tst_uid("dg2"), *rid3 = tst_uid("dg3");
+    const char *h1[3] = {tst_fmt("Authorization: Bearer %s", key),
+                         tst_fmt("X-Request-Id: %s", rid1), NULL};
+    const char *h2[3] = {h1[0], tst_fmt("X-Request-Id: %s", rid2), NULL};
+    const char *h3[3] = {h1[0], tst_fmt("X-Request-Id: %s", rid3), NULL};
     const char *model, *window;
     http_resp *r;
     json_t *j, *last;
@@ -903,7 +809,7 @@ static void test_downgrade(void **state)
     WANT(r, 200, "large");
     assert_null(http_resp_header(r, "x-quotagate-downgraded-from"));
     last = json_object_get(double_last(), "body_json");
-    assert_string_equal(jstr(last, "model", "last"), "large");
+    assert_string_equal(tst_jstr(last, "model", "last"), "large");
     row = ledger_row(rid1);
     assert_int_equal(row.weight_milli, 2012);
     assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
@@ -914,10 +820,10 @@ static void test_downgrade(void **state)
                         "large");
     assert_string_equal(hdr(r, "x-quotagate-model", "dg"), "light");
     assert_string_equal(hdr(r, "X-Request-Id", "dg"), rid2);
-    j = jparse(r, "downgraded");
-    assert_string_equal(jstr(j, "model", "downgraded"), "light");
+    j = tst_jparse(r, "downgraded");
+    assert_string_equal(tst_jstr(j, "model", "downgraded"), "light");
     last = json_object_get(double_last(), "body_json");
-    assert_string_equal(jstr(last, "model", "last"), "light");
+    assert_string_equal(tst_jstr(last, "model", "last"), "light");
     row = ledger_row(rid2);
     assert_int_equal(row.status, 2);
     assert_int_equal(row.weight_milli, 1012);      /* light's weights */
@@ -934,9 +840,9 @@ static void test_downgrade(void **state)
     assert_null(http_resp_header(r, "x-quotagate-downgraded-from"));
     assert_true(atol(hdr(r, "Retry-After", "both")) > 0);
     hdr(r, "RateLimit", "both");
-    j = jparse(r, "both");
-    assert_string_equal(jstr(j, "decision", "both"), "reject");
-    assert_string_equal(error_type(r, "both"), "quota_exceeded");
+    j = tst_jparse(r, "both");
+    assert_string_equal(tst_jstr(j, "decision", "both"), "reject");
+    assert_string_equal(tst_error_type(r, "both"), "quota_exceeded");
     assert_non_null(strstr(r->body, "large_5h"));
     assert_int_equal(double_count(), before);
     ledger_model_window(rid3, &model, &window);
@@ -951,9 +857,9 @@ static void test_downgrade(void **state)
 static void test_downgrade_stream(void **state)
 {
     const char *s = new_subject("dg"), *key = new_key(s);
-    const char *rid = uid("dgs");
-    const char *h1[3] = {fmt("Authorization: Bearer %s", key), NULL};
-    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid), NULL};
+    const char *rid = tst_uid("dgs");
+    const char *h1[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
+    const char *h2[3] = {h1[0], tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     json_t *last;
     lrow row;
@@ -966,7 +872,7 @@ static void test_downgrade_stream(void **state)
     assert_string_equal(hdr(r, "x-quotagate-model", "dgs"), "light");
     assert_non_null(strstr(r->body, "\"model\":\"light\""));
     last = json_object_get(double_last(), "body_json");
-    assert_string_equal(jstr(last, "model", "last"), "light");
+    assert_string_equal(tst_jstr(last, "model", "last"), "light");
     assert_true(json_is_true(json_object_get(
         json_object_get(last, "stream_options"), "include_usage")));
     row = ledger_row(rid);
@@ -980,7 +886,7 @@ static void test_downgrade_stream(void **state)
 static void test_downgrade_anthropic(void **state)
 {
     const char *s = new_subject("dg"), *key = new_key(s);
-    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
     const char *body = "{\"model\":\"large\",\"messages\":[{\"role\":"
                        "\"user\",\"content\":\"" PROMPT "\"}],"
                        "\"max_tokens\":7}";
@@ -994,8 +900,8 @@ static void test_downgrade_anthropic(void **state)
                         "large");
     assert_string_equal(hdr(r, "x-quotagate-model", "dga"), "light");
     last = json_object_get(double_last(), "body_json");
-    assert_string_equal(jstr(last, "model", "last"), "light");
-    assert_string_equal(jstr(jparse(r, "dga"), "model", "dga"), "light");
+    assert_string_equal(tst_jstr(last, "model", "last"), "light");
+    assert_string_equal(tst_jstr(tst_jparse(r, "dga"), "model", "dga"), "light");
     assert_true(NEAR(used_in_window(s, "large_5h"), 2.012));
     assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
 }
@@ -1006,9 +912,9 @@ static void test_downgrade_anthropic(void **state)
 static void test_queue_waits(void **state)
 {
     const char *s = new_subject("q"), *key = new_key(s);
-    const char *rid = uid("q2");
-    const char *h1[3] = {fmt("Authorization: Bearer %s", key), NULL};
-    const char *h2[3] = {h1[0], fmt("X-Request-Id: %s", rid), NULL};
+    const char *rid = tst_uid("q2");
+    const char *h1[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
+    const char *h2[3] = {h1[0], tst_fmt("X-Request-Id: %s", rid), NULL};
     http_resp *r;
     long before, qms;
     long long t0;
@@ -1033,7 +939,7 @@ static void test_queue_waits(void **state)
 static void test_queue_too_long(void **state)
 {
     const char *s = new_subject("q_short"), *key = new_key(s);
-    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
     http_resp *r;
     long before;
     long long t0;
@@ -1045,7 +951,7 @@ static void test_queue_too_long(void **state)
     r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
     WANT(r, 429, "retry beyond max_wait");
     assert_true(qg_now_ms() - t0 < 1000);       /* not held */
-    assert_string_equal(error_type(r, "too long"), "quota_exceeded");
+    assert_string_equal(tst_error_type(r, "too long"), "quota_exceeded");
     assert_true(atol(hdr(r, "Retry-After", "too long")) > 0);
     assert_null(http_resp_header(r, "x-quotagate-queued-ms"));
     assert_int_equal(double_count(), before);
@@ -1054,8 +960,8 @@ static void test_queue_too_long(void **state)
 static void test_queue_full(void **state)
 {
     const char *s = new_subject("q_one"), *key = new_key(s);
-    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
-    const char *rid2 = uid("qf2");
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
+    const char *rid2 = tst_uid("qf2");
     http_resp *r;
     int fd;
     char *got;
@@ -1066,13 +972,13 @@ static void test_queue_full(void **state)
     before = double_count();
     fd = raw_connect(qgproc_port(&P));
     raw_send(fd, raw_request("/v1/chat/completions", key,
-                             fmt("X-Request-Id: %s\r\nConnection: close\r\n",
+                             tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n",
                                  rid2),
                              openai_body(0, 1, NULL)));
-    sleep_ms(300);                              /* the second is held */
+    tst_sleep_ms(300);                              /* the second is held */
     r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
     WANT(r, 429, "third: queue full");
-    assert_string_equal(error_type(r, "full"), "queue_full");
+    assert_string_equal(tst_error_type(r, "full"), "queue_full");
     assert_true(atol(hdr(r, "Retry-After", "full")) > 0);
     got = raw_read(fd, NULL, 10000);
     close(fd);
@@ -1086,7 +992,7 @@ static void test_queue_full(void **state)
 static void test_queue_caller_leaves(void **state)
 {
     const char *s = new_subject("q"), *key = new_key(s);
-    const char *h[3] = {fmt("Authorization: Bearer %s", key), NULL};
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key), NULL};
     http_resp *r;
     int fd;
     long before;
@@ -1097,9 +1003,9 @@ static void test_queue_caller_leaves(void **state)
     fd = raw_connect(qgproc_port(&P));
     raw_send(fd, raw_request("/v1/chat/completions", key, NULL,
                              openai_body(0, 1, NULL)));
-    sleep_ms(300);
+    tst_sleep_ms(300);
     close(fd);
-    sleep_ms(2500);            /* past the retry instant of the held one */
+    tst_sleep_ms(2500);            /* past the retry instant of the held one */
     assert_int_equal(double_count(), before);
     r = post("/v1/chat/completions", h, openai_body(0, 1, NULL));
     WANT(r, 200, "after the held caller left");

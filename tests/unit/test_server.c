@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "httpc.h"
+#include "srvtest.h"
 #include "qgproc.h"
 
 #define ADMIN QGPROC_ADMIN_KEY
@@ -39,27 +40,10 @@
 
 static qgproc P;           /* the group's server */
 static httpc C;            /* a keep-alive connection to it */
-static int counter;
 
 /* ------------------------------------------------------------ garbage */
 
-enum { GC_MEM, GC_JSON, GC_RESP };
-#define GC_MAX 8192
-static struct {
-    int kind;
-    void *p;
-} gc[GC_MAX];
-static int ngc;
 
-static void *gc_add(int kind, void *p)
-{
-    if (ngc == GC_MAX)
-        fail_msg("test garbage list full");
-    gc[ngc].kind = kind;
-    gc[ngc].p = p;
-    ngc++;
-    return p;
-}
 
 /* A test's own server and connection (static: a failing test longjmps
  * out; the teardown stops and removes them). */
@@ -75,31 +59,10 @@ static int gc_teardown(void **state)
     if (own_p)
         qgproc_cleanup(own_p);
     own_p = NULL;
-    for (int i = ngc - 1; i >= 0; i--) {
-        if (gc[i].kind == GC_JSON)
-            json_decref(gc[i].p);
-        else if (gc[i].kind == GC_RESP) {
-            http_resp_free(gc[i].p);
-            free(gc[i].p);
-        } else
-            free(gc[i].p);
-    }
-    ngc = 0;
+    tst_gc_free_all();
     return 0;
 }
 
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    char *s;
-    va_start(ap, f);
-    if (vasprintf(&s, f, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    assert_non_null(s);
-    return gc_add(GC_MEM, s);
-}
 
 static char *slurp_file(const char *path)
 {
@@ -111,7 +74,7 @@ static char *slurp_file(const char *path)
     fseek(f, 0, SEEK_END);
     n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    buf = gc_add(GC_MEM, malloc((size_t)n + 1));
+    buf = tst_gc_add(GC_MEM, malloc((size_t)n + 1));
     assert_non_null(buf);
     if (fread(buf, 1, (size_t)n, f) != (size_t)n)
         fail_msg("short read on %s", path);
@@ -125,20 +88,10 @@ static const char *td(const char *rel)
     const char *d = getenv("QG_TESTDATA");
     if (!d)
         fail_msg("QG_TESTDATA is not set (run through tests/run.sh)");
-    return fmt("%s/%s", d, rel);
+    return tst_fmt("%s/%s", d, rel);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
-static const char *uid(const char *prefix)
-{
-    return fmt("%s-%d-%d", prefix, (int)getpid(), ++counter);
-}
 
 /* ------------------------------------------------------------ requests */
 
@@ -146,7 +99,7 @@ static http_resp *req_on(httpc *c, const char *method, const char *path,
                          const char *auth, const char *key,
                          const char *body)
 {
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     assert_non_null(r);
     if (httpc_call(c, method, path, auth, key, body, r) < 0)
         fail_msg("%s %s: no response: %s", method, path, c->err);
@@ -159,67 +112,13 @@ static http_resp *req(const char *method, const char *path, const char *key,
     return req_on(&C, method, path, "bearer", key, body);
 }
 
-static const char *excerpt(const http_resp *r)
-{
-    return fmt("%.600s", r->body ? r->body : "");
-}
 
-#define WANT(r, st, what) want_status((r), (st), (what), __LINE__)
-static void want_status(const http_resp *r, int status, const char *what,
-                        int line)
-{
-    if (r->status != status)
-        fail_msg("line %d: %s: expected HTTP %d, got %d; body: %s", line,
-                 what, status, r->status, excerpt(r));
-}
 
-static json_t *jparse(const http_resp *r, const char *what)
-{
-    json_error_t e;
-    json_t *j = json_loadb(r->body, r->body_len, 0, &e);
-    if (!j)
-        fail_msg("%s: HTTP %d body is not JSON (%s): %s", what, r->status,
-                 e.text, excerpt(r));
-    return gc_add(GC_JSON, j);
-}
 
-static const char *dump(json_t *o)
-{
-    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-    if (!s)
-        return "(null)";
-    gc_add(GC_MEM, s);
-    return fmt("%.400s", s);
-}
 
-static const char *jstr(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_string(v))
-        fail_msg("%s: \"%s\" missing or not a string in %s", what, key,
-                 dump(o));
-    return json_string_value(v);
-}
 
-static double jnum(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_number(v))
-        fail_msg("%s: \"%s\" missing or not a number in %s", what, key,
-                 dump(o));
-    return json_number_value(v);
-}
 
-static int jbool(json_t *o, const char *key, const char *what)
-{
-    json_t *v = json_object_get(o, key);
-    if (!json_is_boolean(v))
-        fail_msg("%s: \"%s\" missing or not a boolean in %s", what, key,
-                 dump(o));
-    return json_is_true(v);
-}
 
-#define NEAR(a, b) (fabs((a) - (b)) < 1e-6)
 
 /* The error object of an error response, checked for status and type. */
 #define WANT_ERR(r, st, type, what) want_error((r), (st), (type), (what), __LINE__)
@@ -227,16 +126,16 @@ static json_t *want_error(const http_resp *r, int status, const char *type,
                           const char *what, int line)
 {
     json_t *j, *e;
-    want_status(r, status, what, line);
-    j = jparse(r, what);
+    tst_want_status(r, status, what, line);
+    j = tst_jparse(r, what);
     e = json_object_get(j, "error");
     if (!json_is_object(e))
         fail_msg("line %d: %s: no \"error\" object: %s", line, what,
-                 excerpt(r));
-    if (type && strcmp(jstr(e, "type", what), type) != 0)
+                 tst_excerpt(r));
+    if (type && strcmp(tst_jstr(e, "type", what), type) != 0)
         fail_msg("line %d: %s: error.type \"%s\", expected \"%s\": %s", line,
-                 what, jstr(e, "type", what), type, excerpt(r));
-    if (!*jstr(e, "message", what))
+                 what, tst_jstr(e, "type", what), type, tst_excerpt(r));
+    if (!*tst_jstr(e, "message", what))
         fail_msg("line %d: %s: empty error.message", line, what);
     return e;
 }
@@ -263,29 +162,29 @@ static int json_mentions(json_t *j, const char *s)
 
 static const char *new_subject(const char *plan, const char *org)
 {
-    const char *s = uid("s");
+    const char *s = tst_uid("s");
     const char *body =
-        org ? fmt("{\"subject\":\"%s\",\"plan\":\"%s\",\"org\":\"%s\","
+        org ? tst_fmt("{\"subject\":\"%s\",\"plan\":\"%s\",\"org\":\"%s\","
                   "\"billing_anchor\":\"2026-01-31T09:00:00Z\"}", s, plan, org)
-            : fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan);
+            : tst_fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan);
     http_resp *r = req("POST", "/v1/admin/subjects", ADMIN, body);
     if (r->status != 200 && r->status != 201)
         fail_msg("POST /v1/admin/subjects %s: expected 200/201, got %d: %s",
-                 body, r->status, excerpt(r));
+                 body, r->status, tst_excerpt(r));
     return s;
 }
 
 static http_resp *check_w(const char *subject, const char *rid, double w)
 {
     return req("POST", "/v1/check", SERVICE,
-               fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":%g}",
+               tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":%g}",
                    subject, rid, w));
 }
 
 static http_resp *settle_w(const char *rid, double w, const char *status)
 {
     return req("POST", "/v1/settle", SERVICE,
-               fmt("{\"request_id\":\"%s\",\"weight\":%g,\"status\":\"%s\"}",
+               tst_fmt("{\"request_id\":\"%s\",\"weight\":%g,\"status\":\"%s\"}",
                    rid, w, status));
 }
 
@@ -302,15 +201,15 @@ static json_t *find_window(json_t *windows, const char *name)
 
 static json_t *usage_of(const char *subject)
 {
-    http_resp *r = req("GET", fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    http_resp *r = req("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
     json_t *j;
-    WANT(r, 200, fmt("GET /v1/usage/%s", subject));
-    j = jparse(r, "usage");
-    if (strcmp(jstr(j, "subject", "usage"), subject) != 0)
+    WANT(r, 200, tst_fmt("GET /v1/usage/%s", subject));
+    j = tst_jparse(r, "usage");
+    if (strcmp(tst_jstr(j, "subject", "usage"), subject) != 0)
         fail_msg("usage of %s names subject %s", subject,
-                 jstr(j, "subject", "usage"));
+                 tst_jstr(j, "subject", "usage"));
     if (!json_is_array(json_object_get(j, "windows")))
-        fail_msg("usage of %s: no windows array: %s", subject, excerpt(r));
+        fail_msg("usage of %s: no windows array: %s", subject, tst_excerpt(r));
     return j;
 }
 
@@ -320,7 +219,7 @@ static double used_in(const char *subject, const char *window)
     json_t *w = find_window(json_object_get(u, "windows"), window);
     if (!w)
         fail_msg("usage of %s has no window %s", subject, window);
-    return jnum(w, "used", "usage window");
+    return tst_jnum(w, "used", "usage window");
 }
 
 /* ------------------------------------------------- header families */
@@ -482,13 +381,13 @@ static void check_rate_headers(const http_resp *r, json_t *body,
     size_t i;
 
     if (!json_is_array(windows) || json_array_size(windows) == 0)
-        fail_msg("%s: no windows in the body: %s", what, excerpt(r));
+        fail_msg("%s: no windows in the body: %s", what, tst_excerpt(r));
     if (!pol)
         fail_msg("%s: RateLimit-Policy missing", what);
     if (!rl)
         fail_msg("%s: RateLimit missing", what);
-    np = sf_parse(pol, P_, QG_TEST_MAXW, fmt("%s: RateLimit-Policy", what));
-    nr = sf_parse(rl, R_, QG_TEST_MAXW, fmt("%s: RateLimit", what));
+    np = sf_parse(pol, P_, QG_TEST_MAXW, tst_fmt("%s: RateLimit-Policy", what));
+    nr = sf_parse(rl, R_, QG_TEST_MAXW, tst_fmt("%s: RateLimit", what));
 
     /* policy names are unique: RateLimit refers to them by name */
     for (int a = 0; a < np; a++)
@@ -502,11 +401,11 @@ static void check_rate_headers(const http_resp *r, json_t *body,
         fail_msg("%s: %d policies in RateLimit-Policy \"%s\" for %zu windows "
                  "in the body", what, np, pol, json_array_size(windows));
     json_array_foreach(windows, i, w) {
-        const char *name = jstr(w, "name", what);
+        const char *name = tst_jstr(w, "name", what);
         json_t *sc = json_object_get(w, "scope");
         const char *scope = json_is_string(sc) ? json_string_value(sc) : NULL;
-        double limit = jnum(w, "limit", what),
-               remaining = jnum(w, "remaining", what);
+        double limit = tst_jnum(w, "limit", what),
+               remaining = tst_jnum(w, "remaining", what);
         int pi = -1, ri = -1;
         for (const char *k = "scope\0type\0unit\0used\0reset_at\0"; *k;
              k += strlen(k) + 1)
@@ -525,7 +424,7 @@ static void check_rate_headers(const http_resp *r, json_t *body,
             fail_msg("%s: policy %s q=%lld, window limit %g", what, name,
                      sf_int(&P_[pi], "q", what), limit);
         /* w (seconds) for windows of time; a concurrency limit has none */
-        if (strcmp(jstr(w, "type", what), "concurrency") != 0)
+        if (strcmp(tst_jstr(w, "type", what), "concurrency") != 0)
             sf_int(&P_[pi], "w", what);
         for (int k = 0; k < nr; k++)
             if (!strcmp(R_[k].name, P_[pi].name))
@@ -552,9 +451,9 @@ static void check_rate_headers(const http_resp *r, json_t *body,
             if (!bw)
                 fail_msg("%s: rules window %s missing from the body", what,
                          rw->name);
-            if (llround(jnum(bw, "limit", what)) != rw->limit)
+            if (llround(tst_jnum(bw, "limit", what)) != rw->limit)
                 fail_msg("%s: window %s limit %g, rules say %lld", what,
-                         rw->name, jnum(bw, "limit", what), rw->limit);
+                         rw->name, tst_jnum(bw, "limit", what), rw->limit);
             for (int k = 0; k < np; k++) {
                 json_t *sc = json_object_get(bw, "scope");
                 if (pol_matches(P_[k].name, rw->name,
@@ -586,22 +485,22 @@ static void check_rate_headers(const http_resp *r, json_t *body,
         found = 0;
         json_array_foreach(windows, i, w)
             if (is_requests_window(w) &&
-                llround(jnum(w, "limit", what)) == lr &&
-                (long long)floor(jnum(w, "remaining", what) + 1e-9) == rr)
+                llround(tst_jnum(w, "limit", what)) == lr &&
+                (long long)floor(tst_jnum(w, "remaining", what) + 1e-9) == rr)
                 found = 1;
         if (!found)
             fail_msg("%s: x-ratelimit-limit-requests %lld / remaining %lld "
                      "match no requests window: %s", what, lr, rr,
-                     excerpt(r));
+                     tst_excerpt(r));
         found = 0;
         json_array_foreach(windows, i, w)
             if (!is_requests_window(w) &&
-                llround(jnum(w, "limit", what)) == lt &&
-                (long long)floor(jnum(w, "remaining", what) + 1e-9) == rt)
+                llround(tst_jnum(w, "limit", what)) == lt &&
+                (long long)floor(tst_jnum(w, "remaining", what) + 1e-9) == rt)
                 found = 1;
         if (!found)
             fail_msg("%s: x-ratelimit-limit-tokens %lld / remaining %lld "
-                     "match no weight window: %s", what, lt, rt, excerpt(r));
+                     "match no weight window: %s", what, lt, rt, tst_excerpt(r));
     }
 }
 
@@ -609,7 +508,7 @@ static void check_rate_headers(const http_resp *r, json_t *body,
 static void check_retry_headers(const http_resp *r, json_t *body,
                                 const char *what)
 {
-    double ra = jnum(body, "retry_after_s", what);
+    double ra = tst_jnum(body, "retry_after_s", what);
     long long h = hdr_int(r, "Retry-After", what);
     long long ms = hdr_int(r, "retry-after-ms", what);
     const char *sr = http_resp_header(r, "x-should-retry");
@@ -702,9 +601,9 @@ static void test_healthz(void **state)
     (void)state;
     r = req("GET", "/healthz", NULL, NULL);
     WANT(r, 200, "GET /healthz");
-    j = jparse(r, "healthz");
-    assert_string_equal(jstr(j, "status", "healthz"), "ok");
-    assert_string_equal(jstr(j, "store", "healthz"), "memory");
+    j = tst_jparse(r, "healthz");
+    assert_string_equal(tst_jstr(j, "status", "healthz"), "ok");
+    assert_string_equal(tst_jstr(j, "store", "healthz"), "memory");
     if (!http_resp_header(r, "Content-Type") ||
         !strstr(http_resp_header(r, "Content-Type"), "application/json"))
         fail_msg("healthz Content-Type %s",
@@ -718,42 +617,42 @@ static void test_plans_and_weights(void **state)
     (void)state;
     r = req("GET", "/v1/plans", NULL, NULL);
     WANT(r, 200, "GET /v1/plans without a key");
-    j = jparse(r, "plans");
+    j = tst_jparse(r, "plans");
     for (const char *s = "basic\0roomy\0burst_5h\0weekly\0rpm\0srv-1\0"; *s;
          s += strlen(s) + 1)
         if (!json_mentions(j, s))
-            fail_msg("GET /v1/plans does not mention %s: %s", s, excerpt(r));
+            fail_msg("GET /v1/plans does not mention %s: %s", s, tst_excerpt(r));
     r = req("GET", "/v1/weights", NULL, NULL);
     WANT(r, 200, "GET /v1/weights without a key");
-    j = jparse(r, "weights");
+    j = tst_jparse(r, "weights");
     for (const char *s = "w1\0light\0standard\0"; *s; s += strlen(s) + 1)
         if (!json_mentions(j, s))
             fail_msg("GET /v1/weights does not mention %s: %s", s,
-                     excerpt(r));
+                     tst_excerpt(r));
 }
 
 static void test_check_allow_weight(void **state)
 {
-    const char *s = new_subject("roomy", "acme"), *rid = uid("r");
+    const char *s = new_subject("roomy", "acme"), *rid = tst_uid("r");
     http_resp *r;
     json_t *j, *bw;
     (void)state;
     r = check_w(s, rid, 2);
     WANT(r, 200, "check weight 2 (roomy)");
-    j = jparse(r, "check");
-    assert_string_equal(jstr(j, "decision", "check"), "allow");
-    assert_string_equal(jstr(j, "request_id", "check"), rid);
-    assert_true(NEAR(jnum(j, "weight", "check"), 2));
-    if (json_object_get(j, "replayed") && jbool(j, "replayed", "check"))
-        fail_msg("first check says replayed: %s", excerpt(r));
+    j = tst_jparse(r, "check");
+    assert_string_equal(tst_jstr(j, "decision", "check"), "allow");
+    assert_string_equal(tst_jstr(j, "request_id", "check"), rid);
+    assert_true(NEAR(tst_jnum(j, "weight", "check"), 2));
+    if (json_object_get(j, "replayed") && tst_jbool(j, "replayed", "check"))
+        fail_msg("first check says replayed: %s", tst_excerpt(r));
     bw = find_window(json_object_get(j, "windows"), "burst_5h");
     assert_non_null(bw);
-    assert_true(NEAR(jnum(bw, "used", "burst_5h"), 2));
-    assert_true(NEAR(jnum(bw, "remaining", "burst_5h"), 99998));
-    assert_string_equal(jstr(find_window(json_object_get(j, "windows"),
+    assert_true(NEAR(tst_jnum(bw, "used", "burst_5h"), 2));
+    assert_true(NEAR(tst_jnum(bw, "remaining", "burst_5h"), 99998));
+    assert_string_equal(tst_jstr(find_window(json_object_get(j, "windows"),
                                          "org_monthly"), "scope", "org"),
                         "org");
-    assert_string_equal(jstr(bw, "type", "burst_5h"), "rolling");
+    assert_string_equal(tst_jstr(bw, "type", "burst_5h"), "rolling");
     check_rate_headers(r, j, ROOMY, ACME, "allow (roomy+acme)");
     if (http_resp_header(r, "Retry-After"))
         fail_msg("an allow carries Retry-After: %s",
@@ -772,66 +671,66 @@ static void test_check_allow_weight(void **state)
     }
     /* x-api-key works as well as Bearer */
     r = req_on(&C, "POST", "/v1/check", "x-api-key", SERVICE,
-               fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}",
-                   s, uid("r")));
+               tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}",
+                   s, tst_uid("r")));
     WANT(r, 200, "check with x-api-key");
     assert_true(NEAR(used_in(s, "burst_5h"), 3));
 }
 
 static void test_check_allow_model(void **state)
 {
-    const char *s = new_subject("roomy", NULL), *rid = uid("r");
+    const char *s = new_subject("roomy", NULL), *rid = tst_uid("r");
     http_resp *r;
     json_t *j;
     (void)state;
     /* standard: 1 + 1000/1000*1 + 200/1000*5 = 3 */
     r = req("POST", "/v1/check", SERVICE,
-            fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+            tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
                 "\"standard\",\"input_tokens\":1000,\"max_output_tokens\":200}",
                 s, rid));
     WANT(r, 200, "model check");
-    j = jparse(r, "model check");
-    assert_string_equal(jstr(j, "decision", "model check"), "allow");
-    if (!NEAR(jnum(j, "weight", "model check"), 3))
+    j = tst_jparse(r, "model check");
+    assert_string_equal(tst_jstr(j, "decision", "model check"), "allow");
+    if (!NEAR(tst_jnum(j, "weight", "model check"), 3))
         fail_msg("standard 1000 in / 200 out weighs 3, got %g",
-                 jnum(j, "weight", "model check"));
+                 tst_jnum(j, "weight", "model check"));
     check_rate_headers(r, j, ROOMY, NULL, "model allow");
     assert_true(NEAR(used_in(s, "weekly"), 3));
     /* light: 1 + 2000/1000*0.25 + 1000/1000*1 = 2.5 */
     r = req("POST", "/v1/check", SERVICE,
-            fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+            tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
                 "\"light\",\"input_tokens\":2000,\"max_output_tokens\":1000}",
-                s, uid("r")));
+                s, tst_uid("r")));
     WANT(r, 200, "light check");
-    if (!NEAR(jnum(jparse(r, "light"), "weight", "light"), 2.5))
-        fail_msg("light 2000 in / 1000 out weighs 2.5: %s", excerpt(r));
+    if (!NEAR(tst_jnum(tst_jparse(r, "light"), "weight", "light"), 2.5))
+        fail_msg("light 2000 in / 1000 out weighs 2.5: %s", tst_excerpt(r));
     r = req("POST", "/v1/check", SERVICE,
-            fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+            tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
                 "\"gpt-nope\",\"input_tokens\":10,\"max_output_tokens\":10}",
-                s, uid("r")));
+                s, tst_uid("r")));
     WANT_ERR(r, 400, "unknown_model", "check with an unknown model");
     assert_true(NEAR(used_in(s, "weekly"), 5.5));
 }
 
 static void test_check_replay(void **state)
 {
-    const char *s = new_subject("roomy", NULL), *rid = uid("r");
+    const char *s = new_subject("roomy", NULL), *rid = tst_uid("r");
     http_resp *r;
     json_t *j;
     (void)state;
     WANT(check_w(s, rid, 4), 200, "first check");
     r = check_w(s, rid, 4);
     WANT(r, 200, "repeated request_id");
-    j = jparse(r, "replay");
-    assert_string_equal(jstr(j, "decision", "replay"), "allow");
-    if (!jbool(j, "replayed", "replay"))
-        fail_msg("repeated request_id not replayed: %s", excerpt(r));
-    assert_string_equal(jstr(j, "request_id", "replay"), rid);
+    j = tst_jparse(r, "replay");
+    assert_string_equal(tst_jstr(j, "decision", "replay"), "allow");
+    if (!tst_jbool(j, "replayed", "replay"))
+        fail_msg("repeated request_id not replayed: %s", tst_excerpt(r));
+    assert_string_equal(tst_jstr(j, "request_id", "replay"), rid);
     assert_true(NEAR(used_in(s, "burst_5h"), 4));
     /* a repeat with another weight still answers the original */
     r = check_w(s, rid, 9);
     WANT(r, 200, "repeated request_id, other weight");
-    assert_true(jbool(jparse(r, "replay"), "replayed", "replay"));
+    assert_true(tst_jbool(tst_jparse(r, "replay"), "replayed", "replay"));
     assert_true(NEAR(used_in(s, "burst_5h"), 4));
 }
 
@@ -844,39 +743,39 @@ static void test_reject_rate_retryable(void **state)
     long long ms;
     (void)state;
     for (int i = 0; i < 30; i++) {
-        r = check_w(s, uid("r"), 1);
+        r = check_w(s, tst_uid("r"), 1);
         if (r->status != 200)
             break;
-        check_rate_headers(r, jparse(r, "allow"), BASIC, NULL,
-                           fmt("allow #%d (basic)", i + 1));
+        check_rate_headers(r, tst_jparse(r, "allow"), BASIC, NULL,
+                           tst_fmt("allow #%d (basic)", i + 1));
         admitted++;
     }
     e = WANT_ERR(r, 429, "quota_exceeded", "check past rpm");
-    j = jparse(r, "reject");
-    assert_string_equal(jstr(j, "decision", "reject"), "reject");
-    if (strcmp(jstr(e, "window", "reject"), "rpm") != 0)
+    j = tst_jparse(r, "reject");
+    assert_string_equal(tst_jstr(j, "decision", "reject"), "reject");
+    if (strcmp(tst_jstr(e, "window", "reject"), "rpm") != 0)
         fail_msg("refusal after %d requests names window %s, expected rpm",
-                 admitted, jstr(e, "window", "reject"));
+                 admitted, tst_jstr(e, "window", "reject"));
     if (admitted < 1 || admitted > 20)
         fail_msg("%d requests admitted by a 20/min rate", admitted);
     if (!json_is_array(json_object_get(j, "recovers")) ||
         json_array_size(json_object_get(j, "recovers")) == 0)
-        fail_msg("refusal without recovers: %s", excerpt(r));
+        fail_msg("refusal without recovers: %s", tst_excerpt(r));
     if (!json_mentions(json_object_get(j, "recovers"), "rpm"))
-        fail_msg("recovers does not mention rpm: %s", excerpt(r));
+        fail_msg("recovers does not mention rpm: %s", tst_excerpt(r));
     check_retry_headers(r, j, "rpm refusal");
-    if (jnum(j, "retry_after_s", "rpm") > 60)
-        fail_msg("rpm retry_after_s %g > 60", jnum(j, "retry_after_s", "r"));
+    if (tst_jnum(j, "retry_after_s", "rpm") > 60)
+        fail_msg("rpm retry_after_s %g > 60", tst_jnum(j, "retry_after_s", "r"));
     check_rate_headers(r, j, BASIC, NULL, "rpm refusal");
-    if (json_object_get(j, "retryable") && !jbool(j, "retryable", "rpm"))
+    if (json_object_get(j, "retryable") && !tst_jbool(j, "retryable", "rpm"))
         fail_msg("a retryable refusal says retryable false");
     /* nothing was charged by the refusal */
     assert_true(NEAR(used_in(s, "burst_5h"), admitted));
     /* a retry at retry_after succeeds (PRODUCT.md section 3) */
     ms = hdr_int(r, "retry-after-ms", "rpm");
-    sleep_ms((int)ms + 20);
-    r = check_w(s, uid("r"), 1);
-    WANT(r, 200, fmt("retry %lld ms after an rpm refusal", ms));
+    tst_sleep_ms((int)ms + 20);
+    r = check_w(s, tst_uid("r"), 1);
+    WANT(r, 200, tst_fmt("retry %lld ms after an rpm refusal", ms));
 }
 
 static void test_reject_burst_long(void **state)
@@ -886,22 +785,22 @@ static void test_reject_burst_long(void **state)
     json_t *j, *e, *bw;
     double ra;
     (void)state;
-    WANT(check_w(s, uid("r"), 50), 200, "check 50 of a 50 burst");
-    r = check_w(s, uid("r"), 1);
+    WANT(check_w(s, tst_uid("r"), 50), 200, "check 50 of a 50 burst");
+    r = check_w(s, tst_uid("r"), 1);
     e = WANT_ERR(r, 429, "quota_exceeded", "check past burst_5h");
-    j = jparse(r, "reject");
-    assert_string_equal(jstr(e, "window", "reject"), "burst_5h");
-    ra = jnum(j, "retry_after_s", "reject");
+    j = tst_jparse(r, "reject");
+    assert_string_equal(tst_jstr(e, "window", "reject"), "burst_5h");
+    ra = tst_jnum(j, "retry_after_s", "reject");
     if (ra < 17900 || ra > 18000)
         fail_msg("burst_5h refusal retry_after_s %g, expected about 18000",
                  ra);
     check_retry_headers(r, j, "burst refusal");
     check_rate_headers(r, j, BASIC, NULL, "burst refusal");
     bw = find_window(json_object_get(j, "windows"), "burst_5h");
-    assert_true(NEAR(jnum(bw, "used", "burst"), 50));
-    assert_true(NEAR(jnum(bw, "remaining", "burst"), 0));
+    assert_true(NEAR(tst_jnum(bw, "used", "burst"), 50));
+    assert_true(NEAR(tst_jnum(bw, "remaining", "burst"), 0));
     if (!json_mentions(json_object_get(j, "recovers"), "burst_5h"))
-        fail_msg("recovers does not mention burst_5h: %s", excerpt(r));
+        fail_msg("recovers does not mention burst_5h: %s", tst_excerpt(r));
     assert_true(NEAR(used_in(s, "burst_5h"), 50));
 }
 
@@ -912,11 +811,11 @@ static void test_reject_never(void **state)
     json_t *j;
     const char *sr;
     (void)state;
-    r = check_w(s, uid("r"), 51);
+    r = check_w(s, tst_uid("r"), 51);
     WANT_ERR(r, 429, "request_too_large_for_plan", "weight 51 > limit 50");
-    j = jparse(r, "never");
-    if (jbool(j, "retryable", "never"))
-        fail_msg("too large for the plan but retryable: %s", excerpt(r));
+    j = tst_jparse(r, "never");
+    if (tst_jbool(j, "retryable", "never"))
+        fail_msg("too large for the plan but retryable: %s", tst_excerpt(r));
     if (http_resp_header(r, "Retry-After"))
         fail_msg("not-retryable refusal carries Retry-After: %s",
                  http_resp_header(r, "Retry-After"));
@@ -931,61 +830,61 @@ static void test_reject_never(void **state)
 static void test_settle(void **state)
 {
     const char *s = new_subject("roomy", NULL);
-    const char *a = uid("r"), *b = uid("r"), *c = uid("r"), *d = uid("r");
+    const char *a = tst_uid("r"), *b = tst_uid("r"), *c = tst_uid("r"), *d = tst_uid("r");
     http_resp *r;
     json_t *j;
     (void)state;
     WANT(check_w(s, a, 5), 200, "check 5");
     r = settle_w(a, 3, "completed");
     WANT(r, 200, "settle 3 of 5");
-    j = jparse(r, "settle");
-    assert_string_equal(jstr(j, "request_id", "settle"), a);
-    assert_string_equal(jstr(j, "status", "settle"), "completed");
-    if (!NEAR(jnum(j, "reserved", "settle"), 5) ||
-        !NEAR(jnum(j, "actual", "settle"), 3) ||
-        !NEAR(jnum(j, "charged", "settle"), 3))
-        fail_msg("settle 3 of 5: %s", excerpt(r));
-    assert_false(jbool(j, "late", "settle"));
-    assert_false(jbool(j, "replayed", "settle"));
+    j = tst_jparse(r, "settle");
+    assert_string_equal(tst_jstr(j, "request_id", "settle"), a);
+    assert_string_equal(tst_jstr(j, "status", "settle"), "completed");
+    if (!NEAR(tst_jnum(j, "reserved", "settle"), 5) ||
+        !NEAR(tst_jnum(j, "actual", "settle"), 3) ||
+        !NEAR(tst_jnum(j, "charged", "settle"), 3))
+        fail_msg("settle 3 of 5: %s", tst_excerpt(r));
+    assert_false(tst_jbool(j, "late", "settle"));
+    assert_false(tst_jbool(j, "replayed", "settle"));
     assert_true(NEAR(used_in(s, "burst_5h"), 3));
     /* settling again: the original result, nothing charged */
     r = settle_w(a, 4, "completed");
     WANT(r, 200, "settle again");
-    j = jparse(r, "settle again");
-    if (!jbool(j, "replayed", "settle again"))
-        fail_msg("second settle not replayed: %s", excerpt(r));
-    assert_true(NEAR(jnum(j, "charged", "settle again"), 3));
+    j = tst_jparse(r, "settle again");
+    if (!tst_jbool(j, "replayed", "settle again"))
+        fail_msg("second settle not replayed: %s", tst_excerpt(r));
+    assert_true(NEAR(tst_jnum(j, "charged", "settle again"), 3));
     assert_true(NEAR(used_in(s, "burst_5h"), 3));
     /* model: reserve 3 (1000 in, 200 out), completed with 100 out = 2.5 */
     WANT(req("POST", "/v1/check", SERVICE,
-             fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+             tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
                  "\"standard\",\"input_tokens\":1000,\"max_output_tokens\":200}",
                  s, b)), 200, "model check");
     r = req("POST", "/v1/settle", SERVICE,
-            fmt("{\"request_id\":\"%s\",\"input_tokens\":1000,"
+            tst_fmt("{\"request_id\":\"%s\",\"input_tokens\":1000,"
                 "\"output_tokens\":100,\"status\":\"completed\"}", b));
     WANT(r, 200, "model settle");
-    j = jparse(r, "model settle");
-    if (!NEAR(jnum(j, "reserved", "ms"), 3) ||
-        !NEAR(jnum(j, "actual", "ms"), 2.5) ||
-        !NEAR(jnum(j, "charged", "ms"), 2.5))
-        fail_msg("model settle 1000 in / 100 out: %s", excerpt(r));
+    j = tst_jparse(r, "model settle");
+    if (!NEAR(tst_jnum(j, "reserved", "ms"), 3) ||
+        !NEAR(tst_jnum(j, "actual", "ms"), 2.5) ||
+        !NEAR(tst_jnum(j, "charged", "ms"), 2.5))
+        fail_msg("model settle 1000 in / 100 out: %s", tst_excerpt(r));
     assert_true(NEAR(used_in(s, "burst_5h"), 5.5));
     /* cancelled with partial usage counts what was produced */
     WANT(check_w(s, c, 4), 200, "check 4");
     r = settle_w(c, 1, "cancelled");
     WANT(r, 200, "cancelled settle");
-    j = jparse(r, "cancelled");
-    assert_string_equal(jstr(j, "status", "cancelled"), "cancelled");
-    assert_true(NEAR(jnum(j, "charged", "cancelled"), 1));
+    j = tst_jparse(r, "cancelled");
+    assert_string_equal(tst_jstr(j, "status", "cancelled"), "cancelled");
+    assert_true(NEAR(tst_jnum(j, "charged", "cancelled"), 1));
     assert_true(NEAR(used_in(s, "burst_5h"), 6.5));
     WANT(check_w(s, d, 2), 200, "check 2");
     r = settle_w(d, 2, "failed");
     WANT(r, 200, "failed settle");
-    assert_string_equal(jstr(jparse(r, "failed"), "status", "failed"),
+    assert_string_equal(tst_jstr(tst_jparse(r, "failed"), "status", "failed"),
                         "failed");
     /* errors */
-    WANT_ERR(settle_w(uid("never-checked"), 1, "completed"), 404,
+    WANT_ERR(settle_w(tst_uid("never-checked"), 1, "completed"), 404,
              "unknown_request", "settle of an unknown request id");
     WANT_ERR(settle_w(a, 1, "done"), 400, "invalid_request",
              "settle with status \"done\"");
@@ -993,8 +892,8 @@ static void test_settle(void **state)
                  "{\"weight\":1,\"status\":\"completed\"}"), 400,
              "invalid_request", "settle without request_id");
     WANT_ERR(req("POST", "/v1/settle", SERVICE,
-                 fmt("{\"request_id\":\"%s\",\"weight\":\"x\","
-                     "\"status\":\"completed\"}", uid("r"))), 400,
+                 tst_fmt("{\"request_id\":\"%s\",\"weight\":\"x\","
+                     "\"status\":\"completed\"}", tst_uid("r"))), 400,
              "invalid_request", "settle with a string weight");
 }
 
@@ -1005,52 +904,52 @@ static void test_usage_and_keys(void **state)
     json_t *j;
     const char *key, *kid;
     (void)state;
-    WANT(check_w(s, uid("r"), 7), 200, "check 7");
+    WANT(check_w(s, tst_uid("r"), 7), 200, "check 7");
     /* admin reads anyone's */
     j = usage_of(s);
-    assert_string_equal(jstr(j, "plan", "usage"), "basic");
+    assert_string_equal(tst_jstr(j, "plan", "usage"), "basic");
     {
         json_t *bw = find_window(json_object_get(j, "windows"), "burst_5h");
         assert_non_null(bw);
-        assert_true(NEAR(jnum(bw, "used", "u"), 7));
-        assert_true(NEAR(jnum(bw, "limit", "u"), 50));
-        assert_true(NEAR(jnum(bw, "remaining", "u"), 43));
+        assert_true(NEAR(tst_jnum(bw, "used", "u"), 7));
+        assert_true(NEAR(tst_jnum(bw, "limit", "u"), 50));
+        assert_true(NEAR(tst_jnum(bw, "remaining", "u"), 43));
         assert_non_null(json_object_get(bw, "reset_at"));
     }
-    WANT_ERR(req("GET", fmt("/v1/usage/%s", uid("nobody")), ADMIN, NULL), 404,
+    WANT_ERR(req("GET", tst_fmt("/v1/usage/%s", tst_uid("nobody")), ADMIN, NULL), 404,
              "unknown_subject", "usage of an unknown subject");
     /* a subject key */
-    r = req("POST", "/v1/admin/keys", ADMIN, fmt("{\"subject\":\"%s\"}", s));
+    r = req("POST", "/v1/admin/keys", ADMIN, tst_fmt("{\"subject\":\"%s\"}", s));
     if (r->status != 200 && r->status != 201)
-        fail_msg("POST /v1/admin/keys: %d %s", r->status, excerpt(r));
-    j = jparse(r, "keys");
-    key = jstr(j, "key", "keys");
-    kid = jstr(j, "id", "keys");
+        fail_msg("POST /v1/admin/keys: %d %s", r->status, tst_excerpt(r));
+    j = tst_jparse(r, "keys");
+    key = tst_jstr(j, "key", "keys");
+    kid = tst_jstr(j, "id", "keys");
     if (strlen(key) < 16)
         fail_msg("a new key of %zu characters", strlen(key));
     if (!*kid)
         fail_msg("empty key id");
     r = req("GET", "/v1/usage", key, NULL);
     WANT(r, 200, "GET /v1/usage with the subject's key");
-    j = jparse(r, "own usage");
-    assert_string_equal(jstr(j, "subject", "own"), s);
-    assert_string_equal(jstr(j, "plan", "own"), "basic");
-    assert_true(NEAR(jnum(find_window(json_object_get(j, "windows"),
+    j = tst_jparse(r, "own usage");
+    assert_string_equal(tst_jstr(j, "subject", "own"), s);
+    assert_string_equal(tst_jstr(j, "plan", "own"), "basic");
+    assert_true(NEAR(tst_jnum(find_window(json_object_get(j, "windows"),
                                       "burst_5h"), "used", "own"), 7));
     r = req_on(&C, "GET", "/v1/usage", "x-api-key", key, NULL);
     WANT(r, 200, "GET /v1/usage with x-api-key");
     /* not another's */
-    WANT_ERR(req("GET", fmt("/v1/usage/%s", t), key, NULL), 403, "forbidden",
+    WANT_ERR(req("GET", tst_fmt("/v1/usage/%s", t), key, NULL), 403, "forbidden",
              "subject key reading another subject's usage");
     /* a subject key is neither the service key nor the admin key */
     r = req("POST", "/v1/check", key,
-            fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}", s,
-                uid("r")));
+            tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":1}", s,
+                tst_uid("r")));
     if (r->status != 401 && r->status != 403)
         fail_msg("subject key on /v1/check: %d, expected 401/403",
                  r->status);
     r = req("POST", "/v1/admin/subjects", key,
-            fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", s));
+            tst_fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", s));
     if (r->status != 401 && r->status != 403)
         fail_msg("subject key on /v1/admin/subjects: %d, expected 401/403",
                  r->status);
@@ -1061,7 +960,7 @@ static void test_usage_and_keys(void **state)
                  r->status);
     /* keys for unknown subjects are refused */
     WANT_ERR(req("POST", "/v1/admin/keys", ADMIN,
-                 fmt("{\"subject\":\"%s\"}", uid("nobody"))), 404,
+                 tst_fmt("{\"subject\":\"%s\"}", tst_uid("nobody"))), 404,
              "unknown_subject", "key for an unknown subject");
     WANT_ERR(req("POST", "/v1/admin/keys", ADMIN, "{}"), 400,
              "invalid_request", "key without subject");
@@ -1069,47 +968,47 @@ static void test_usage_and_keys(void **state)
 
 static void test_admin_subjects(void **state)
 {
-    const char *s = uid("adm");
+    const char *s = tst_uid("adm");
     http_resp *r;
     (void)state;
     r = req("POST", "/v1/admin/subjects", ADMIN,
-            fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"org\":\"acme\","
+            tst_fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"org\":\"acme\","
                 "\"billing_anchor\":\"2026-01-31T09:00:00Z\"}", s));
     if (r->status != 200 && r->status != 201)
-        fail_msg("create subject: %d %s", r->status, excerpt(r));
-    assert_string_equal(jstr(usage_of(s), "plan", "usage"), "basic");
+        fail_msg("create subject: %d %s", r->status, tst_excerpt(r));
+    assert_string_equal(tst_jstr(usage_of(s), "plan", "usage"), "basic");
     if (!find_window(json_object_get(usage_of(s), "windows"), "org_monthly"))
         fail_msg("subject in org acme has no org_monthly window");
     /* update */
     r = req("POST", "/v1/admin/subjects", ADMIN,
-            fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", s));
+            tst_fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", s));
     if (r->status != 200 && r->status != 201)
-        fail_msg("update subject: %d %s", r->status, excerpt(r));
-    assert_string_equal(jstr(usage_of(s), "plan", "usage"), "roomy");
-    WANT(check_w(s, uid("r"), 60), 200, "check 60 on roomy after update");
+        fail_msg("update subject: %d %s", r->status, tst_excerpt(r));
+    assert_string_equal(tst_jstr(usage_of(s), "plan", "usage"), "roomy");
+    WANT(check_w(s, tst_uid("r"), 60), 200, "check 60 on roomy after update");
     /* errors */
     r = req("POST", "/v1/admin/subjects", ADMIN,
-            fmt("{\"subject\":\"%s\",\"plan\":\"platinum\"}", uid("adm")));
+            tst_fmt("{\"subject\":\"%s\",\"plan\":\"platinum\"}", tst_uid("adm")));
     WANT_ERR(r, 400, NULL, "subject with an unknown plan");
     if (!strstr(r->body, "platinum"))
-        fail_msg("unknown plan error does not name it: %s", excerpt(r));
+        fail_msg("unknown plan error does not name it: %s", tst_excerpt(r));
     WANT_ERR(req("POST", "/v1/admin/subjects", ADMIN,
-                 fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"org\":"
-                     "\"nosuchorg\"}", uid("adm"))), 400, NULL,
+                 tst_fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"org\":"
+                     "\"nosuchorg\"}", tst_uid("adm"))), 400, NULL,
              "subject with an unknown org");
     WANT_ERR(req("POST", "/v1/admin/subjects", ADMIN, "{\"plan\":\"basic\"}"),
              400, "invalid_request", "subject without a name");
     WANT_ERR(req("POST", "/v1/admin/subjects", ADMIN,
-                 fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"billing_anchor"
-                     "\":\"yesterday\"}", uid("adm"))), 400,
+                 tst_fmt("{\"subject\":\"%s\",\"plan\":\"basic\",\"billing_anchor"
+                     "\":\"yesterday\"}", tst_uid("adm"))), 400,
              "invalid_request", "subject with a bad billing_anchor");
 }
 
 static void test_auth(void **state)
 {
     const char *s = new_subject("roomy", NULL);
-    const char *body = fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
-                           "\"weight\":1}", s, uid("r"));
+    const char *body = tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                           "\"weight\":1}", s, tst_uid("r"));
     const char *protected_[][3] = {
         { "POST", "/v1/check", "service" },
         { "POST", "/v1/settle", "service" },
@@ -1125,19 +1024,19 @@ static void test_auth(void **state)
         const char *m = protected_[i][0], *p = protected_[i][1];
         const char *b = !strcmp(m, "POST") ? body : NULL;
         WANT_ERR(req(m, p, NULL, b), 401, "unauthorized",
-                 fmt("%s %s without a key", m, p));
+                 tst_fmt("%s %s without a key", m, p));
         WANT_ERR(req(m, p, "not-a-key-at-all", b), 401, "unauthorized",
-                 fmt("%s %s with a wrong key", m, p));
+                 tst_fmt("%s %s with a wrong key", m, p));
         WANT_ERR(req_on(&C, m, p, "x-api-key", "qgk_wrong_0000000000", b),
-                 401, "unauthorized", fmt("%s %s with a wrong x-api-key", m, p));
+                 401, "unauthorized", tst_fmt("%s %s with a wrong x-api-key", m, p));
         {   /* a malformed Authorization header */
             const char *h[] = { "Authorization: Basic Zm9vOmJhcg==",
                                 "Content-Type: application/json", NULL };
-            http_resp *rr = gc_add(GC_RESP, calloc(1, sizeof *rr));
+            http_resp *rr = tst_gc_add(GC_RESP, calloc(1, sizeof *rr));
             if (httpc_request(&C, m, p, h, b, b ? strlen(b) : 0, rr) < 0)
                 fail_msg("%s %s: %s", m, p, C.err);
             WANT_ERR(rr, 401, "unauthorized",
-                     fmt("%s %s with Basic auth", m, p));
+                     tst_fmt("%s %s with Basic auth", m, p));
         }
     }
     /* the service key is not the admin key, nor the reverse */
@@ -1170,12 +1069,12 @@ static void test_revoked_key(void **state)
                       "endpoint\n", rc);
         skip();
     }
-    r = req("POST", "/v1/admin/keys", ADMIN, fmt("{\"subject\":\"%s\"}", s));
+    r = req("POST", "/v1/admin/keys", ADMIN, tst_fmt("{\"subject\":\"%s\"}", s));
     if (r->status != 200 && r->status != 201)
-        fail_msg("POST /v1/admin/keys: %d %s", r->status, excerpt(r));
-    j = jparse(r, "keys");
-    key = jstr(j, "key", "keys");
-    kid = jstr(j, "id", "keys");
+        fail_msg("POST /v1/admin/keys: %d %s", r->status, tst_excerpt(r));
+    j = tst_jparse(r, "keys");
+    key = tst_jstr(j, "key", "keys");
+    kid = tst_jstr(j, "id", "keys");
     WANT(req("GET", "/v1/usage", key, NULL), 200, "usage with a new key");
     revoke[0] = "keys";
     revoke[1] = "revoke";
@@ -1185,7 +1084,7 @@ static void test_revoked_key(void **state)
     revoke[5] = NULL;
     rc = qg_run_cli(revoke, 20000, &out, &err);
     if (rc != 0) {
-        char *o = fmt("%s", out ? out : ""), *e = fmt("%s", err ? err : "");
+        char *o = tst_fmt("%s", out ? out : ""), *e = tst_fmt("%s", err ? err : "");
         free(out);
         free(err);
         fail_msg("`quotagate keys revoke %s --data %s` (server running) "
@@ -1200,10 +1099,10 @@ static void test_revoked_key(void **state)
         r = req("GET", "/v1/usage", key, NULL);
         if (r->status != 200 || qg_now_ms() - t0 > 5000)
             break;
-        sleep_ms(100);
+        tst_sleep_ms(100);
     }
     WANT_ERR(r, 401, "unauthorized",
-             fmt("a key revoked %lld ms ago", qg_now_ms() - t0));
+             tst_fmt("a key revoked %lld ms ago", qg_now_ms() - t0));
 }
 
 static void test_bad_requests(void **state)
@@ -1244,13 +1143,13 @@ static void test_bad_requests(void **state)
         const char *t = bad[i][0];
         char *b;
         if (strstr(t, "%s") && strstr(strstr(t, "%s") + 2, "%s"))
-            b = fmt(t, s, uid("r"));
+            b = tst_fmt(t, s, tst_uid("r"));
         else if (strstr(t, "%s"))
-            b = fmt(t, strstr(t, "\"subject\":\"%s") ? s : uid("r"));
+            b = tst_fmt(t, strstr(t, "\"subject\":\"%s") ? s : tst_uid("r"));
         else
-            b = fmt("%s", t);
+            b = tst_fmt("%s", t);
         r = req("POST", "/v1/check", SERVICE, b);
-        WANT_ERR(r, 400, "invalid_request", fmt("check with %s", bad[i][1]));
+        WANT_ERR(r, 400, "invalid_request", tst_fmt("check with %s", bad[i][1]));
     }
     /* request id longer than 255 bytes */
     {
@@ -1261,7 +1160,7 @@ static void test_bad_requests(void **state)
                  "check with a 299-byte request_id");
     }
     /* unknown subject (no default plan in these rules) */
-    WANT_ERR(check_w(uid("nobody"), uid("r"), 1), 404, "unknown_subject",
+    WANT_ERR(check_w(tst_uid("nobody"), tst_uid("r"), 1), 404, "unknown_subject",
              "check for an unknown subject");
     /* nothing was charged by any of it */
     assert_true(NEAR(used_in(s, "burst_5h"), 0));
@@ -1327,7 +1226,7 @@ static http_resp *send_until_answer(httpc *k, const char *head,
 {
     char piece[65536 + 32];
     size_t sent = 0;
-    http_resp *r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     k->timeout_ms = 10000;
     if (httpc_send_raw(k, head, strlen(head)) != (long)strlen(head))
         fail_msg("sending the head: %s", k->err);
@@ -1364,10 +1263,10 @@ static void test_body_too_large(void **state)
     /* a big body under the limit is served: 1,000,000 bytes of JSON */
     {
         const char *s = new_subject("roomy", NULL);
-        const char *core = fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
-                               "\"weight\":1", s, uid("r"));
+        const char *core = tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                               "\"weight\":1", s, tst_uid("r"));
         size_t total = 1000000, cl = strlen(core);
-        char *b = gc_add(GC_MEM, malloc(total + 1));
+        char *b = tst_gc_add(GC_MEM, malloc(total + 1));
         memcpy(b, core, cl);
         memset(b + cl, ' ', total - cl - 1);
         b[total - 1] = '}';
@@ -1376,7 +1275,7 @@ static void test_body_too_large(void **state)
         WANT(r, 200, "check with a 1,000,000-byte body (under 1 MiB)");
     }
     httpc_init(&k, qgproc_port(&P));
-    head = fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+    head = tst_fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
                "\r\nContent-Type: application/json\r\nContent-Length: %d"
                "\r\n\r\n", SERVICE, 2 * 1024 * 1024);
     r = send_until_answer(&k, head, 2 * 1024 * 1024, 0);
@@ -1384,7 +1283,7 @@ static void test_body_too_large(void **state)
     WANT_ERR(r, 413, "request_too_large", "2 MiB body (Content-Length)");
 
     httpc_init(&k, qgproc_port(&P));
-    head = fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+    head = tst_fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
                "\r\nContent-Type: application/json\r\n"
                "Transfer-Encoding: chunked\r\n\r\n", SERVICE);
     r = send_until_answer(&k, head, 2 * 1024 * 1024, 1);
@@ -1392,7 +1291,7 @@ static void test_body_too_large(void **state)
     WANT_ERR(r, 413, "request_too_large", "2 MiB body (chunked)");
 
     httpc_init(&k, qgproc_port(&P));
-    head = fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+    head = tst_fmt("POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
                "\r\nContent-Length: %d\r\n\r\n", SERVICE, 1024 * 1024 + 1);
     r = send_until_answer(&k, head, 1024 * 1024 + 1, 0);
     httpc_close(&k);
@@ -1409,20 +1308,20 @@ static void test_headers_too_large(void **state)
     (void)state;
     /* an 8 KiB header is fine */
     {
-        char *v = gc_add(GC_MEM, malloc(8 * 1024 + 32));
+        char *v = tst_gc_add(GC_MEM, malloc(8 * 1024 + 32));
         const char *h[2];
         memcpy(v, "X-Filler: ", 10);
         memset(v + 10, 'f', 8 * 1024);
         v[10 + 8 * 1024] = '\0';
         h[0] = v;
         h[1] = NULL;
-        r = gc_add(GC_RESP, calloc(1, sizeof *r));
+        r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
         if (httpc_request(&C, "GET", "/healthz", h, NULL, 0, r) < 0)
             fail_msg("8 KiB header: %s", C.err);
         WANT(r, 200, "healthz with an 8 KiB header");
     }
     /* one huge header */
-    big = gc_add(GC_MEM, malloc(n + 256));
+    big = tst_gc_add(GC_MEM, malloc(n + 256));
     n = (size_t)sprintf(big, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ");
     memset(big + n, 'b', 64 * 1024);
     n += 64 * 1024;
@@ -1434,7 +1333,7 @@ static void test_headers_too_large(void **state)
     /* many small headers */
     {
         size_t cap = 4000 * 24 + 256, len = 0;
-        char *m = gc_add(GC_MEM, malloc(cap));
+        char *m = tst_gc_add(GC_MEM, malloc(cap));
         len += (size_t)sprintf(m, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
         for (int i = 0; i < 4000; i++)
             len += (size_t)sprintf(m + len, "X-H%d: v\r\n", i);
@@ -1464,9 +1363,9 @@ static void test_header_timeout(void **state)
     t0 = qg_now_ms();
     if (httpc_send_raw(&k, part, strlen(part)) != (long)strlen(part))
         fail_msg("send: %s", k.err);
-    r = gc_add(GC_RESP, calloc(1, sizeof *r));
+    r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
     if (httpc_read_response(&k, 0, r) < 0) {
-        char *e = fmt("%s", k.err);
+        char *e = tst_fmt("%s", k.err);
         httpc_close(&k);
         qgproc_cleanup(&p);
         fail_msg("unfinished headers with --header-timeout 500: no 408 "
@@ -1500,10 +1399,10 @@ static void test_header_timeout(void **state)
                 break;
             i++;
         }
-        r = gc_add(GC_RESP, calloc(1, sizeof *r));
+        r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
         k.timeout_ms = 1000;
         if (httpc_read_response(&k, 0, r) < 0) {
-            char *e = fmt("%s", k.err);
+            char *e = tst_fmt("%s", k.err);
             httpc_close(&k);
             qgproc_cleanup(&p);
             fail_msg("trickling client (a byte per 100 ms, %zu sent, answered "
@@ -1555,7 +1454,7 @@ static int run_stdin(const char *const *argv, const char *input, size_t len,
     assert_int_equal(waitpid(pid, &st, 0), pid);
     {
         off_t n = lseek(ofd, 0, SEEK_END);
-        char *b = gc_add(GC_MEM, malloc((size_t)n + 1));
+        char *b = tst_gc_add(GC_MEM, malloc((size_t)n + 1));
         lseek(ofd, 0, SEEK_SET);
         n = read(ofd, b, (size_t)n);
         b[n < 0 ? 0 : n] = '\0';
@@ -1573,10 +1472,10 @@ static void test_metrics(void **state)
     const char *ct;
     (void)state;
     /* some activity first: allows, a refusal, a settle, an error */
-    const char *rid = uid("m");
+    const char *rid = tst_uid("m");
     WANT(check_w(s, rid, 1), 200, "check");
     WANT(settle_w(rid, 1, "completed"), 200, "settle");
-    check_w(s, uid("r"), 60);
+    check_w(s, tst_uid("r"), 60);
     req("GET", "/v1/nope", NULL, NULL);
     r = req("GET", "/metrics", NULL, NULL);
     WANT(r, 200, "GET /metrics");
@@ -1585,16 +1484,16 @@ static void test_metrics(void **state)
         fail_msg("/metrics Content-Type %s, expected text/plain",
                  ct ? ct : "(none)");
     if (!strstr(r->body, "# TYPE ") || !strstr(r->body, "# HELP "))
-        fail_msg("/metrics without # HELP / # TYPE lines: %s", excerpt(r));
+        fail_msg("/metrics without # HELP / # TYPE lines: %s", tst_excerpt(r));
     if (!strstr(r->body, "\nquotagate_") && strncmp(r->body, "quotagate_", 10))
-        fail_msg("/metrics has no quotagate_ samples: %s", excerpt(r));
+        fail_msg("/metrics has no quotagate_ samples: %s", tst_excerpt(r));
     if (access("/usr/bin/promtool", X_OK) == 0) {
         const char *argv[] = { "/usr/bin/promtool", "check", "metrics", NULL };
         char *out;
         int rc = run_stdin(argv, r->body, r->body_len, &out);
         if (rc != 0)
             fail_msg("promtool check metrics exit %d:\n%s\n--- metrics ---\n%s",
-                     rc, out, fmt("%.3000s", r->body));
+                     rc, out, tst_fmt("%.3000s", r->body));
     } else {
         print_message("promtool not installed: /metrics not linted\n");
     }
@@ -1607,10 +1506,10 @@ static const char *rules_variant(const char *extra_plans, const char *version)
     const char *o = strstr(orig, "\norgs:\n"), *v;
     char *out;
     assert_non_null(o);
-    out = fmt("%.*s\n%s%s", (int)(o - orig), orig, extra_plans, o + 1);
+    out = tst_fmt("%.*s\n%s%s", (int)(o - orig), orig, extra_plans, o + 1);
     v = strstr(out, "version: \"srv-1\"");
     assert_non_null(v);
-    return fmt("%.*sversion: \"%s\"%s", (int)(v - out), out, version,
+    return tst_fmt("%.*sversion: \"%s\"%s", (int)(v - out), out, version,
                v + strlen("version: \"srv-1\""));
 }
 
@@ -1618,7 +1517,7 @@ static int plans_mention(const char *what)
 {
     http_resp *r = req("GET", "/v1/plans", NULL, NULL);
     WANT(r, 200, "GET /v1/plans");
-    return json_mentions(jparse(r, "plans"), what);
+    return json_mentions(tst_jparse(r, "plans"), what);
 }
 
 static void test_reload(void **state)
@@ -1641,20 +1540,20 @@ static void test_reload(void **state)
     json_t *e;
     long long t0;
     (void)state;
-    rules = fmt("%s", rules);
+    rules = tst_fmt("%s", rules);
     s = new_subject("roomy", NULL);
     /* a broken file: 400 naming file:line, old rules keep serving */
     assert_int_equal(qgproc_copy_file(td("server/rules_broken.yaml"), rules),
                      0);
     r = req("POST", "/v1/admin/reload", ADMIN, NULL);
     e = WANT_ERR(r, 400, NULL, "reload of a broken rules file");
-    msg = jstr(e, "message", "reload");
+    msg = tst_jstr(e, "message", "reload");
     if (!strstr(msg, "rules.yaml:22"))
         fail_msg("reload error does not name rules.yaml:22 (the unknown key "
                  "bogus_key): %s", msg);
     if (!plans_mention("srv-1") || !plans_mention("basic"))
         fail_msg("after a failed reload the old rules are not served");
-    WANT(check_w(s, uid("r"), 1), 200, "check after a failed reload");
+    WANT(check_w(s, tst_uid("r"), 1), 200, "check after a failed reload");
     /* a good file: 200, new plan served */
     assert_int_equal(qgproc_write_file(rules, rules_variant(gold, "srv-2")),
                      0);
@@ -1664,16 +1563,16 @@ static void test_reload(void **state)
         fail_msg("after reload GET /v1/plans lacks plan gold / srv-2");
     {
         const char *g = new_subject("gold", NULL);
-        r = check_w(g, uid("r"), 78);
+        r = check_w(g, tst_uid("r"), 78);
         WANT_ERR(r, 429, "request_too_large_for_plan",
                  "weight 78 on gold (limit 77)");
-        WANT(check_w(g, uid("r"), 77), 200, "weight 77 on gold");
+        WANT(check_w(g, tst_uid("r"), 77), 200, "weight 77 on gold");
         /* put it back on a plan every later file has */
         r = req("POST", "/v1/admin/subjects", ADMIN,
-                fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", g));
+                tst_fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", g));
         if (r->status != 200 && r->status != 201)
             fail_msg("moving %s back to roomy: %d %s", g, r->status,
-                     excerpt(r));
+                     tst_excerpt(r));
     }
     /* SIGHUP: reload of the file, no HTTP */
     assert_int_equal(qgproc_write_file(rules, rules_variant(plat, "srv-3")),
@@ -1681,19 +1580,19 @@ static void test_reload(void **state)
     assert_int_equal(qgproc_signal(&P, SIGHUP), 0);
     t0 = qg_now_ms();
     while (!plans_mention("platinum") && qg_now_ms() - t0 < 10000)
-        sleep_ms(50);
+        tst_sleep_ms(50);
     if (!plans_mention("platinum") || !plans_mention("srv-3"))
         fail_msg("SIGHUP did not reload the rules within 10 s");
     /* SIGHUP with a broken file: keeps serving the old rules */
     assert_int_equal(qgproc_copy_file(td("server/rules_broken.yaml"), rules),
                      0);
     assert_int_equal(qgproc_signal(&P, SIGHUP), 0);
-    sleep_ms(500);
+    tst_sleep_ms(500);
     if (!qgproc_alive(&P, NULL))
         fail_msg("serve died on SIGHUP with a broken rules file");
     if (!plans_mention("srv-3"))
         fail_msg("SIGHUP with a broken file replaced the rules");
-    WANT(check_w(s, uid("r"), 1), 200, "check after a failed SIGHUP reload");
+    WANT(check_w(s, tst_uid("r"), 1), 200, "check after a failed SIGHUP reload");
     /* back to the original */
     assert_int_equal(qgproc_copy_file(td("server/rules.yaml"), rules), 0);
     WANT(req("POST", "/v1/admin/reload", ADMIN, NULL), 200,
@@ -1709,7 +1608,7 @@ static void test_crash_recovery(void **state)
     static httpc k;
     http_resp *r;
     json_t *j;
-    const char *ra = uid("cr"), *rb = uid("cr"), *sub = uid("dur"), *key;
+    const char *ra = tst_uid("cr"), *rb = tst_uid("cr"), *sub = tst_uid("dur"), *key;
     int cycle;
     (void)state;
     own_server(&p, NULL);
@@ -1717,23 +1616,23 @@ static void test_crash_recovery(void **state)
     own_c = &k;
     /* a reservation left open, a settled request, a subject and a key */
     WANT(req_on(&k, "POST", "/v1/check", "bearer", SERVICE,
-                fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
+                tst_fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
                     "\"weight\":5}", ra)), 200, "check 5");
     WANT(req_on(&k, "POST", "/v1/check", "bearer", SERVICE,
-                fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
+                tst_fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
                     "\"weight\":7}", rb)), 200, "check 7");
     WANT(req_on(&k, "POST", "/v1/settle", "bearer", SERVICE,
-                fmt("{\"request_id\":\"%s\",\"weight\":4,\"status\":"
+                tst_fmt("{\"request_id\":\"%s\",\"weight\":4,\"status\":"
                     "\"completed\"}", rb)), 200, "settle 4 of 7");
     r = req_on(&k, "POST", "/v1/admin/subjects", "bearer", ADMIN,
-               fmt("{\"subject\":\"%s\",\"plan\":\"basic\"}", sub));
+               tst_fmt("{\"subject\":\"%s\",\"plan\":\"basic\"}", sub));
     if (r->status != 200 && r->status != 201)
         fail_msg("create subject: %d", r->status);
     r = req_on(&k, "POST", "/v1/admin/keys", "bearer", ADMIN,
-               fmt("{\"subject\":\"%s\"}", sub));
+               tst_fmt("{\"subject\":\"%s\"}", sub));
     if (r->status != 200 && r->status != 201)
         fail_msg("create key: %d", r->status);
-    key = jstr(jparse(r, "key"), "key", "key");
+    key = tst_jstr(tst_jparse(r, "key"), "key", "key");
     for (cycle = 0; cycle < 2; cycle++) {
         qgproc_kill9(&p);
         if (qgproc_restart(&p) < 0) {
@@ -1744,41 +1643,41 @@ static void test_crash_recovery(void **state)
         httpc_set_port(&k, qgproc_port(&p));
         r = req_on(&k, "GET", "/v1/usage/alice", "bearer", ADMIN, NULL);
         WANT(r, 200, "usage after kill -9");
-        j = jparse(r, "usage");
+        j = tst_jparse(r, "usage");
         for (const char *w = "burst_5h\0weekly\0org_monthly\0"; *w;
              w += strlen(w) + 1) {
             json_t *win = find_window(json_object_get(j, "windows"), w);
             if (!win)
                 fail_msg("no %s after restart", w);
-            if (!NEAR(jnum(win, "used", w), 9))
+            if (!NEAR(tst_jnum(win, "used", w), 9))
                 fail_msg("after kill -9 #%d alice's %s used %g, expected 9 "
                          "(reservation 5 + settled 4)", cycle + 1, w,
-                         jnum(win, "used", w));
+                         tst_jnum(win, "used", w));
         }
         r = req_on(&k, "POST", "/v1/check", "bearer", SERVICE,
-                   fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
+                   tst_fmt("{\"subject\":\"alice\",\"request_id\":\"%s\","
                        "\"weight\":5}", ra));
         WANT(r, 200, "repeat of the open reservation after restart");
-        j = jparse(r, "replay");
-        if (!jbool(j, "replayed", "replay"))
+        j = tst_jparse(r, "replay");
+        if (!tst_jbool(j, "replayed", "replay"))
             fail_msg("acknowledged request_id not replayed after kill -9: %s",
-                     excerpt(r));
+                     tst_excerpt(r));
         r = req_on(&k, "POST", "/v1/settle", "bearer", SERVICE,
-                   fmt("{\"request_id\":\"%s\",\"weight\":4,\"status\":"
+                   tst_fmt("{\"request_id\":\"%s\",\"weight\":4,\"status\":"
                        "\"completed\"}", rb));
         WANT(r, 200, "repeat of the acknowledged settle after restart");
-        j = jparse(r, "settle replay");
-        if (!jbool(j, "replayed", "settle replay") ||
-            !NEAR(jnum(j, "charged", "settle replay"), 4))
-            fail_msg("settle repeated after kill -9: %s", excerpt(r));
-        r = req_on(&k, "GET", fmt("/v1/usage/%s", sub), "bearer", ADMIN,
+        j = tst_jparse(r, "settle replay");
+        if (!tst_jbool(j, "replayed", "settle replay") ||
+            !NEAR(tst_jnum(j, "charged", "settle replay"), 4))
+            fail_msg("settle repeated after kill -9: %s", tst_excerpt(r));
+        r = req_on(&k, "GET", tst_fmt("/v1/usage/%s", sub), "bearer", ADMIN,
                    NULL);
         WANT(r, 200, "admin-created subject after kill -9");
-        assert_string_equal(jstr(jparse(r, "u"), "plan", "u"), "basic");
+        assert_string_equal(tst_jstr(tst_jparse(r, "u"), "plan", "u"), "basic");
         WANT(req_on(&k, "GET", "/v1/usage", "bearer", key, NULL), 200,
              "a subject key after kill -9");
-        assert_true(NEAR(jnum(find_window(json_object_get(
-                                              jparse(req_on(&k, "GET",
+        assert_true(NEAR(tst_jnum(find_window(json_object_get(
+                                              tst_jparse(req_on(&k, "GET",
                                                             "/v1/usage/alice",
                                                             "bearer", ADMIN,
                                                             NULL), "u"),
@@ -1797,20 +1696,20 @@ static void test_clean_shutdown(void **state)
 {
     static qgproc p;
     static httpc k;
-    const char *rid = uid("sd"), *open_ = uid("sd");
+    const char *rid = tst_uid("sd"), *open_ = tst_uid("sd");
     int rc;
     (void)state;
     own_server(&p, NULL);
     httpc_init(&k, qgproc_port(&p));
     own_c = &k;
     WANT(req_on(&k, "POST", "/v1/check", "bearer", SERVICE,
-                fmt("{\"subject\":\"bob\",\"request_id\":\"%s\","
+                tst_fmt("{\"subject\":\"bob\",\"request_id\":\"%s\","
                     "\"weight\":6}", rid)), 200, "check 6");
     WANT(req_on(&k, "POST", "/v1/settle", "bearer", SERVICE,
-                fmt("{\"request_id\":\"%s\",\"weight\":2,\"status\":"
+                tst_fmt("{\"request_id\":\"%s\",\"weight\":2,\"status\":"
                     "\"completed\"}", rid)), 200, "settle 2");
     WANT(req_on(&k, "POST", "/v1/check", "bearer", SERVICE,
-                fmt("{\"subject\":\"bob\",\"request_id\":\"%s\","
+                tst_fmt("{\"subject\":\"bob\",\"request_id\":\"%s\","
                     "\"weight\":3}", open_)), 200, "check 3");
     /* SIGTERM with an idle keep-alive connection open */
     rc = qgproc_stop(&p, 20000);
@@ -1833,10 +1732,10 @@ static void test_clean_shutdown(void **state)
                               NULL);
         json_t *w;
         WANT(r, 200, "usage after a clean restart");
-        w = find_window(json_object_get(jparse(r, "u"), "windows"), "weekly");
-        if (!w || !NEAR(jnum(w, "used", "weekly"), 5))
+        w = find_window(json_object_get(tst_jparse(r, "u"), "windows"), "weekly");
+        if (!w || !NEAR(tst_jnum(w, "used", "weekly"), 5))
             fail_msg("after SIGTERM and restart bob's weekly used is not 5 "
-                     "(settled 2 + open 3): %s", excerpt(r));
+                     "(settled 2 + open 3): %s", tst_excerpt(r));
     }
     httpc_close(&k);
     /* SIGINT is a clean shutdown too */
@@ -1845,7 +1744,7 @@ static void test_clean_shutdown(void **state)
         long long t0 = qg_now_ms();
         int st = 0;
         while (qgproc_alive(&p, &st) && qg_now_ms() - t0 < 20000)
-            sleep_ms(10);
+            tst_sleep_ms(10);
         if (p.pid > 0) {
             qgproc_cleanup(&p);
             fail_msg("serve did not exit within 20 s of SIGINT");
