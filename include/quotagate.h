@@ -153,6 +153,17 @@ typedef struct qg_decision {
     const char *rules_version;
     const char *weights_version;
     int64_t anchor_ms;          /* the member's billing anchor, 0 = none */
+    /* Pay as you go (overage policy payg, docs/decisions.md): admitted
+     * beyond the limits of the windows the policy lifts. */
+    int64_t overage_milli;      /* weight beyond the lifted windows' room */
+    int64_t overage_cost_micro; /* its price, micro-USD (rounded up) */
+    int64_t overage_price_micro;/* micro-USD per unit (point) */
+    int64_t headroom_milli;     /* room left in the lifted windows when
+                                   admitted; -1 when no window was lifted */
+    int cap_reached;            /* refused: the spending cap would be passed */
+    int64_t spent_micro;        /* payg: spent in the current cap period */
+    int64_t spending_cap_micro; /* payg: the cap, 0 = none */
+    int64_t cap_period_end_ms;  /* payg: when the spent amount resets */
     int nviews;
     qg_window_view views[QG_MAX_VIEWS];
     int nrecovery[QG_MAX_VIEWS]; /* filled on refusals */
@@ -193,6 +204,8 @@ typedef struct qg_settle_result {
     int64_t charged_milli;      /* what finally counts */
     int64_t decided_at_ms;
     qg_settle_status status;
+    int64_t overage_milli;      /* payg: of charged_milli, beyond the room */
+    int64_t overage_cost_micro; /* its price */
 } qg_settle_result;
 
 /* Replace a reservation with the actual usage.  QG_ENOTFOUND for a
@@ -222,6 +235,9 @@ typedef struct qg_restore_req {
     int64_t charged_milli;      /* the settled weight, or the reserved one */
     int settled;                /* 0: unsettled reservation, holds a lease */
     qg_settle_status status;    /* when settled */
+    int64_t headroom_milli;     /* payg (the row's overage columns): -1 none */
+    int64_t overage_price_micro;
+    int64_t overage_cost_micro; /* counted in the spent amount of its period */
 } qg_restore_req;
 int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
                       size_t errcap);

@@ -104,13 +104,145 @@ static void rollback(qg_decide_in *in, int upto)
     }
 }
 
+int64_t qg_overage_cost(int64_t overage_milli, int64_t price_micro)
+{
+    if (overage_milli <= 0 || price_micro <= 0)
+        return 0;
+    __int128 c = ((__int128)overage_milli * price_micro + 999) / 1000;
+    return c > INT64_MAX ? INT64_MAX : (int64_t)c;
+}
+
+int64_t qg_overage_of(int64_t charged_milli, int64_t headroom_milli)
+{
+    if (headroom_milli < 0 || charged_milli <= headroom_milli)
+        return 0;
+    return charged_milli - headroom_milli;
+}
+
+static void no_overage(qg_decision *out)
+{
+    out->overage_milli = out->overage_cost_micro = 0;
+    out->overage_price_micro = 0;
+    out->headroom_milli = -1;
+    out->cap_reached = 0;
+}
+
+/* Charge every applicable window (after every one admitted). */
+static int charge_all(qg_decide_in *in)
+{
+    for (int i = 0; i < in->n; i++) {
+        const qg_window_spec *s = in->spec[i];
+        int rc;
+        if (!qg_window_applies(s, in->model))
+            continue;
+        rc = charge(s, in->state[i], ctx_of(in, i),
+                    qg_win_amount(s, in->weight_milli));
+        if (rc != QG_OK) {
+            rollback(in, i);
+            return rc;
+        }
+    }
+    return QG_OK;
+}
+
+/* qg_decide with lifted (soft) windows: the hard windows decide as
+ * always; the soft ones only say how much room is left (the overage is
+ * what the request takes beyond the least of it) and when they would
+ * admit it without overage (soft_fit).  A refusal by a hard window is
+ * retryable when the hard windows admit it, and, if the cap could not pay
+ * the overage now, also the soft windows have room or the cap period has
+ * ended, whichever comes first. */
+static int decide_payg(qg_decide_in *in, qg_decision *out)
+{
+    int64_t now = in->ctx[0].now_ms, latest = now, soft_latest = now;
+    int binding = -1, never = -1, soft_bind = -1, soft_never = -1;
+    int64_t room = INT64_MAX, over, cost, spent_after, soft_fit, retry_at;
+    int cap_ok;
+
+    for (int i = 0; i < in->n; i++) {
+        const qg_window_spec *s = in->spec[i];
+        int64_t at;
+        if (!qg_window_applies(s, in->model))
+            continue;
+        at = admit_at(s, in->state[i], ctx_of(in, i),
+                      qg_win_amount(s, in->weight_milli));
+        if ((in->soft >> i) & 1u) {
+            qg_window_view v;
+            view(s, in->state[i], ctx_of(in, i), &v);
+            if (v.remaining_milli < room)
+                room = v.remaining_milli;
+            if (at == QG_NEVER) {
+                if (soft_never < 0)
+                    soft_never = i;
+            } else if (at > soft_latest) {
+                soft_latest = at;
+                soft_bind = i;
+            }
+        } else if (at == QG_NEVER) {
+            if (never < 0)
+                never = i;
+        } else if (at > latest) {
+            latest = at;
+            binding = i;
+        }
+    }
+    out->weight_milli = in->weight_milli;
+    out->retry_after_ms = 0;
+    no_overage(out);
+    out->headroom_milli = room == INT64_MAX ? -1 : room;
+    out->overage_price_micro = in->price_micro;
+    over = qg_overage_of(in->weight_milli, out->headroom_milli);
+    cost = qg_overage_cost(over, in->price_micro);
+    cap_ok = !__builtin_add_overflow(*in->spent_micro, cost, &spent_after) &&
+             (in->cap_micro <= 0 || spent_after <= in->cap_micro);
+    soft_fit = soft_never >= 0 ? QG_NEVER : soft_latest;
+    retry_at = soft_fit < in->cap_end_ms ? soft_fit : in->cap_end_ms;
+
+    if (never >= 0) {
+        out->outcome = QG_REJECT_NEVER;
+        out->binding = never;
+    } else if (binding >= 0) {
+        out->outcome = QG_REJECT;
+        out->binding = binding;
+        if (!cap_ok && retry_at > latest)
+            latest = retry_at;
+        out->retry_after_ms = latest - now;
+    } else if (!cap_ok) {
+        /* Some lifted window lacks room (the overage is > 0). */
+        out->cap_reached = 1;
+        out->overage_milli = over;
+        out->overage_cost_micro = cost;
+        out->binding = soft_bind >= 0 ? soft_bind : soft_never;
+        if (soft_never >= 0 && in->cap_micro > 0 && cost > in->cap_micro) {
+            out->outcome = QG_REJECT_NEVER;
+        } else {
+            out->outcome = QG_REJECT;
+            out->retry_after_ms = retry_at - now;
+        }
+    } else {
+        int rc = charge_all(in);
+        if (rc != QG_OK)
+            return rc;
+        *in->spent_micro = spent_after;
+        out->outcome = QG_ALLOW;
+        out->binding = -1;
+        out->overage_milli = over;
+        out->overage_cost_micro = cost;
+    }
+    qg_decide_views(in, out, out->outcome != QG_ALLOW);
+    return QG_OK;
+}
+
 int qg_decide(qg_decide_in *in, qg_decision *out)
 {
     int64_t now = in->ctx[0].now_ms, latest = now;
     int binding = -1, never = -1;
 
+    if (in->soft)
+        return decide_payg(in, out);
     out->weight_milli = in->weight_milli;
     out->retry_after_ms = 0;
+    no_overage(out);
     for (int i = 0; i < in->n; i++) {
         const qg_window_spec *s = in->spec[i];
         int64_t at;
@@ -135,18 +267,9 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
         out->binding = binding;
         out->retry_after_ms = latest - now;
     } else {
-        for (int i = 0; i < in->n; i++) {
-            const qg_window_spec *s = in->spec[i];
-            int rc;
-            if (!qg_window_applies(s, in->model))
-                continue;
-            rc = charge(s, in->state[i], ctx_of(in, i),
-                        qg_win_amount(s, in->weight_milli));
-            if (rc != QG_OK) {
-                rollback(in, i);
-                return rc;
-            }
-        }
+        int rc = charge_all(in);
+        if (rc != QG_OK)
+            return rc;
         out->outcome = QG_ALLOW;
         out->binding = -1;
     }

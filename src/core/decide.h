@@ -22,6 +22,14 @@ typedef struct qg_decide_in {
     qg_win_ctx ctx[2];                      /* [0] member, [1] org */
     int model;                              /* -1 weight-only */
     int64_t weight_milli;
+    /* Pay as you go: windows in `soft` (bit i = window i) are lifted:
+     * they never refuse, and what the request takes beyond the least room
+     * left among them is overage, priced at price_micro per point and
+     * added to *spent_micro, unless that would pass cap_micro (when > 0):
+     * then the request is refused with cap_reached.  soft = 0: none. */
+    uint32_t soft;
+    int64_t price_micro, cap_micro, cap_end_ms;
+    int64_t *spent_micro;
 } qg_decide_in;
 
 /* Append windows to in (member: org = 0).  Returns 0, or QG_EINVAL when
@@ -34,6 +42,13 @@ int qg_decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
  * schedules on refusal.  Returns 0, or QG_ENOMEM / QG_EFULL when a window
  * could not record the charge (then nothing is charged). */
 int qg_decide(qg_decide_in *in, qg_decision *out);
+
+/* Price of `overage_milli` points at price_micro per point, rounded up. */
+int64_t qg_overage_cost(int64_t overage_milli, int64_t price_micro);
+
+/* Overage of a charge given the room its lifted windows had: max(0,
+ * charged - headroom); 0 when headroom < 0 (nothing lifted). */
+int64_t qg_overage_of(int64_t charged_milli, int64_t headroom_milli);
 
 /* Views (and recovery schedules when with_recovery) without deciding. */
 void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery);

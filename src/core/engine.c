@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include "civil.h"
 #include "error.h"
 #include "fixed.h"
 #include "rules.h"
@@ -59,6 +60,7 @@ struct qg_engine {
     gen *_Atomic cur;
     qg_store *store;
     pthread_mutex_t reload_mu;
+    qg_tz *utc;                  /* cap periods (cap_period) */
     reg_shard reg[REG_SHARDS];
 };
 
@@ -239,12 +241,18 @@ static gen *gen_new(qg_rules *rules)
     for (int i = 0; i < rules->nplans; i++) {
         int64_t r = window_reach(rules->plans[i].windows,
                                  rules->plans[i].nwindows);
+        /* payg: the spent amount of a cap period (a month at most) is
+         * rebuilt from the rows of that period */
+        if (rules->plans[i].payg && r < 32 * QG_MS_PER_DAY)
+            r = 32 * QG_MS_PER_DAY;
         if (r > g->reach_ms)
             g->reach_ms = r;
     }
     for (int i = 0; i < rules->norgs; i++) {
         int64_t r = window_reach(rules->orgs[i].windows,
                                  rules->orgs[i].nwindows);
+        if (rules->orgs[i].payg && r < 32 * QG_MS_PER_DAY)
+            r = 32 * QG_MS_PER_DAY;
         if (r > g->reach_ms)
             g->reach_ms = r;
     }
@@ -272,6 +280,10 @@ qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
     if (!e)
         return NULL;
     e->store = store;
+    if (!(e->utc = qg_tz_utc())) {
+        free(e);
+        return NULL;
+    }
     pthread_mutex_init(&e->reload_mu, NULL);
     for (int i = 0; i < REG_SHARDS; i++)
         pthread_rwlock_init(&e->reg[i].lock, NULL);
@@ -303,6 +315,7 @@ void qg_engine_free(qg_engine *e)
     }
     gen_free_chain(atomic_load(&e->cur));
     pthread_mutex_destroy(&e->reload_mu);
+    qg_tz_free(e->utc);
     free(e);
 }
 
@@ -418,6 +431,52 @@ static void fill_names(const gen *g, const subject *s, int model,
     out->anchor_ms = s->anchor_ms;
 }
 
+/* The spending cap's period containing at_ms: the member's billing month
+ * (its anchor's day and time of day, UTC, clamped to short months), or
+ * the calendar month in UTC when it has no anchor. */
+static void cap_period(const qg_engine *e, int64_t anchor_ms, int64_t at_ms,
+                       int64_t *start, int64_t *end)
+{
+    qg_calendar_spec c = {QG_EVERY_MONTH, 0, 1, 0, 1, e->utc};
+    if (qg_calendar_period(&c, anchor_ms, at_ms, start, end) != 0) {
+        *start = 0;
+        *end = INT64_MAX;
+    }
+}
+
+/* payg: which windows of this member and org the policy lifts (the bit
+ * order of the store's decision: member windows, then org windows), and
+ * the policy whose price and cap apply.  0 when none. */
+static uint32_t payg_mask(const qg_plan *p, const qg_org_spec *o,
+                          const qg_overage **ov)
+{
+    uint32_t mask = p->payg_mask;
+    *ov = p->payg;
+    if (o) {
+        uint32_t om = o->payg_own_mask;
+        if (p->overage.policy == QG_POLICY_PAYG)
+            om |= o->payg_inherit_mask;
+        if (!*ov)
+            *ov = o->payg;
+        mask |= om << p->nwindows;
+    }
+    return *ov ? mask : 0;
+}
+
+static void payg_fill(const qg_engine *e, qg_store_check *in)
+{
+    const qg_overage *ov;
+    in->payg_mask = 0;
+    if (!in->plan->payg && !(in->orgspec && in->orgspec->payg))
+        return;
+    if (!(in->payg_mask = payg_mask(in->plan, in->orgspec, &ov)))
+        return;
+    in->price_micro = ov->price_per_unit_micro;
+    in->cap_micro = ov->spending_cap_micro;
+    cap_period(e, in->anchor_ms, in->now_ms, &in->cap_start_ms,
+               &in->cap_end_ms);
+}
+
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                     qg_decision *out, char *err, size_t errcap)
 {
@@ -477,6 +536,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
+    payg_fill(e, &in);
     {
         void *before = atomic_load_explicit(&s.hint, memory_order_relaxed);
         void *hint = before;
@@ -493,8 +553,13 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                "requests or raise the reservation limit");
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
-    if (rc == QG_OK)
+    if (rc == QG_OK) {
         fill_names(g, &s, in.model, out);
+        out->spending_cap_micro = in.payg_mask ? in.cap_micro : 0;
+        out->cap_period_end_ms = in.payg_mask ? in.cap_end_ms : 0;
+        if (!in.payg_mask)
+            out->spent_micro = 0;
+    }
     return rc;
 }
 
@@ -553,6 +618,18 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
     memset(out, 0, sizeof *out);
+    out->headroom_milli = -1;
+    {
+        const qg_overage *ov;
+        int64_t end = 0;
+        in.cap_start_ms = -1;
+        if (payg_mask(in.plan, in.orgspec, &ov)) {
+            cap_period(e, in.anchor_ms, now_ms, &in.cap_start_ms, &end);
+            out->spending_cap_micro = ov->spending_cap_micro;
+            out->overage_price_micro = ov->price_per_unit_micro;
+            out->cap_period_end_ms = end;
+        }
+    }
     rc = e->store->m->usage(e->store, &in, out);
     if (rc == QG_OK)
         fill_names(g, &s, -1, out);
@@ -597,6 +674,14 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.charged_milli = req->charged_milli;
     in.settled = req->settled;
     in.status = req->status;
+    in.headroom_milli = req->headroom_milli;
+    in.price_micro = req->overage_price_micro;
+    in.cost_micro = req->overage_cost_micro;
+    in.cap_start_ms = 0;
+    if (req->headroom_milli >= 0 || req->overage_cost_micro > 0) {
+        int64_t end;
+        cap_period(e, in.anchor_ms, in.at_ms, &in.cap_start_ms, &end);
+    }
     rc = e->store->m->restore(e->store, &in);
     if (rc != QG_OK)
         qg__errf(err, errcap, "restore: %s", qg_strerror(rc));

@@ -82,6 +82,11 @@ typedef struct qg_plan {
     qg_overage overage;
     qg_claim *claims;
     int nclaims;
+    /* payg, derived at compile (qg__rules_payg): windows the policy lifts,
+     * bit i = windows[i]; the policy whose price and cap apply (the
+     * plan's, else its first window with its own payg), NULL none. */
+    uint32_t payg_mask;
+    const qg_overage *payg;
     int line;
 } qg_plan;
 
@@ -90,6 +95,11 @@ typedef struct qg_org_spec {
     int index;
     qg_window_spec *windows;
     int nwindows;
+    /* payg lifts org window i when it has its own payg (own_mask) or has
+     * no policy and the member's plan's is payg (inherit_mask); payg is
+     * the first own payg policy, NULL none. */
+    uint32_t payg_own_mask, payg_inherit_mask;
+    const qg_overage *payg;
     int line;
 } qg_org_spec;
 
@@ -161,6 +171,9 @@ int qg_rules_parse(const char *text, size_t len, const char *path,
                    qg_tz_resolver tzr, void *tzud, qg_rules **out,
                    qg_diag *diag);
 void qg_rules_free(qg_rules *r);
+
+/* Derive the payg masks of every plan and org (called by the parser). */
+void qg__rules_payg(qg_rules *r);
 
 /* Formats "path:line:col: message" into buf. */
 void qg_diag_format(const qg_diag *d, char *buf, size_t cap);

@@ -583,6 +583,7 @@ static int compile(qg__rctx *c, yaml_node_t *root)
     if ((v = qg__y_get(&c->y, root, "analysis")) &&
         c_analysis(c, v, "analysis") < 0)
         return -1;
+    qg__rules_payg(r);
     return 0;
 }
 

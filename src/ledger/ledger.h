@@ -22,7 +22,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 1
+#define QG_LEDGER_SCHEMA_VERSION 2
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -51,9 +51,19 @@ typedef struct qg_ledger_row {
     int64_t weight_milli;      /* weight that counts (= reserved until settle) */
     int64_t created_ms;        /* the decision's instant */
     int64_t settled_ms;        /* 0 until settled */
+    /* Pay as you go (schema 2): of weight_milli, the points beyond the
+     * room the lifted windows had (overage_milli), at overage_price_micro
+     * micro-USD per point = overage_cost_micro; the room itself
+     * (headroom_milli, -1 when no window was lifted) lets a settle after a
+     * restart price the final charge. */
+    int64_t overage_milli;
+    int64_t overage_price_micro;
+    int64_t overage_cost_micro;
+    int64_t headroom_milli;
     int settle_only;           /* when a row with this request_id exists,
                                   update only status, estimated, tokens,
-                                  weight_milli and settled_ms (a settle);
+                                  weight_milli, settled_ms, overage_milli
+                                  and overage_cost_micro (a settle);
                                   otherwise insert the row whole */
 } qg_ledger_row;
 

@@ -63,6 +63,15 @@ static const char *const migrations[] = {
     " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
     " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
     " revoked_ms INTEGER NOT NULL DEFAULT 0);",
+    /* 1 -> 2: pay-as-you-go overage (ledger.h) */
+    "ALTER TABLE requests ADD COLUMN overage_milli INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN overage_price_micro INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN overage_cost_micro INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN headroom_milli INTEGER NOT NULL"
+    " DEFAULT -1;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==
@@ -72,12 +81,13 @@ _Static_assert(sizeof migrations / sizeof migrations[0] ==
 #define ROW_COLS \
     "request_id, subject, org, plan, rules_version, weights_version, model," \
     " \"window\", decision, status, estimated, input_tokens, output_tokens," \
-    " reserved_milli, weight_milli, created_ms, settled_ms"
+    " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
+    " overage_price_micro, overage_cost_micro, headroom_milli"
 
 static const char sql_upsert[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17) ON CONFLICT(request_id) DO UPDATE SET"
+    " ?17, ?18, ?19, ?20, ?21) ON CONFLICT(request_id) DO UPDATE SET"
     " subject = excluded.subject, org = excluded.org, plan = excluded.plan,"
     " rules_version = excluded.rules_version,"
     " weights_version = excluded.weights_version, model = excluded.model,"
@@ -87,7 +97,11 @@ static const char sql_upsert[] =
     " output_tokens = excluded.output_tokens,"
     " reserved_milli = excluded.reserved_milli,"
     " weight_milli = excluded.weight_milli,"
-    " created_ms = excluded.created_ms, settled_ms = excluded.settled_ms";
+    " created_ms = excluded.created_ms, settled_ms = excluded.settled_ms,"
+    " overage_milli = excluded.overage_milli,"
+    " overage_price_micro = excluded.overage_price_micro,"
+    " overage_cost_micro = excluded.overage_cost_micro,"
+    " headroom_milli = excluded.headroom_milli";
 
 /* A settle: the row is normally there already (its check's row was
  * queued before it); only the settle's columns change.  When the check's
@@ -95,12 +109,14 @@ static const char sql_upsert[] =
 static const char sql_settle[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17) ON CONFLICT(request_id) DO UPDATE SET"
+    " ?17, ?18, ?19, ?20, ?21) ON CONFLICT(request_id) DO UPDATE SET"
     " status = excluded.status, estimated = excluded.estimated,"
     " input_tokens = excluded.input_tokens,"
     " output_tokens = excluded.output_tokens,"
     " weight_milli = excluded.weight_milli,"
-    " settled_ms = excluded.settled_ms";
+    " settled_ms = excluded.settled_ms,"
+    " overage_milli = excluded.overage_milli,"
+    " overage_cost_micro = excluded.overage_cost_micro";
 
 /* The index on created_ms holds rowid as its last column, so this order
  * is read straight from the index, without a sort. */
@@ -139,6 +155,12 @@ static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 15, r->weight_milli);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 16, r->created_ms);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 17, r->settled_ms);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 18, r->overage_milli);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, 19, r->overage_price_micro);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, 20, r->overage_cost_micro);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->headroom_milli);
     return rc;
 }
 
@@ -161,6 +183,10 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
     r->weight_milli = sqlite3_column_int64(st, 14);
     r->created_ms = sqlite3_column_int64(st, 15);
     r->settled_ms = sqlite3_column_int64(st, 16);
+    r->overage_milli = sqlite3_column_int64(st, 17);
+    r->overage_price_micro = sqlite3_column_int64(st, 18);
+    r->overage_cost_micro = sqlite3_column_int64(st, 19);
+    r->headroom_milli = sqlite3_column_int64(st, 20);
 }
 
 /* ------------------------------------------------------ opening, schema */

@@ -413,15 +413,10 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                                  sizeof err) == QG_OK) {
                 qg_ledger_row srow;
                 qg_metrics_settle(s->metrics, &res);
-                memset(&srow, 0, sizeof srow);
-                qg_row_copy(srow.request_id, sizeof srow.request_id, rid);
-                srow.settle_only = 1;
-                srow.status = QG_ROW_COMPLETED;
+                qg_row_of_settle(&srow, rid, QG_ROW_COMPLETED,
+                                 row.input_tokens, row.output_tokens, &res,
+                                 now);
                 srow.estimated = has_model > 0;
-                srow.input_tokens = row.input_tokens;
-                srow.output_tokens = row.output_tokens;
-                srow.weight_milli = res.charged_milli;
-                srow.settled_ms = now;
                 if (qg_ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
                     fprintf(stderr, "quotagate: ledger queue full: the "
                             "settle of request %s was not queued\n", rid);

@@ -187,7 +187,8 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
                           .model = model, .decided_at_ms = now,
                           .reserved_milli = w, .charged_milli = w,
                           .settled = 1,
-                          .status = statuses[status_i].status};
+                          .status = statuses[status_i].status,
+                          .headroom_milli = -1};
     if ((rc = qg_engine_restore(s->engine, &rr, err, cap)) != QG_OK)
         return rc;
     if (!(u = malloc(sizeof *u)))
@@ -262,6 +263,7 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     }
     now = qg_server_now(s);
     memset(&row, 0, sizeof row);
+    row.headroom_milli = -1;
     req = (qg_settle_req){.request_id = rid,
                           .status = statuses[status_i].status,
                           .input_tokens = in_t, .output_tokens = out_t,
@@ -286,6 +288,8 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     row.output_tokens = out_t;
     row.weight_milli = res.charged_milli;
     row.settled_ms = now;
+    row.overage_milli = res.overage_milli;
+    row.overage_cost_micro = res.overage_cost_micro;
     if (!(body = qg_json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {
         free(body);
         qg_reply_error(s, r, 500, "internal_error", "out of memory");

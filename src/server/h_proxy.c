@@ -261,15 +261,8 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
         return;
     }
     qg_metrics_settle(p->s->metrics, &res);
-    memset(&row, 0, sizeof row);
-    qg_row_copy(row.request_id, sizeof row.request_id, p->rid);
-    row.settle_only = 1;
-    row.status = row_status[st];
+    qg_row_of_settle(&row, p->rid, row_status[st], in, out, &res, now);
     row.estimated = estimated;
-    row.input_tokens = in;
-    row.output_tokens = out;
-    row.weight_milli = res.charged_milli;
-    row.settled_ms = now;
     if (qg_ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the settle of "
                 "request %s was not queued\n", p->rid);

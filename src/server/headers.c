@@ -341,6 +341,14 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
     } else if (d->outcome == QG_REJECT_NEVER) {
         header_str(&w, "x-should-retry", "false");
     }
+    /* payg: what the admitted request costs beyond the plan (docs/api.md) */
+    if (d->outcome == QG_ALLOW && d->overage_milli > 0) {
+        char num[40];
+        qg_fixed_format(d->overage_milli, 3, num, sizeof num);
+        header_str(&w, "x-quotagate-overage-units", num);
+        qg_fixed_format(d->overage_cost_micro, 6, num, sizeof num);
+        header_str(&w, "x-quotagate-overage-cost-usd", num);
+    }
     if (w.overflow) {
         out->n = 0;
         out->used = 0;

@@ -495,6 +495,53 @@ static void refusal_message(const qg_decision *d, int b, const char *unit,
                  v->name, used, limit, u, weight, at);
 }
 
+/* The spending-cap refusal's sentence. */
+static void cap_message(const qg_decision *d, int b, const char *unit,
+                        char *buf, size_t cap)
+{
+    char spent[32], capv[32], cost[32], over[32], at[40];
+    qg_fixed_format(d->spent_micro, 6, spent, sizeof spent);
+    qg_fixed_format(d->spending_cap_micro, 6, capv, sizeof capv);
+    qg_fixed_format(d->overage_cost_micro, 6, cost, sizeof cost);
+    qg_fixed_format(d->overage_milli, 3, over, sizeof over);
+    if (d->outcome == QG_REJECT_NEVER) {
+        snprintf(buf, cap, "spending cap reached: this request's overage "
+                 "(%s %s beyond %s) would cost $%s, more than the whole "
+                 "spending cap of $%s: it can never be admitted", over,
+                 unit ? unit : "weight points",
+                 b >= 0 ? d->views[b].name : "the limit", cost, capv);
+        return;
+    }
+    qg_iso8601_format(d->decided_at_ms + d->retry_after_ms, at,
+                      (int)sizeof at);
+    snprintf(buf, cap, "spending cap reached: $%s of $%s spent this period; "
+             "this request's overage (%s %s beyond %s) would cost $%s; it "
+             "fits again at %s", spent, capv, over,
+             unit ? unit : "weight points",
+             b >= 0 ? d->views[b].name : "the limit", cost, at);
+}
+
+/* The payg object of a decision (docs/api.md). */
+static void jb_overage(jb *b, const qg_decision *d)
+{
+    JB_LIT(b, ",\"overage\":{\"policy\":\"payg\",\"units\":");
+    jb_milli(b, d->overage_milli);
+    JB_LIT(b, ",\"price_per_unit_usd\":");
+    jb_scaled(b, d->overage_price_micro, 6);
+    JB_LIT(b, ",\"cost_usd\":");
+    jb_scaled(b, d->overage_cost_micro, 6);
+    JB_LIT(b, ",\"spent_usd\":");
+    jb_scaled(b, d->spent_micro, 6);
+    JB_LIT(b, ",\"spending_cap_usd\":");
+    if (d->spending_cap_micro > 0)
+        jb_scaled(b, d->spending_cap_micro, 6);
+    else
+        JB_LIT(b, "null");
+    JB_LIT(b, ",\"cap_resets_at\":");
+    jb_time(b, d->cap_period_end_ms);
+    JB_LIT(b, "}");
+}
+
 /* qg_json_window's object. */
 static void jb_window(jb *b, const qg_window_view *v, const char *unit_name)
 {
@@ -584,11 +631,19 @@ char *qg_json_check(const qg_decision *d, const char *request_id,
     if (!refused) {
         JB_LIT(&b, ",\"replayed\":");
         jb_bool(&b, d->replayed);
+        if (d->headroom_milli >= 0)
+            jb_overage(&b, d);
     } else {
         int v = refusing_view(d);
         int never = d->outcome == QG_REJECT_NEVER;
-        refusal_message(d, v, unit_name, msg, sizeof msg);
-        if (never)
+        if (d->cap_reached)
+            cap_message(d, v, unit_name, msg, sizeof msg);
+        else
+            refusal_message(d, v, unit_name, msg, sizeof msg);
+        if (d->cap_reached)
+            JB_LIT(&b, ",\"error\":{\"type\":\"spending_cap_reached\""
+                       ",\"window\":");
+        else if (never)
             JB_LIT(&b, ",\"error\":{\"type\":\"request_too_large_for_plan\""
                        ",\"window\":");
         else
@@ -602,6 +657,8 @@ char *qg_json_check(const qg_decision *d, const char *request_id,
             JB_LIT(&b, ",\"retry_after_s\":");
             jb_milli(&b, d->retry_after_ms > 0 ? d->retry_after_ms : 0);
         }
+        if (d->cap_reached)
+            jb_overage(&b, d);
         JB_LIT(&b, ",\"recovers\":");
         jb_recovers(&b, d, d->decided_at_ms);
     }
@@ -636,6 +693,12 @@ char *qg_json_settle(const qg_settle_result *s, const char *request_id)
     jb_bool(&b, s->late);
     JB_LIT(&b, ",\"replayed\":");
     jb_bool(&b, s->replayed);
+    if (s->overage_milli > 0 || s->overage_cost_micro > 0) {
+        JB_LIT(&b, ",\"overage_units\":");
+        jb_milli(&b, s->overage_milli);
+        JB_LIT(&b, ",\"overage_cost_usd\":");
+        jb_scaled(&b, s->overage_cost_micro, 6);
+    }
     JB_LIT(&b, "}");
     return jb_finish(&b);
 }
@@ -687,6 +750,23 @@ char *qg_json_usage(const qg_decision *d, const char *subject,
         if (json_array_append_new(wins, w) ||
             json_object_set_new(w, "recovers", recovers_array(d, i, now_ms)) ||
             json_array_append_new(fc, forecast_of(d, i)))
+            goto fail;
+    }
+    if (d->cap_period_end_ms > 0) {
+        /* payg: the money side (docs/api.md) */
+        json_t *p = json_object();
+        if (json_object_set_new(o, "overage", p ? p : json_null()) || !p ||
+            json_object_set_new(p, "policy", json_string("payg")) ||
+            json_object_set_new(p, "price_per_unit_usd",
+                                qg_json_scaled(d->overage_price_micro, 6)) ||
+            json_object_set_new(p, "spent_usd",
+                                qg_json_scaled(d->spent_micro, 6)) ||
+            json_object_set_new(p, "spending_cap_usd",
+                                d->spending_cap_micro > 0
+                                    ? qg_json_scaled(d->spending_cap_micro, 6)
+                                    : json_null()) ||
+            json_object_set_new(p, "cap_resets_at",
+                                qg_json_time(d->cap_period_end_ms)))
             goto fail;
     }
     json_decref(wins);

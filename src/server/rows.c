@@ -38,6 +38,30 @@ void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
     row->reserved_milli = d->outcome == QG_ALLOW ? d->weight_milli : 0;
     row->weight_milli = row->reserved_milli;
     row->created_ms = d->decided_at_ms;
+    row->headroom_milli = -1;
+    if (d->outcome == QG_ALLOW && d->headroom_milli >= 0) {
+        row->headroom_milli = d->headroom_milli;
+        row->overage_price_micro = d->overage_price_micro;
+        row->overage_milli = d->overage_milli;
+        row->overage_cost_micro = d->overage_cost_micro;
+    }
+}
+
+void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
+                      int64_t input_tokens, int64_t output_tokens,
+                      const qg_settle_result *res, int64_t now_ms)
+{
+    memset(row, 0, sizeof *row);
+    qg_row_copy(row->request_id, sizeof row->request_id, rid);
+    row->settle_only = 1;
+    row->status = row_status;
+    row->input_tokens = input_tokens;
+    row->output_tokens = output_tokens;
+    row->weight_milli = res->charged_milli;
+    row->settled_ms = now_ms;
+    row->headroom_milli = -1;
+    row->overage_milli = res->overage_milli;
+    row->overage_cost_micro = res->overage_cost_micro;
 }
 
 void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,

@@ -128,6 +128,9 @@ static int restore_row(const qg_ledger_row *row, void *ud)
         .status = row->status == QG_ROW_CANCELLED ? QG_SETTLE_CANCELLED
                   : row->status == QG_ROW_FAILED  ? QG_SETTLE_FAILED
                                                   : QG_SETTLE_COMPLETED,
+        .headroom_milli = row->headroom_milli,
+        .overage_price_micro = row->overage_price_micro,
+        .overage_cost_micro = row->overage_cost_micro,
     };
     if (qg_engine_restore(s->engine, &rr, err, sizeof err) != QG_OK)
         fprintf(stderr, "quotagate: rebuild: request %s: %s\n",

@@ -44,6 +44,13 @@ typedef struct qg_store_check {
     int64_t weight_milli;
     int64_t anchor_ms;          /* billing anchor (calendar windows) */
     int64_t now_ms;
+    /* payg (decide.h): windows lifted, bit i = the decision's window i
+     * (member windows, then org windows); 0 = none, the rest unused.  The
+     * member's spent amount belongs to the cap period starting at
+     * cap_start_ms; a store holding another period's amount resets it. */
+    uint32_t payg_mask;
+    int64_t price_micro, cap_micro;
+    int64_t cap_start_ms, cap_end_ms;
     void **hint;                /* in/out, may be NULL: an opaque pointer the
                                    store may leave for the next check of the
                                    same member (the memory store: its entity)
@@ -73,6 +80,11 @@ typedef struct qg_store_restore {
     int64_t charged_milli;      /* what counts: actual if settled */
     int settled;                /* 0: still a reservation (holds a lease) */
     int status;                 /* qg_settle_status when settled */
+    int64_t headroom_milli;     /* payg: -1 none */
+    int64_t price_micro;
+    int64_t cost_micro;         /* added to the spent amount of the cap
+                                   period starting at cap_start_ms */
+    int64_t cap_start_ms;
 } qg_store_restore;
 
 /* The view of one subject. */
@@ -83,6 +95,8 @@ typedef struct qg_store_usage {
     const qg_org_spec *orgspec;
     int64_t anchor_ms;
     int64_t now_ms;
+    int64_t cap_start_ms;       /* payg: report the spent amount of this
+                                   cap period; -1 none */
 } qg_store_usage;
 
 typedef struct qg_store_methods {

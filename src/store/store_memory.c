@@ -48,6 +48,8 @@ typedef struct entity {
     qg_win_state *win;            /* points into the block, or separate */
     uint16_t separate;            /* win allocated apart from the block */
     uint16_t shard;               /* entity shard it lives in */
+    int64_t spent_micro;          /* payg: spent in the cap period ... */
+    int64_t spent_start_ms;       /* ... starting here (0: none yet) */
     qg_win_state inline_win[];
 } entity;
 
@@ -75,6 +77,8 @@ typedef struct resv {
     int64_t t0_ms, expires_ms;
     int64_t reserved_milli, actual_milli, charged_milli;
     int64_t anchor_ms;
+    int64_t headroom_milli;       /* payg: room at admission, -1 none */
+    int64_t price_micro, cost_micro, cap_start_ms;
     int32_t model;
     uint16_t shard;               /* entity shard */
     uint8_t state, status;
@@ -372,6 +376,7 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     if (o)
         o->seen_ms = now;
     din->n = 0;
+    din->soft = 0;
     din->model = model;
     din->weight_milli = weight;
     din->ctx[0].now_ms = din->ctx[1].now_ms = now;
@@ -418,6 +423,37 @@ static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
     return rc;
 }
 
+/* The member's spent amount in the cap period that starts at start_ms
+ * (store.h): an amount of an earlier period is dropped. */
+static int64_t *spent_in(entity *m, int64_t start_ms)
+{
+    if (m->spent_start_ms != start_ms && start_ms >= m->spent_start_ms) {
+        m->spent_micro = 0;
+        m->spent_start_ms = start_ms;
+    }
+    return &m->spent_micro;
+}
+
+static void payg_setup(qg_decide_in *din, entity *m, const qg_store_check *in)
+{
+    din->soft = in->payg_mask;
+    din->price_micro = in->price_micro;
+    din->cap_micro = in->cap_micro;
+    din->cap_end_ms = in->cap_end_ms;
+    din->spent_micro = spent_in(m, in->cap_start_ms);
+}
+
+/* Settle or restore: move the member's spent amount by delta when it is
+ * still the period the charge was made in. */
+static void spent_adjust(entity *m, int64_t start_ms, int64_t delta)
+{
+    if (delta != 0 && m->spent_start_ms == start_ms) {
+        m->spent_micro += delta;
+        if (m->spent_micro < 0)
+            m->spent_micro = 0;
+    }
+}
+
 static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
 {
     mem_store *ms = (mem_store *)s;
@@ -462,6 +498,13 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         out->outcome = QG_ALLOW;
         out->replayed = 1;
         out->weight_milli = r->reserved_milli;
+        out->headroom_milli = r->headroom_milli;
+        out->overage_price_micro = r->price_micro;
+        out->overage_milli = qg_overage_of(r->reserved_milli,
+                                           r->headroom_milli);
+        out->overage_cost_micro = r->cost_micro;
+        out->cap_reached = 0;
+        out->spent_micro = r->member->spent_micro;
         out->decided_at_ms = r->t0_ms;
         out->retry_after_ms = 0;
         out->binding = -1;
@@ -479,7 +522,10 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
             *in->hint = m;
         gather(&din, m, o, in->model, in->weight_milli, in->now_ms,
                in->anchor_ms, in->rid);
+        if (in->payg_mask)
+            payg_setup(&din, m, in);
         rc = qg_decide(&din, out);
+        out->spent_micro = m->spent_micro;
     }
     pthread_mutex_unlock(&es->mu);
     if (rc != QG_OK)
@@ -498,6 +544,10 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         r->anchor_ms = in->anchor_ms;
         r->model = in->model;
         r->model_spec = in->model_spec;
+        r->headroom_milli = out->headroom_milli;
+        r->price_micro = out->overage_price_micro;
+        r->cost_micro = out->overage_cost_micro;
+        r->cap_start_ms = in->cap_start_ms;
     }
 out_rs:
     pthread_mutex_unlock(&rs->mu);
@@ -513,6 +563,8 @@ static void settle_result(const resv *r, int replayed, qg_settle_result *out)
     out->charged_milli = r->charged_milli;
     out->decided_at_ms = r->t0_ms;
     out->status = (qg_settle_status)r->status;
+    out->overage_milli = qg_overage_of(r->charged_milli, r->headroom_milli);
+    out->overage_cost_micro = r->cost_micro;
 }
 
 static int mem_settle(qg_store *s, const qg_store_settle *in,
@@ -549,11 +601,16 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     /* A reservation whose lease expired is final: never refunded. */
     if (r->late && delta < 0)
         delta = 0;
+    int64_t cost = qg_overage_cost(
+        qg_overage_of(r->reserved_milli + delta, r->headroom_milli),
+        r->price_micro);
     pthread_mutex_lock(&ms->ents[r->shard].mu);
     gather(&din, r->member, r->org, r->model, r->reserved_milli, in->now_ms,
            r->anchor_ms, in->rid);
     qg_decide_settle(&din, r->t0_ms, delta);
+    spent_adjust(r->member, r->cap_start_ms, cost - r->cost_micro);
     pthread_mutex_unlock(&ms->ents[r->shard].mu);
+    r->cost_micro = cost;
     r->actual_milli = actual;
     r->charged_milli = r->reserved_milli + delta;
     r->status = (uint8_t)in->status;
@@ -580,6 +637,8 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
     if (rc == QG_OK) {
         gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
         qg_decide_views(&din, out, 1);
+        if (in->cap_start_ms >= 0 && m->spent_start_ms == in->cap_start_ms)
+            out->spent_micro = m->spent_micro;
     }
     pthread_mutex_unlock(&es->mu);
     out->outcome = QG_NONE;
@@ -623,6 +682,10 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
             rc = qg_win_charge(w, din.state[i], &din.ctx[din.org[i]],
                                qg_win_amount(w, in->charged_milli));
         }
+        if (rc == QG_OK && in->cost_micro > 0) {
+            spent_in(m, in->cap_start_ms);
+            spent_adjust(m, in->cap_start_ms, in->cost_micro);
+        }
     }
     pthread_mutex_unlock(&es->mu);
     if (rc == QG_OK && remember) {
@@ -638,6 +701,10 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
         r->anchor_ms = in->anchor_ms;
         r->model = in->model;
         r->model_spec = in->model_spec;
+        r->headroom_milli = in->headroom_milli;
+        r->price_micro = in->price_micro;
+        r->cost_micro = in->cost_micro;
+        r->cap_start_ms = in->cap_start_ms;
         if (in->settled) {
             r->state = R_SETTLED;
             r->actual_milli = in->charged_milli;

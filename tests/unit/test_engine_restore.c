@@ -107,6 +107,7 @@ static void test_restore_matches_original(void **state)
         };
     for (size_t i = 0; i < 4; i++) {
         qg_restore_req rr = {.subject = "alice", .request_id = rows[i].rid,
+                             .headroom_milli = -1,
                              .decided_at_ms = rows[i].at,
                              .reserved_milli = rows[i].reserved,
                              .charged_milli = rows[i].charged,
