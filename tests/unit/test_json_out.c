@@ -56,6 +56,7 @@ static void sample(qg_decision *d)
     d->weight_milli = 16500;
     d->decided_at_ms = NOW_MS;
     d->binding = -1;
+    d->headroom_milli = -1;
     d->plan = "free";
     d->org = "acme";
     d->model = "light";
@@ -243,6 +244,61 @@ static void test_check_reject(void **state)
     free(text);
 }
 
+static void test_check_payg(void **state)
+{
+    qg_decision d;
+    (void)state;
+    sample(&d);
+    /* admitted with 2.5 points beyond the room, at $0.01 */
+    d.headroom_milli = 14000;
+    d.overage_milli = 2500;
+    d.overage_price_micro = 10000;
+    d.overage_cost_micro = 25000;
+    d.spent_micro = 125000;
+    d.spending_cap_micro = 0;
+    d.cap_period_end_ms = NEXT_MONDAY_MS;
+    json_t *j = parse(qg_json_check(&d, "p-1", "weight points"));
+    json_t *o = json_object_get(j, "overage");
+    assert_non_null(o);
+    assert_string_equal(str(o, "policy"), "payg");
+    assert_true(milli(o, "units") == 2500);
+    assert_true(json_real_value(json_object_get(o, "cost_usd")) == 0.025);
+    assert_true(json_real_value(json_object_get(o, "price_per_unit_usd")) ==
+                0.01);
+    assert_true(json_real_value(json_object_get(o, "spent_usd")) == 0.125);
+    assert_true(json_is_null(json_object_get(o, "spending_cap_usd")));
+    assert_string_equal(str(o, "cap_resets_at"), "2026-03-09T00:00:00Z");
+    json_decref(j);
+
+    /* no window lifted: no overage object */
+    d.headroom_milli = -1;
+    j = parse(qg_json_check(&d, "p-2", "weight points"));
+    assert_null(json_object_get(j, "overage"));
+    json_decref(j);
+
+    /* refused by the spending cap */
+    d.outcome = QG_REJECT;
+    d.cap_reached = 1;
+    d.binding = 0;
+    d.headroom_milli = 0;
+    d.spent_micro = 4990000;
+    d.spending_cap_micro = 5000000;
+    d.retry_after_ms = 1233500;
+    j = parse(qg_json_check(&d, "p-3", "weight points"));
+    json_t *e = json_object_get(j, "error");
+    assert_string_equal(str(e, "type"), "spending_cap_reached");
+    assert_string_equal(str(e, "window"), "burst_5h");
+    assert_string_equal(str(e, "message"),
+                        "spending cap reached: $4.99 of $5 spent this period; "
+                        "this request's overage (2.5 weight points beyond "
+                        "burst_5h) would cost $0.025; it fits again at "
+                        "2026-03-02T10:20:33.500Z");
+    assert_true(json_is_true(json_object_get(j, "retryable")));
+    o = json_object_get(j, "overage");
+    assert_true(json_number_value(json_object_get(o, "spending_cap_usd")) == 5);
+    json_decref(j);
+}
+
 static void test_check_never(void **state)
 {
     qg_decision d;
@@ -275,13 +331,20 @@ static void test_check_never(void **state)
 static void test_settle(void **state)
 {
     qg_settle_result s = {0, 1, 16500, 2250, 16500, NOW_MS,
-                          QG_SETTLE_CANCELLED};
+                          QG_SETTLE_CANCELLED, 0, 0};
     (void)state;
     char *text = qg_json_settle(&s, "req-1");
     assert_string_equal(text, "{\"request_id\":\"req-1\",\"status\":"
                               "\"cancelled\",\"reserved\":16.5,\"actual\":"
                               "2.25,\"charged\":16.5,\"late\":true,"
                               "\"replayed\":false}");
+    free(text);
+    /* payg: the settle's overage */
+    s.overage_milli = 1500;
+    s.overage_cost_micro = 15000;
+    text = qg_json_settle(&s, "req-1");
+    assert_non_null(strstr(text, ",\"overage_units\":1.5,"
+                                 "\"overage_cost_usd\":0.015}"));
     free(text);
 }
 
@@ -440,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_check_allow),
         cmocka_unit_test(test_check_reject),
         cmocka_unit_test(test_check_never),
+        cmocka_unit_test(test_check_payg),
         cmocka_unit_test(test_settle),
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_plans),

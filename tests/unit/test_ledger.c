@@ -121,6 +121,12 @@ static void make_row(int i, qg_ledger_row *r)
     r->weight_milli = 4000 + i;
     r->created_ms = BASE_MS + (int64_t)((i * 7919) % NROWS) * 3;
     r->settled_ms = r->status >= 2 ? r->created_ms + 1500 : 0;
+    r->headroom_milli = i % 7 == 0 ? 1000 + i : -1;
+    if (r->headroom_milli >= 0) {
+        r->overage_milli = 3000;
+        r->overage_price_micro = 10000;
+        r->overage_cost_micro = 30000 + i;
+    }
 }
 
 static void assert_row_eq(const qg_ledger_row *a, const qg_ledger_row *b)
@@ -142,6 +148,10 @@ static void assert_row_eq(const qg_ledger_row *a, const qg_ledger_row *b)
     assert_int_equal(a->weight_milli, b->weight_milli);
     assert_int_equal(a->created_ms, b->created_ms);
     assert_int_equal(a->settled_ms, b->settled_ms);
+    assert_int_equal(a->overage_milli, b->overage_milli);
+    assert_int_equal(a->overage_price_micro, b->overage_price_micro);
+    assert_int_equal(a->overage_cost_micro, b->overage_cost_micro);
+    assert_int_equal(a->headroom_milli, b->headroom_milli);
 }
 
 typedef struct scan_ck {
@@ -278,6 +288,36 @@ static void test_upsert(void **state)
     n = 0;
     assert_int_equal(qg_ledger_scan(l, INT64_MAX, stop_after_3, &n), 0);
     assert_int_equal(n, 0);
+
+    /* a settle-only row changes the settle's columns, overage included,
+     * and keeps the check's (price, headroom, plan, ...) */
+    {
+        qg_ledger_row ck, st;
+        make_row(7, &ck);               /* has overage columns */
+        ck.status = QG_ROW_RESERVED;
+        ck.settled_ms = 0;
+        memset(&st, 0, sizeof st);
+        strcpy(st.request_id, ck.request_id);
+        st.settle_only = 1;
+        st.status = QG_ROW_COMPLETED;
+        st.input_tokens = 11;
+        st.output_tokens = 22;
+        st.weight_milli = 9999;
+        st.settled_ms = ck.created_ms + 5;
+        st.overage_milli = 1234;
+        st.overage_cost_micro = 12340;
+        st.headroom_milli = -1;         /* not written by a settle */
+        assert_int_equal(qg_ledger_submit(l, &ck, count_done, &c), 0);
+        assert_int_equal(qg_ledger_submit(l, &st, count_done, &c), 0);
+        wait_done(&c, 5);
+        assert_int_equal(qg_ledger_get(l, ck.request_id, &got), 0);
+        assert_int_equal(got.weight_milli, 9999);
+        assert_int_equal(got.overage_milli, 1234);
+        assert_int_equal(got.overage_cost_micro, 12340);
+        assert_int_equal(got.overage_price_micro, ck.overage_price_micro);
+        assert_int_equal(got.headroom_milli, ck.headroom_milli);
+        assert_string_equal(got.plan, ck.plan);
+    }
 
     /* invalid rows are refused, without a callback */
     memset(&got, 0, sizeof got);
@@ -452,6 +492,47 @@ static void test_schema_and_urls(void **state)
     }
     sqlite3_close(db);
     assert_int_equal(v, QG_LEDGER_SCHEMA_VERSION);
+    tmpdb_remove(&t);
+
+    /* a schema 1 file (before payg) is migrated: its rows read with no
+     * overage and no lifted window */
+    tmpdb_make(&t);
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+        "CREATE TABLE requests ("
+        " request_id TEXT PRIMARY KEY, subject TEXT NOT NULL, org TEXT,"
+        " plan TEXT, rules_version TEXT, weights_version TEXT, model TEXT,"
+        " \"window\" TEXT, decision INTEGER NOT NULL, status INTEGER NOT NULL,"
+        " estimated INTEGER NOT NULL DEFAULT 0,"
+        " input_tokens INTEGER NOT NULL DEFAULT 0,"
+        " output_tokens INTEGER NOT NULL DEFAULT 0,"
+        " reserved_milli INTEGER NOT NULL DEFAULT 0,"
+        " weight_milli INTEGER NOT NULL DEFAULT 0,"
+        " created_ms INTEGER NOT NULL, settled_ms INTEGER NOT NULL DEFAULT 0);"
+        "CREATE INDEX requests_created ON requests(created_ms);"
+        "CREATE TABLE subjects ("
+        " subject TEXT PRIMARY KEY, plan TEXT NOT NULL, org TEXT,"
+        " billing_anchor_ms INTEGER NOT NULL DEFAULT 0,"
+        " updated_ms INTEGER NOT NULL);"
+        "CREATE TABLE keys ("
+        " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
+        " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
+        " revoked_ms INTEGER NOT NULL DEFAULT 0);"
+        "INSERT INTO requests (request_id, subject, decision, status,"
+        " weight_milli, created_ms, settled_ms) VALUES"
+        " ('old-1', 'alice', 1, 2, 5000, 1000, 2000);"
+        "PRAGMA user_version=1;", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    l = open_ok(t.path, NULL);
+    {
+        qg_ledger_row r;
+        assert_int_equal(qg_ledger_get(l, "old-1", &r), 0);
+        assert_int_equal(r.weight_milli, 5000);
+        assert_int_equal(r.overage_milli, 0);
+        assert_int_equal(r.overage_cost_micro, 0);
+        assert_int_equal(r.headroom_milli, -1);
+    }
+    qg_ledger_close(l);
     tmpdb_remove(&t);
 
     assert_null(qg_ledger_open("postgresql://db/quotagate", NULL, err,
