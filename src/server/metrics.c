@@ -66,6 +66,8 @@ struct qg_metrics {
     _Atomic uint64_t settles[4];   /* by qg_settle_status */
     _Atomic uint64_t mismatch[2];  /* over, under */
     _Atomic uint64_t mismatch_milli[2];
+    _Atomic uint64_t overage_milli;   /* payg, final at settle */
+    _Atomic uint64_t overage_micro;
     _Atomic uint64_t http[QG_ROUTE_COUNT][NCODES + 1]; /* last: other */
 };
 
@@ -391,6 +393,14 @@ void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
         atomic_fetch_add_explicit(&m->mismatch_milli[under], gap,
                                   memory_order_relaxed);
     }
+    if (s->overage_milli > 0) {
+        atomic_fetch_add_explicit(&m->overage_milli,
+                                  (uint64_t)s->overage_milli,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->overage_micro,
+                                  (uint64_t)s->overage_cost_micro,
+                                  memory_order_relaxed);
+    }
 }
 
 void qg_metrics_http(qg_metrics *m, int route, int code)
@@ -495,6 +505,17 @@ static void render_settles(qg_metrics *m, FILE *f)
         put_scaled(f, load(&m->mismatch_milli[i]), 3);
         fputc('\n', f);
     }
+    family(f, "quotagate_overage_weight_total", "counter",
+           "Weight points admitted beyond the limits under payg, as "
+           "settled.");
+    fputs("quotagate_overage_weight_total ", f);
+    put_scaled(f, load(&m->overage_milli), 3);
+    fputc('\n', f);
+    family(f, "quotagate_overage_cost_usd_total", "counter",
+           "What that overage costs, in US dollars, as settled.");
+    fputs("quotagate_overage_cost_usd_total ", f);
+    put_scaled(f, load(&m->overage_micro), 6);
+    fputc('\n', f);
 }
 
 static void render_http(qg_metrics *m, FILE *f)

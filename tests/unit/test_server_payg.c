@@ -213,6 +213,12 @@ static void test_overage_check_settle(void **state)
         assert_int_equal(row.over, 0);
         assert_int_equal(row.headroom, 10000);
     }
+    /* the metrics count settled overage */
+    r = call("GET", "/metrics", NULL, NULL);
+    WANT(r, 200, "metrics");
+    if (!strstr(r->body, "\nquotagate_overage_weight_total 3\n") ||
+        !strstr(r->body, "\nquotagate_overage_cost_usd_total 0.03\n"))
+        fail_msg("metrics without the overage: %s", tst_excerpt(r));
 }
 
 static void test_cap_and_restart(void **state)
