@@ -298,9 +298,44 @@ static void check_lowered(lint_ctx *c)
 
 /* ------------------------------------------------------------- run */
 
+/* ------------------------------------------------------------ payg */
+
+/* payg without a cap bills without bound; payg on a plan (or window) that
+ * lifts no window is a policy that can never apply (docs/decisions.md). */
+static void check_payg(lint_ctx *c)
+{
+    for (int i = 0; i < c->r->nplans; i++) {
+        const qg_plan *p = &c->r->plans[i];
+        int plan_payg = p->overage.policy == QG_POLICY_PAYG;
+        if (plan_payg && p->overage.spending_cap_micro == 0)
+            add(c, "payg-without-cap", p->name, NULL, "overage is payg "
+                "without a spending_cap: a member's overage per month is "
+                "unbounded");
+        if (plan_payg && p->payg_mask == 0)
+            add(c, "payg-lifts-nothing", p->name, NULL, "overage is payg, "
+                "but no window of the plan can be exceeded (payg lifts "
+                "rolling, calendar and session windows in weight units "
+                "only)");
+        for (int k = 0; k < p->nwindows && k < 32; k++) {
+            const qg_window_spec *w = &p->windows[k];
+            if (w->overage.policy != QG_POLICY_PAYG)
+                continue;
+            if (!((p->payg_mask >> k) & 1u))
+                add(c, "payg-lifts-nothing", p->name, w->name, "window %s "
+                    "has a payg policy but payg cannot lift a %s window",
+                    w->name, w->unit == QG_UNIT_REQUESTS
+                                 ? "request-count" : "rate");
+            else if (w->overage.spending_cap_micro == 0)
+                add(c, "payg-without-cap", p->name, w->name, "window %s's "
+                    "payg has no spending_cap: a member's overage per month "
+                    "is unbounded", w->name);
+        }
+    }
+}
+
 static void (*const checks[])(lint_ctx *) = {
     check_dimensions, check_derivable, check_claims, check_weights,
-    check_lowered,
+    check_lowered, check_payg,
 };
 
 int qg_lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,

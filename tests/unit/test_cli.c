@@ -431,6 +431,8 @@ static void test_lint_findings(void **state)
           { "claim-no-unit", "claim-unit-mismatch", "claim-not-redeemable",
             "claim-needs-disclosure" } },
         { "lint/stale_weights.yaml", NULL, { "weights-stale" } },
+        { "lint/payg.yaml", NULL,
+          { "payg-without-cap", "payg-lifts-nothing" } },
         { "lint/lowered_new.yaml", "lint/lowered_old.yaml",
           { "limit-lowered-without-notice" } },
     };
