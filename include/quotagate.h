@@ -193,6 +193,9 @@ typedef struct qg_settle_req {
     int64_t output_tokens;
     int64_t weight_milli;       /* weight-only checks: actual weight; -1 =
                                    keep the reserved weight */
+    int no_charge;              /* nothing counts (actual 0, not even the
+                                   per-request base): e.g. the upstream
+                                   refused the call with 429 */
 } qg_settle_req;
 
 typedef struct qg_settle_result {

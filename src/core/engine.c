@@ -590,6 +590,7 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.input_tokens = req->input_tokens;
     in.output_tokens = req->output_tokens;
     in.weight_milli = req->weight_milli;
+    in.no_charge = req->no_charge;
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
         qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "

@@ -127,6 +127,7 @@ struct px {
     int streaming;                 /* qg_http_stream_start done */
     int client_gone;
     int settled;
+    int no_charge;                 /* settle at 0 (upstream 429) */
     int cancelling;                /* we cancel ureq: ignore its callbacks */
     int paused;
     int uerr;                      /* evhttp_request_error, -1 none */
@@ -254,7 +255,7 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
     now = qg_server_now(p->s);
     req = (qg_settle_req){.request_id = p->rid, .status = st,
                           .input_tokens = in, .output_tokens = out,
-                          .weight_milli = -1};
+                          .weight_milli = -1, .no_charge = p->no_charge};
     if (qg_engine_settle(p->s->engine, &req, now, &res, err, sizeof err) !=
         QG_OK) {
         fprintf(stderr, "quotagate: proxy: settle of %s: %s\n", p->rid, err);
@@ -489,8 +490,10 @@ static void px_finish_buffered(px *p)
         return;
     }
     if (p->status < 200 || p->status > 299) {
-        /* 429 and other refusals: passed through, nothing but the
-         * per-request base charged */
+        /* Refusals are passed through.  The upstream's 429 costs
+         * nothing at all (its rate limit is not the caller's usage);
+         * other 4xx, the caller's own errors, the per-request base. */
+        p->no_charge = p->status == 429;
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 1);
         return;

@@ -64,6 +64,7 @@ typedef struct qg_store_settle {
     qg_settle_status status;
     int64_t input_tokens, output_tokens;
     int64_t weight_milli;       /* >= 0 for weight-only reservations */
+    int no_charge;              /* actual = 0 whatever the model */
 } qg_store_settle;
 
 /* Rebuild: re-apply a charge the ledger recorded, without deciding. */

@@ -586,7 +586,9 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
         settle_result(r, 1, out);
         goto out;
     }
-    if (r->model_spec) {
+    if (in->no_charge) {
+        actual = 0;
+    } else if (r->model_spec) {
         actual = qg_weight_milli(r->model_spec, in->input_tokens,
                                  in->output_tokens);
     } else {

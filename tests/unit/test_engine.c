@@ -304,6 +304,18 @@ static void test_reserve_settle(void **state)
     assert_int_equal(r.charged_milli, 1000);
     assert_int_equal(used(f, "bob", "burst", now + 8),
                      1450 + 4250 + 1100 + 1000);
+    /* no_charge (the upstream refused with 429): nothing counts */
+    assert_int_equal(check_m(f, "bob", "s4b", "light", 400, 1000, now + 8, &d),
+                     QG_ALLOW);
+    {
+        qg_settle_req sr = {.request_id = "s4b", .status = QG_SETTLE_FAILED,
+                            .weight_milli = -1, .no_charge = 1};
+        assert_int_equal(qg_engine_settle(f->eng, &sr, now + 8, &r, NULL, 0),
+                         0);
+    }
+    assert_int_equal(r.charged_milli, 0);
+    assert_int_equal(used(f, "bob", "burst", now + 8),
+                     1450 + 4250 + 1100 + 1000);
     /* Unknown request id. */
     assert_int_equal(settle_w(f, "nobody", 1000, now + 9, &r), QG_ENOTFOUND);
     /* Settle after the lease expired (15 min default for a plan without

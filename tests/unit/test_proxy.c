@@ -679,9 +679,10 @@ static void test_upstream_429(void **state)
     assert_int_equal(row.status, 4);            /* failed */
     assert_int_equal(row.in, 0);
     assert_int_equal(row.out, 0);
-    /* the documented rule: no tokens, the per-request base only */
-    assert_int_equal(row.weight_milli, 1000);
-    assert_true(NEAR(used_in(s), 1.0));
+    /* the documented rule: the upstream's 429 costs nothing, not even
+     * the per-request base */
+    assert_int_equal(row.weight_milli, 0);
+    assert_true(NEAR(used_in(s), 0.0));
 }
 
 static void test_upstream_500(void **state)
