@@ -175,7 +175,8 @@ static void test_render(void **state)
     d.plan = "nosuch";
     qg_metrics_record(m, &d);
 
-    qg_settle_result s = {0, 0, 16500, 2250, 2250, 0, QG_SETTLE_COMPLETED};
+    qg_settle_result s = {0, 0, 16500, 2250, 2250, 0, QG_SETTLE_COMPLETED,
+                          0, 0};
     qg_metrics_settle(m, &s);
     s.actual_milli = 20000;
     s.status = QG_SETTLE_FAILED;
