@@ -6,12 +6,13 @@
 #include <event2/http.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include "upstream.h"
+#include "url.h"
 
 typedef struct pooled {
     struct evhttp_connection *c;
@@ -25,10 +26,10 @@ typedef struct pool {
 } pool;
 
 struct qg_upstream {
-    char host[256];            /* without brackets or port */
+    char host[QG_URL_HOST_MAX]; /* without brackets or port */
     int port;
     char host_hdr[300];
-    char prefix[512];
+    char prefix[QG_URL_PREFIX_MAX];
     int timeout_ms;
     int tls;
     int host_is_ip;
@@ -41,60 +42,39 @@ struct qg_upstream {
 qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
                              const char *ca_file, char *err, size_t errcap)
 {
-    struct evhttp_uri *uri;
-    const char *scheme, *host, *path;
     qg_upstream *u;
-    int port;
-    size_t n;
+    qg_url pu;
+    char why[128];
 
     if (!url || !*url) {
         snprintf(err, errcap, "no upstream URL");
         return NULL;
     }
-    if (!(uri = evhttp_uri_parse(url))) {
-        snprintf(err, errcap, "upstream \"%s\" is not a URL "
-                 "(http://HOST[:PORT][/PREFIX])", url);
-        return NULL;
-    }
-    scheme = evhttp_uri_get_scheme(uri);
-    host = evhttp_uri_get_host(uri);
-    path = evhttp_uri_get_path(uri);
-    port = evhttp_uri_get_port(uri);
-    if (!scheme ||
-        (strcasecmp(scheme, "http") != 0 && strcasecmp(scheme, "https")) ||
-        !host || !*host ||
-        strlen(host) >= sizeof u->host || (path && strlen(path) >= 512) ||
-        evhttp_uri_get_query(uri) || evhttp_uri_get_userinfo(uri)) {
+    if (qg_url_parse(url, strlen(url), &pu, why, sizeof why) < 0) {
         snprintf(err, errcap, "upstream \"%s\": expected "
-                 "http[s]://HOST[:PORT][/PREFIX] (no query, no user info)",
-                 url);
-        evhttp_uri_free(uri);
+                 "http[s]://HOST[:PORT][/PREFIX]: %s", url, why);
         return NULL;
     }
     if (!(u = calloc(1, sizeof *u)) ||
         !(u->pools = calloc((size_t)(workers > 0 ? workers : 1),
                             sizeof *u->pools))) {
         free(u);
-        evhttp_uri_free(uri);
         snprintf(err, errcap, "out of memory");
         return NULL;
     }
-    snprintf(u->host, sizeof u->host, "%s", host);
-    u->tls = strcasecmp(scheme, "https") == 0;
-    u->port = port > 0 ? port : u->tls ? 443 : 80;
-    if (port > 0 && port != (u->tls ? 443 : 80))
+    snprintf(u->host, sizeof u->host, "%s", pu.host);
+    u->tls = pu.tls;
+    u->port = pu.port;
+    if (pu.port_given && pu.port != (u->tls ? 443 : 80))
         snprintf(u->host_hdr, sizeof u->host_hdr,
-                 strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+                 strchr(pu.host, ':') ? "[%s]:%d" : "%s:%d", pu.host,
+                 pu.port);
     else
         snprintf(u->host_hdr, sizeof u->host_hdr,
-                 strchr(host, ':') ? "[%s]" : "%s", host);
-    snprintf(u->prefix, sizeof u->prefix, "%s", path ? path : "");
-    n = strlen(u->prefix);
-    while (n > 0 && u->prefix[n - 1] == '/')
-        u->prefix[--n] = '\0';
+                 strchr(pu.host, ':') ? "[%s]" : "%s", pu.host);
+    snprintf(u->prefix, sizeof u->prefix, "%s", pu.prefix);
     u->timeout_ms = timeout_ms > 0 ? timeout_ms : 120000;
     u->nworkers = workers > 0 ? workers : 1;
-    evhttp_uri_free(uri);
     if (u->tls) {
         unsigned char ip[16];
         u->host_is_ip = inet_pton(AF_INET, u->host, ip) == 1 ||
@@ -254,4 +234,82 @@ void qg_upstream_release(qg_upstream *u, int worker,
 size_t qg_upstream_connections(qg_upstream *u)
 {
     return atomic_load(&u->open);
+}
+
+/* ----------------------------------------------------- the set by URL */
+
+typedef struct set_entry {
+    char *url;
+    qg_upstream *up;
+    struct set_entry *next;
+} set_entry;
+
+struct qg_upstream_set {
+    pthread_mutex_t mu;
+    set_entry *head;
+    int workers, timeout_ms;
+    char *ca_file;
+};
+
+qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
+                                     const char *ca_file)
+{
+    qg_upstream_set *set = calloc(1, sizeof *set);
+    if (!set)
+        return NULL;
+    if (ca_file && *ca_file && !(set->ca_file = strdup(ca_file))) {
+        free(set);
+        return NULL;
+    }
+    pthread_mutex_init(&set->mu, NULL);
+    set->workers = workers;
+    set->timeout_ms = timeout_ms;
+    return set;
+}
+
+qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
+                                 char *err, size_t errcap)
+{
+    set_entry *e;
+    qg_upstream *u = NULL;
+
+    pthread_mutex_lock(&set->mu);
+    for (e = set->head; e; e = e->next)
+        if (strcmp(e->url, url) == 0) {
+            u = e->up;
+            goto out;
+        }
+    if (!(e = calloc(1, sizeof *e)) || !(e->url = strdup(url))) {
+        free(e);
+        snprintf(err, errcap, "out of memory");
+        goto out;
+    }
+    if (!(e->up = qg_upstream_new(url, set->workers, set->timeout_ms,
+                                  set->ca_file, err, errcap))) {
+        free(e->url);
+        free(e);
+        goto out;
+    }
+    e->next = set->head;
+    set->head = e;
+    u = e->up;
+out:
+    pthread_mutex_unlock(&set->mu);
+    return u;
+}
+
+void qg_upstream_set_free(qg_upstream_set *set)
+{
+    if (!set)
+        return;
+    while (set->head) {
+        set_entry *e = set->head;
+        set->head = e->next;
+        qg_upstream_free(e->up);
+        free(e->url);
+        free(e);
+    }
+    pthread_mutex_destroy(&set->mu);
+    free(set->ca_file);
+    free(set);
 }

@@ -50,4 +50,21 @@ void qg_upstream_release(qg_upstream *u, int worker,
 /* Connections open now, summed over workers (for tests and metrics). */
 size_t qg_upstream_connections(qg_upstream *u);
 
+/* Every upstream the proxy has used, one per distinct URL (--upstream and
+ * the models' `upstream:` of every rules generation seen), each with its
+ * own per-worker pools.  An upstream is created at its first use and
+ * kept until qg_upstream_set_free (shutdown): a rules reload never frees
+ * one that a request in flight may still hold.  Thread-safe. */
+typedef struct qg_upstream_set qg_upstream_set;
+
+qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
+                                     const char *ca_file);
+/* The upstream for url (compared byte for byte), created on first use.
+ * NULL with a message in err when url is unusable or out of memory.
+ * The result lives until the set is freed. */
+qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
+                                 char *err, size_t errcap);
+/* Frees every upstream (after every request was cancelled or finished). */
+void qg_upstream_set_free(qg_upstream_set *set);
+
 #endif

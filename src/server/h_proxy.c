@@ -57,8 +57,18 @@ typedef struct qslot {
     int n;                     /* requests held for this plan */
 } qslot;
 
+/* Per worker: the upstream of each model of one rules generation (the
+ * rules' address is the key: generations are retired, never freed, while
+ * the server runs), so a request finds its upstream without a lock. */
+typedef struct upcache {
+    const qg_rules *rules;
+    qg_upstream *m[QG_MAX_MODELS];
+} upcache;
+
 struct qg_proxy {
-    qg_upstream *up;
+    qg_upstream *up;           /* --upstream, or NULL */
+    qg_upstream_set *set;      /* every upstream, by URL, until stop */
+    upcache *cache;            /* per worker */
     int nworkers;
     px **live;                 /* per worker: requests in flight or held */
     pthread_mutex_t qlock;     /* the overage queues, shared by workers */
@@ -115,6 +125,7 @@ struct px {
     int shape;
     int route;
     struct event_base *base;
+    qg_upstream *up;               /* this request's (its model's) */
     struct evhttp_connection *conn;
     struct evhttp_request *ureq;   /* NULL once finished or cancelled */
     struct event *defer;           /* zero timer: abort after client gone */
@@ -191,7 +202,7 @@ static void px_free(px *p)
     if (p->queued)
         q_give(pr, p->q_plan);
     if (p->conn)
-        qg_upstream_release(pr->up, p->worker, p->conn);
+        qg_upstream_release(p->up, p->worker, p->conn);
     if (p->defer)
         event_free(p->defer);
     if (p->body)
@@ -665,7 +676,7 @@ static int up_headers(px *p, struct evkeyvalq *out, size_t body_len)
             return -1;
     }
     snprintf(num, sizeof num, "%zu", body_len);
-    if (evhttp_add_header(out, "Host", qg_upstream_host(p->s->proxy->up)) ||
+    if (evhttp_add_header(out, "Host", qg_upstream_host(p->up)) ||
         evhttp_add_header(out, "Content-Length", num) ||
         evhttp_add_header(out, "X-Request-Id", p->rid) ||
         (!have_ctype &&
@@ -689,6 +700,50 @@ static int up_headers(px *p, struct evkeyvalq *out, size_t body_len)
 }
 
 static void px_admit(px *p);
+static void px_discard(px *p);
+
+/* The upstream of model m (an index of rules): its own `upstream:`, else
+ * --upstream.  NULL when it has none (err "") or its URL cannot be used
+ * (err says why).  On p's worker thread. */
+static qg_upstream *model_upstream(px *p, const qg_rules *rules, int m,
+                                   char *err, size_t errcap)
+{
+    qg_proxy *pr = p->s->proxy;
+    const char *url;
+    upcache *c;
+    err[0] = '\0';
+    if (m < 0 || m >= rules->nmodels || !(url = rules->models[m].upstream))
+        return pr->up;
+    c = &pr->cache[p->worker];
+    if (c->rules != rules) {
+        memset(c, 0, sizeof *c);
+        c->rules = rules;
+    }
+    if (!c->m[m])
+        c->m[m] = qg_upstream_set_get(pr->set, url, err, errcap);
+    return c->m[m];
+}
+
+/* Answer a request whose model has no usable upstream (nothing reserved,
+ * nothing recorded). */
+static void px_no_upstream(px *p, const char *model, const char *why)
+{
+    char msg[512];
+    qg_server *s = p->s;
+    qg_http_req *r = p->r;
+    if (*why)
+        snprintf(msg, sizeof msg, "the upstream of model %s cannot be "
+                 "used: %s", model, why);
+    else
+        snprintf(msg, sizeof msg, "model %s has no upstream: give it "
+                 "upstream: in the rules or start the gateway with "
+                 "--upstream URL", model);
+    px_discard(p);                      /* model may live in p */
+    if (*why)
+        qg_reply_error(s, r, 502, "upstream_unavailable", msg);
+    else
+        qg_reply_error(s, r, 503, "no_upstream", msg);
+}
 
 /* Release a request that never reached the upstream (the reply is sent
  * by the caller, through r, after this). */
@@ -834,6 +889,17 @@ static void px_admit(px *p)
         return;
     }
 
+    /* the model's upstream (an unknown model is the engine's to refuse) */
+    rules = qg_engine_rules(s->engine);
+    {
+        int m = qg_rules_find_model(rules, info->model);
+        if (m >= 0 && !(p->up = model_upstream(p, rules, m, err,
+                                               sizeof err))) {
+            px_no_upstream(p, info->model, err);
+            return;
+        }
+    }
+
     /* admission */
     now = qg_server_now(s);
     creq = (qg_check_req){.subject = subject, .request_id = p->rid,
@@ -863,9 +929,16 @@ static void px_admit(px *p)
         strcmp(rules->models[ov->to_model].name, info->model) != 0) {
         const char *to = rules->models[ov->to_model].name;
         qg_check_req c2 = creq;
+        qg_upstream *to_up = model_upstream(p, rules, ov->to_model, err,
+                                            sizeof err);
         c2.model = to;
+        if (!to_up) {                   /* the refusal charged nothing */
+            px_no_upstream(p, to, err);
+            return;
+        }
         if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
             !dg.replayed && dg.outcome == QG_ALLOW) {
+            p->up = to_up;
             qg_row_copy(p->dg_from, sizeof p->dg_from, info->model);
             qg_row_copy(p->dg_model, sizeof p->dg_model, to);
             if (d->binding >= 0)
@@ -959,7 +1032,7 @@ static void px_admit(px *p)
     if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
         !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
         !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p)) ||
-        !(p->conn = qg_upstream_acquire(s->proxy->up, p->worker, p->base)) ||
+        !(p->conn = qg_upstream_acquire(p->up, p->worker, p->base)) ||
         !(p->ureq = evhttp_request_new(up_done_cb, p))) {
         free(nbody);
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
@@ -990,7 +1063,7 @@ static void px_admit(px *p)
         return;
     }
     free(nbody);
-    snprintf(upath, sizeof upath, "%s%s", qg_upstream_prefix(s->proxy->up),
+    snprintf(upath, sizeof upath, "%s%s", qg_upstream_prefix(p->up),
              r->path);
     if (evhttp_make_request(p->conn, p->ureq, EVHTTP_REQ_POST, upath) != 0) {
         p->ureq = NULL;                  /* libevent owns or freed it */
@@ -1021,21 +1094,29 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
     int timeout = t ? atoi(t) : 0;
     int workers = s->opts.workers > 0 ? s->opts.workers : 2;
 
+    /* always set up: models may name their own upstreams (rules.h) */
     s->proxy = NULL;
-    if (!s->opts.upstream || !*s->opts.upstream)
-        return 0;
     if (!(pr = calloc(1, sizeof *pr)) ||
-        !(pr->live = calloc((size_t)workers, sizeof *pr->live))) {
+        !(pr->live = calloc((size_t)workers, sizeof *pr->live)) ||
+        !(pr->cache = calloc((size_t)workers, sizeof *pr->cache)) ||
+        !(pr->set = qg_upstream_set_new(workers, timeout,
+                                        getenv("QUOTAGATE_UPSTREAM_CA")))) {
+        if (pr) {
+            free(pr->live);
+            free(pr->cache);
+        }
         free(pr);
         snprintf(err, errcap, "out of memory");
         return -1;
     }
     pr->nworkers = workers;
     pthread_mutex_init(&pr->qlock, NULL);
-    if (!(pr->up = qg_upstream_new(s->opts.upstream, workers, timeout,
-                                   getenv("QUOTAGATE_UPSTREAM_CA"), err,
-                                   errcap))) {
+    if (s->opts.upstream && *s->opts.upstream &&
+        !(pr->up = qg_upstream_set_get(pr->set, s->opts.upstream, err,
+                                       errcap))) {
+        qg_upstream_set_free(pr->set);
         pthread_mutex_destroy(&pr->qlock);
+        free(pr->cache);
         free(pr->live);
         free(pr);
         return -1;
@@ -1057,8 +1138,9 @@ void qg_proxy_stop(qg_server *s)
             qg_http_respond(p->r, 503, NULL, 0, NULL, NULL, 0);
             px_free(p);
         }
-    qg_upstream_free(pr->up);
+    qg_upstream_set_free(pr->set);
     pthread_mutex_destroy(&pr->qlock);
+    free(pr->cache);
     free(pr->qs);
     free(pr->live);
     free(pr);
