@@ -591,6 +591,15 @@ static int conn_feed(qg_upcall *c, const char *data, size_t len)
         return call_fail(c, QG_UP_ECONN);
     if (e != HPE_OK || used != len)
         return call_fail(c, QG_UP_EPROTO);
+    if (c->cb->on_read_end) {
+        c->depth++;
+        c->cb->on_read_end(c->ud);
+        c->depth--;
+        if (c->cancelled) {
+            conn_close(c);
+            return 0;
+        }
+    }
     return 1;
 }
 

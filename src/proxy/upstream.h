@@ -70,13 +70,17 @@ enum {
 
 /* The caller's side of one call.  on_head once (status and headers);
  * on_body for each piece of the (de-chunked) body, pointing into the
- * client's read buffer (valid during the call only); on_done exactly once
- * unless the call was cancelled: the call is over and its handle gone.
- * Any of them may cancel or pause the call. */
+ * client's read buffer (valid during the call only); on_read_end (may be
+ * NULL) after the pieces of one read from the socket were handed over,
+ * so that the caller can pass them on in one write; on_done exactly once
+ * unless the call was cancelled: the call is over and its handle gone
+ * (on_read_end is not called for the read that ended it).  Any of them
+ * may cancel or pause the call. */
 typedef struct qg_upcall_cbs {
     void (*on_head)(void *ud, const qg_upresp *r);
     void (*on_body)(void *ud, const char *data, size_t len);
     void (*on_done)(void *ud, int err);
+    void (*on_read_end)(void *ud);
 } qg_upcall_cbs;
 
 typedef struct qg_upcall qg_upcall;

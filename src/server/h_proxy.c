@@ -140,6 +140,7 @@ struct px {
     char retry_after[64];
     struct evbuffer *body;         /* buffered (non-stream) answer */
     struct evbuffer *pend;         /* filter mode: the current event */
+    struct evbuffer *outq;         /* stream bytes of this upstream read */
     qg_sse *sse;
     qg_sse_split split;
     int drop;                      /* set by on_event: drop this event */
@@ -203,6 +204,8 @@ static void px_free(px *p)
         evbuffer_free(p->body);
     if (p->pend)
         evbuffer_free(p->pend);
+    if (p->outq)
+        evbuffer_free(p->outq);
     qg_sse_free(p->sse);
     free(p);
 }
@@ -344,17 +347,40 @@ static void px_schedule_abort(px *p)
         event_add(p->defer, &zero);
 }
 
+/* Queue stream bytes for the caller: what one upstream read brought is
+ * written in one go by px_flush (one system call instead of one per SSE
+ * event; nothing waits longer than the read being handled). */
 static void px_write(px *p, const char *data, size_t len)
 {
-    int rc;
     if (p->client_gone || len == 0)
         return;
-    rc = qg_http_stream_write(p->r, data, len);
+    if (evbuffer_add(p->outq, data, len) != 0)
+        px_schedule_abort(p);
+}
+
+static void px_drained(void *arg);
+
+/* Write what px_write queued; pause the upstream above the high-water
+ * mark (resumed by px_drained). */
+static void px_flush(px *p)
+{
+    size_t n = evbuffer_get_length(p->outq);
+    int rc;
+    if (n == 0)
+        return;
+    if (p->client_gone) {
+        evbuffer_drain(p->outq, n);
+        return;
+    }
+    rc = qg_http_stream_write(p->r, (const char *)evbuffer_pullup(p->outq, -1),
+                              n);
+    evbuffer_drain(p->outq, n);
     if (rc < 0) {
         px_schedule_abort(p);
     } else if (rc == 1 && !p->paused && p->call) {
         qg_upcall_pause(p->call, 1);
         p->paused = 1;
+        qg_http_stream_on_drain(p->r, px_drained, p);
     }
 }
 
@@ -374,20 +400,23 @@ static int on_event(const char *event, size_t elen, const char *data,
         int only = 0, rc;
         if (dlen == 6 && memcmp(data, "[DONE]", 6) == 0)
             return 0;
-        rc = qg_usage_openai_chunk(data, dlen, &p->u, &only);
+        int64_t cb;
+        rc = qg_usage_openai_chunk_bytes(data, dlen, &p->u, &only, &cb);
         if (rc == 1) {
             p->final_usage = 1;
             if (only && p->filter)
                 p->drop = 1;
         }
         if (rc >= 0)
-            p->content_bytes += qg_content_bytes_openai_chunk(data, dlen);
+            p->content_bytes += cb;
     } else {
-        int rc = qg_usage_anthropic_event(event, elen, data, dlen, &p->u);
+        int64_t cb;
+        int rc = qg_usage_anthropic_event_bytes(event, elen, data, dlen,
+                                                &p->u, &cb);
         if (rc == 1 && !strstr(data, "\"message_start\""))
             p->final_usage = 1;          /* a message_delta's usage */
         if (rc == 0)
-            p->content_bytes += qg_content_bytes_anthropic_event(data, dlen);
+            p->content_bytes += cb;
     }
     return 0;
 }
@@ -452,9 +481,7 @@ static void up_body(void *arg, const char *data, size_t n)
     if (n == 0)
         return;
     if (p->streaming) {
-        px_stream_bytes(p, data, n);
-        if (p->paused)
-            qg_http_stream_on_drain(p->r, px_drained, p);
+        px_stream_bytes(p, data, n);    /* written at up_read_end */
     } else if (evbuffer_get_length(p->body) + n <= MAX_BUFFERED_BODY) {
         evbuffer_add(p->body, data, n);
     }
@@ -500,10 +527,20 @@ static void px_finish_buffered(px *p)
     px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 0);
 }
 
+/* The end of one upstream read: pass its stream bytes on. */
+static void up_read_end(void *arg)
+{
+    px *p = arg;
+    if (p->streaming)
+        px_flush(p);
+}
+
 static void up_done(void *arg, int uerr)
 {
     px *p = arg;
     p->call = NULL;                     /* over: the client forgot it */
+    if (p->streaming)
+        px_flush(p);                    /* what arrived before the end */
     if (uerr != QG_UP_OK || p->status == 0) {
         /* the upstream failed (connect, reset, timeout, bad answer) */
         if (p->streaming) {
@@ -533,6 +570,7 @@ static void up_done(void *arg, int uerr)
         size_t n = evbuffer_get_length(p->pend);
         px_write(p, (const char *)evbuffer_pullup(p->pend, -1), n);
         evbuffer_drain(p->pend, n);
+        px_flush(p);
     }
     qg_sse_finish(p->sse);
     {
@@ -672,7 +710,8 @@ static int up_headers(px *p, struct evbuffer *out, size_t body_len)
 }
 
 /* The upstream client's callbacks (upstream.h). */
-static const qg_upcall_cbs up_cbs = {up_head, up_body, up_done};
+static const qg_upcall_cbs up_cbs = {up_head, up_body, up_done,
+                                     up_read_end};
 
 static void px_admit(px *p);
 static void px_discard(px *p);
@@ -1004,6 +1043,7 @@ static void px_admit(px *p)
     }
     px_link(p);
     if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
+        !(p->outq = evbuffer_new()) ||
         !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
         !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p))) {
         free(nbody);
