@@ -18,19 +18,22 @@
 # max_tokens $BENCH_MAX_TOKENS, X-Double-Mode: slow=0 (no pause between
 # stream chunks), one request in flight per connection.
 # Prints req/s, p50 and p99 of each path, the p50/p99 latency quotagate and
-# nginx add over direct, and the quotagate/nginx throughput ratio.
-# Caveat (streams): the double does not set TCP_NODELAY, so with slow=0
-# its small SSE chunks meet Nagle + the reader's delayed ACK: one keep-alive
-# connection alone takes ~44 ms per 16-token stream (wrk -c1), against
-# <1 ms for a fresh curl.  The stream rows therefore measure that stall
-# as seen through each path, not the proxies' per-chunk cost.
+# nginx add over direct, the quotagate/nginx throughput ratio, and each
+# proxy's CPU time per request (utime+stime from /proc over the run,
+# nginx's workers summed: the steadier figure on shared cores).  Then the
+# same three paths with one connection (wrk -t1 -c1): the latency each
+# proxy adds when nothing queues for the CPU.
+# The double sets TCP_NODELAY on its connections (so its small SSE chunks
+# are not held by Nagle + delayed ACK); quotagate sets it on its upstream
+# and caller sockets, nginx on keep-alive connections by default.
 # Everything listens on 127.0.0.1 only; every process started here is
 # stopped on exit (trap).
-# Environment: BENCH_DURATION (default 8s), BENCH_THREADS (2),
+# Environment: BENCH_DURATION (default 8s), BENCH_LAT_DURATION (the -c1
+# runs, default 3s), BENCH_THREADS (2),
 # BENCH_CONNECTIONS (32), BENCH_MAX_TOKENS (16), BENCH_WORKERS (quotagate
 # --workers and nginx worker_processes, default 2), BENCH_TASKSET=1 pins
-# the servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~55 s
-# with the defaults (6 wrk runs).
+# the servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~75 s
+# with the defaults (12 wrk runs).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -38,6 +41,7 @@ ROOT=$(pwd)
 QG=${QG_BIN:-$ROOT/build/quotagate}
 DBL=${QG_UPSTREAM_BIN:-$ROOT/build/upstream_double}
 DUR=${BENCH_DURATION:-8s}
+LAT_DUR=${BENCH_LAT_DURATION:-3s}
 THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-32}
 MAXTOK=${BENCH_MAX_TOKENS:-16}
@@ -216,11 +220,30 @@ NGX_URL="http://127.0.0.1:$NGX_PORT"
 probe nginx "$NGX_URL"
 
 # ------------------------------------------------------------------ wrk
-# run_wrk NAME URL MODE: writes $TMP/NAME.txt and sets R_RPS R_P50 R_P99
-# R_NON2XX R_ERR (latencies in microseconds)
+# cpu_ticks PID...: utime+stime (clock ticks) of the processes and their
+# children's threads (nginx: the master's workers)
+cpu_ticks() {
+    t=0
+    for p in "$@" $(for q in "$@"; do pgrep -P "$q" 2>/dev/null; done); do
+        v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + ${v:-0}))
+    done
+    echo $t
+}
+TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+# run_wrk NAME URL MODE [PID] [CONNS THREADS DURATION]: writes $TMP/NAME.txt
+# and sets R_RPS R_P50 R_P99 R_NON2XX R_ERR (latencies in microseconds) and
+# R_CPU (microseconds of PID's CPU per request, "-" without PID)
 run_wrk() {
-    QG_SUBJECT_KEY=$SUBJECT_KEY timeout 120 $PIN_WRK wrk -t"$THREADS" -c"$CONNS" \
-        -d"$DUR" --latency -s bench/wrk_proxy.lua "$2" -- "$3" "$MAXTOK" >"$TMP/$1.txt" 2>&1
+    c0=0; [ -n "${4:-}" ] && c0=$(cpu_ticks "$4")
+    QG_SUBJECT_KEY=$SUBJECT_KEY timeout 120 $PIN_WRK wrk -t"${6:-$THREADS}" -c"${5:-$CONNS}" \
+        -d"${7:-$DUR}" --latency -s bench/wrk_proxy.lua "$2" -- "$3" "$MAXTOK" >"$TMP/$1.txt" 2>&1
+    R_CPU=-
+    if [ -n "${4:-}" ]; then
+        c1=$(cpu_ticks "$4")
+        n=$(awk '/requests in/ {print $1}' "$TMP/$1.txt")
+        R_CPU=$(awk -v t=$((c1 - c0)) -v n="${n:-0}" -v k="$TCK" \
+                'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print "-" }')
+    fi
     R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
     R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
                  if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
@@ -239,7 +262,7 @@ run_wrk() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.3f", (a - b) / 1000 }'; }
-line() { printf '  %-24s %10s %10s %10s %9s %7s\n' "$@"; }
+line() { printf '  %-24s %10s %10s %10s %9s %7s %9s\n' "$@"; }
 
 say ""
 say "Proxy benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency, POST /v1/chat/completions max_tokens $MAXTOK, X-Double-Mode: slow=0${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
@@ -251,10 +274,10 @@ BAD=0
 for mode in plain stream; do
     run_wrk "direct_$mode" "$DBL_URL" "$mode"
     D_RPS=$R_RPS D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
-    run_wrk "qg_$mode" "$QG_URL" "$mode"
-    Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
-    run_wrk "ngx_$mode" "$NGX_URL" "$mode"
-    N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+    run_wrk "qg_$mode" "$QG_URL" "$mode" "$QG_PID"
+    Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU
+    run_wrk "ngx_$mode" "$NGX_URL" "$mode" "$NGX_PID"
+    N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU
     [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
 
     say ""
@@ -263,19 +286,31 @@ for mode in plain stream; do
     else
         say "  stream (stream: true, $MAXTOK content chunks; quotagate asks for include_usage and drops the usage chunk)"
     fi
-    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors"
-    line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" "$D_ERR"
-    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR"
-    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR"
-    line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" "$(added "$Q_P99" "$D_P99")" "" ""
-    line "nginx added" "" "$(added "$N_P50" "$D_P50")" "$(added "$N_P99" "$D_P99")" "" ""
-    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" ""
-    line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" ""
-    line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" ""
-    if [ "$mode" = stream ] && awk -v p="$D_P50" 'BEGIN { exit !(p >= 35000) }'; then
-        say "  note: direct stream p50 >= 35 ms: the double's chunks stall on Nagle + delayed ACK"
-        say "  (it does not set TCP_NODELAY); these rows measure that, not per-chunk proxy cost"
-    fi
+    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "CPU us/req"
+    line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" "$D_ERR" ""
+    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR" "$Q_CPU"
+    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR" "$N_CPU"
+    line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" "$(added "$Q_P99" "$D_P99")" "" "" ""
+    line "nginx added" "" "$(added "$N_P50" "$D_P50")" "$(added "$N_P99" "$D_P99")" "" "" ""
+    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" "$(ratio "$Q_CPU" "$N_CPU")x"
+    line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" "" ""
+    line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
+done
+
+# one connection: the latency each path adds when nothing queues
+say ""
+say "  one connection (wrk -t1 -c1 -d$LAT_DUR): p50 / p99 ms, and what each proxy adds"
+line "" "direct" "quotagate" "nginx" "qg added" "ngx add" ""
+for mode in plain stream; do
+    run_wrk "lat_direct_$mode" "$DBL_URL" "$mode" "" 1 1 "$LAT_DUR"
+    D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
+    run_wrk "lat_qg_$mode" "$QG_URL" "$mode" "" 1 1 "$LAT_DUR"
+    Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
+    run_wrk "lat_ngx_$mode" "$NGX_URL" "$mode" "" 1 1 "$LAT_DUR"
+    N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+    [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
+    line "$mode p50" "$(ms "$D_P50")" "$(ms "$Q_P50")" "$(ms "$N_P50")" "$(added "$Q_P50" "$D_P50")" "$(added "$N_P50" "$D_P50")" ""
+    line "$mode p99" "$(ms "$D_P99")" "$(ms "$Q_P99")" "$(ms "$N_P99")" "$(added "$Q_P99" "$D_P99")" "$(added "$N_P99" "$D_P99")" ""
 done
 
 # the proxy really metered: the subject's 5 h window holds the calls

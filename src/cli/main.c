@@ -61,7 +61,8 @@ static const struct flag {
     [F_STORE] = { "store", 0, "URL", offsetof(qg_cli_args, store),
                   "where counters live: memory (default)" },
     [F_UPSTREAM] = { "upstream", 0, "URL", offsetof(qg_cli_args, upstream),
-                     "model API the proxy forwards to" },
+                     "model API the proxy forwards to (models with "
+                     "their own upstream: in the rules go there)" },
     [F_WORKERS] = { "workers", 0, "N", offsetof(qg_cli_args, workers),
                     "HTTP worker threads (default 2)" },
     [F_HEADER_TIMEOUT] = { "header-timeout", 0, "MS",

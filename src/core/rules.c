@@ -42,8 +42,10 @@ void qg_rules_free(qg_rules *r)
         free_windows(r->orgs[i].windows, r->orgs[i].nwindows);
     }
     free(r->orgs);
-    for (i = 0; r->models && i < r->nmodels; i++)
+    for (i = 0; r->models && i < r->nmodels; i++) {
         free(r->models[i].name);
+        free(r->models[i].upstream);
+    }
     free(r->models);
     for (i = 0; r->subjects && i < r->nsubjects; i++)
         free(r->subjects[i].name);

@@ -110,6 +110,9 @@ typedef struct qg_model {
     int64_t input_per_1k_micro; /* points per 1000 input tokens * 1e6 */
     int64_t output_per_1k_micro;
     int64_t changed_ms;         /* when the model was last changed, 0 unset */
+    char *upstream;             /* "http[s]://HOST[:PORT][/PREFIX]" its
+                                   requests go to, NULL: --upstream (only
+                                   the shape is checked here, url.h) */
     int line;
 } qg_model;
 

@@ -22,6 +22,7 @@
 #include "fixed.h"
 #include "quotagate.h"
 #include "rules_compile.h"
+#include "url.h"
 
 /* ------------------------------------------------------- references */
 
@@ -302,6 +303,7 @@ static const qg__ykey weights_keys[] = {
 static const qg__ykey model_keys[] = {
     { "per_request", QG_Y_ALL },   { "input_per_1k", QG_Y_ALL },
     { "output_per_1k", QG_Y_ALL }, { "changed", QG_Y_ALL },
+    { "upstream", QG_Y_ALL },
 };
 
 /* A model's coefficients: key, scale, and where it goes. */
@@ -335,6 +337,23 @@ static int c_model(qg__rctx *c, yaml_node_t *m, const char *path, qg_model *md)
     if ((v = qg__y_get(&c->y, m, "changed"))) {
         qg__y_path_key(sub, path, "changed");
         if (qg__y_date(&c->y, v, sub, &md->changed_ms) < 0)
+            return -1;
+    }
+    if ((v = qg__y_get(&c->y, m, "upstream"))) {
+        qg_url url;
+        char why[128];
+        qg__y_path_key(sub, path, "upstream");
+        if (qg__y_need_scalar(&c->y, v, sub,
+                              "an upstream URL http[s]://HOST[:PORT][/PREFIX]")
+                < 0)
+            return -1;
+        /* the shape only: the proxy connects (url.h; no I/O here) */
+        if (qg_url_parse(qg__y_str(v), v->data.scalar.length, &url, why,
+                         sizeof why) < 0)
+            return qg__y_fail(&c->y, v, sub,
+                              "expected an upstream URL "
+                              "http[s]://HOST[:PORT][/PREFIX]: %s", why);
+        if (qg__y_string(&c->y, v, sub, &md->upstream) < 0)
             return -1;
     }
     return 0;

@@ -49,33 +49,47 @@ static int64_t tool_call_bytes(json_t *calls)
     return n;
 }
 
-int64_t qg_content_bytes_openai_chunk(const char *data, size_t len)
+int64_t qg__content_bytes_openai_obj(struct json_t *j)
 {
-    json_t *j = json_loadb(data, len, 0, NULL), *ch;
+    json_t *ch;
     size_t i;
     int64_t n = 0;
-    if (!j)
-        return 0;
     json_array_foreach(json_object_get(j, "choices"), i, ch) {
         json_t *d = json_object_get(ch, "delta");
         n += str_len(json_object_get(d, "content"));
         n += tool_call_bytes(json_object_get(d, "tool_calls"));
     }
+    return n;
+}
+
+int64_t qg_content_bytes_openai_chunk(const char *data, size_t len)
+{
+    json_t *j = json_loadb(data, len, 0, NULL);
+    int64_t n;
+    if (!j)
+        return 0;
+    n = qg__content_bytes_openai_obj(j);
     json_decref(j);
     return n;
 }
 
+int64_t qg__content_bytes_anthropic_obj(struct json_t *j)
+{
+    json_t *d = json_object_get(j, "delta");
+    if (!json_is_object(d))
+        return 0;
+    return str_len(json_object_get(d, "text")) +
+           str_len(json_object_get(d, "partial_json")) +
+           str_len(json_object_get(d, "thinking"));
+}
+
 int64_t qg_content_bytes_anthropic_event(const char *data, size_t len)
 {
-    json_t *j = json_loadb(data, len, 0, NULL), *d;
-    int64_t n = 0;
+    json_t *j = json_loadb(data, len, 0, NULL);
+    int64_t n;
     if (!j)
         return 0;
-    d = json_object_get(j, "delta");
-    if (json_is_object(d))
-        n = str_len(json_object_get(d, "text")) +
-            str_len(json_object_get(d, "partial_json")) +
-            str_len(json_object_get(d, "thinking"));
+    n = qg__content_bytes_anthropic_obj(j);
     json_decref(j);
     return n;
 }

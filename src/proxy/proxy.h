@@ -36,6 +36,11 @@ size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len);
 int64_t qg_content_bytes_openai_chunk(const char *data, size_t len);
 int64_t qg_content_bytes_anthropic_event(const char *data, size_t len);
 int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
+/* The same for an already parsed chunk or event (usage.c's one-parse
+ * readers of stream events use them). */
+struct json_t;
+int64_t qg__content_bytes_openai_obj(struct json_t *j);
+int64_t qg__content_bytes_anthropic_obj(struct json_t *j);
 
 /* 1 when the caller's request header `name` is passed upstream: every
  * header except the caller's credentials (Authorization, x-api-key,

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "quotagate.h"
+#include "proxy.h"
 #include "usage.h"
 
 /* --------------------------------------------------------------- helpers */
@@ -117,10 +118,19 @@ done:
 int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
                           int *is_usage_only)
 {
+    return qg_usage_openai_chunk_bytes(data, len, out, is_usage_only, NULL);
+}
+
+int qg_usage_openai_chunk_bytes(const char *data, size_t len,
+                                qg_usage_counts *out, int *is_usage_only,
+                                int64_t *content_bytes)
+{
     int rc = -1;
     json_t *root = NULL;
     if (is_usage_only)
         *is_usage_only = 0;
+    if (content_bytes)
+        *content_bytes = 0;
     while (len && (data[0] == ' ' || data[0] == '\t' || data[0] == '\n' ||
                    data[0] == '\r')) {
         data++;
@@ -134,6 +144,8 @@ int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
     root = load(data, len, 0);
     if (!json_is_object(root))
         goto done;
+    if (content_bytes)
+        *content_bytes = qg__content_bytes_openai_obj(root);
     json_t *err = json_object_get(root, "error");
     if (json_is_object(err)) {
         copy_error(out->error, err);
@@ -233,11 +245,24 @@ static int anthropic_usage_into(const json_t *usage, qg_usage_counts *acc)
 int qg_usage_anthropic_event(const char *event, size_t elen, const char *data,
                              size_t dlen, qg_usage_counts *acc)
 {
+    return qg_usage_anthropic_event_bytes(event, elen, data, dlen, acc,
+                                          NULL);
+}
+
+int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
+                                   const char *data, size_t dlen,
+                                   qg_usage_counts *acc,
+                                   int64_t *content_bytes)
+{
     int rc = -1;
     char name[32];
     json_t *root = load(data, dlen, 0);
+    if (content_bytes)
+        *content_bytes = 0;
     if (!json_is_object(root))
         goto done;
+    if (content_bytes)
+        *content_bytes = qg__content_bytes_anthropic_obj(root);
     /* the payload's "type" is authoritative; the SSE type is the fallback */
     const char *t = json_string_value(json_object_get(root, "type"));
     if (!t) {

@@ -74,6 +74,18 @@ int qg_usage_anthropic_json(const char *body, size_t len,
 int qg_usage_anthropic_event(const char *event, size_t elen, const char *data,
                              size_t dlen, qg_usage_counts *acc);
 
+/* The two stream readers above, also giving *content_bytes (the event's
+ * bytes of generated text, as qg_content_bytes_openai_chunk and
+ * qg_content_bytes_anthropic_event count them; 0 when not parsed) from
+ * the same single parse: the proxy reads every stream event this way. */
+int qg_usage_openai_chunk_bytes(const char *data, size_t len,
+                                qg_usage_counts *out, int *is_usage_only,
+                                int64_t *content_bytes);
+int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
+                                   const char *data, size_t dlen,
+                                   qg_usage_counts *acc,
+                                   int64_t *content_bytes);
+
 /* ------------------------------------------------------------- requests */
 
 enum { QG_SHAPE_OPENAI = 1, QG_SHAPE_ANTHROPIC = 2 };

@@ -13,8 +13,8 @@
  *      then the request is held on a timer of the worker's loop and
  *      checked again at the retry instant;
  *   2. the request goes upstream on the worker's event base through a
- *      pooled keep-alive connection (upstream.h), with the gateway's own
- *      credential instead of the caller's key;
+ *      pooled keep-alive connection of our own HTTP client (upstream.h),
+ *      with the gateway's own credential instead of the caller's key;
  *   3. a non-streaming answer is read whole, its usage read, the charge
  *      settled, the answer passed on; a stream is passed on chunk by
  *      chunk as it arrives while an SSE parser reads its usage, and
@@ -23,13 +23,10 @@
  * through px_settle: the ledger row's status and estimated flag say
  * which rule applied.
  *
- * libevent's client callbacks are never used to cancel their own request:
- * a cancel from inside a chunk callback is deferred to a zero timer. */
+ * A caller who leaves is handled from a zero timer (px_abort_cb), never
+ * from inside the upstream client's callbacks. */
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,8 +54,18 @@ typedef struct qslot {
     int n;                     /* requests held for this plan */
 } qslot;
 
+/* Per worker: the upstream of each model of one rules generation (the
+ * rules' address is the key: generations are retired, never freed, while
+ * the server runs), so a request finds its upstream without a lock. */
+typedef struct upcache {
+    const qg_rules *rules;
+    qg_upstream *m[QG_MAX_MODELS];
+} upcache;
+
 struct qg_proxy {
-    qg_upstream *up;
+    qg_upstream *up;           /* --upstream, or NULL */
+    qg_upstream_set *set;      /* every upstream, by URL, until stop */
+    upcache *cache;            /* per worker */
     int nworkers;
     px **live;                 /* per worker: requests in flight or held */
     pthread_mutex_t qlock;     /* the overage queues, shared by workers */
@@ -115,8 +122,8 @@ struct px {
     int shape;
     int route;
     struct event_base *base;
-    struct evhttp_connection *conn;
-    struct evhttp_request *ureq;   /* NULL once finished or cancelled */
+    qg_upstream *up;               /* this request's (its model's) */
+    qg_upcall *call;               /* NULL once finished or cancelled */
     struct event *defer;           /* zero timer: abort after client gone */
     px *prev, *next;               /* in qg_proxy.live[worker] */
 
@@ -128,14 +135,13 @@ struct px {
     int client_gone;
     int settled;
     int no_charge;                 /* settle at 0 (upstream 429) */
-    int cancelling;                /* we cancel ureq: ignore its callbacks */
     int paused;
-    int uerr;                      /* evhttp_request_error, -1 none */
     int status;                    /* the upstream's status */
     char ctype[128];
     char retry_after[64];
     struct evbuffer *body;         /* buffered (non-stream) answer */
     struct evbuffer *pend;         /* filter mode: the current event */
+    struct evbuffer *outq;         /* stream bytes of this upstream read */
     qg_sse *sse;
     qg_sse_split split;
     int drop;                      /* set by on_event: drop this event */
@@ -191,14 +197,16 @@ static void px_free(px *p)
         event_free(p->qtimer);
     if (p->queued)
         q_give(pr, p->q_plan);
-    if (p->conn)
-        qg_upstream_release(pr->up, p->worker, p->conn);
+    if (p->call)
+        qg_upcall_cancel(p->call);
     if (p->defer)
         event_free(p->defer);
     if (p->body)
         evbuffer_free(p->body);
     if (p->pend)
         evbuffer_free(p->pend);
+    if (p->outq)
+        evbuffer_free(p->outq);
     qg_sse_free(p->sse);
     free(p);
 }
@@ -206,11 +214,9 @@ static void px_free(px *p)
 /* Cancel the upstream request (not from inside its own callbacks). */
 static void px_cancel_upstream(px *p)
 {
-    if (p->ureq) {
-        struct evhttp_request *q = p->ureq;
-        p->cancelling = 1;
-        p->ureq = NULL;
-        evhttp_cancel_request(q);
+    if (p->call) {
+        qg_upcall_cancel(p->call);
+        p->call = NULL;
     }
 }
 
@@ -335,31 +341,48 @@ static void px_schedule_abort(px *p)
         event_add(p->defer, &zero);
 }
 
+/* Queue stream bytes for the caller: what one upstream read brought is
+ * written in one go by px_flush (one system call instead of one per SSE
+ * event; nothing waits longer than the read being handled). */
 static void px_write(px *p, const char *data, size_t len)
 {
-    int rc;
     if (p->client_gone || len == 0)
         return;
-    rc = qg_http_stream_write(p->r, data, len);
+    if (evbuffer_add(p->outq, data, len) != 0)
+        px_schedule_abort(p);
+}
+
+static void px_drained(void *arg);
+
+/* Write what px_write queued; pause the upstream above the high-water
+ * mark (resumed by px_drained). */
+static void px_flush(px *p)
+{
+    size_t n = evbuffer_get_length(p->outq);
+    int rc;
+    if (n == 0)
+        return;
+    if (p->client_gone) {
+        evbuffer_drain(p->outq, n);
+        return;
+    }
+    rc = qg_http_stream_write(p->r, (const char *)evbuffer_pullup(p->outq, -1),
+                              n);
+    evbuffer_drain(p->outq, n);
     if (rc < 0) {
         px_schedule_abort(p);
-    } else if (rc == 1 && !p->paused && p->conn) {
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->conn);
-        if (bev) {
-            bufferevent_disable(bev, EV_READ);
-            p->paused = 1;
-        }
+    } else if (rc == 1 && !p->paused && p->call) {
+        qg_upcall_pause(p->call, 1);
+        p->paused = 1;
+        qg_http_stream_on_drain(p->r, px_drained, p);
     }
 }
 
 static void px_drained(void *arg)
 {
     px *p = arg;
-    if (p->paused && p->conn) {
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->conn);
-        if (bev)
-            bufferevent_enable(bev, EV_READ);
-    }
+    if (p->paused && p->call)
+        qg_upcall_pause(p->call, 0);
     p->paused = 0;
 }
 
@@ -371,20 +394,23 @@ static int on_event(const char *event, size_t elen, const char *data,
         int only = 0, rc;
         if (dlen == 6 && memcmp(data, "[DONE]", 6) == 0)
             return 0;
-        rc = qg_usage_openai_chunk(data, dlen, &p->u, &only);
+        int64_t cb;
+        rc = qg_usage_openai_chunk_bytes(data, dlen, &p->u, &only, &cb);
         if (rc == 1) {
             p->final_usage = 1;
             if (only && p->filter)
                 p->drop = 1;
         }
         if (rc >= 0)
-            p->content_bytes += qg_content_bytes_openai_chunk(data, dlen);
+            p->content_bytes += cb;
     } else {
-        int rc = qg_usage_anthropic_event(event, elen, data, dlen, &p->u);
+        int64_t cb;
+        int rc = qg_usage_anthropic_event_bytes(event, elen, data, dlen,
+                                                &p->u, &cb);
         if (rc == 1 && !strstr(data, "\"message_start\""))
             p->final_usage = 1;          /* a message_delta's usage */
         if (rc == 0)
-            p->content_bytes += qg_content_bytes_anthropic_event(data, dlen);
+            p->content_bytes += cb;
     }
     return 0;
 }
@@ -420,19 +446,12 @@ static void px_stream_bytes(px *p, const char *data, size_t n)
 
 /* ---------------------------------------------- upstream callbacks */
 
-static int up_header_cb(struct evhttp_request *req, void *arg)
+static void up_head(void *arg, const qg_upresp *ur)
 {
     px *p = arg;
-    struct evkeyvalq *hs;
-    const char *v;
-    if (p->cancelling)
-        return 0;
-    p->status = evhttp_request_get_response_code(req);
-    hs = evhttp_request_get_input_headers(req);
-    if ((v = evhttp_find_header(hs, "Content-Type")))
-        qg_row_copy(p->ctype, sizeof p->ctype, v);
-    if ((v = evhttp_find_header(hs, "Retry-After")))
-        qg_row_copy(p->retry_after, sizeof p->retry_after, v);
+    p->status = ur->status;
+    qg_row_copy(p->ctype, sizeof p->ctype, ur->ctype);
+    qg_row_copy(p->retry_after, sizeof p->retry_after, ur->retry_after);
     if (p->caller_stream && p->status == 200 &&
         strncasecmp(p->ctype, "text/event-stream", 17) == 0 &&
         !p->client_gone) {
@@ -447,30 +466,19 @@ static int up_header_cb(struct evhttp_request *req, void *arg)
             px_schedule_abort(p);
         }
     }
-    return 0;
 }
 
-static void up_chunk_cb(struct evhttp_request *req, void *arg)
+/* A piece of the upstream's (de-chunked) body, as it arrives. */
+static void up_body(void *arg, const char *data, size_t n)
 {
     px *p = arg;
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t n = evbuffer_get_length(in);
-    if (p->cancelling || n == 0)
+    if (n == 0)
         return;
     if (p->streaming) {
-        px_stream_bytes(p, (const char *)evbuffer_pullup(in, -1), n);
-        if (p->paused)
-            qg_http_stream_on_drain(p->r, px_drained, p);
+        px_stream_bytes(p, data, n);    /* written at up_read_end */
     } else if (evbuffer_get_length(p->body) + n <= MAX_BUFFERED_BODY) {
-        evbuffer_add_buffer(p->body, in);
+        evbuffer_add(p->body, data, n);
     }
-}
-
-static void up_error_cb(enum evhttp_request_error e, void *arg)
-{
-    px *p = arg;
-    if (!p->cancelling)
-        p->uerr = (int)e;
 }
 
 /* The upstream answered whole (non-stream). */
@@ -507,21 +515,29 @@ static void px_finish_buffered(px *p)
         if (rc != 1)
             memset(&p->u, 0, sizeof p->u);
         p->final_usage = rc == 1;
-        p->content_bytes = qg_content_bytes_json(body, len, p->shape);
+        if (!(p->final_usage && p->u.have_output))  /* else unused */
+            p->content_bytes = qg_content_bytes_json(body, len, p->shape);
         px_tokens(p, &in, &out, &est);
         px_settle(p, ok, in, out, est);
     }
     px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 0);
 }
 
-static void up_done_cb(struct evhttp_request *req, void *arg)
+/* The end of one upstream read: pass its stream bytes on. */
+static void up_read_end(void *arg)
 {
     px *p = arg;
-    if (p->cancelling)
-        return;
-    p->ureq = NULL;
-    if (req == NULL || p->uerr >= 0 ||
-        evhttp_request_get_response_code(req) == 0) {
+    if (p->streaming)
+        px_flush(p);
+}
+
+static void up_done(void *arg, int uerr)
+{
+    px *p = arg;
+    p->call = NULL;                     /* over: the client forgot it */
+    if (p->streaming)
+        px_flush(p);                    /* what arrived before the end */
+    if (uerr != QG_UP_OK || p->status == 0) {
         /* the upstream failed (connect, reset, timeout, bad answer) */
         if (p->streaming) {
             /* mid-stream: charge what was produced, truncate */
@@ -532,9 +548,9 @@ static void up_done_cb(struct evhttp_request *req, void *arg)
         } else {
             px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
             px_reply_error(p, 502,
-                           p->uerr == EVREQ_HTTP_TIMEOUT ? "upstream_timeout"
-                                                         : "upstream_unavailable",
-                           p->uerr == EVREQ_HTTP_TIMEOUT
+                           uerr == QG_UP_ETIMEOUT ? "upstream_timeout"
+                                                  : "upstream_unavailable",
+                           uerr == QG_UP_ETIMEOUT
                                ? "the upstream did not answer in time"
                                : "the upstream could not be reached or "
                                  "closed the connection");
@@ -550,6 +566,7 @@ static void up_done_cb(struct evhttp_request *req, void *arg)
         size_t n = evbuffer_get_length(p->pend);
         px_write(p, (const char *)evbuffer_pullup(p->pend, -1), n);
         evbuffer_drain(p->pend, n);
+        px_flush(p);
     }
     qg_sse_finish(p->sse);
     {
@@ -577,7 +594,7 @@ static void px_abort_cb(evutil_socket_t fd, short what, void *arg)
     px *p = arg;
     (void)fd;
     (void)what;
-    if (!p->streaming && !p->caller_stream && p->ureq)
+    if (!p->streaming && !p->caller_stream && p->call)
         return;                         /* settled when the answer comes */
     px_cancel_upstream(p);
     px_settle_partial(p);
@@ -638,53 +655,105 @@ static void check_row(qg_ledger_row *row, const qg_decision *d,
     row->estimated = 1;
 }
 
-/* Add the caller's headers that go upstream, then the proxy's own. */
-static int up_headers(px *p, struct evkeyvalq *out, size_t body_len)
+/* 1 when s[0..n) holds a CR or LF (it would end the header early). */
+static int has_eol(const char *s, size_t n)
+{
+    return memchr(s, '\r', n) != NULL || memchr(s, '\n', n) != NULL;
+}
+
+/* The request line and headers sent upstream, into out: the caller's
+ * headers that go upstream (those longer than the old evhttp-based
+ * client's limits are dropped, as before), then the proxy's own.
+ * Returns 0, or -1 when a header cannot be forwarded. */
+static int up_headers(px *p, struct evbuffer *out, size_t body_len)
 {
     const qg_http_req *r = p->r;
     const char *key = getenv("QUOTAGATE_UPSTREAM_KEY");
-    char name[256], value[8192], num[32];
-    int have_ctype = 0;
+    int have_ctype = 0, rc = 0;
 
+    rc |= evbuffer_add_printf(out, "POST %s%s HTTP/1.1\r\nHost: %s\r\n",
+                              qg_upstream_prefix(p->up), r->path,
+                              qg_upstream_host(p->up)) < 0;
     for (int i = 0; i < r->nheaders; i++) {
         const qg_http_header *h = &r->headers[i];
         if (!qg_proxy_forward_header(h->name, h->name_len) ||
-            h->name_len >= sizeof name || h->value_len >= sizeof value)
+            h->name_len >= 256 || h->value_len >= 8192)
             continue;
-        memcpy(name, h->name, h->name_len);
-        name[h->name_len] = '\0';
-        memcpy(value, h->value, h->value_len);
-        value[h->value_len] = '\0';
-        if (strcasecmp(name, "content-type") == 0)
+        if (has_eol(h->name, h->name_len) || has_eol(h->value, h->value_len))
+            return -1;
+        if (h->name_len == 12 && strncasecmp(h->name, "content-type", 12) == 0)
             have_ctype = 1;
-        if (evhttp_add_header(out, name, value) != 0)
-            return -1;
+        rc |= evbuffer_add(out, h->name, h->name_len);
+        rc |= evbuffer_add(out, ": ", 2);
+        rc |= evbuffer_add(out, h->value, h->value_len);
+        rc |= evbuffer_add(out, "\r\n", 2);
     }
-    snprintf(num, sizeof num, "%zu", body_len);
-    if (evhttp_add_header(out, "Host", qg_upstream_host(p->s->proxy->up)) ||
-        evhttp_add_header(out, "Content-Length", num) ||
-        evhttp_add_header(out, "X-Request-Id", p->rid) ||
-        (!have_ctype &&
-         evhttp_add_header(out, "Content-Type", "application/json")))
-        return -1;
+    rc |= evbuffer_add_printf(out, "Content-Length: %zu\r\nX-Request-Id: "
+                              "%s\r\n%s", body_len, p->rid,
+                              have_ctype ? "" : "Content-Type: "
+                                                "application/json\r\n") < 0;
     if (key && *key) {
-        if (p->shape == QG_SHAPE_OPENAI) {
-            char *bearer;
-            int rc;
-            if (asprintf(&bearer, "Bearer %s", key) < 0)
-                return -1;
-            rc = evhttp_add_header(out, "Authorization", bearer);
-            free(bearer);
-            if (rc)
-                return -1;
-        } else if (evhttp_add_header(out, "x-api-key", key)) {
+        if (has_eol(key, strlen(key)))
             return -1;
-        }
+        if (p->shape == QG_SHAPE_OPENAI)
+            rc |= evbuffer_add_printf(out, "Authorization: Bearer %s\r\n",
+                                      key) < 0;
+        else
+            rc |= evbuffer_add_printf(out, "x-api-key: %s\r\n", key) < 0;
     }
-    return 0;
+    rc |= evbuffer_add(out, "\r\n", 2);
+    return rc ? -1 : 0;
 }
 
+/* The upstream client's callbacks (upstream.h). */
+static const qg_upcall_cbs up_cbs = {up_head, up_body, up_done,
+                                     up_read_end};
+
 static void px_admit(px *p);
+static void px_discard(px *p);
+
+/* The upstream of model m (an index of rules): its own `upstream:`, else
+ * --upstream.  NULL when it has none (err "") or its URL cannot be used
+ * (err says why).  On p's worker thread. */
+static qg_upstream *model_upstream(px *p, const qg_rules *rules, int m,
+                                   char *err, size_t errcap)
+{
+    qg_proxy *pr = p->s->proxy;
+    const char *url;
+    upcache *c;
+    err[0] = '\0';
+    if (m < 0 || m >= rules->nmodels || !(url = rules->models[m].upstream))
+        return pr->up;
+    c = &pr->cache[p->worker];
+    if (c->rules != rules) {
+        memset(c, 0, sizeof *c);
+        c->rules = rules;
+    }
+    if (!c->m[m])
+        c->m[m] = qg_upstream_set_get(pr->set, url, err, errcap);
+    return c->m[m];
+}
+
+/* Answer a request whose model has no usable upstream (nothing reserved,
+ * nothing recorded). */
+static void px_no_upstream(px *p, const char *model, const char *why)
+{
+    char msg[512];
+    qg_server *s = p->s;
+    qg_http_req *r = p->r;
+    if (*why)
+        snprintf(msg, sizeof msg, "the upstream of model %s cannot be "
+                 "used: %s", model, why);
+    else
+        snprintf(msg, sizeof msg, "model %s has no upstream: give it "
+                 "upstream: in the rules or start the gateway with "
+                 "--upstream URL", model);
+    px_discard(p);                      /* model may live in p */
+    if (*why)
+        qg_reply_error(s, r, 502, "upstream_unavailable", msg);
+    else
+        qg_reply_error(s, r, 503, "no_upstream", msg);
+}
 
 /* Release a request that never reached the upstream (the reply is sent
  * by the caller, through r, after this). */
@@ -774,7 +843,6 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
         qg_reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
-    p->uerr = -1;
     p->s = s;
     p->r = r;
     p->worker = r->worker;
@@ -810,7 +878,7 @@ static void px_admit(px *p)
     qg_http_req *r = p->r;
     const qg_request_info *info = &p->info;
     const char *subject = p->subject;
-    char err[320], upath[600];
+    char err[320];
     qg_decision dbuf, dg, *d = &dbuf;
     char dg_window[sizeof ((qg_ledger_row *)0)->window];
     qg_check_req creq;
@@ -828,6 +896,17 @@ static void px_admit(px *p)
         qg_reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
         return;
+    }
+
+    /* the model's upstream (an unknown model is the engine's to refuse) */
+    rules = qg_engine_rules(s->engine);
+    {
+        int m = qg_rules_find_model(rules, info->model);
+        if (m >= 0 && !(p->up = model_upstream(p, rules, m, err,
+                                               sizeof err))) {
+            px_no_upstream(p, info->model, err);
+            return;
+        }
     }
 
     /* admission */
@@ -859,9 +938,16 @@ static void px_admit(px *p)
         strcmp(rules->models[ov->to_model].name, info->model) != 0) {
         const char *to = rules->models[ov->to_model].name;
         qg_check_req c2 = creq;
+        qg_upstream *to_up = model_upstream(p, rules, ov->to_model, err,
+                                            sizeof err);
         c2.model = to;
+        if (!to_up) {                   /* the refusal charged nothing */
+            px_no_upstream(p, to, err);
+            return;
+        }
         if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
             !dg.replayed && dg.outcome == QG_ALLOW) {
+            p->up = to_up;
             qg_row_copy(p->dg_from, sizeof p->dg_from, info->model);
             qg_row_copy(p->dg_model, sizeof p->dg_model, to);
             if (d->binding >= 0)
@@ -953,10 +1039,9 @@ static void px_admit(px *p)
     }
     px_link(p);
     if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
+        !(p->outq = evbuffer_new()) ||
         !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
-        !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p)) ||
-        !(p->conn = qg_upstream_acquire(s->proxy->up, p->worker, p->base)) ||
-        !(p->ureq = evhttp_request_new(up_done_cb, p))) {
+        !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p))) {
         free(nbody);
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply_error(p, 500, "internal_error", "out of memory");
@@ -964,35 +1049,28 @@ static void px_admit(px *p)
     }
     if (rewrite_failed) {
         /* a body that qg_request_fields accepted: only out of memory */
-        evhttp_request_free(p->ureq);
-        p->ureq = NULL;
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply_error(p, 500, "internal_error",
                        "the downgraded request could not be written");
         return;
     }
-    evhttp_request_set_header_cb(p->ureq, up_header_cb);
-    evhttp_request_set_chunked_cb(p->ureq, up_chunk_cb);
-    evhttp_request_set_error_cb(p->ureq, up_error_cb);
-    if (up_headers(p, evhttp_request_get_output_headers(p->ureq), blen) < 0 ||
-        evbuffer_add(evhttp_request_get_output_buffer(p->ureq), body,
-                     blen) < 0) {
+    /* the request head is built in p->pend (empty until the stream) */
+    if (up_headers(p, p->pend, blen) < 0) {
         free(nbody);
-        evhttp_request_free(p->ureq);
-        p->ureq = NULL;
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply_error(p, 400, "invalid_request",
                        "a request header cannot be forwarded");
         return;
     }
+    p->call = qg_upstream_send(p->up, p->worker, p->base,
+                               (const char *)evbuffer_pullup(p->pend, -1),
+                               evbuffer_get_length(p->pend), body, blen,
+                               &up_cbs, p);
+    evbuffer_drain(p->pend, evbuffer_get_length(p->pend));
     free(nbody);
-    snprintf(upath, sizeof upath, "%s%s", qg_upstream_prefix(s->proxy->up),
-             r->path);
-    if (evhttp_make_request(p->conn, p->ureq, EVHTTP_REQ_POST, upath) != 0) {
-        p->ureq = NULL;                  /* libevent owns or freed it */
+    if (!p->call) {
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
-        px_reply_error(p, 502, "upstream_unavailable",
-                       "the upstream could not be reached");
+        px_reply_error(p, 500, "internal_error", "out of memory");
         return;
     }
     qg_http_on_close(r, px_on_close, p);
@@ -1017,21 +1095,29 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
     int timeout = t ? atoi(t) : 0;
     int workers = s->opts.workers > 0 ? s->opts.workers : 2;
 
+    /* always set up: models may name their own upstreams (rules.h) */
     s->proxy = NULL;
-    if (!s->opts.upstream || !*s->opts.upstream)
-        return 0;
     if (!(pr = calloc(1, sizeof *pr)) ||
-        !(pr->live = calloc((size_t)workers, sizeof *pr->live))) {
+        !(pr->live = calloc((size_t)workers, sizeof *pr->live)) ||
+        !(pr->cache = calloc((size_t)workers, sizeof *pr->cache)) ||
+        !(pr->set = qg_upstream_set_new(workers, timeout,
+                                        getenv("QUOTAGATE_UPSTREAM_CA")))) {
+        if (pr) {
+            free(pr->live);
+            free(pr->cache);
+        }
         free(pr);
         snprintf(err, errcap, "out of memory");
         return -1;
     }
     pr->nworkers = workers;
     pthread_mutex_init(&pr->qlock, NULL);
-    if (!(pr->up = qg_upstream_new(s->opts.upstream, workers, timeout,
-                                   getenv("QUOTAGATE_UPSTREAM_CA"), err,
-                                   errcap))) {
+    if (s->opts.upstream && *s->opts.upstream &&
+        !(pr->up = qg_upstream_set_get(pr->set, s->opts.upstream, err,
+                                       errcap))) {
+        qg_upstream_set_free(pr->set);
         pthread_mutex_destroy(&pr->qlock);
+        free(pr->cache);
         free(pr->live);
         free(pr);
         return -1;
@@ -1053,8 +1139,9 @@ void qg_proxy_stop(qg_server *s)
             qg_http_respond(p->r, 503, NULL, 0, NULL, NULL, 0);
             px_free(p);
         }
-    qg_upstream_free(pr->up);
+    qg_upstream_set_free(pr->set);
     pthread_mutex_destroy(&pr->qlock);
+    free(pr->cache);
     free(pr->qs);
     free(pr->live);
     free(pr);

@@ -1014,6 +1014,197 @@ static void test_queue_caller_leaves(void **state)
     assert_int_equal(double_count(), before + 1);
 }
 
+/* ------------------------------------------------ per-model upstreams */
+
+/* Per-model upstreams run on a server of their own (rules with the
+ * second double's port, reloaded mid-test), so the shared one is left
+ * as it was. */
+typedef struct mu_env {
+    qgproc q;
+    httpc c, d2;
+    pid_t d2_pid;
+    int d2_port;
+} mu_env;
+
+static mu_env MU;              /* stopped by mu_teardown if a test fails */
+
+/* A second double: double_start, keeping the first one's globals. */
+static int mu_double2(mu_env *e)
+{
+    pid_t pid0 = dbl_pid;
+    int port0 = dbl_port, rc = double_start(getenv("QG_UPSTREAM_BIN"));
+    e->d2_pid = dbl_pid;
+    e->d2_port = dbl_port;
+    dbl_pid = pid0;
+    dbl_port = port0;
+    return rc;
+}
+
+/* Rules where light goes to light_url and large to large_url ("" = no
+ * upstream: key); large_5h (3 points) downgrades large to light. */
+static const char *mu_rules(const char *light_url, const char *large_url)
+{
+    return tst_fmt(
+        "version: \"mu-%s\"\n"
+        "weights:\n"
+        "  version: \"w1\"\n"
+        "  calibrated: \"2026-11-29\"\n"
+        "  models:\n"
+        "    light: { per_request: 1, input_per_1k: 1, output_per_1k: 1%s%s%s }\n"
+        "    large: { per_request: 2, input_per_1k: 1, output_per_1k: 1%s%s%s }\n"
+        "plans:\n"
+        "  mu:\n"
+        "    windows:\n"
+        "      - { name: burst_5h, type: rolling, length: 5h, limit: 100000 }\n"
+        "      - { name: large_5h, type: rolling, length: 5h, limit: 3,\n"
+        "          models: [large],\n"
+        "          overage: { policy: downgrade, to_model: light } }\n"
+        "    concurrency: 8\n"
+        "default_plan: mu\n", tst_uid("v"),
+        *light_url ? ", upstream: \"" : "", light_url, *light_url ? "\"" : "",
+        *large_url ? ", upstream: \"" : "", large_url, *large_url ? "\"" : "");
+}
+
+/* Start e's server on rules text (with --upstream when upstream is
+ * non-NULL) and the second double; returns a subject key. */
+static const char *mu_start(mu_env *e, const char *rules, const char *upstream)
+{
+    const char *args[3] = {"--upstream", upstream, NULL};
+    const char *env[2] = {"QUOTAGATE_UPSTREAM_TIMEOUT_MS=5000", NULL};
+    http_resp *r;
+    memset(e, 0, sizeof *e);
+    httpc_init(&e->c, 0);
+    httpc_init(&e->d2, 0);
+    if (mu_double2(e) < 0)
+        fail_msg("cannot start a second upstream double");
+    if (qgproc_init(&e->q) < 0)
+        fail_msg("qgproc_init: %s", e->q.why);
+    if (qgproc_write_file(qgproc_path(&e->q, "rules.yaml"),
+                          tst_fmt(rules, e->d2_port)) < 0 ||
+        qgproc_start(&e->q, qgproc_path(&e->q, "rules.yaml"),
+                     upstream ? args : NULL, env) < 0)
+        fail_msg("cannot start the server: %s", e->q.why);
+    httpc_set_port(&e->c, qgproc_port(&e->q));
+    httpc_set_port(&e->d2, e->d2_port);
+    r = call_on(&e->c, "POST", "/v1/admin/keys", ADMIN,
+                "{\"subject\":\"mu-caller\"}");
+    if (r->status != 200 && r->status != 201)
+        fail_msg("create key: %d %s", r->status, tst_excerpt(r));
+    return tst_jstr(tst_jparse(r, "keys"), "key", "keys");
+}
+
+static int mu_teardown(void **state)
+{
+    mu_env *e = &MU;
+    httpc_close(&e->c);
+    httpc_close(&e->d2);
+    if (e->q.pid > 0)
+        qgproc_stop(&e->q, 20000);
+    if (e->q.base[0])
+        qgproc_cleanup(&e->q);
+    if (e->d2_pid > 0) {
+        int st;
+        kill(e->d2_pid, SIGTERM);
+        waitpid(e->d2_pid, &st, 0);
+    }
+    memset(e, 0, sizeof *e);
+    return gc_teardown(state);
+}
+
+static long mu_count(httpc *d)
+{
+    http_resp *r = call_on(d, "GET", "/_double/count", NULL, NULL);
+    WANT(r, 200, "/_double/count");
+    return (long)tst_jnum(tst_jparse(r, "count"), "count", "count");
+}
+
+/* The model named in the body the double behind d received last. */
+static const char *mu_last_model(httpc *d)
+{
+    http_resp *r = call_on(d, "GET", "/_double/last", NULL, NULL);
+    WANT(r, 200, "/_double/last");
+    return tst_jstr(json_object_get(tst_jparse(r, "last"), "body_json"),
+                    "model", "last");
+}
+
+/* POST a chat completion for model through e; expect status; then
+ * expect d1 (the --upstream double) and d2 to have gained n1 and n2. */
+static http_resp *mu_call(mu_env *e, const char *key, const char *model,
+                          int stream, int status, long n1, long n2)
+{
+    const char *h[2] = {tst_fmt("Authorization: Bearer %s", key), NULL};
+    const char *body = tst_fmt(
+        "{\"model\":\"%s\",%s\"messages\":[{\"role\":\"user\",\"content\":"
+        "\"" PROMPT "\"}],\"max_tokens\":3}", model,
+        stream ? "\"stream\":true," : "");
+    long c1 = double_count(), c2 = mu_count(&e->d2);
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_request(&e->c, "POST", "/v1/chat/completions", h, body,
+                      strlen(body), r) < 0)
+        fail_msg("POST %s: no response: %s", model, e->c.err);
+    WANT(r, status, model);
+    if (double_count() != c1 + n1 || mu_count(&e->d2) != c2 + n2)
+        fail_msg("%s: upstream 1 got %ld, upstream 2 got %ld; expected "
+                 "%ld and %ld", model, double_count() - c1,
+                 mu_count(&e->d2) - c2, n1, n2);
+    return r;
+}
+
+/* Model large names the second double; light has none and goes to
+ * --upstream (the first); a downgraded large goes to light's upstream;
+ * after a reload that swaps them, new requests follow the new rules. */
+static void test_model_upstreams(void **state)
+{
+    mu_env *e = &MU;
+    const char *key, *up1 = tst_fmt("http://127.0.0.1:%d", dbl_port);
+    http_resp *r;
+    (void)state;
+    key = mu_start(e, mu_rules("", "http://127.0.0.1:%d/"), up1);
+    /* large: its own upstream, double 2 */
+    r = mu_call(e, key, "large", 0, 200, 0, 1);
+    assert_string_equal(mu_last_model(&e->d2), "large");
+    assert_null(http_resp_header(r, "x-quotagate-downgraded-from"));
+    /* light: no upstream of its own, --upstream (double 1) */
+    mu_call(e, key, "light", 0, 200, 1, 0);
+    assert_string_equal(tst_jstr(json_object_get(double_last(), "body_json"),
+                                 "model", "last"), "light");
+    /* large_5h (3 points) now refuses large: downgraded to light, which
+     * is served by light's upstream (double 1) */
+    r = mu_call(e, key, "large", 0, 200, 1, 0);
+    assert_string_equal(hdr(r, "x-quotagate-downgraded-from", "mu"),
+                        "large");
+    assert_string_equal(hdr(r, "x-quotagate-model", "mu"), "light");
+    /* reload: light now names double 2, large none (--upstream) */
+    if (qgproc_write_file(qgproc_path(&e->q, "rules.yaml"),
+                          tst_fmt(mu_rules("http://127.0.0.1:%d", ""),
+                                  e->d2_port)) < 0)
+        fail_msg("cannot rewrite the rules");
+    WANT(call_on(&e->c, "POST", "/v1/admin/reload", ADMIN, NULL), 200,
+         "reload");
+    /* a stream of light: double 2 now, passed through to [DONE] */
+    r = mu_call(e, key, "light", 1, 200, 0, 1);
+    assert_non_null(strstr(r->body, "data: [DONE]"));
+    /* large is still refused by large_5h: downgraded, to double 2 */
+    r = mu_call(e, key, "large", 0, 200, 0, 1);
+    assert_string_equal(hdr(r, "x-quotagate-model", "mu"), "light");
+    assert_string_equal(mu_last_model(&e->d2), "light");
+}
+
+/* Without --upstream: a model with its own upstream is served, one
+ * without is answered 503 no_upstream and reaches no upstream. */
+static void test_model_upstream_only(void **state)
+{
+    mu_env *e = &MU;
+    const char *key;
+    http_resp *r;
+    (void)state;
+    key = mu_start(e, mu_rules("http://127.0.0.1:%d", ""), NULL);
+    mu_call(e, key, "light", 0, 200, 0, 1);
+    r = mu_call(e, key, "large", 0, 503, 0, 0);
+    assert_string_equal(tst_error_type(r, "no upstream"), "no_upstream");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1038,6 +1229,8 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_too_long, gc_teardown),
         cmocka_unit_test_teardown(test_queue_full, gc_teardown),
         cmocka_unit_test_teardown(test_queue_caller_leaves, gc_teardown),
+        cmocka_unit_test_teardown(test_model_upstreams, mu_teardown),
+        cmocka_unit_test_teardown(test_model_upstream_only, mu_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

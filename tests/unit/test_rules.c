@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -473,6 +474,102 @@ static void test_err_anchor(void **state)
 
 /* Every prefix of the example is parsed without a crash or a leak, and
  * every failure carries a position and a message. */
+/* Read $QG_TESTDATA/rel into buf (NUL-terminated); returns its length. */
+static size_t read_data(const char *rel, char *buf, size_t cap)
+{
+    const char *dir = getenv("QG_TESTDATA");
+    char path[1024];
+    FILE *f;
+    size_t n;
+    if (!dir)
+        fail_msg("QG_TESTDATA is not set (run through tests/run.sh)");
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    if (!(f = fopen(path, "rb")))
+        fail_msg("cannot open %s", path);
+    n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return n;
+}
+
+/* A model's `upstream:` is kept as written (its shape checked); absent,
+ * NULL (the server's --upstream). */
+static void test_upstreams(void **state)
+{
+    char text[4096];
+    size_t n = read_data("rules/upstreams.yaml", text, sizeof text);
+    qg_rules *r = NULL;
+    qg_diag d;
+    (void)state;
+    assert_int_equal(qg_rules_parse(text, n, "upstreams.yaml", utc_only,
+                                    NULL, &r, &d), 0);
+    assert_int_equal(r->nmodels, 3);
+    assert_null(r->models[qg_rules_find_model(r, "light")].upstream);
+    assert_string_equal(r->models[qg_rules_find_model(r, "large")].upstream,
+                        "http://10.0.0.7:8000/openai/");
+    assert_string_equal(r->models[qg_rules_find_model(r, "claude")].upstream,
+                        "HTTPS://[::1]:8443");
+    qg_rules_free(r);
+}
+
+/* A malformed upstream URL is a rules error at the URL's position. */
+static void test_err_upstream(void **state)
+{
+    char text[4096], shown[1024];
+    size_t n = read_data("rules/bad_upstream_url.yaml", text, sizeof text);
+    qg_rules *r = NULL;
+    qg_diag d;
+    (void)state;
+    assert_int_equal(qg_rules_parse(text, n, "bad_upstream_url.yaml",
+                                    utc_only, NULL, &r, &d), QG_ERULES);
+    qg_diag_format(&d, shown, sizeof shown);
+    /* the file's first line says what is expected */
+    assert_non_null(strstr(text, shown));
+    assert_int_equal(d.line, 8);
+    assert_int_equal(d.column, 40);
+}
+
+/* A file whose one model (line 6) has upstream: value; expect the error
+ * at 6:col naming why. */
+static void expect_upstream_err(const char *value, int col, const char *why)
+{
+    char text[2048], shown[1024];
+    qg_rules *r = (qg_rules *)1;
+    qg_diag d;
+    int rc;
+    snprintf(text, sizeof text,
+             "version: \"v1\"\n"
+             "weights:\n"
+             "  version: \"w1\"\n"
+             "  calibrated: \"2026-10-15\"\n"
+             "  models:\n"
+             "    m: { per_request: 1, upstream: %s }\n"
+             "plans:\n"
+             "  free:\n"
+             "    windows: [ { name: b, type: rolling, length: 5h, "
+             "limit: 5 } ]\n", value);
+    rc = qg_rules_parse(text, strlen(text), "u.yaml", utc_only, NULL, &r, &d);
+    qg_diag_format(&d, shown, sizeof shown);
+    if (rc != QG_ERULES || r != NULL || d.line != 6 || d.column != col ||
+        !strstr(d.message, "weights.models.m.upstream: expected an "
+                           "upstream URL") ||
+        !strstr(d.message, why))
+        fail_msg("%s: want 6:%d \"%s\"; got %s", value, col, why, shown);
+}
+
+static void test_err_upstream_shapes(void **state)
+{
+    (void)state;
+    expect_upstream_err("\"ftp://h/x\"", 36, "the scheme must be http");
+    expect_upstream_err("\"http://\"", 36, "the host is missing");
+    expect_upstream_err("\"http://u@h\"", 36, "user info");
+    expect_upstream_err("\"http://h:0\"", 36, "the port must be");
+    expect_upstream_err("\"http://h/v1?x=1\"", 36, "a query or fragment");
+    expect_upstream_err("\"http://h/a b\"", 36, "a space");
+    expect_upstream_err("\"http://[zz]\"", 36, "[ADDRESS]");
+    expect_upstream_err("[ \"http://h\" ]", 36, "got a list");
+}
+
 static void test_prefixes(void **state)
 {
     size_t n;
@@ -545,6 +642,9 @@ int main(void)
         cmocka_unit_test(test_prefixes),
         cmocka_unit_test(test_no_resolver),
         cmocka_unit_test(test_diag_format),
+        cmocka_unit_test(test_upstreams),
+        cmocka_unit_test(test_err_upstream),
+        cmocka_unit_test(test_err_upstream_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
