@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <sqlite3.h>
 #include "srvtest.h"
 
 #define GC_MAX 8192
@@ -143,4 +144,34 @@ const char *tst_error_type(const http_resp *r, const char *what)
     if (!json_is_object(e))
         fail_msg("%s: no \"error\" object: %s", what, tst_excerpt(r));
     return tst_jstr(e, "type", what);
+}
+
+int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
+                    long long *out, int n)
+{
+    const char *db = tst_fmt("%s/ledger.db", data_dir);
+    const char *sql = tst_fmt("SELECT %s FROM requests WHERE request_id = ?1"
+                              " AND settled_ms > 0", columns);
+    for (int tries = 0; tries < 500; tries++) {
+        sqlite3 *h = NULL;
+        sqlite3_stmt *st = NULL;
+        int found = 0;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
+            sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_column_count(st) == n &&
+            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW) {
+            for (int i = 0; i < n; i++)
+                out[i] = sqlite3_column_int64(st, i);
+            found = 1;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        if (found)
+            return 0;
+        tst_sleep_ms(20);
+    }
+    fail_msg("ledger %s: no settled row for %s (%s)", db, rid, columns);
+    return -1;
 }

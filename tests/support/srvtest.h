@@ -36,6 +36,12 @@ int tst_jbool(json_t *o, const char *key, const char *what);
 /* error.type of an error body. */
 const char *tst_error_type(const http_resp *r, const char *what);
 
+/* The integer columns (comma-separated SQL names, n of them) of rid's
+ * ledger row in DATA_DIR/ledger.db once it is settled, polled up to 10 s;
+ * fails the test when it never is. */
+int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
+                    long long *out, int n);
+
 #define NEAR(a, b) (fabs((a) - (b)) < 1e-6)
 
 #endif

@@ -910,6 +910,61 @@ static void test_downgrade_anthropic(void **state)
 /* Plans q, q_short, q_one: a rate window of 1 request per 2 s with
  * overage {queue, max_wait 5s (q_short: 1s), queue_size 2 (q_one: 1)}.
  * Bounds are generous: these check behaviour, not speed. */
+/* Plan pg: burst_5h holds 3 points, then payg at $0.01 a point up to
+ * $0.02.  A call with max_tokens 1000 weighs 1 + (5 + 1000) / 1000 =
+ * 2.005 (the double reports 5 prompt tokens and max_tokens completion
+ * tokens); the admission's estimate is the same. */
+static void test_payg(void **state)
+{
+    const char *s = new_subject("pg"), *key = new_key(s);
+    const char *rid1 = tst_uid("pg"), *rid2 = tst_uid("pg");
+    const char *h1[4] = {tst_fmt("Authorization: Bearer %s", key),
+                         tst_fmt("X-Request-Id: %s", rid1), NULL};
+    const char *h2[4] = {tst_fmt("Authorization: Bearer %s", key),
+                         tst_fmt("X-Request-Id: %s", rid2), NULL};
+    const char *h3[4] = {tst_fmt("Authorization: Bearer %s", key), NULL};
+    long long v[4];
+    http_resp *r;
+    long before;
+    (void)state;
+    /* within burst_5h: no overage headers */
+    r = post("/v1/chat/completions", h1, openai_body(0, 1000, NULL));
+    WANT(r, 200, "payg: first call fits");
+    assert_null(http_resp_header(r, "x-quotagate-overage-units"));
+    /* streamed past the limit: 2.005 with 0.995 of room = 1.01 points of
+     * overage, $0.0101, said in the stream's headers */
+    r = post("/v1/chat/completions", h2, openai_body(1, 1000, NULL));
+    WANT(r, 200, "payg: streamed beyond the limit");
+    assert_string_equal(hdr(r, "x-quotagate-overage-units", "payg"), "1.01");
+    assert_string_equal(hdr(r, "x-quotagate-overage-cost-usd", "payg"),
+                        "0.0101");
+    assert_non_null(strstr(r->body, "data: [DONE]"));
+    tst_ledger_ints(P.data, rid2, "weight_milli, overage_milli, "
+                    "overage_cost_micro, headroom_milli", v, 4);
+    assert_int_equal(v[0], 2005);
+    assert_int_equal(v[1], 1010);
+    assert_int_equal(v[2], 10100);
+    assert_int_equal(v[3], 995);
+    assert_true(NEAR(used_in(s), 4.01));
+    /* another 2.005 points, all beyond: $0.02005 more would pass the
+     * $0.02 cap: refused like any refusal (retryable: burst_5h will have
+     * room), the upstream not called */
+    before = double_count();
+    r = post("/v1/chat/completions", h3, openai_body(0, 1000, NULL));
+    WANT(r, 429, "payg: past the spending cap");
+    assert_string_equal(tst_error_type(r, "cap"), "spending_cap_reached");
+    assert_true(atol(hdr(r, "Retry-After", "cap")) > 0);
+    /* 6.005 points: more than burst_5h could ever hold, and its overage
+     * alone costs more than the whole cap: never */
+    r = post("/v1/chat/completions", h3, openai_body(0, 5000, NULL));
+    WANT(r, 429, "payg: never within the cap");
+    assert_string_equal(tst_error_type(r, "never"), "spending_cap_reached");
+    assert_null(http_resp_header(r, "Retry-After"));
+    assert_false(tst_jbool(tst_jparse(r, "never"), "retryable", "never"));
+    assert_int_equal(double_count(), before);
+    assert_true(NEAR(used_in(s), 4.01));
+}
+
 static void test_queue_waits(void **state)
 {
     const char *s = new_subject("q"), *key = new_key(s);
@@ -1225,6 +1280,7 @@ int main(void)
         cmocka_unit_test_teardown(test_downgrade, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_anthropic, gc_teardown),
+        cmocka_unit_test_teardown(test_payg, gc_teardown),
         cmocka_unit_test_teardown(test_queue_waits, gc_teardown),
         cmocka_unit_test_teardown(test_queue_too_long, gc_teardown),
         cmocka_unit_test_teardown(test_queue_full, gc_teardown),

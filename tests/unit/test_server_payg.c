@@ -16,7 +16,6 @@
 
 #include <jansson.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +30,6 @@
 
 static qgproc P;
 static httpc C;
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static http_resp *call(const char *method, const char *path, const char *key,
                        const char *body)
@@ -84,40 +76,14 @@ typedef struct orow {
     long long weight, over, price, cost, headroom;
 } orow;
 
-/* The overage columns of rid's row once settled (polled up to 10 s). */
+/* The overage columns of rid's row once settled. */
 static orow ledger_overage(const char *rid)
 {
-    orow row = {0};
-    long long t0 = now_ms();
-    const char *db = tst_fmt("%s/ledger.db", P.data);
-    while (now_ms() - t0 < 10000) {
-        sqlite3 *h = NULL;
-        sqlite3_stmt *st = NULL;
-        int found = 0;
-        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
-            sqlite3_prepare_v2(h, "SELECT weight_milli, overage_milli, "
-                               "overage_price_micro, overage_cost_micro, "
-                               "headroom_milli FROM requests WHERE "
-                               "request_id = ?1 AND settled_ms > 0", -1, &st,
-                               NULL) == SQLITE_OK &&
-            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW) {
-            row.weight = sqlite3_column_int64(st, 0);
-            row.over = sqlite3_column_int64(st, 1);
-            row.price = sqlite3_column_int64(st, 2);
-            row.cost = sqlite3_column_int64(st, 3);
-            row.headroom = sqlite3_column_int64(st, 4);
-            found = 1;
-        }
-        sqlite3_finalize(st);
-        sqlite3_close(h);
-        if (found)
-            return row;
-        tst_sleep_ms(20);
-    }
-    fail_msg("ledger: no settled row for %s", rid);
-    return row;
+    long long v[5];
+    tst_ledger_ints(P.data, rid, "weight_milli, overage_milli, "
+                    "overage_price_micro, overage_cost_micro, headroom_milli",
+                    v, 5);
+    return (orow){v[0], v[1], v[2], v[3], v[4]};
 }
 
 static int setup(void **state)
