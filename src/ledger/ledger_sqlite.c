@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include <sqlite3.h>
+#include <xxhash.h>
 
 #include "quotagate.h"
 #include "ledger.h"
@@ -320,16 +321,73 @@ fail:
 static const int64_t hist_le_us[8] = { 100, 1000, 5000, 10000, 50000,
                                        100000, 1000000, INT64_MAX };
 
+/* A settle-only row whose request's whole row is earlier in the same
+ * batch (a short call: its check row lingered, DURABLE_LINGER_US, until
+ * the settle came) is folded into that row, so the batch writes one row
+ * per request instead of an insert and an update: the same end state (a
+ * settle changes only its own columns), half the statements.  The map
+ * is an open-addressed table of row indices + 1 by request id hash. */
+static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
+{
+    size_t cap = 16, mask, i;
+    while (cap < 2 * n)
+        cap *= 2;
+    if (cap > s->cmap_cap) {
+        uint32_t *m = realloc(s->cmap, cap * sizeof *m);
+        if (!m)
+            return;              /* not merging is always correct */
+        s->cmap = m;
+        s->cmap_cap = cap;
+    }
+    memset(s->cmap, 0, cap * sizeof *s->cmap);
+    mask = cap - 1;
+    for (i = 0; i < n; i++) {
+        qg_ledger_row *r = &it[i].row;
+        size_t len = strnlen(r->request_id, sizeof r->request_id);
+        size_t h = (size_t)XXH3_64bits(r->request_id, len) & mask;
+        it[i].merged = 0;
+        for (;; h = (h + 1) & mask) {
+            uint32_t j = s->cmap[h];
+            qg_ledger_row *e;
+            if (j == 0) {
+                if (!r->settle_only)
+                    s->cmap[h] = (uint32_t)i + 1;
+                break;
+            }
+            e = &it[j - 1].row;
+            if (strncmp(e->request_id, r->request_id, sizeof r->request_id))
+                continue;
+            if (!r->settle_only) {
+                s->cmap[h] = (uint32_t)i + 1;    /* the latest whole row */
+            } else {
+                e->status = r->status;
+                e->estimated = r->estimated;
+                e->input_tokens = r->input_tokens;
+                e->output_tokens = r->output_tokens;
+                e->weight_milli = r->weight_milli;
+                e->settled_ms = r->settled_ms;
+                e->overage_milli = r->overage_milli;
+                e->overage_cost_micro = r->overage_cost_micro;
+                it[i].merged = 1;
+            }
+            break;
+        }
+    }
+}
+
 /* Write n rows in one transaction.  Returns 0 or a QG error. */
-static int write_batch(qg__sq *s, const qg__sq_item *it, size_t n)
+static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
 {
     size_t i;
     int rc;
+    coalesce(s, it, n);
     if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL)) !=
         SQLITE_OK)
         return qg__sq_map_rc(rc);
     for (i = 0; i < n; i++) {
         sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
+        if (it[i].merged)
+            continue;
         rc = bind_row(st, &it[i].row);
         if (rc == SQLITE_OK)
             rc = sqlite3_step(st);
@@ -473,6 +531,7 @@ static void sq_close(void *b)
     }
     free(s->q);
     free(s->w);
+    free(s->cmap);
     free(s);
 }
 

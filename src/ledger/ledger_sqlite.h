@@ -20,6 +20,8 @@ typedef struct qg__sq_item {
     qg_ledger_row row;
     qg_ledger_done done;
     void *arg;
+    int merged;                 /* writer: folded into an earlier row of
+                                   its batch (coalesce), not written */
 } qg__sq_item;
 
 typedef struct qg__sq {
@@ -45,6 +47,8 @@ typedef struct qg__sq {
     int64_t q_since_us;         /* monotonic time q became non-empty */
     qg__sq_item *w;             /* the writer's rows (writer thread only) */
     size_t wcap;
+    uint32_t *cmap;             /* writer: request id -> row, per batch */
+    size_t cmap_cap;
     size_t inflight;            /* rows taken by the writer, not done */
     _Atomic size_t depth;       /* qlen + inflight, for lock-free reads */
     size_t q_urgent;            /* rows in q with a done callback (DURABLE:

@@ -452,6 +452,71 @@ static void test_commit_failure(void **state)
     tmpdb_remove(&t);
 }
 
+/* One batch (async, rows gathered for 300 ms) holding a request's check
+ * row and its settle: the writer folds the settle into the check row
+ * (one statement); a settle without its check row in the batch is
+ * written whole; the end state is the same as row by row. */
+static void test_coalesce(void **state)
+{
+    qg_ledger_opts o = { QG_LEDGER_ASYNC, 300, 0, 0, 0 };
+    qg_ledger_row a, b, c, sa, sb, sc, got;
+    tmpdb t;
+    qg_ledger *l;
+    (void)state;
+
+    tmpdb_make(&t);
+    l = open_ok(t.path, &o);
+    make_row(14, &a);               /* with overage columns */
+    a.status = QG_ROW_RESERVED;
+    a.settled_ms = 0;
+    make_row(15, &b);
+    make_row(16, &c);
+    c.status = QG_ROW_RESERVED;
+    c.settled_ms = 0;
+    memset(&sa, 0, sizeof sa);
+    strcpy(sa.request_id, a.request_id);
+    sa.settle_only = 1;
+    sa.status = QG_ROW_CANCELLED;
+    sa.input_tokens = 1;
+    sa.output_tokens = 2;
+    sa.weight_milli = 3;
+    sa.settled_ms = a.created_ms + 7;
+    sa.overage_milli = 4;
+    sa.overage_cost_micro = 5;
+    sb = b;                          /* b's check row never came */
+    sb.settle_only = 1;
+    sc = sa;
+    strcpy(sc.request_id, c.request_id);
+    sc.status = QG_ROW_COMPLETED;
+    assert_int_equal(qg_ledger_submit(l, &a, NULL, NULL), 0);
+    assert_int_equal(qg_ledger_submit(l, &sb, NULL, NULL), 0);
+    assert_int_equal(qg_ledger_submit(l, &c, NULL, NULL), 0);
+    assert_int_equal(qg_ledger_submit(l, &sa, NULL, NULL), 0);
+    assert_int_equal(qg_ledger_submit(l, &sc, NULL, NULL), 0);
+    qg_ledger_close(l);
+
+    l = open_ok(t.path, NULL);
+    assert_int_equal(qg_ledger_get(l, a.request_id, &got), 0);
+    a.status = sa.status;
+    a.input_tokens = 1;
+    a.output_tokens = 2;
+    a.weight_milli = 3;
+    a.settled_ms = sa.settled_ms;
+    a.overage_milli = 4;
+    a.overage_cost_micro = 5;
+    assert_row_eq(&got, &a);
+    assert_int_equal(qg_ledger_get(l, b.request_id, &got), 0);
+    sb.settle_only = 0;
+    assert_row_eq(&got, &sb);
+    assert_int_equal(qg_ledger_get(l, c.request_id, &got), 0);
+    assert_int_equal(got.status, QG_ROW_COMPLETED);
+    assert_int_equal(got.weight_milli, 3);
+    assert_string_equal(got.plan, c.plan);
+    assert_int_equal(got.overage_price_micro, c.overage_price_micro);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
 static void test_schema_and_urls(void **state)
 {
     tmpdb t;
@@ -790,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),
+        cmocka_unit_test(test_coalesce),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys_table),
