@@ -145,20 +145,23 @@ static int charge_all(qg_decide_in *in)
     return QG_OK;
 }
 
-/* qg_decide with lifted (soft) windows: the hard windows decide as
- * always; the soft ones only say how much room is left (the overage is
- * what the request takes beyond the least of it) and when they would
- * admit it without overage (soft_fit).  A refusal by a hard window is
- * retryable when the hard windows admit it, and, if the cap could not pay
- * the overage now, also the soft windows have room or the cap period has
- * ended, whichever comes first. */
-static int decide_payg(qg_decide_in *in, qg_decision *out)
+/* One pass over the windows.  Hard windows decide as always.  Lifted
+ * (soft, payg) windows never refuse: they only say how much room is left
+ * (the overage is what the request takes beyond the least of it) and
+ * when they would admit it without overage (soft_fit).  A refusal by a
+ * hard window is retryable when the hard windows admit it and, if the cap
+ * could not pay the overage now, also the soft windows have room or the
+ * cap period has ended, whichever comes first. */
+int qg_decide(qg_decide_in *in, qg_decision *out)
 {
     int64_t now = in->ctx[0].now_ms, latest = now, soft_latest = now;
     int binding = -1, never = -1, soft_bind = -1, soft_never = -1;
-    int64_t room = INT64_MAX, over, cost, spent_after, soft_fit, retry_at;
-    int cap_ok;
+    int64_t room = INT64_MAX, over = 0, cost = 0, spent_after = 0;
+    int cap_ok = 1;
 
+    out->weight_milli = in->weight_milli;
+    out->retry_after_ms = 0;
+    no_overage(out);
     for (int i = 0; i < in->n; i++) {
         const qg_window_spec *s = in->spec[i];
         int64_t at;
@@ -166,110 +169,70 @@ static int decide_payg(qg_decide_in *in, qg_decision *out)
             continue;
         at = admit_at(s, in->state[i], ctx_of(in, i),
                       qg_win_amount(s, in->weight_milli));
-        if ((in->soft >> i) & 1u) {
-            qg_window_view v;
-            view(s, in->state[i], ctx_of(in, i), &v);
-            if (v.remaining_milli < room)
-                room = v.remaining_milli;
+        if (((in->soft >> i) & 1u) == 0) {
             if (at == QG_NEVER) {
-                if (soft_never < 0)
-                    soft_never = i;
-            } else if (at > soft_latest) {
-                soft_latest = at;
-                soft_bind = i;
+                /* The first window that can never hold it binds. */
+                if (never < 0)
+                    never = i;
+            } else if (at > latest) {
+                latest = at;
+                binding = i;
             }
-        } else if (at == QG_NEVER) {
-            if (never < 0)
-                never = i;
-        } else if (at > latest) {
-            latest = at;
-            binding = i;
-        }
-    }
-    out->weight_milli = in->weight_milli;
-    out->retry_after_ms = 0;
-    no_overage(out);
-    out->headroom_milli = room == INT64_MAX ? -1 : room;
-    out->overage_price_micro = in->price_micro;
-    over = qg_overage_of(in->weight_milli, out->headroom_milli);
-    cost = qg_overage_cost(over, in->price_micro);
-    cap_ok = !__builtin_add_overflow(*in->spent_micro, cost, &spent_after) &&
-             (in->cap_micro <= 0 || spent_after <= in->cap_micro);
-    soft_fit = soft_never >= 0 ? QG_NEVER : soft_latest;
-    retry_at = soft_fit < in->cap_end_ms ? soft_fit : in->cap_end_ms;
-
-    if (never >= 0) {
-        out->outcome = QG_REJECT_NEVER;
-        out->binding = never;
-    } else if (binding >= 0) {
-        out->outcome = QG_REJECT;
-        out->binding = binding;
-        if (!cap_ok && retry_at > latest)
-            latest = retry_at;
-        out->retry_after_ms = latest - now;
-    } else if (!cap_ok) {
-        /* Some lifted window lacks room (the overage is > 0). */
-        out->cap_reached = 1;
-        out->overage_milli = over;
-        out->overage_cost_micro = cost;
-        out->binding = soft_bind >= 0 ? soft_bind : soft_never;
-        if (soft_never >= 0 && in->cap_micro > 0 && cost > in->cap_micro) {
-            out->outcome = QG_REJECT_NEVER;
-        } else {
-            out->outcome = QG_REJECT;
-            out->retry_after_ms = retry_at - now;
-        }
-    } else {
-        int rc = charge_all(in);
-        if (rc != QG_OK)
-            return rc;
-        *in->spent_micro = spent_after;
-        out->outcome = QG_ALLOW;
-        out->binding = -1;
-        out->overage_milli = over;
-        out->overage_cost_micro = cost;
-    }
-    qg_decide_views(in, out, out->outcome != QG_ALLOW);
-    return QG_OK;
-}
-
-int qg_decide(qg_decide_in *in, qg_decision *out)
-{
-    int64_t now = in->ctx[0].now_ms, latest = now;
-    int binding = -1, never = -1;
-
-    if (in->soft)
-        return decide_payg(in, out);
-    out->weight_milli = in->weight_milli;
-    out->retry_after_ms = 0;
-    no_overage(out);
-    for (int i = 0; i < in->n; i++) {
-        const qg_window_spec *s = in->spec[i];
-        int64_t at;
-        if (!qg_window_applies(s, in->model))
             continue;
-        at = admit_at(s, in->state[i], ctx_of(in, i),
-                      qg_win_amount(s, in->weight_milli));
-        if (at == QG_NEVER) {
-            /* The first window that can never hold it binds. */
-            if (never < 0)
-                never = i;
-        } else if (at > latest) {
-            latest = at;
-            binding = i;
         }
+        qg_window_view v;
+        view(s, in->state[i], ctx_of(in, i), &v);
+        if (v.remaining_milli < room)
+            room = v.remaining_milli;
+        if (at == QG_NEVER) {
+            if (soft_never < 0)
+                soft_never = i;
+        } else if (at > soft_latest) {
+            soft_latest = at;
+            soft_bind = i;
+        }
+    }
+    if (in->soft) {
+        out->headroom_milli = room == INT64_MAX ? -1 : room;
+        out->overage_price_micro = in->price_micro;
+        over = qg_overage_of(in->weight_milli, out->headroom_milli);
+        cost = qg_overage_cost(over, in->price_micro);
+        cap_ok = !__builtin_add_overflow(*in->spent_micro, cost,
+                                         &spent_after) &&
+                 (in->cap_micro <= 0 || spent_after <= in->cap_micro);
     }
     if (never >= 0) {
         out->outcome = QG_REJECT_NEVER;
         out->binding = never;
-    } else if (binding >= 0) {
+    } else if (binding >= 0 || !cap_ok) {
+        int64_t soft_fit = soft_never >= 0 ? QG_NEVER : soft_latest;
+        int64_t retry_at = soft_fit < in->cap_end_ms ? soft_fit
+                                                     : in->cap_end_ms;
         out->outcome = QG_REJECT;
         out->binding = binding;
-        out->retry_after_ms = latest - now;
+        if (binding < 0) {
+            /* Only the cap refuses (some lifted window lacks room). */
+            out->cap_reached = 1;
+            out->overage_milli = over;
+            out->overage_cost_micro = cost;
+            out->binding = soft_bind >= 0 ? soft_bind : soft_never;
+            latest = retry_at;
+            if (soft_never >= 0 && in->cap_micro > 0 && cost > in->cap_micro)
+                out->outcome = QG_REJECT_NEVER;
+        } else if (!cap_ok && retry_at > latest) {
+            latest = retry_at;
+        }
+        if (out->outcome == QG_REJECT)
+            out->retry_after_ms = latest - now;
     } else {
         int rc = charge_all(in);
         if (rc != QG_OK)
             return rc;
+        if (in->soft) {
+            *in->spent_micro = spent_after;
+            out->overage_milli = over;
+            out->overage_cost_micro = cost;
+        }
         out->outcome = QG_ALLOW;
         out->binding = -1;
     }
