@@ -1013,6 +1013,218 @@ static void test_queue_caller_leaves(void **state)
     assert_int_equal(double_count(), before + 1);
 }
 
+/* ------------------------------------------------------- backpressure */
+
+#define FLOOD_EVENTS 40000      /* ~48 MB of SSE through the gateway */
+
+/* The double's /_double/stats: flood bytes handed to its socket, and how
+ * many flood streams it sent to the end. */
+static void double_stats(long long *bytes, long *done)
+{
+    http_resp *r = call_on(&D, "GET", "/_double/stats", NULL, NULL);
+    json_t *j;
+    WANT(r, 200, "/_double/stats");
+    j = tst_jparse(r, "stats");
+    *bytes = (long long)tst_jnum(j, "flood_bytes", "stats");
+    *done = (long)tst_jnum(j, "floods_done", "stats");
+}
+
+/* Read from fd (after the have_len bytes already read) into a 64 MiB
+ * buffer until the terminating chunk ends the response, EOF, or
+ * timeout_ms.  *len gets the byte count. */
+static char *raw_read_big(int fd, const char *have, size_t have_len,
+                          size_t *len, int timeout_ms)
+{
+    size_t n = have_len, cap = 64u << 20;   /* the flood is ~48 MB */
+    char *buf = tst_gc_add(GC_MEM, malloc(cap + 1));
+    long long t0 = qg_now_ms();
+    assert_non_null(buf);
+    memcpy(buf, have, have_len);
+    while (qg_now_ms() - t0 < timeout_ms) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ssize_t k;
+        if (n >= 5 && memcmp(buf + n - 5, "0\r\n\r\n", 5) == 0)
+            break;
+        if (n == cap)
+            fail_msg("response larger than %zu bytes", cap);
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        k = read(fd, buf + n, cap - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* The body of a chunked response in raw (headers, chunks); NULL when the
+ * framing is broken or the terminating chunk is missing. */
+static char *dechunk(const char *raw, size_t len, size_t *blen)
+{
+    const char *p = strstr(raw, "\r\n\r\n"), *end = raw + len;
+    char *out = tst_gc_add(GC_MEM, malloc(len + 1));
+    size_t n = 0;
+    assert_non_null(out);
+    if (!p)
+        return NULL;
+    p += 4;
+    for (;;) {
+        char *e;
+        unsigned long sz = strtoul(p, &e, 16);
+        if (e == p || e + 2 > end || e[0] != '\r' || e[1] != '\n')
+            return NULL;
+        p = e + 2;
+        if (sz == 0)
+            break;
+        if ((size_t)(end - p) < sz + 2 || p[sz] != '\r' || p[sz + 1] != '\n')
+            return NULL;
+        memcpy(out + n, p, sz);
+        n += sz;
+        p += sz + 2;
+    }
+    out[n] = '\0';
+    *blen = n;
+    return out;
+}
+
+/* What may be in flight while the caller does not read, besides what
+ * the caller's socket holds (its receive buffer is pinned to 16 KiB, the
+ * kernel doubles it): the gateway's send buffer to the caller, which the
+ * kernel lets grow to net.ipv4.tcp_wmem's maximum (read from /proc; 4 MiB
+ * by default: measured, it fills), plus 3 MiB for the rest: the gateway's
+ * pending output (the 256 KiB high-water mark of qg_http_stream_write
+ * plus one upstream read), its receive window from the double (which
+ * only grows as the gateway reads), and the double's pinned 64 KiB send
+ * buffer (doubled by the kernel) and 64 KiB batch.  Measured: ~4.1 MB
+ * with the defaults; without backpressure the whole ~48 MB stream. */
+static long long in_flight_bound(void)
+{
+    long long lo, def, wmax = 4 << 20;
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_wmem", "r");
+    if (f) {
+        if (fscanf(f, "%lld %lld %lld", &lo, &def, &wmax) != 3)
+            wmax = 4 << 20;
+        fclose(f);
+    }
+    return wmax + (3 << 20);
+}
+
+/* A caller that stops reading a ~48 MB stream: the gateway must pause
+ * reading from the upstream (qg_http_stream_write returns 1 above the
+ * high-water mark; h_proxy.c then disables the upstream bufferevent's
+ * reads until the drain callback), so the double, which writes only as
+ * fast as its socket takes bytes (flood mode), stops far short of the
+ * end; once the caller reads, every byte arrives, in order, and the
+ * stream is settled from its usage chunk. */
+static void test_backpressure(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("bp");
+    long long b0, b1, b2, bend, t0;
+    long done0, done1, doneend;
+    int fd, rcv = 16384, next = 0;
+    size_t rawlen, blen = 0;
+    char *head, *raw, *body, *p, *eol, *last = NULL, *prev = NULL;
+    (void)state;
+    if (in_flight_bound() * 3 > FLOOD_EVENTS * 1200LL)
+        skip();     /* this machine's buffers could hold a third of it */
+    double_stats(&b0, &done0);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    /* a small receive window: the caller's own socket holds little */
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv),
+                     0);
+    {
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((unsigned short)
+                                                  qgproc_port(&P))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+            fail_msg("connect: %s", strerror(errno));
+    }
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n"
+                                     "X-Double-Mode: flood=%d\r\n", rid,
+                                     FLOOD_EVENTS),
+                             openai_body(1, 1, ",\"stream_options\":"
+                                         "{\"include_usage\":true}")));
+    head = raw_read(fd, "\r\n\r\n", 10000);
+    if (!strstr(head, "HTTP/1.1 200"))
+        fail_msg("flood: no 200 stream: %.600s", head);
+    /* stop reading; wait until the double stops advancing (no progress
+     * over 1 s), or it finished: the latter is the failure */
+    t0 = qg_now_ms();
+    double_stats(&b1, &done1);
+    for (;;) {
+        tst_sleep_ms(1000);
+        double_stats(&b2, &done1);
+        if (b2 == b1 || done1 != done0 || qg_now_ms() - t0 > 30000)
+            break;
+        b1 = b2;
+    }
+    print_message("backpressure: the double wrote %lld bytes while the "
+                  "caller did not read (bound %lld)\n", b2 - b0,
+                  in_flight_bound());
+    if (done1 != done0)
+        fail_msg("backpressure: the double sent the whole stream while the "
+                 "caller did not read");
+    if (b2 != b1)
+        fail_msg("backpressure: the double still advances after 30 s "
+                 "(%lld bytes)", b2 - b0);
+    if (b2 - b0 >= in_flight_bound())
+        fail_msg("backpressure: %lld bytes left the double while the caller "
+                 "did not read, more than the bound %lld", b2 - b0,
+                 in_flight_bound());
+    /* now read it all: every byte, in order, the usage chunk last */
+    raw = raw_read_big(fd, head, strlen(head), &rawlen, 120000);
+    close(fd);
+    body = dechunk(raw, rawlen, &blen);
+    if (!body)
+        fail_msg("flood: broken or truncated chunked framing (%zu bytes "
+                 "read)", rawlen);
+    double_stats(&bend, &doneend);
+    assert_int_equal(doneend, done0 + 1);
+    assert_int_equal((long long)blen, bend - b0);   /* byte for byte */
+    /* event by event (memchr, never strstr over the 48 MB: under ASan
+     * every strstr measures its whole haystack): the content events in
+     * order, then the finish chunk, the usage chunk and [DONE] */
+    for (p = body; p < body + blen; p = eol + 2) {
+        const char *tok;
+        eol = memchr(p, '\n', (size_t)(body + blen - p));
+        if (!eol || eol + 1 >= body + blen || eol[1] != '\n')
+            fail_msg("flood: event %d does not end with a blank line", next);
+        tok = memmem(p, (size_t)(eol - p), "\"content\":\"tok", 14);
+        if (tok) {
+            if (atoi(tok + 14) != next)
+                fail_msg("flood: content event %d found where %d was due",
+                         atoi(tok + 14), next);
+            next++;
+        }
+        prev = last;
+        last = p;
+    }
+    assert_int_equal(next, FLOOD_EVENTS);
+    assert_non_null(prev);
+    assert_non_null(memmem(prev, (size_t)(last - prev), "\"choices\":[]", 12));
+    {
+        const char *ct = tst_fmt("\"completion_tokens\":%d", FLOOD_EVENTS);
+        assert_non_null(memmem(prev, (size_t)(last - prev), ct, strlen(ct)));
+    }
+    assert_true(blen > 14);
+    assert_memory_equal(body + blen - 14, "data: [DONE]\n\n", 14);
+    {
+        lrow row = ledger_row(rid);
+        assert_int_equal(row.status, 2);            /* completed */
+        assert_int_equal(row.estimated, 0);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, FLOOD_EVENTS);
+        assert_int_equal(row.weight_milli, 1000 + 5 + FLOOD_EVENTS);
+    }
+    assert_true(NEAR(used_in(s), (1000.0 + 5 + FLOOD_EVENTS) / 1000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1037,6 +1249,7 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_too_long, gc_teardown),
         cmocka_unit_test_teardown(test_queue_full, gc_teardown),
         cmocka_unit_test_teardown(test_queue_caller_leaves, gc_teardown),
+        cmocka_unit_test_teardown(test_backpressure, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
