@@ -1225,6 +1225,189 @@ static void test_backpressure(void **state)
     assert_true(NEAR(used_in(s), (1000.0 + 5 + FLOOD_EVENTS) / 1000));
 }
 
+/* ------------------------------------------- queue: refused again */
+
+/* The row of rid as the check left it: decision (1 allow, 2 reject),
+ * window, created_ms (polled up to 10 s). */
+static void ledger_decision(const char *rid, int *decision,
+                            const char **window, long long *created_ms)
+{
+    long long t0 = qg_now_ms();
+    const char *db = tst_fmt("%s/ledger.db", P.data);
+    while (qg_now_ms() - t0 < 10000) {
+        sqlite3 *h = NULL;
+        sqlite3_stmt *st = NULL;
+        int found = 0;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
+                SQLITE_OK &&
+            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
+            sqlite3_prepare_v2(h, "SELECT decision, window, created_ms "
+                               "FROM requests WHERE request_id = ?1", -1,
+                               &st, NULL) == SQLITE_OK &&
+            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW) {
+            const unsigned char *w = sqlite3_column_text(st, 1);
+            *decision = sqlite3_column_int(st, 0);
+            *window = tst_fmt("%s", w ? (const char *)w : "");
+            *created_ms = sqlite3_column_int64(st, 2);
+            found = 1;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        if (found)
+            return;
+        tst_sleep_ms(20);
+    }
+    fail_msg("ledger: no row for %s", rid);
+}
+
+/* quotagate_decisions_total for plan, window ("none" for allows) and
+ * outcome; 0 when the series is absent. */
+static long decisions(const char *plan, const char *window,
+                      const char *outcome)
+{
+    http_resp *r = call("GET", "/metrics", NULL, NULL);
+    const char *key = tst_fmt("quotagate_decisions_total{plan=\"%s\","
+                              "window=\"%s\",outcome=\"%s\"} ", plan, window,
+                              outcome);
+    const char *p;
+    WANT(r, 200, "/metrics");
+    for (p = r->body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, key, strlen(key)))
+            return atol(p + strlen(key));
+    return 0;
+}
+
+/* A weight-only /v1/check for subject (the service key): not limited by
+ * the windows scoped to a model. */
+static void charge_weight(const char *subject, const char *weight)
+{
+    http_resp *r = call("POST", "/v1/check", QGPROC_SERVICE_KEY,
+                        tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                                "\"weight\":%s}", subject, tst_uid("w"),
+                                weight));
+    WANT(r, 200, "weight-only check");
+}
+
+/* Send a light call on its own connection (Connection: close) and
+ * return the socket; the answer is read with raw_read. */
+static int send_light(const char *key, const char *rid)
+{
+    int fd = raw_connect(qgproc_port(&P));
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n",
+                                     rid),
+                             openai_body(0, 1, NULL)));
+    return fd;
+}
+
+/* Plan q_refill: burst_5h holds 3 points, rps one light call per 3 s,
+ * queue up to 10 s.  A (1.006) is served; B, at once, is refused by rps
+ * only and held until A's rps slot frees (3 s).  While B waits, a
+ * weight-only check of 1.5 for the same subject is admitted (it is not a
+ * light call: rps does not apply).  At B's retry instant burst_5h has
+ * 2.506 and refuses B (1.006) for 5 h, more than max_wait: the latest
+ * refusal is answered, after the wait, and only it is recorded.
+ * B must be held before the check lands (1 s later; B's timer fires
+ * after 3 s): either order of events would otherwise be detected, as B
+ * would be answered at once without x-quotagate-queued-ms. */
+static void test_queue_refused_again(void **state)
+{
+    const char *s = new_subject("q_refill"), *key = new_key(s);
+    const char *rid_a = tst_uid("qra"), *rid_b = tst_uid("qrb");
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid_a), NULL};
+    const char *got, *window, *body;
+    json_t *j;
+    long before;
+    long long created;
+    int fd, decision;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "A");
+    before = double_count();
+    fd = send_light(key, rid_b);
+    tst_sleep_ms(1000);                         /* B is held */
+    charge_weight(s, "1.5");
+    got = raw_read(fd, NULL, 30000);
+    close(fd);
+    if (strncmp(got, "HTTP/1.1 429", 12) != 0)
+        fail_msg("B: expected 429 after the wait, got %.800s", got);
+    if (!strcasestr(got, "\r\nx-quotagate-queued-ms: "))
+        fail_msg("B: answered without x-quotagate-queued-ms (not held?): "
+                 "%.800s", got);
+    assert_true(atol(strcasestr(got, "\r\nx-quotagate-queued-ms: ") + 25) > 0);
+    assert_non_null(strcasestr(got, tst_fmt("\r\nX-Request-Id: %s\r\n",
+                                            rid_b)));
+    assert_non_null(strcasestr(got, "\r\nRateLimit: "));
+    assert_true(atol(strcasestr(got, "\r\nRetry-After: ") + 15) > 3600);
+    body = strstr(got, "\r\n\r\n");
+    assert_non_null(body);
+    j = tst_jparse_text(body + 4, strlen(body + 4), "B");
+    assert_string_equal(tst_jstr(j, "decision", "B"), "reject");
+    assert_string_equal(tst_jstr(json_object_get(j, "error"), "type", "B"),
+                        "quota_exceeded");
+    assert_string_equal(tst_jstr(json_object_get(j, "error"), "window", "B"),
+                        "burst_5h");
+    assert_int_equal(double_count(), before);   /* B never forwarded */
+    ledger_decision(rid_b, &decision, &window, &created);
+    assert_int_equal(decision, 2);              /* reject */
+    assert_string_equal(window, "burst_5h");    /* the final refusal */
+    /* the metrics count A, the check and B's final refusal: not B's
+     * first refusal by rps */
+    assert_int_equal(decisions("q_refill", "none", "allow"), 2);
+    assert_int_equal(decisions("q_refill", "burst_5h", "reject"), 1);
+    assert_int_equal(decisions("q_refill", "rps", "reject"), 0);
+    assert_true(NEAR(used_in(s), 2.506));       /* B charged nothing */
+}
+
+/* Plan q_again: rps one light call per 3 s, roll_6s (a 6 s rolling
+ * window) 3.1 points, queue up to 12 s.  A (1.006) is served; B is held
+ * by rps until +3 s; meanwhile a weight-only check of 2 fills roll_6s to
+ * 3.006.  At B's retry instant roll_6s refuses B until A's charge leaves
+ * it (+6 s): 3 s waited plus 3 s still fits 12 s, so B waits again, and
+ * is then admitted (2 + 1.006 <= 3.1) and served.  Only the final
+ * decision is recorded. */
+static void test_queue_waits_again(void **state)
+{
+    const char *s = new_subject("q_again"), *key = new_key(s);
+    const char *rid_a = tst_uid("qwa"), *rid_b = tst_uid("qwb");
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid_a), NULL};
+    const char *got, *window;
+    long before;
+    long long created_a, created_b;
+    int fd, decision;
+    lrow row;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "A");
+    before = double_count();
+    fd = send_light(key, rid_b);
+    tst_sleep_ms(1000);                         /* B is held */
+    charge_weight(s, "2");
+    got = raw_read(fd, NULL, 30000);
+    close(fd);
+    if (strncmp(got, "HTTP/1.1 200", 12) != 0)
+        fail_msg("B: expected 200 after waiting twice, got %.800s", got);
+    assert_non_null(strcasestr(got, "\r\nx-quotagate-queued-ms: "));
+    assert_non_null(strstr(got, "\"completion_tokens\":1"));
+    assert_int_equal(double_count(), before + 1);
+    row = ledger_row(rid_b);
+    assert_int_equal(row.status, 2);            /* completed */
+    assert_int_equal(row.weight_milli, 1006);
+    /* B was admitted only once A's charge had left roll_6s: past its
+     * first retry instant (the rps slot, 3 s after A) */
+    ledger_decision(rid_a, &decision, &window, &created_a);
+    ledger_decision(rid_b, &decision, &window, &created_b);
+    assert_int_equal(decision, 1);
+    assert_true(created_b - created_a >= 6000);
+    /* metrics: A, the check, B's admission; none of B's refusals */
+    assert_int_equal(decisions("q_again", "none", "allow"), 3);
+    assert_int_equal(decisions("q_again", "rps", "reject"), 0);
+    assert_int_equal(decisions("q_again", "roll_6s", "reject"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1250,6 +1433,8 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_full, gc_teardown),
         cmocka_unit_test_teardown(test_queue_caller_leaves, gc_teardown),
         cmocka_unit_test_teardown(test_backpressure, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_refused_again, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_waits_again, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
