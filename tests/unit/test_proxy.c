@@ -1118,7 +1118,7 @@ static long long in_flight_bound(void)
  * fast as its socket takes bytes (flood mode), stops far short of the
  * end; once the caller reads, every byte arrives, in order, and the
  * stream is settled from its usage chunk. */
-static void test_backpressure(void **state)
+static void backpressure(int include_usage)
 {
     const char *s = new_subject("roomy"), *key = new_key(s);
     const char *rid = tst_uid("bp");
@@ -1127,7 +1127,6 @@ static void test_backpressure(void **state)
     int fd, rcv = 16384, next = 0;
     size_t rawlen, blen = 0;
     char *head, *raw, *body, *p, *eol, *last = NULL, *prev = NULL;
-    (void)state;
     if (in_flight_bound() * 3 > FLOOD_EVENTS * 1200LL)
         skip();     /* this machine's buffers could hold a third of it */
     double_stats(&b0, &done0);
@@ -1148,8 +1147,10 @@ static void test_backpressure(void **state)
                              tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n"
                                      "X-Double-Mode: flood=%d\r\n", rid,
                                      FLOOD_EVENTS),
-                             openai_body(1, 1, ",\"stream_options\":"
-                                         "{\"include_usage\":true}")));
+                             openai_body(1, 1, include_usage
+                                         ? ",\"stream_options\":"
+                                           "{\"include_usage\":true}"
+                                         : NULL)));
     head = raw_read(fd, "\r\n\r\n", 10000);
     if (!strstr(head, "HTTP/1.1 200"))
         fail_msg("flood: no 200 stream: %.600s", head);
@@ -1177,7 +1178,12 @@ static void test_backpressure(void **state)
         fail_msg("backpressure: %lld bytes left the double while the caller "
                  "did not read, more than the bound %lld", b2 - b0,
                  in_flight_bound());
-    /* now read it all: every byte, in order, the usage chunk last */
+    /* stay paused past QUOTAGATE_UPSTREAM_TIMEOUT_MS (1.5 s here): a
+     * paused upstream read is not a silent upstream */
+    tst_sleep_ms(1600);
+    double_stats(&b1, &done1);
+    assert_true(b1 == b2 && done1 == done0);
+    /* now read it all: every byte, in order */
     raw = raw_read_big(fd, head, strlen(head), &rawlen, 120000);
     close(fd);
     body = dechunk(raw, rawlen, &blen);
@@ -1186,10 +1192,22 @@ static void test_backpressure(void **state)
                  "read)", rawlen);
     double_stats(&bend, &doneend);
     assert_int_equal(doneend, done0 + 1);
-    assert_int_equal((long long)blen, bend - b0);   /* byte for byte */
+    if (include_usage) {
+        assert_int_equal((long long)blen, bend - b0);   /* byte for byte */
+    } else {
+        /* all but the usage-only chunk, which the gateway hid */
+        const char *usage = tst_fmt(
+            "data: {\"id\":\"chatcmpl-double-%ld\",\"object\":"
+            "\"chat.completion.chunk\",\"created\":1700000000,\"model\":"
+            "\"light\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
+            "\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n",
+            double_count(), FLOOD_EVENTS, FLOOD_EVENTS + 5);
+        assert_int_equal((long long)(blen + strlen(usage)), bend - b0);
+    }
     /* event by event (memchr, never strstr over the 48 MB: under ASan
      * every strstr measures its whole haystack): the content events in
-     * order, then the finish chunk, the usage chunk and [DONE] */
+     * order, then the finish chunk, the usage chunk (when asked for)
+     * and [DONE] */
     for (p = body; p < body + blen; p = eol + 2) {
         const char *tok;
         eol = memchr(p, '\n', (size_t)(body + blen - p));
@@ -1207,10 +1225,14 @@ static void test_backpressure(void **state)
     }
     assert_int_equal(next, FLOOD_EVENTS);
     assert_non_null(prev);
-    assert_non_null(memmem(prev, (size_t)(last - prev), "\"choices\":[]", 12));
-    {
+    if (include_usage) {
         const char *ct = tst_fmt("\"completion_tokens\":%d", FLOOD_EVENTS);
+        assert_non_null(memmem(prev, (size_t)(last - prev), "\"choices\":[]",
+                               12));
         assert_non_null(memmem(prev, (size_t)(last - prev), ct, strlen(ct)));
+    } else {
+        assert_non_null(memmem(prev, (size_t)(last - prev),
+                               "\"finish_reason\":\"stop\"", 22));
     }
     assert_true(blen > 14);
     assert_memory_equal(body + blen - 14, "data: [DONE]\n\n", 14);
@@ -1223,6 +1245,22 @@ static void test_backpressure(void **state)
         assert_int_equal(row.weight_milli, 1000 + 5 + FLOOD_EVENTS);
     }
     assert_true(NEAR(used_in(s), (1000.0 + 5 + FLOOD_EVENTS) / 1000));
+}
+
+/* The caller asked for the usage chunk: the stream is passed on byte for
+ * byte as each upstream chunk arrives. */
+static void test_backpressure(void **state)
+{
+    (void)state;
+    backpressure(1);
+}
+
+/* The usage chunk was added by the gateway: the stream is passed on
+ * event by event (px_stream_bytes) and the usage chunk hidden. */
+static void test_backpressure_events(void **state)
+{
+    (void)state;
+    backpressure(0);
 }
 
 /* ------------------------------------------- queue: refused again */
@@ -1435,6 +1473,7 @@ int main(void)
         cmocka_unit_test_teardown(test_backpressure, gc_teardown),
         cmocka_unit_test_teardown(test_queue_refused_again, gc_teardown),
         cmocka_unit_test_teardown(test_queue_waits_again, gc_teardown),
+        cmocka_unit_test_teardown(test_backpressure_events, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
