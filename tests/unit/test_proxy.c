@@ -1260,6 +1260,439 @@ static void test_model_upstream_only(void **state)
     assert_string_equal(tst_error_type(r, "no upstream"), "no_upstream");
 }
 
+/* ------------------------------------------------------- backpressure */
+
+#define FLOOD_EVENTS 40000      /* ~48 MB of SSE through the gateway */
+
+/* The double's /_double/stats: flood bytes handed to its socket, and how
+ * many flood streams it sent to the end. */
+static void double_stats(long long *bytes, long *done)
+{
+    http_resp *r = call_on(&D, "GET", "/_double/stats", NULL, NULL);
+    json_t *j;
+    WANT(r, 200, "/_double/stats");
+    j = tst_jparse(r, "stats");
+    *bytes = (long long)tst_jnum(j, "flood_bytes", "stats");
+    *done = (long)tst_jnum(j, "floods_done", "stats");
+}
+
+/* Read from fd (after the have_len bytes already read) into a 64 MiB
+ * buffer until the terminating chunk ends the response, EOF, or
+ * timeout_ms.  *len gets the byte count. */
+static char *raw_read_big(int fd, const char *have, size_t have_len,
+                          size_t *len, int timeout_ms)
+{
+    size_t n = have_len, cap = 64u << 20;   /* the flood is ~48 MB */
+    char *buf = tst_gc_add(GC_MEM, malloc(cap + 1));
+    long long t0 = qg_now_ms();
+    assert_non_null(buf);
+    memcpy(buf, have, have_len);
+    while (qg_now_ms() - t0 < timeout_ms) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ssize_t k;
+        if (n >= 5 && memcmp(buf + n - 5, "0\r\n\r\n", 5) == 0)
+            break;
+        if (n == cap)
+            fail_msg("response larger than %zu bytes", cap);
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        k = read(fd, buf + n, cap - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* The body of a chunked response in raw (headers, chunks); NULL when the
+ * framing is broken or the terminating chunk is missing. */
+static char *dechunk(const char *raw, size_t len, size_t *blen)
+{
+    const char *p = strstr(raw, "\r\n\r\n"), *end = raw + len;
+    char *out = tst_gc_add(GC_MEM, malloc(len + 1));
+    size_t n = 0;
+    assert_non_null(out);
+    if (!p)
+        return NULL;
+    p += 4;
+    for (;;) {
+        char *e;
+        unsigned long sz = strtoul(p, &e, 16);
+        if (e == p || e + 2 > end || e[0] != '\r' || e[1] != '\n')
+            return NULL;
+        p = e + 2;
+        if (sz == 0)
+            break;
+        if ((size_t)(end - p) < sz + 2 || p[sz] != '\r' || p[sz + 1] != '\n')
+            return NULL;
+        memcpy(out + n, p, sz);
+        n += sz;
+        p += sz + 2;
+    }
+    out[n] = '\0';
+    *blen = n;
+    return out;
+}
+
+/* What may be in flight while the caller does not read, besides what
+ * the caller's socket holds (its receive buffer is pinned to 16 KiB, the
+ * kernel doubles it): the gateway's send buffer to the caller, which the
+ * kernel lets grow to net.ipv4.tcp_wmem's maximum (read from /proc; 4 MiB
+ * by default: measured, it fills), plus 3 MiB for the rest: the gateway's
+ * pending output (the 256 KiB high-water mark of qg_http_stream_write
+ * plus one upstream read), its receive window from the double (which
+ * only grows as the gateway reads), and the double's pinned 64 KiB send
+ * buffer (doubled by the kernel) and 64 KiB batch.  Measured: ~4.1 MB
+ * with the defaults; without backpressure the whole ~48 MB stream. */
+static long long in_flight_bound(void)
+{
+    long long lo, def, wmax = 4 << 20;
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_wmem", "r");
+    if (f) {
+        if (fscanf(f, "%lld %lld %lld", &lo, &def, &wmax) != 3)
+            wmax = 4 << 20;
+        fclose(f);
+    }
+    return wmax + (3 << 20);
+}
+
+/* A caller that stops reading a ~48 MB stream: the gateway must pause
+ * reading from the upstream (qg_http_stream_write returns 1 above the
+ * high-water mark; h_proxy.c then disables the upstream bufferevent's
+ * reads until the drain callback), so the double, which writes only as
+ * fast as its socket takes bytes (flood mode), stops far short of the
+ * end; once the caller reads, every byte arrives, in order, and the
+ * stream is settled from its usage chunk. */
+static void backpressure(int include_usage)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("bp");
+    long long b0, b1, b2, bend, t0;
+    long done0, done1, doneend;
+    int fd, rcv = 16384, next = 0;
+    size_t rawlen, blen = 0;
+    char *head, *raw, *body, *p, *eol, *last = NULL, *prev = NULL;
+    if (in_flight_bound() * 3 > FLOOD_EVENTS * 1200LL)
+        skip();     /* this machine's buffers could hold a third of it */
+    double_stats(&b0, &done0);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    /* a small receive window: the caller's own socket holds little */
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv),
+                     0);
+    {
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((unsigned short)
+                                                  qgproc_port(&P))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+            fail_msg("connect: %s", strerror(errno));
+    }
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n"
+                                     "X-Double-Mode: flood=%d\r\n", rid,
+                                     FLOOD_EVENTS),
+                             openai_body(1, 1, include_usage
+                                         ? ",\"stream_options\":"
+                                           "{\"include_usage\":true}"
+                                         : NULL)));
+    head = raw_read(fd, "\r\n\r\n", 10000);
+    if (!strstr(head, "HTTP/1.1 200"))
+        fail_msg("flood: no 200 stream: %.600s", head);
+    /* stop reading; wait until the double stops advancing (no progress
+     * over 1 s), or it finished: the latter is the failure */
+    t0 = qg_now_ms();
+    double_stats(&b1, &done1);
+    for (;;) {
+        tst_sleep_ms(1000);
+        double_stats(&b2, &done1);
+        if (b2 == b1 || done1 != done0 || qg_now_ms() - t0 > 30000)
+            break;
+        b1 = b2;
+    }
+    print_message("backpressure: the double wrote %lld bytes while the "
+                  "caller did not read (bound %lld)\n", b2 - b0,
+                  in_flight_bound());
+    if (done1 != done0)
+        fail_msg("backpressure: the double sent the whole stream while the "
+                 "caller did not read");
+    if (b2 != b1)
+        fail_msg("backpressure: the double still advances after 30 s "
+                 "(%lld bytes)", b2 - b0);
+    if (b2 - b0 >= in_flight_bound())
+        fail_msg("backpressure: %lld bytes left the double while the caller "
+                 "did not read, more than the bound %lld", b2 - b0,
+                 in_flight_bound());
+    /* stay paused past QUOTAGATE_UPSTREAM_TIMEOUT_MS (1.5 s here): a
+     * paused upstream read is not a silent upstream */
+    tst_sleep_ms(1600);
+    double_stats(&b1, &done1);
+    assert_true(b1 == b2 && done1 == done0);
+    /* now read it all: every byte, in order */
+    raw = raw_read_big(fd, head, strlen(head), &rawlen, 120000);
+    close(fd);
+    body = dechunk(raw, rawlen, &blen);
+    if (!body)
+        fail_msg("flood: broken or truncated chunked framing (%zu bytes "
+                 "read)", rawlen);
+    double_stats(&bend, &doneend);
+    assert_int_equal(doneend, done0 + 1);
+    if (include_usage) {
+        assert_int_equal((long long)blen, bend - b0);   /* byte for byte */
+    } else {
+        /* all but the usage-only chunk, which the gateway hid */
+        const char *usage = tst_fmt(
+            "data: {\"id\":\"chatcmpl-double-%ld\",\"object\":"
+            "\"chat.completion.chunk\",\"created\":1700000000,\"model\":"
+            "\"light\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
+            "\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n",
+            double_count(), FLOOD_EVENTS, FLOOD_EVENTS + 5);
+        assert_int_equal((long long)(blen + strlen(usage)), bend - b0);
+    }
+    /* event by event (memchr, never strstr over the 48 MB: under ASan
+     * every strstr measures its whole haystack): the content events in
+     * order, then the finish chunk, the usage chunk (when asked for)
+     * and [DONE] */
+    for (p = body; p < body + blen; p = eol + 2) {
+        const char *tok;
+        eol = memchr(p, '\n', (size_t)(body + blen - p));
+        if (!eol || eol + 1 >= body + blen || eol[1] != '\n')
+            fail_msg("flood: event %d does not end with a blank line", next);
+        tok = memmem(p, (size_t)(eol - p), "\"content\":\"tok", 14);
+        if (tok) {
+            if (atoi(tok + 14) != next)
+                fail_msg("flood: content event %d found where %d was due",
+                         atoi(tok + 14), next);
+            next++;
+        }
+        prev = last;
+        last = p;
+    }
+    assert_int_equal(next, FLOOD_EVENTS);
+    assert_non_null(prev);
+    if (include_usage) {
+        const char *ct = tst_fmt("\"completion_tokens\":%d", FLOOD_EVENTS);
+        assert_non_null(memmem(prev, (size_t)(last - prev), "\"choices\":[]",
+                               12));
+        assert_non_null(memmem(prev, (size_t)(last - prev), ct, strlen(ct)));
+    } else {
+        assert_non_null(memmem(prev, (size_t)(last - prev),
+                               "\"finish_reason\":\"stop\"", 22));
+    }
+    assert_true(blen > 14);
+    assert_memory_equal(body + blen - 14, "data: [DONE]\n\n", 14);
+    {
+        lrow row = ledger_row(rid);
+        assert_int_equal(row.status, 2);            /* completed */
+        assert_int_equal(row.estimated, 0);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, FLOOD_EVENTS);
+        assert_int_equal(row.weight_milli, 1000 + 5 + FLOOD_EVENTS);
+    }
+    assert_true(NEAR(used_in(s), (1000.0 + 5 + FLOOD_EVENTS) / 1000));
+}
+
+/* The caller asked for the usage chunk: the stream is passed on byte for
+ * byte as each upstream chunk arrives. */
+static void test_backpressure(void **state)
+{
+    (void)state;
+    backpressure(1);
+}
+
+/* The usage chunk was added by the gateway: the stream is passed on
+ * event by event (px_stream_bytes) and the usage chunk hidden. */
+static void test_backpressure_events(void **state)
+{
+    (void)state;
+    backpressure(0);
+}
+
+/* ------------------------------------------- queue: refused again */
+
+/* The row of rid as the check left it: decision (1 allow, 2 reject),
+ * window, created_ms (polled up to 10 s). */
+static void ledger_decision(const char *rid, int *decision,
+                            const char **window, long long *created_ms)
+{
+    long long t0 = qg_now_ms();
+    const char *db = tst_fmt("%s/ledger.db", P.data);
+    while (qg_now_ms() - t0 < 10000) {
+        sqlite3 *h = NULL;
+        sqlite3_stmt *st = NULL;
+        int found = 0;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
+                SQLITE_OK &&
+            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
+            sqlite3_prepare_v2(h, "SELECT decision, window, created_ms "
+                               "FROM requests WHERE request_id = ?1", -1,
+                               &st, NULL) == SQLITE_OK &&
+            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW) {
+            const unsigned char *w = sqlite3_column_text(st, 1);
+            *decision = sqlite3_column_int(st, 0);
+            *window = tst_fmt("%s", w ? (const char *)w : "");
+            *created_ms = sqlite3_column_int64(st, 2);
+            found = 1;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        if (found)
+            return;
+        tst_sleep_ms(20);
+    }
+    fail_msg("ledger: no row for %s", rid);
+}
+
+/* quotagate_decisions_total for plan, window ("none" for allows) and
+ * outcome; 0 when the series is absent. */
+static long decisions(const char *plan, const char *window,
+                      const char *outcome)
+{
+    http_resp *r = call("GET", "/metrics", NULL, NULL);
+    const char *key = tst_fmt("quotagate_decisions_total{plan=\"%s\","
+                              "window=\"%s\",outcome=\"%s\"} ", plan, window,
+                              outcome);
+    const char *p;
+    WANT(r, 200, "/metrics");
+    for (p = r->body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, key, strlen(key)))
+            return atol(p + strlen(key));
+    return 0;
+}
+
+/* A weight-only /v1/check for subject (the service key): not limited by
+ * the windows scoped to a model. */
+static void charge_weight(const char *subject, const char *weight)
+{
+    http_resp *r = call("POST", "/v1/check", QGPROC_SERVICE_KEY,
+                        tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                                "\"weight\":%s}", subject, tst_uid("w"),
+                                weight));
+    WANT(r, 200, "weight-only check");
+}
+
+/* Send a light call on its own connection (Connection: close) and
+ * return the socket; the answer is read with raw_read. */
+static int send_light(const char *key, const char *rid)
+{
+    int fd = raw_connect(qgproc_port(&P));
+    raw_send(fd, raw_request("/v1/chat/completions", key,
+                             tst_fmt("X-Request-Id: %s\r\nConnection: close\r\n",
+                                     rid),
+                             openai_body(0, 1, NULL)));
+    return fd;
+}
+
+/* Plan q_refill: burst_5h holds 3 points, rps one light call per 3 s,
+ * queue up to 10 s.  A (1.006) is served; B, at once, is refused by rps
+ * only and held until A's rps slot frees (3 s).  While B waits, a
+ * weight-only check of 1.5 for the same subject is admitted (it is not a
+ * light call: rps does not apply).  At B's retry instant burst_5h has
+ * 2.506 and refuses B (1.006) for 5 h, more than max_wait: the latest
+ * refusal is answered, after the wait, and only it is recorded.
+ * B must be held before the check lands (1 s later; B's timer fires
+ * after 3 s): either order of events would otherwise be detected, as B
+ * would be answered at once without x-quotagate-queued-ms. */
+static void test_queue_refused_again(void **state)
+{
+    const char *s = new_subject("q_refill"), *key = new_key(s);
+    const char *rid_a = tst_uid("qra"), *rid_b = tst_uid("qrb");
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid_a), NULL};
+    const char *got, *window, *body;
+    json_t *j;
+    long before;
+    long long created;
+    int fd, decision;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "A");
+    before = double_count();
+    fd = send_light(key, rid_b);
+    tst_sleep_ms(1000);                         /* B is held */
+    charge_weight(s, "1.5");
+    got = raw_read(fd, NULL, 30000);
+    close(fd);
+    if (strncmp(got, "HTTP/1.1 429", 12) != 0)
+        fail_msg("B: expected 429 after the wait, got %.800s", got);
+    if (!strcasestr(got, "\r\nx-quotagate-queued-ms: "))
+        fail_msg("B: answered without x-quotagate-queued-ms (not held?): "
+                 "%.800s", got);
+    assert_true(atol(strcasestr(got, "\r\nx-quotagate-queued-ms: ") + 25) > 0);
+    assert_non_null(strcasestr(got, tst_fmt("\r\nX-Request-Id: %s\r\n",
+                                            rid_b)));
+    assert_non_null(strcasestr(got, "\r\nRateLimit: "));
+    assert_true(atol(strcasestr(got, "\r\nRetry-After: ") + 15) > 3600);
+    body = strstr(got, "\r\n\r\n");
+    assert_non_null(body);
+    j = tst_jparse_text(body + 4, strlen(body + 4), "B");
+    assert_string_equal(tst_jstr(j, "decision", "B"), "reject");
+    assert_string_equal(tst_jstr(json_object_get(j, "error"), "type", "B"),
+                        "quota_exceeded");
+    assert_string_equal(tst_jstr(json_object_get(j, "error"), "window", "B"),
+                        "burst_5h");
+    assert_int_equal(double_count(), before);   /* B never forwarded */
+    ledger_decision(rid_b, &decision, &window, &created);
+    assert_int_equal(decision, 2);              /* reject */
+    assert_string_equal(window, "burst_5h");    /* the final refusal */
+    /* the metrics count A, the check and B's final refusal: not B's
+     * first refusal by rps */
+    assert_int_equal(decisions("q_refill", "none", "allow"), 2);
+    assert_int_equal(decisions("q_refill", "burst_5h", "reject"), 1);
+    assert_int_equal(decisions("q_refill", "rps", "reject"), 0);
+    assert_true(NEAR(used_in(s), 2.506));       /* B charged nothing */
+}
+
+/* Plan q_again: rps one light call per 3 s, roll_6s (a 6 s rolling
+ * window) 3.1 points, queue up to 12 s.  A (1.006) is served; B is held
+ * by rps until +3 s; meanwhile a weight-only check of 2 fills roll_6s to
+ * 3.006.  At B's retry instant roll_6s refuses B until A's charge leaves
+ * it (+6 s): 3 s waited plus 3 s still fits 12 s, so B waits again, and
+ * is then admitted (2 + 1.006 <= 3.1) and served.  Only the final
+ * decision is recorded. */
+static void test_queue_waits_again(void **state)
+{
+    const char *s = new_subject("q_again"), *key = new_key(s);
+    const char *rid_a = tst_uid("qwa"), *rid_b = tst_uid("qwb");
+    const char *h[3] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid_a), NULL};
+    const char *got, *window;
+    long before;
+    long long created_a, created_b;
+    int fd, decision;
+    lrow row;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 1, NULL)), 200,
+         "A");
+    before = double_count();
+    fd = send_light(key, rid_b);
+    tst_sleep_ms(1000);                         /* B is held */
+    charge_weight(s, "2");
+    got = raw_read(fd, NULL, 30000);
+    close(fd);
+    if (strncmp(got, "HTTP/1.1 200", 12) != 0)
+        fail_msg("B: expected 200 after waiting twice, got %.800s", got);
+    assert_non_null(strcasestr(got, "\r\nx-quotagate-queued-ms: "));
+    assert_non_null(strstr(got, "\"completion_tokens\":1"));
+    assert_int_equal(double_count(), before + 1);
+    row = ledger_row(rid_b);
+    assert_int_equal(row.status, 2);            /* completed */
+    assert_int_equal(row.weight_milli, 1006);
+    /* B was admitted only once A's charge had left roll_6s: past its
+     * first retry instant (the rps slot, 3 s after A) */
+    ledger_decision(rid_a, &decision, &window, &created_a);
+    ledger_decision(rid_b, &decision, &window, &created_b);
+    assert_int_equal(decision, 1);
+    assert_true(created_b - created_a >= 6000);
+    /* metrics: A, the check, B's admission; none of B's refusals */
+    assert_int_equal(decisions("q_again", "none", "allow"), 3);
+    assert_int_equal(decisions("q_again", "rps", "reject"), 0);
+    assert_int_equal(decisions("q_again", "roll_6s", "reject"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1287,6 +1720,10 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_caller_leaves, gc_teardown),
         cmocka_unit_test_teardown(test_model_upstreams, mu_teardown),
         cmocka_unit_test_teardown(test_model_upstream_only, mu_teardown),
+        cmocka_unit_test_teardown(test_backpressure, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_refused_again, gc_teardown),
+        cmocka_unit_test_teardown(test_queue_waits_again, gc_teardown),
+        cmocka_unit_test_teardown(test_backpressure_events, gc_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

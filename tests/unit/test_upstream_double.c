@@ -792,6 +792,61 @@ static void test_bad_mode_and_route(void **state)
     http_resp_free(&r);
 }
 
+/* flood=N: N content events of 1024 bytes of text ("tok<i>" then dots),
+ * one per chunk, then the finish and usage chunks (completion tokens N);
+ * /_double/stats counts the stream's body bytes and its end.  Without a
+ * stream (or for the Anthropic shape) flood is a 400. */
+static void test_flood(void **state)
+{
+    stream s;
+    json_t *st0 = get_json("/_double/stats"), *st1, *j;
+    char name[64], want[32];
+    size_t body = 0;
+    http_resp r;
+    (void)state;
+    stream_request(OPENAI, "flood=3",
+        "{\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":"
+        "\"12345678\"}]}", &s);
+    assert_stream_head(&s);
+    assert_true(s.complete);
+    assert_int_equal(s.nchunks, 7);    /* role, 3 content, finish, usage, DONE */
+    for (int i = 0; i < s.nchunks; i++)
+        body += s.chunks[i].len;
+    for (int i = 1; i <= 3; i++) {
+        event_of(&s, i, name, sizeof name, &j);
+        const char *t = jstr(json_array_get(json_object_get(j, "choices"),
+                                            0), "delta.content");
+        assert_non_null(t);
+        assert_int_equal(strlen(t), 1024);
+        snprintf(want, sizeof want, "tok%d.", i - 1);
+        assert_int_equal(strncmp(t, want, strlen(want)), 0);
+        assert_int_equal(strspn(t + strlen(want) - 1, "."),
+                         1024 - strlen(want) + 1);
+        json_decref(j);
+    }
+    event_of(&s, 5, name, sizeof name, &j);
+    assert_int_equal(jint(j, "usage.completion_tokens"), 3);
+    assert_int_equal(jint(j, "usage.prompt_tokens"), 2);
+    json_decref(j);
+    stream_free(&s);
+    st1 = get_json("/_double/stats");
+    assert_int_equal(jint(st1, "flood_bytes") - jint(st0, "flood_bytes"),
+                     (json_int_t)body);
+    assert_int_equal(jint(st1, "floods") - jint(st0, "floods"), 1);
+    assert_int_equal(jint(st1, "floods_done") - jint(st0, "floods_done"), 1);
+    json_decref(st0);
+    json_decref(st1);
+    assert_int_equal(post(OPENAI, "flood=3", "{\"max_tokens\":2}", &r, &j),
+                     400);
+    json_decref(j);
+    http_resp_free(&r);
+    assert_int_equal(post(ANTHROPIC, "flood=3", "{\"stream\":true}", &r, &j),
+                     400);
+    json_decref(j);
+    http_resp_free(&r);
+}
+
 /* A client that leaves mid-stream must not upset the double. */
 static void test_client_leaves(void **state)
 {
@@ -836,6 +891,7 @@ int main(void)
         cmocka_unit_test(test_hang),
         cmocka_unit_test(test_last_and_count),
         cmocka_unit_test(test_bad_mode_and_route),
+        cmocka_unit_test(test_flood),
         cmocka_unit_test(test_client_leaves),
         cmocka_unit_test(test_shutdown),
     };

@@ -13,6 +13,11 @@
  *                               "body": raw text, "body_json": parsed or
  *                               null}; 404 before the first one
  *   GET  /_double/count         {"count": API requests received}
+ *   GET  /_double/stats         {"flood_bytes": body bytes of flood
+ *                               streams handed to the socket so far (at
+ *                               most DBL_FLOOD_BATCH more than the kernel
+ *                               took), "floods": flood streams started,
+ *                               "floods_done": those sent to the end}
  *
  * Answers are deterministic:
  *   prompt tokens     = ceil(B / 4), B = bytes of every text in
@@ -44,6 +49,18 @@
  *   status=CODE      answer CODE (400..599) with the API's error body;
  *                    429 also carries Retry-After: 2
  *   hang             never answer
+ *   flood=N          (an OpenAI stream) N content events of
+ *                    DBL_FLOOD_TEXT bytes of text each, "tok<i>" then
+ *                    dots, instead of max_tokens words; completion
+ *                    tokens N.  Sent as fast as the socket takes them: a
+ *                    batch is added only when less than DBL_FLOOD_BATCH
+ *                    bytes wait in the double's own output buffer, so a
+ *                    reader that stops makes the double stop too, and
+ *                    /_double/stats says how far it got (backpressure
+ *                    tests); the connection's send buffer is pinned to
+ *                    DBL_FLOOD_SNDBUF (the kernel doubles it) instead of
+ *                    growing to net.ipv4.tcp_wmem's maximum, so that what
+ *                    was written is close to what the reader's side took
  * An unknown mode is a 400, so a typo in a test fails loudly.
  *
  * SIGTERM/SIGINT stop the loop; everything is freed and the exit is 0.
@@ -72,6 +89,10 @@
 #define DBL_DEFAULT_SLOW_MS 5
 #define DBL_MAX_SLOW_MS   60000
 #define DBL_CREATED       1700000000
+#define DBL_MAX_FLOOD     1000000
+#define DBL_FLOOD_TEXT    1024
+#define DBL_FLOOD_BATCH   (64 * 1024)
+#define DBL_FLOOD_SNDBUF  (64 * 1024)
 
 enum api { API_OPENAI, API_ANTHROPIC };
 
@@ -83,6 +104,7 @@ typedef struct mode {
     int no_usage;
     int status;                /* 0: answer normally */
     int hang;
+    int flood;                 /* content events of a flood, 0: none */
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -94,6 +116,9 @@ typedef struct stream {
     char **events;
     int nevents, next;
     mode m;
+    int flood_i;               /* flood content events sent */
+    int include_usage;         /* flood: chunks carry "usage": null */
+    char id[64], model[128];   /* flood: of every chunk */
     struct stream *prev, *nxt;
 } stream;
 
@@ -110,6 +135,8 @@ typedef struct dbl {
     long count;                /* API requests received */
     stream *streams;
     held *held;
+    long long flood_bytes;     /* /_double/stats */
+    long floods, floods_done;
 } dbl;
 
 /* ------------------------------------------------------------ replies */
@@ -162,7 +189,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
 {
     m->slow_ms = DBL_DEFAULT_SLOW_MS;
     m->reset_after = -1;
-    m->no_usage = m->status = m->hang = 0;
+    m->no_usage = m->status = m->hang = m->flood = 0;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -199,6 +226,8 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->no_usage = 1;
         else if (!strcmp(tok, "hang") && !eq)
             m->hang = 1;
+        else if (!strcmp(tok, "flood") && eq && v >= 1 && v <= DBL_MAX_FLOOD)
+            m->flood = (int)v;
         else if (*tok || eq)
             rc = -1;
         if (rc)
@@ -370,7 +399,11 @@ static void openai_events(dbl *d, stream *s, const char *model, int p, int n,
         "[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta", "role",
         "assistant", "content", "", "logprobs", "finish_reason"), m,
         include_usage), NULL);
-    for (int i = 0; i < n; i++)
+    /* a flood's content events are made as they go (flood_tick) */
+    snprintf(s->id, sizeof s->id, "%s", id);
+    snprintf(s->model, sizeof s->model, "%s", model);
+    s->include_usage = include_usage;
+    for (int i = 0; i < (m->flood ? 0 : n); i++)
         add_event(s, NULL, chunk(id, model, json_pack(
             "[{s:i, s:{s:o}, s:n, s:n}]", "index", 0, "delta", "content",
             word(i), "logprobs", "finish_reason"), m, include_usage), NULL);
@@ -456,6 +489,49 @@ static void cut_connection(struct evhttp_connection *evcon, int rst)
     evhttp_connection_free(evcon);   /* frees the request too */
 }
 
+/* The next batch of a flood's content events (between the role chunk,
+ * events[0], and the finish chunk, events[1]): added only while less than
+ * DBL_FLOOD_BATCH bytes wait in the double's output buffer, else looked
+ * at again in 1 ms. */
+static void flood_tick(stream *s, struct evhttp_connection *evcon)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    struct timeval later = { 0, 1000 }, now = { 0, 0 };
+    size_t added = 0;
+    char text[DBL_FLOOD_TEXT + 1];
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) >=
+        DBL_FLOOD_BATCH) {
+        evtimer_add(s->timer, &later);
+        return;
+    }
+    memset(text, '.', DBL_FLOOD_TEXT);
+    text[DBL_FLOOD_TEXT] = '\0';
+    while (added < DBL_FLOOD_BATCH && s->flood_i < s->m.flood) {
+        int k = snprintf(text, sizeof text, "tok%d", s->flood_i);
+        json_t *c;
+        char *data, *ev = NULL;
+        text[k] = '.';
+        c = chunk(s->id, s->model, json_pack(
+            "[{s:i, s:{s:s}, s:n, s:n}]", "index", 0, "delta", "content",
+            text, "logprobs", "finish_reason"), &s->m, s->include_usage);
+        data = json_dumps(c, JSON_COMPACT);
+        json_decref(c);
+        int len = data ? asprintf(&ev, "data: %s\n\n", data) : -1;
+        free(data);
+        if (len < 0)
+            break;
+        struct evbuffer *b = evbuffer_new();
+        evbuffer_add(b, ev, (size_t)len);
+        evhttp_send_reply_chunk(s->req, b);
+        evbuffer_free(b);
+        free(ev);
+        added += (size_t)len;
+        s->flood_i++;
+    }
+    s->d->flood_bytes += (long long)added;
+    evtimer_add(s->timer, &now);
+}
+
 static void stream_tick(evutil_socket_t fd, short what, void *arg)
 {
     stream *s = arg;
@@ -479,18 +555,26 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
         cut_connection(evcon, rst);
         return;
     }
+    if (s->m.flood && s->next == 1 && s->flood_i < s->m.flood) {
+        flood_tick(s, evcon);
+        return;
+    }
     if (s->next == s->nevents) {
+        if (s->m.flood)
+            s->d->floods_done++;
         evhttp_send_reply_end(s->req);
         stream_free(s);
         return;
     }
+    if (s->m.flood)
+        s->d->flood_bytes += (long long)strlen(s->events[s->next]);
     struct evbuffer *b = evbuffer_new();
     evbuffer_add(b, s->events[s->next], strlen(s->events[s->next]));
     evhttp_send_reply_chunk(s->req, b);
     evbuffer_free(b);
     s->next++;
     struct timeval tv = { s->m.slow_ms / 1000, (s->m.slow_ms % 1000) * 1000 };
-    if (s->next == s->nevents && s->m.reset_after < 0)
+    if ((s->next == s->nevents && s->m.reset_after < 0) || s->m.flood)
         tv.tv_sec = tv.tv_usec = 0;  /* end the reply at once */
     evtimer_add(s->timer, &tv);
 }
@@ -522,9 +606,14 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
                        : "upstream double: failure (X-Double-Mode)");
     } else if (!json_is_object(j)) {
         send_api_error(req, api, 400, "body is not a JSON object");
+    } else if (m.flood && (api != API_OPENAI ||
+                           !json_is_true(json_object_get(j, "stream")))) {
+        send_api_error(req, api, 400, "X-Double-Mode: flood needs an "
+                       "OpenAI stream");
     } else {
         const char *model = json_string_value(json_object_get(j, "model"));
-        int p = prompt_tokens(j), n = completion_tokens(j);
+        int p = prompt_tokens(j),
+            n = m.flood ? m.flood : completion_tokens(j);
         if (!model)
             model = "double";
         if (!json_is_true(json_object_get(j, "stream"))) {
@@ -536,7 +625,18 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
             s->d = d;
             s->req = req;
             s->m = m;
-            s->events = calloc((size_t)n + 8, sizeof *s->events);
+            s->events = calloc((size_t)(m.flood ? 0 : n) + 8,
+                               sizeof *s->events);
+            d->floods += m.flood > 0;
+            if (m.flood) {
+                struct evhttp_connection *c = evhttp_request_get_connection(req);
+                struct bufferevent *bev =
+                    c ? evhttp_connection_get_bufferevent(c) : NULL;
+                int sz = DBL_FLOOD_SNDBUF;
+                if (bev && bufferevent_getfd(bev) >= 0)
+                    setsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_SNDBUF,
+                               &sz, sizeof sz);
+            }
             s->timer = evtimer_new(d->base, stream_tick, s);
             if (api == API_OPENAI)
                 openai_events(d, s, model, p, n, json_is_true(
@@ -590,6 +690,11 @@ static void route(struct evhttp_request *req, void *arg)
             send_json(req, 404, json_pack("{s:s}", "error", "no request yet"));
     } else if (!strcmp(uri, "/_double/count") && get) {
         send_json(req, 200, json_pack("{s:I}", "count", (json_int_t)d->count));
+    } else if (!strcmp(uri, "/_double/stats") && get) {
+        send_json(req, 200, json_pack("{s:I, s:I, s:I}", "flood_bytes",
+                                      (json_int_t)d->flood_bytes, "floods",
+                                      (json_int_t)d->floods, "floods_done",
+                                      (json_int_t)d->floods_done));
     } else {
         send_json(req, 404, json_pack("{s:s}", "error", "no such route"));
     }
