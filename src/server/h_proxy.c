@@ -407,7 +407,7 @@ static int on_event(const char *event, size_t elen, const char *data,
         int64_t cb;
         int rc = qg_usage_anthropic_event_bytes(event, elen, data, dlen,
                                                 &p->u, &cb);
-        if (rc == 1 && !strstr(data, "\"message_start\""))
+        if (rc == 1 && !memmem(data, dlen, "\"message_start\"", 15))
             p->final_usage = 1;          /* a message_delta's usage */
         if (rc == 0)
             p->content_bytes += cb;
