@@ -11,7 +11,7 @@
 # the CLI and every test.
 
 CC      ?= cc
-PKGS    := yaml-0.1 jansson libxxhash libevent libevent_pthreads \
+PKGS    := yaml-0.1 jansson yajl libxxhash libevent libevent_pthreads \
            libevent_openssl sqlite3 libssl libcrypto
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \

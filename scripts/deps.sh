@@ -2,7 +2,7 @@
 # deps.sh - install the Debian packages quotagate needs, only those missing.
 # Usage: scripts/deps.sh [build|test|bench]
 set -e
-want="gcc make pkg-config libyaml-dev libjansson-dev libxxhash-dev tzdata \
+want="gcc make pkg-config libyaml-dev libjansson-dev libyajl-dev libxxhash-dev tzdata \
       libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev"
 case "${1:-build}" in
   test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl"

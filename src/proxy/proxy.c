@@ -1,9 +1,11 @@
-/* proxy.c - see proxy.h. */
+/* proxy.c - see proxy.h.  Stream events are read by respscan.c's one
+ * streaming pass; whole bodies by jansson. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include "proxy.h"
+#include "respscan.h"
 #include "usage.h"
 
 size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len)
@@ -49,51 +51,21 @@ static int64_t tool_call_bytes(json_t *calls)
     return n;
 }
 
-int64_t qg__content_bytes_openai_obj(struct json_t *j)
-{
-    json_t *ch;
-    size_t i;
-    int64_t n = 0;
-    json_array_foreach(json_object_get(j, "choices"), i, ch) {
-        json_t *d = json_object_get(ch, "delta");
-        n += str_len(json_object_get(d, "content"));
-        n += tool_call_bytes(json_object_get(d, "tool_calls"));
-    }
-    return n;
-}
-
 int64_t qg_content_bytes_openai_chunk(const char *data, size_t len)
 {
-    json_t *j = json_loadb(data, len, 0, NULL);
-    int64_t n;
-    if (!j)
-        return 0;
-    n = qg__content_bytes_openai_obj(j);
-    json_decref(j);
-    return n;
-}
-
-int64_t qg__content_bytes_anthropic_obj(struct json_t *j)
-{
-    json_t *d = json_object_get(j, "delta");
-    if (!json_is_object(d))
-        return 0;
-    return str_len(json_object_get(d, "text")) +
-           str_len(json_object_get(d, "partial_json")) +
-           str_len(json_object_get(d, "thinking"));
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.openai_chunk_bytes : 0;
 }
 
 int64_t qg_content_bytes_anthropic_event(const char *data, size_t len)
 {
-    json_t *j = json_loadb(data, len, 0, NULL);
-    int64_t n;
-    if (!j)
-        return 0;
-    n = qg__content_bytes_anthropic_obj(j);
-    json_decref(j);
-    return n;
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.anthropic_event_bytes : 0;
 }
 
+/* A whole body stays on jansson: Anthropic's tool_use input is counted as
+ * its compact JSON text, which needs the tree (and this runs only when
+ * the upstream reported no output count). */
 int64_t qg_content_bytes_json(const char *body, size_t len, int shape)
 {
     json_t *j = json_loadb(body, len, 0, NULL), *x;

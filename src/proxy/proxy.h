@@ -31,16 +31,13 @@ size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len);
  * event's payload (content_block_delta: delta.text, partial_json,
  * thinking), a whole non-streaming body of either shape (OpenAI:
  * choices[].message.content and tool call arguments; Anthropic:
- * content[].text / thinking, tool_use input as JSON).  0 when there is
- * none or the text is not JSON. */
+ * content[].text / thinking, tool_use input as JSON).  Bytes of the
+ * decoded UTF-8 text (an escape counts as the bytes it stands for; a
+ * \u0000 counts 1 in a stream event).  0 when there is none or the text
+ * is not JSON. */
 int64_t qg_content_bytes_openai_chunk(const char *data, size_t len);
 int64_t qg_content_bytes_anthropic_event(const char *data, size_t len);
 int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
-/* The same for an already parsed chunk or event (usage.c's one-parse
- * readers of stream events use them). */
-struct json_t;
-int64_t qg__content_bytes_openai_obj(struct json_t *j);
-int64_t qg__content_bytes_anthropic_obj(struct json_t *j);
 
 /* 1 when the caller's request header `name` is passed upstream: every
  * header except the caller's credentials (Authorization, x-api-key,

@@ -1,10 +1,13 @@
 /* usage.c - token usage out of response JSON, admission fields out of
  * request JSON, and the upstream rewrite of a request (see usage.h).
  *
- * Everything is parsed with jansson from caller buffers; nothing here does
- * I/O or keeps state between calls, so each function can be unit-tested
- * and fuzzed alone.  Responses come from the trusted upstream and are read
- * leniently (unknown members ignored).  Requests come from callers and are
+ * Responses are read in one streaming pass with libyajl (respscan.c), as
+ * the proxy reads every body and every stream event and only needs a few
+ * numbers; requests, which are also rewritten, are parsed with jansson.
+ * Everything is read from caller buffers; nothing here does I/O or keeps
+ * state between calls, so each function can be unit-tested and fuzzed
+ * alone.  Responses come from the trusted upstream and are read leniently
+ * (unknown members ignored; a duplicate key: the last one wins).  Requests come from callers and are
  * read strictly where metering depends on them: a body with duplicate keys
  * is refused, since the gateway and the upstream might otherwise disagree
  * on which "model" was asked for and charge one model while serving
@@ -14,7 +17,7 @@
 #include <jansson.h>
 
 #include "quotagate.h"
-#include "proxy.h"
+#include "respscan.h"
 #include "usage.h"
 
 /* --------------------------------------------------------------- helpers */
@@ -48,31 +51,47 @@ static int get_count2(const json_t *obj, const char *k1, const char *k2,
     return rc ? rc : get_count(obj, k2, v);
 }
 
-/* Copy an error object's "type" (else "code", else "error") into dst. */
-static void copy_error(char dst[64], const json_t *err)
+/* ------------------------------------------------------------ responses */
+
+/* The responses are read in one streaming pass (respscan.h), no tree. */
+
+/* A count member of a scanned usage object: 1 and *v when present, 0
+ * when absent or null, -1 when it is not a non-negative integer. */
+static int count(const qg__usage *u, int which, int64_t *v)
 {
-    const char *t = json_string_value(json_object_get(err, "type"));
-    if (!t || !*t)
-        t = json_string_value(json_object_get(err, "code"));
-    if (!t || !*t)
-        t = "error";
+    const qg__count *c = &u->c[which];
+    if (c->state == 1)
+        *v = c->v;
+    return c->state;
+}
+
+/* The first of two alternative count members that is present. */
+static int count2(const qg__usage *u, int w1, int w2, int64_t *v)
+{
+    int rc = count(u, w1, v);
+    return rc ? rc : count(u, w2, v);
+}
+
+/* Copy the error object's "type" (else "code", else "error") into dst:
+ * the scan kept each when a non-empty string, cut at 63 bytes. */
+static void copy_error(char dst[64], const qg__resp *r)
+{
+    const char *t = r->error_type[0] ? r->error_type
+                    : r->error_code[0] ? r->error_code : "error";
     size_t n = strlen(t);
-    if (n > 63)
-        n = 63;
-    memcpy(dst, t, n);
-    dst[n] = '\0';
+    memcpy(dst, t, n + 1);
 }
 
 /* Anthropic input: input_tokens plus both cache counts.  1 when
  * input_tokens is present, 0 when absent, -1 on a bad value or overflow. */
-static int anthropic_input(const json_t *usage, int64_t *in)
+static int anthropic_input(const qg__usage *u, int64_t *in)
 {
     int64_t base = 0, cc = 0, cr = 0;
-    int rc = get_count(usage, "input_tokens", &base);
+    int rc = count(u, QG__UC_INPUT, &base);
     if (rc <= 0)
         return rc;
-    if (get_count(usage, "cache_creation_input_tokens", &cc) < 0 ||
-        get_count(usage, "cache_read_input_tokens", &cr) < 0)
+    if (count(u, QG__UC_CACHE_CREATION, &cc) < 0 ||
+        count(u, QG__UC_CACHE_READ, &cr) < 0)
         return -1;
     if (__builtin_add_overflow(base, cc, in) ||
         __builtin_add_overflow(*in, cr, in))
@@ -80,39 +99,30 @@ static int anthropic_input(const json_t *usage, int64_t *in)
     return 1;
 }
 
-/* ------------------------------------------------------------ responses */
-
 int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out)
 {
-    int rc = -1;
+    qg__resp r;
     memset(out, 0, sizeof *out);
-    json_t *root = load(body, len, 0);
-    if (!json_is_object(root))
-        goto done;
-    json_t *usage = json_object_get(root, "usage");
-    if (!usage || json_is_null(usage)) {
-        json_t *err = json_object_get(root, "error");
-        if (json_is_object(err))
-            copy_error(out->error, err);
-        rc = 0;
-        goto done;
+    if (qg__resp_scan(body, len, &r) != 0)
+        return -1;
+    if (r.usage.state == 0) {
+        if (r.error)
+            copy_error(out->error, &r);
+        return 0;
     }
-    if (!json_is_object(usage))
-        goto done;
-    int hi = get_count2(usage, "prompt_tokens", "input_tokens",
-                        &out->input_tokens);
-    int ho = get_count2(usage, "completion_tokens", "output_tokens",
-                        &out->output_tokens);
+    if (r.usage.state < 0)
+        return -1;
+    int hi = count2(&r.usage, QG__UC_PROMPT, QG__UC_INPUT,
+                    &out->input_tokens);
+    int ho = count2(&r.usage, QG__UC_COMPLETION, QG__UC_OUTPUT,
+                    &out->output_tokens);
     if (hi < 0 || ho < 0) {
         memset(out, 0, sizeof *out);
-        goto done;
+        return -1;
     }
     out->have_input = hi;
     out->have_output = ho;
-    rc = hi || ho;
-done:
-    json_decref(root);
-    return rc;
+    return hi || ho;
 }
 
 int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
@@ -125,8 +135,7 @@ int qg_usage_openai_chunk_bytes(const char *data, size_t len,
                                 qg_usage_counts *out, int *is_usage_only,
                                 int64_t *content_bytes)
 {
-    int rc = -1;
-    json_t *root = NULL;
+    qg__resp r;
     if (is_usage_only)
         *is_usage_only = 0;
     if (content_bytes)
@@ -141,29 +150,23 @@ int qg_usage_openai_chunk_bytes(const char *data, size_t len,
         len--;
     if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
         return 2;
-    root = load(data, len, 0);
-    if (!json_is_object(root))
-        goto done;
+    if (qg__resp_scan(data, len, &r) != 0)
+        return -1;
     if (content_bytes)
-        *content_bytes = qg__content_bytes_openai_obj(root);
-    json_t *err = json_object_get(root, "error");
-    if (json_is_object(err)) {
-        copy_error(out->error, err);
-        rc = -2;
-        goto done;
+        *content_bytes = r.openai_chunk_bytes;
+    if (r.error) {
+        copy_error(out->error, &r);
+        return -2;
     }
-    json_t *usage = json_object_get(root, "usage");
-    if (!usage || json_is_null(usage)) {
-        rc = 0;
-        goto done;
-    }
-    if (!json_is_object(usage))
-        goto done;
+    if (r.usage.state == 0)
+        return 0;
+    if (r.usage.state < 0)
+        return -1;
     int64_t in = 0, outt = 0;
-    int hi = get_count2(usage, "prompt_tokens", "input_tokens", &in);
-    int ho = get_count2(usage, "completion_tokens", "output_tokens", &outt);
+    int hi = count2(&r.usage, QG__UC_PROMPT, QG__UC_INPUT, &in);
+    int ho = count2(&r.usage, QG__UC_COMPLETION, QG__UC_OUTPUT, &outt);
     if (hi < 0 || ho < 0)
-        goto done;
+        return -1;
     if (hi) {
         out->input_tokens = in;
         out->have_input = 1;
@@ -172,63 +175,49 @@ int qg_usage_openai_chunk_bytes(const char *data, size_t len,
         out->output_tokens = outt;
         out->have_output = 1;
     }
-    json_t *choices = json_object_get(root, "choices");
     if (is_usage_only)
-        *is_usage_only =
-            json_is_array(choices) && json_array_size(choices) == 0;
-    rc = 1;
-done:
-    json_decref(root);
-    return rc;
+        *is_usage_only = r.choices_array && r.choices_n == 0;
+    return 1;
 }
 
 int qg_usage_anthropic_json(const char *body, size_t len,
                             qg_usage_counts *out)
 {
-    int rc = -1;
+    qg__resp r;
     memset(out, 0, sizeof *out);
-    json_t *root = load(body, len, 0);
-    if (!json_is_object(root))
-        goto done;
-    const char *type = json_string_value(json_object_get(root, "type"));
-    if (type && strcmp(type, "error") == 0) {
-        copy_error(out->error, json_object_get(root, "error"));
-        rc = 0;
-        goto done;
+    if (qg__resp_scan(body, len, &r) != 0)
+        return -1;
+    if (r.type == QG__T_ERROR) {
+        copy_error(out->error, &r);
+        return 0;
     }
-    json_t *usage = json_object_get(root, "usage");
-    if (!usage || json_is_null(usage)) {
-        rc = 0;
-        goto done;
-    }
-    if (!json_is_object(usage))
-        goto done;
-    int hi = anthropic_input(usage, &out->input_tokens);
-    int ho = get_count(usage, "output_tokens", &out->output_tokens);
+    if (r.usage.state == 0)
+        return 0;
+    if (r.usage.state < 0)
+        return -1;
+    int hi = anthropic_input(&r.usage, &out->input_tokens);
+    int ho = count(&r.usage, QG__UC_OUTPUT, &out->output_tokens);
     if (hi < 0 || ho < 0) {
         memset(out, 0, sizeof *out);
-        goto done;
+        return -1;
     }
     out->have_input = hi;
     out->have_output = ho;
-    rc = hi || ho;
-done:
-    json_decref(root);
-    return rc;
+    return hi || ho;
 }
 
 /* Read one Anthropic usage object into acc.  Its counts are totals so
  * far (message_delta's are cumulative), so they replace acc's.  Returns
  * 1 when a count was present, 0 when none, -1 when malformed. */
-static int anthropic_usage_into(const json_t *usage, qg_usage_counts *acc)
+static int anthropic_usage_into(const qg__usage *u, qg_usage_counts *acc)
 {
     int64_t in = 0, outt = 0;
-    if (!usage || json_is_null(usage))
+    if (u->state == 0)
         return 0;
-    if (!json_is_object(usage))
+    if (u->state < 0)
         return -1;
-    int hi = anthropic_input(usage, &in);
-    int ho = get_count(usage, "output_tokens", &outt);
+    int hi = anthropic_input(u, &in);
+    int ho = count(u, QG__UC_OUTPUT, &outt);
     if (hi < 0 || ho < 0)
         return -1;
     if (hi) {
@@ -254,42 +243,33 @@ int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
                                    qg_usage_counts *acc,
                                    int64_t *content_bytes)
 {
-    int rc = -1;
-    char name[32];
-    json_t *root = load(data, dlen, 0);
+    qg__resp r;
+    int t;
     if (content_bytes)
         *content_bytes = 0;
-    if (!json_is_object(root))
-        goto done;
+    if (qg__resp_scan(data, dlen, &r) != 0)
+        return -1;
     if (content_bytes)
-        *content_bytes = qg__content_bytes_anthropic_obj(root);
-    /* the payload's "type" is authoritative; the SSE type is the fallback */
-    const char *t = json_string_value(json_object_get(root, "type"));
-    if (!t) {
-        size_t n = event && elen < sizeof name ? elen : 0;
-        if (n)
-            memcpy(name, event, n);
-        name[n] = '\0';
-        t = name;
+        *content_bytes = r.anthropic_event_bytes;
+    /* the payload's "type" is authoritative; the SSE type (when shorter
+     * than 32 bytes) is the fallback */
+    t = r.type != QG__T_NONE ? r.type
+        : event && elen < 32 ? qg__resp_type(event, elen) : QG__T_OTHER;
+    switch (t) {
+    case QG__T_MESSAGE_START:
+        if (r.message < 0)
+            return -1;
+        return anthropic_usage_into(&r.msg_usage, acc);
+    case QG__T_MESSAGE_DELTA:
+        return anthropic_usage_into(&r.usage, acc);
+    case QG__T_MESSAGE_STOP:
+        return 2;
+    case QG__T_ERROR:
+        copy_error(acc->error, &r);
+        return -2;
+    default:
+        return 0;
     }
-    if (strcmp(t, "message_start") == 0) {
-        json_t *msg = json_object_get(root, "message");
-        if (msg && !json_is_object(msg))
-            goto done;
-        rc = anthropic_usage_into(json_object_get(msg, "usage"), acc);
-    } else if (strcmp(t, "message_delta") == 0) {
-        rc = anthropic_usage_into(json_object_get(root, "usage"), acc);
-    } else if (strcmp(t, "message_stop") == 0) {
-        rc = 2;
-    } else if (strcmp(t, "error") == 0) {
-        copy_error(acc->error, json_object_get(root, "error"));
-        rc = -2;
-    } else {
-        rc = 0;
-    }
-done:
-    json_decref(root);
-    return rc;
 }
 
 /* ------------------------------------------------------------- requests */

@@ -1,6 +1,7 @@
 /* test_proxy_parts.c - the I/O-free parts of the proxy (src/proxy/proxy.h):
  * SSE event boundaries over arbitrary splits and line ends, generated
- * text byte counts, and which caller headers go upstream. */
+ * text byte counts (decoded UTF-8, exact paths, duplicate keys), and
+ * which caller headers go upstream. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -87,6 +88,60 @@ static void test_content_bytes(void **state)
     assert_int_equal(qg_content_bytes_json("nope", 4, QG_SHAPE_OPENAI), 0);
 }
 
+/* Stream events count the bytes of the decoded UTF-8 text, at the exact
+ * paths only, the last of duplicate keys. */
+static void test_content_bytes_edges(void **state)
+{
+    static const struct {
+        const char *text;
+        int64_t openai, anthropic;
+    } cases[] = {
+        /* \n \" \\ \/ \t: 1 byte each; é 2; € 3; U+1D11E (a surrogate
+         * pair) 4; \u0000 1; raw UTF-8 as is */
+        {"{\"choices\":[{\"delta\":{\"content\":\"a\\n\\\"\\\\\\/\\t\"}}]}",
+         6, 0},
+        {"{\"choices\":[{\"delta\":{\"content\":\"\\u00e9\\u20ac"
+         "\\ud834\\udd1e\\u0000\"}}]}", 2 + 3 + 4 + 1, 0},
+        {"{\"delta\":{\"text\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}}", 0, 10},
+        {"{\"delta\":{\"text\":\"\\uD83D\\uDE00\",\"partial_json\":\"{}\","
+         "\"thinking\":\"\\u00e9\"}}", 0, 4 + 2 + 2},
+        /* several choices and tool calls add up */
+        {"{\"choices\":[{\"delta\":{\"content\":\"ab\",\"tool_calls\":["
+         "{\"function\":{\"arguments\":\"cd\"}},{\"function\":{"
+         "\"arguments\":\"e\"}}]}},{\"delta\":{\"content\":\"fgh\"}}]}",
+         8, 0},
+        /* wrong depth or type: not content */
+        {"{\"content\":\"no\",\"delta\":{\"content\":\"no\"},\"choices\":[{"
+         "\"content\":\"no\",\"message\":{\"content\":\"no\"},\"delta\":{"
+         "\"text\":\"no\",\"x\":{\"content\":\"no\"}}}]}", 0, 0},
+        {"{\"choices\":{\"a\":{\"delta\":{\"content\":\"no\"}}}}", 0, 0},
+        {"{\"choices\":[{\"delta\":{\"content\":5,\"tool_calls\":{"
+         "\"function\":{\"arguments\":\"no\"}}}}]}", 0, 0},
+        {"{\"x\":{\"delta\":{\"text\":\"no\"}},\"delta\":{\"y\":{"
+         "\"text\":\"no\"}}}", 0, 0},
+        {"{\"s\":\"\\\"delta\\\":{\\\"text\\\":\\\"no\\\"}\"}", 0, 0},
+        /* duplicates: the last wins */
+        {"{\"choices\":[{\"delta\":{\"content\":\"abc\",\"content\":\"d\"}}]}",
+         1, 0},
+        {"{\"choices\":[{\"delta\":{\"content\":\"abc\"}}],\"choices\":[]}",
+         0, 0},
+        {"{\"delta\":{\"text\":\"abc\"},\"delta\":{\"text\":\"de\"}}", 0, 2},
+        {"{\"delta\":{\"text\":\"abc\"},\"delta\":null}", 0, 0},
+        /* not JSON: 0 */
+        {"{\"delta\":{\"text\":\"abc\"}", 0, 0},
+        {"{\"delta\":{\"text\":\"\\ud800\"}}", 0, 0},
+        {"{\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}x", 0, 0},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *t = cases[i].text;
+        assert_int_equal(qg_content_bytes_openai_chunk(t, strlen(t)),
+                         cases[i].openai);
+        assert_int_equal(qg_content_bytes_anthropic_event(t, strlen(t)),
+                         cases[i].anthropic);
+    }
+}
+
 static void test_forward_header(void **state)
 {
     static const char *const drop[] = {
@@ -111,6 +166,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_content_bytes),
+        cmocka_unit_test(test_content_bytes_edges),
         cmocka_unit_test(test_forward_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

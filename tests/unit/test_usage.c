@@ -403,6 +403,149 @@ static void test_anthropic_error_event(void **state)
     assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), -1);
 }
 
+/* ------------------------------------------- responses: the edges */
+
+/* What a streaming reader could get wrong: keys at the wrong depth or in
+ * strings, duplicate keys (the last wins, as jansson's json_loadb without
+ * JSON_REJECT_DUPLICATES), counts that are not non-negative 64-bit
+ * integers, broken JSON, deep nesting.  tests/unit/test_respscan.c
+ * compares all of it with the jansson readers these replaced. */
+static void test_response_edges(void **state)
+{
+    (void)state;
+    qg_usage_counts u;
+    int only;
+    /* "usage" only at the top, never inside a choice or a string */
+    const char *s = "{\"choices\":[{\"usage\":{\"prompt_tokens\":5}}],"
+                    "\"x\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":6}\"}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    s = "{\"choices\":[],\"meta\":{\"usage\":{\"prompt_tokens\":5}}}";
+    memset(&u, 0, sizeof u);
+    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 0);
+    assert_false(u.have_input);
+    /* only usage's own members: a nested prompt_tokens is not one */
+    s = "{\"usage\":{\"details\":{\"prompt_tokens\":-1},\"prompt_tokens\":2}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(u.input_tokens, 2);
+    /* Anthropic message_start reads message.usage, not a top usage */
+    s = "{\"type\":\"message_start\",\"usage\":{\"input_tokens\":99},"
+        "\"message\":{\"usage\":{\"input_tokens\":3}}}";
+    memset(&u, 0, sizeof u);
+    assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
+    assert_int_equal(u.input_tokens, 3);
+    /* an escaped key is the key it spells */
+    s = "{\"usag\\u0065\":{\"prompt_tokens\":4}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(u.input_tokens, 4);
+
+    /* duplicate keys: the last one wins, whole */
+    s = "{\"usage\":{\"prompt_tokens\":1},\"usage\":{\"completion_tokens\":2}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_false(u.have_input);
+    assert_int_equal(u.output_tokens, 2);
+    s = "{\"usage\":{\"prompt_tokens\":-1,\"prompt_tokens\":3}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(u.input_tokens, 3);
+    s = "{\"usage\":{\"prompt_tokens\":3,\"prompt_tokens\":1.5}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), -1);
+    s = "{\"usage\":{\"prompt_tokens\":3},\"usage\":null}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    s = "{\"choices\":[],\"usage\":{\"prompt_tokens\":1},\"choices\":[{}]}";
+    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 1);
+    assert_int_equal(only, 0);
+    s = "{\"choices\":[{}],\"usage\":{\"prompt_tokens\":1},\"choices\":[]}";
+    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 1);
+    assert_int_equal(only, 1);
+    s = "{\"type\":\"error\",\"type\":\"message_delta\",\"usage\":{"
+        "\"output_tokens\":4}}";
+    assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
+    assert_int_equal(u.output_tokens, 4);
+
+    /* error types: cut at a NUL (as a C string), empty falls to code */
+    s = "{\"error\":{\"type\":\"\",\"code\":\"rate\\u0000x\"}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_string_equal(u.error, "rate");
+    s = "{\"error\":{\"type\":5,\"code\":7}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_string_equal(u.error, "error");
+
+    /* counts: negative, fractional, exponent, string, too big: -1 */
+    static const char *const bad[] = {
+        "{\"usage\":{\"prompt_tokens\":-1}}",
+        "{\"usage\":{\"prompt_tokens\":2.5}}",
+        "{\"usage\":{\"prompt_tokens\":2.0}}",
+        "{\"usage\":{\"prompt_tokens\":2e1}}",
+        "{\"usage\":{\"prompt_tokens\":\"2\"}}",
+        "{\"usage\":{\"prompt_tokens\":true}}",
+        "{\"usage\":{\"prompt_tokens\":[2]}}",
+        "{\"usage\":{\"prompt_tokens\":9223372036854775808}}",
+        "{\"usage\":{\"prompt_tokens\":-9223372036854775808}}",
+        /* too big anywhere: not JSON jansson would read */
+        "{\"n\":99999999999999999999,\"usage\":{\"prompt_tokens\":1}}",
+        "{\"n\":1e999,\"usage\":{\"prompt_tokens\":1}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(qg_usage_openai_json(bad[i], strlen(bad[i]), &u),
+                         -1);
+        /* the same with Anthropic's name for the count */
+        char an[128];
+        const char *k = strstr(bad[i], "prompt_tokens");
+        assert_non_null(k);
+        int n = snprintf(an, sizeof an, "%.*sinput_tokens%s",
+                         (int)(k - bad[i]), bad[i], k + 13);
+        assert_int_equal(qg_usage_anthropic_json(an, (size_t)n, &u), -1);
+    }
+    s = "{\"usage\":{\"prompt_tokens\":9223372036854775807,"
+        "\"completion_tokens\":-0}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(u.input_tokens, INT64_MAX);
+    assert_int_equal(u.output_tokens, 0);
+    s = "{\"n\":1e-999,\"m\":-0.0,\"usage\":{\"prompt_tokens\":1}}";
+    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+
+    /* not JSON: -1 */
+    static const char *const broken[] = {
+        "{\"usage\":{\"prompt_tokens\":1}", "{\"usage\":{\"prompt_tokens\":1,}}",
+        "{\"usage\":{\"prompt_tokens\":01}}", "{\"usage\":{}}\v",
+        "{\"usage\":{}}/**/", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00x\"}",
+        "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\\u0000\":1}",
+        "{\"a\":NaN}",
+    };
+    for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
+        memset(&u, 0, sizeof u);
+        assert_int_equal(qg_usage_openai_json(broken[i], strlen(broken[i]),
+                                              &u), -1);
+        assert_int_equal(qg_usage_openai_chunk(broken[i], strlen(broken[i]),
+                                               &u, &only), -1);
+        assert_int_equal(qg_usage_anthropic_event("message_delta", 13,
+                                                  broken[i], strlen(broken[i]),
+                                                  &u), -1);
+    }
+}
+
+/* Deep nesting: values at most 2048 deep (jansson's limit, a scalar
+ * counting as a level); deeper is malformed, never a crash. */
+static void test_response_depth(void **state)
+{
+    (void)state;
+    static const int depths[] = {2047, 2048, 100000};
+    for (size_t d = 0; d < sizeof depths / sizeof depths[0]; d++) {
+        int k = depths[d];
+        size_t n = 0, cap = (size_t)k * 2 + 64;
+        char *s = malloc(cap);
+        qg_usage_counts u;
+        assert_non_null(s);
+        n += (size_t)sprintf(s, "{\"usage\":{\"prompt_tokens\":1},\"x\":");
+        for (int i = 2; i <= k; i++)    /* the top object is level 1 */
+            s[n++] = '[';
+        for (int i = 2; i <= k; i++)
+            s[n++] = ']';
+        s[n++] = '}';
+        assert_int_equal(qg_usage_openai_json(s, n, &u), k <= 2048 ? 1 : -1);
+        free(s);
+    }
+}
+
 /* ------------------------------------------------------ requests */
 
 static void test_request_fields(void **state)
@@ -662,6 +805,8 @@ int main(void)
         cmocka_unit_test(test_anthropic_body),
         cmocka_unit_test(test_anthropic_stream),
         cmocka_unit_test(test_anthropic_error_event),
+        cmocka_unit_test(test_response_edges),
+        cmocka_unit_test(test_response_depth),
         cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_rewrite),
         cmocka_unit_test(test_truncated_prefixes),
