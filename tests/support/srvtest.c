@@ -146,12 +146,15 @@ const char *tst_error_type(const http_resp *r, const char *what)
     return tst_jstr(e, "type", what);
 }
 
-int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
-                    long long *out, int n)
+const char **tst_ledger_cols(const char *data_dir, const char *rid,
+                             const char *columns, int n, int settled)
 {
     const char *db = tst_fmt("%s/ledger.db", data_dir);
     const char *sql = tst_fmt("SELECT %s FROM requests WHERE request_id = ?1"
-                              " AND settled_ms > 0", columns);
+                              "%s", columns,
+                              settled ? " AND settled_ms > 0" : "");
+    const char **out = tst_gc_add(GC_MEM, calloc((size_t)n, sizeof *out));
+    assert_non_null(out);
     for (int tries = 0; tries < 500; tries++) {
         sqlite3 *h = NULL;
         sqlite3_stmt *st = NULL;
@@ -162,16 +165,28 @@ int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
             sqlite3_column_count(st) == n &&
             sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
             sqlite3_step(st) == SQLITE_ROW) {
-            for (int i = 0; i < n; i++)
-                out[i] = sqlite3_column_int64(st, i);
+            for (int i = 0; i < n; i++) {
+                const unsigned char *t = sqlite3_column_text(st, i);
+                out[i] = tst_fmt("%s", t ? (const char *)t : "");
+            }
             found = 1;
         }
         sqlite3_finalize(st);
         sqlite3_close(h);
         if (found)
-            return 0;
+            return out;
         tst_sleep_ms(20);
     }
-    fail_msg("ledger %s: no settled row for %s (%s)", db, rid, columns);
-    return -1;
+    fail_msg("ledger %s: no %srow for %s (%s)", db, settled ? "settled " : "",
+             rid, columns);
+    return NULL;
+}
+
+int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
+                    long long *out, int n)
+{
+    const char **v = tst_ledger_cols(data_dir, rid, columns, n, 1);
+    for (int i = 0; i < n; i++)
+        out[i] = atoll(v[i]);
+    return 0;
 }

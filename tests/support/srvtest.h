@@ -36,9 +36,13 @@ int tst_jbool(json_t *o, const char *key, const char *what);
 /* error.type of an error body. */
 const char *tst_error_type(const http_resp *r, const char *what);
 
-/* The integer columns (comma-separated SQL names, n of them) of rid's
- * ledger row in DATA_DIR/ledger.db once it is settled, polled up to 10 s;
- * fails the test when it never is. */
+/* The n columns (comma-separated SQL names) of rid's ledger row in
+ * DATA_DIR/ledger.db as text ("" for NULL; strings freed at teardown),
+ * polled up to 10 s until the row exists (and, with settled, is settled);
+ * fails the test when it never does. */
+const char **tst_ledger_cols(const char *data_dir, const char *rid,
+                             const char *columns, int n, int settled);
+/* The same for integer columns of a settled row. */
 int tst_ledger_ints(const char *data_dir, const char *rid, const char *columns,
                     long long *out, int n);
 

@@ -23,7 +23,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,71 +176,19 @@ typedef struct lrow {
 /* The row of rid once settled (polled up to 10 s). */
 static lrow ledger_row(const char *rid)
 {
-    lrow row = {0};
-    long long t0 = qg_now_ms();
-    const char *db = tst_fmt("%s/ledger.db", P.data);
-    while (qg_now_ms() - t0 < 10000) {
-        sqlite3 *h = NULL;
-        sqlite3_stmt *st = NULL;
-        int found = 0;
-        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
-                SQLITE_OK &&
-            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
-            sqlite3_prepare_v2(h, "SELECT status, estimated, input_tokens, "
-                               "output_tokens, weight_milli, settled_ms "
-                               "FROM requests WHERE request_id = ?1", -1,
-                               &st, NULL) == SQLITE_OK &&
-            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW) {
-            row.status = sqlite3_column_int(st, 0);
-            row.estimated = sqlite3_column_int(st, 1);
-            row.in = sqlite3_column_int64(st, 2);
-            row.out = sqlite3_column_int64(st, 3);
-            row.weight_milli = sqlite3_column_int64(st, 4);
-            row.settled_ms = sqlite3_column_int64(st, 5);
-            found = row.settled_ms > 0;
-        }
-        sqlite3_finalize(st);
-        sqlite3_close(h);
-        if (found)
-            return row;
-        tst_sleep_ms(20);
-    }
-    fail_msg("ledger: no settled row for %s", rid);
-    return row;
+    long long v[6];
+    tst_ledger_ints(P.data, rid, "status, estimated, input_tokens, "
+                    "output_tokens, weight_milli, settled_ms", v, 6);
+    return (lrow){(int)v[0], (int)v[1], v[2], v[3], v[4], v[5]};
 }
 
 /* The model and window columns of rid's row (polled up to 10 s). */
 static void ledger_model_window(const char *rid, const char **model,
                                 const char **window)
 {
-    long long t0 = qg_now_ms();
-    const char *db = tst_fmt("%s/ledger.db", P.data);
-    while (qg_now_ms() - t0 < 10000) {
-        sqlite3 *h = NULL;
-        sqlite3_stmt *st = NULL;
-        int found = 0;
-        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
-                SQLITE_OK &&
-            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
-            sqlite3_prepare_v2(h, "SELECT model, window FROM requests "
-                               "WHERE request_id = ?1", -1, &st, NULL) ==
-                SQLITE_OK &&
-            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW) {
-            const unsigned char *m = sqlite3_column_text(st, 0);
-            const unsigned char *w = sqlite3_column_text(st, 1);
-            *model = tst_fmt("%s", m ? (const char *)m : "");
-            *window = tst_fmt("%s", w ? (const char *)w : "");
-            found = 1;
-        }
-        sqlite3_finalize(st);
-        sqlite3_close(h);
-        if (found)
-            return;
-        tst_sleep_ms(20);
-    }
-    fail_msg("ledger: no row for %s", rid);
+    const char **v = tst_ledger_cols(P.data, rid, "model, window", 2, 0);
+    *model = v[0];
+    *window = v[1];
 }
 
 /* ------------------------------------------------------- raw sockets */
@@ -1517,33 +1464,11 @@ static void test_backpressure_events(void **state)
 static void ledger_decision(const char *rid, int *decision,
                             const char **window, long long *created_ms)
 {
-    long long t0 = qg_now_ms();
-    const char *db = tst_fmt("%s/ledger.db", P.data);
-    while (qg_now_ms() - t0 < 10000) {
-        sqlite3 *h = NULL;
-        sqlite3_stmt *st = NULL;
-        int found = 0;
-        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) ==
-                SQLITE_OK &&
-            sqlite3_busy_timeout(h, 2000) == SQLITE_OK &&
-            sqlite3_prepare_v2(h, "SELECT decision, window, created_ms "
-                               "FROM requests WHERE request_id = ?1", -1,
-                               &st, NULL) == SQLITE_OK &&
-            sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW) {
-            const unsigned char *w = sqlite3_column_text(st, 1);
-            *decision = sqlite3_column_int(st, 0);
-            *window = tst_fmt("%s", w ? (const char *)w : "");
-            *created_ms = sqlite3_column_int64(st, 2);
-            found = 1;
-        }
-        sqlite3_finalize(st);
-        sqlite3_close(h);
-        if (found)
-            return;
-        tst_sleep_ms(20);
-    }
-    fail_msg("ledger: no row for %s", rid);
+    const char **v = tst_ledger_cols(P.data, rid,
+                                     "decision, window, created_ms", 3, 0);
+    *decision = atoi(v[0]);
+    *window = v[1];
+    *created_ms = atoll(v[2]);
 }
 
 /* quotagate_decisions_total for plan, window ("none" for allows) and
