@@ -1,4 +1,6 @@
-/* respscan.c - see respscan.h: libyajl's event callbacks walk the text once
+/* respscan.c - see respscan.h: the checked yajl pass (qg__json_scan) that
+ * the response and request readers share, and the response reader on it.
+ * libyajl's event callbacks walk the text once
  * while a small stack of "nodes" says where we are (the top object, its
  * "usage", "choices"[i]."delta", ...).  A key is compared only against the
  * names that matter under its own parent node, so a "usage" inside a
@@ -41,7 +43,13 @@ enum {
     K_COUNT                 /* + QG__UC_*: a usage count */
 };
 
-enum { V_NULL, V_BOOL, V_INT, V_REAL, V_STR, V_MAP, V_ARR };
+#define V_NULL QG__V_NULL
+#define V_BOOL QG__V_BOOL
+#define V_INT QG__V_INT
+#define V_REAL QG__V_REAL
+#define V_STR QG__V_STR
+#define V_MAP QG__V_MAP
+#define V_ARR QG__V_ARR
 
 /* A small bump allocator for yajl's handle, lexer and stacks, so a scan
  * of an ordinary event calls malloc not at all; bigger needs (a long
@@ -54,15 +62,22 @@ typedef struct arena {
 } arena;
 #define ARENA_HDR sizeof(max_align_t)   /* block size, kept before it */
 
+/* The shared pass: the client's callbacks, the nesting, the arena. */
+typedef struct jscan {
+    const qg__json_ops *ops;
+    void *ctx;
+    int depth;                      /* containers open */
+    arena mem;
+} jscan;
+
+/* The response reader's state. */
 typedef struct scan {
     qg__resp *r;
-    int depth;                      /* containers open */
     unsigned char node[NODE_DEPTH]; /* node of each open container */
     int key;                        /* K_* of the key just read */
     int64_t d_content, d_tools;     /* the current choice's delta */
     int64_t t_args;                 /* the current tool call's arguments */
     int64_t a_text[3];              /* .delta text, partial_json, thinking */
-    arena mem;
 } scan;
 
 /* ------------------------------------------------------------ pre-pass */
@@ -221,24 +236,19 @@ static void set_usage(qg__usage *u, int vt)
 /* One value (a scalar, or the start of a container) at the current
  * position: record it when its path matters, and open the container's
  * node.  Returns 1, or 0 to stop the parse (refused). */
-static int on_value(scan *sc, int vt, const unsigned char *s, size_t l,
-                    int64_t iv)
+static int resp_value(void *ctx, int depth, int vt, const unsigned char *s,
+                      size_t l, int64_t iv)
 {
+    scan *sc = ctx;
     qg__resp *r = sc->r;
-    int parent = sc->depth == 0 ? N_TOP
-                 : sc->depth <= NODE_DEPTH ? sc->node[sc->depth - 1]
-                                           : N_OTHER;
+    int parent = depth == 0 ? N_TOP
+                 : depth <= NODE_DEPTH ? sc->node[depth - 1] : N_OTHER;
     int k = sc->key, child = N_OTHER;
     int64_t slen = vt == V_STR ? (int64_t)l : 0;
 
-    if (sc->depth >= MAX_DEPTH)
-        return 0;                   /* this value would be 2049 deep */
-
     switch (parent) {
     case N_TOP:
-        if (vt != V_MAP)
-            return 0;               /* only an object at the top */
-        child = N_ROOT;
+        child = N_ROOT;             /* an object: qg__json_scan checked */
         break;
     case N_ROOT:
         if (k == K_USAGE) {
@@ -329,16 +339,16 @@ static int on_value(scan *sc, int vt, const unsigned char *s, size_t l,
         int want_arr = child == N_CHOICES || child == N_TOOLS;
         if (child != N_OTHER && want_arr != (vt == V_ARR))
             child = N_OTHER;
-        if (++sc->depth <= NODE_DEPTH)
-            sc->node[sc->depth - 1] = (unsigned char)child;
+        if (depth < NODE_DEPTH)
+            sc->node[depth] = (unsigned char)child;
     }
     return 1;
 }
 
-static int on_end(void *ctx)
+static int resp_end(void *ctx, int depth)
 {
     scan *sc = ctx;
-    int node = sc->depth <= NODE_DEPTH ? sc->node[sc->depth - 1] : N_OTHER;
+    int node = depth <= NODE_DEPTH ? sc->node[depth - 1] : N_OTHER;
     if (node == N_TOOL)
         sc->d_tools += sc->t_args;
     else if (node == N_CHOICE)
@@ -346,11 +356,35 @@ static int on_end(void *ctx)
     else if (node == N_ADELTA)
         sc->r->anthropic_event_bytes =
             sc->a_text[0] + sc->a_text[1] + sc->a_text[2];
-    sc->depth--;
     return 1;
 }
 
 /* ---------------------------------------------------------- callbacks */
+
+/* The shared checks on every value, then the client's callback; a
+ * container opens a level. */
+static int on_value(void *ctx, int vt, const unsigned char *s, size_t l,
+                    int64_t iv)
+{
+    jscan *js = ctx;
+    if (js->depth >= MAX_DEPTH)
+        return 0;                   /* this value would be 2049 deep */
+    if (js->depth == 0 && vt != V_MAP)
+        return 0;                   /* only an object at the top */
+    if (!js->ops->value(js->ctx, js->depth, vt, s, l, iv))
+        return 0;
+    if (vt == V_MAP || vt == V_ARR)
+        js->depth++;
+    return 1;
+}
+
+static int on_end(void *ctx)
+{
+    jscan *js = ctx;
+    int ok = js->ops->end ? js->ops->end(js->ctx, js->depth) : 1;
+    js->depth--;
+    return ok;
+}
 
 static int on_null(void *ctx)
 {
@@ -359,8 +393,7 @@ static int on_null(void *ctx)
 
 static int on_bool(void *ctx, int b)
 {
-    (void)b;
-    return on_value(ctx, V_BOOL, NULL, 0, 0);
+    return on_value(ctx, V_BOOL, NULL, 0, b != 0);
 }
 
 /* A real's text overflows a double (strtod gives HUGE_VAL): jansson
@@ -437,12 +470,20 @@ static int on_start_array(void *ctx)
     return on_value(ctx, V_ARR, NULL, 0, 0);
 }
 
+static int on_key(void *ctx, const unsigned char *s, size_t l)
+{
+    jscan *js = ctx;
+    if (memchr(s, '\0', l))
+        return 0;                   /* jansson refuses NUL in keys */
+    return js->ops->key(js->ctx, js->depth, s, l);
+}
+
 static int key_is(const unsigned char *s, size_t l, const char *name)
 {
     return strlen(name) == l && memcmp(s, name, l) == 0;
 }
 
-static int on_key(void *ctx, const unsigned char *s, size_t l)
+static int resp_key(void *ctx, int depth, const unsigned char *s, size_t l)
 {
     static const char *const counts[QG__UC_N] = {
         [QG__UC_PROMPT] = "prompt_tokens",
@@ -453,10 +494,8 @@ static int on_key(void *ctx, const unsigned char *s, size_t l)
         [QG__UC_CACHE_READ] = "cache_read_input_tokens",
     };
     scan *sc = ctx;
-    int node = sc->depth <= NODE_DEPTH ? sc->node[sc->depth - 1] : N_OTHER;
+    int node = depth <= NODE_DEPTH ? sc->node[depth - 1] : N_OTHER;
     int k = K_OTHER;
-    if (memchr(s, '\0', l))
-        return 0;                   /* jansson refuses NUL in keys */
     switch (node) {
     case N_ROOT:
         k = key_is(s, l, "usage")     ? K_USAGE
@@ -565,26 +604,24 @@ static void *arena_realloc(void *ctx, void *p, size_t size)
 
 /* --------------------------------------------------------------- scan */
 
-int qg__resp_scan(const char *text, size_t len, qg__resp *out)
+int qg__json_scan(const char *text, size_t len, const qg__json_ops *ops,
+                  void *ctx)
 {
-    scan sc;
+    jscan js;
     yajl_handle h;
     int ok;
-    memset(out, 0, sizeof *out);
     if (!text || prepass((const unsigned char *)text, len) != 0)
         return -1;
-    sc.r = out;
-    sc.depth = 0;
-    sc.key = K_OTHER;
-    sc.d_content = sc.d_tools = sc.t_args = 0;
-    memset(sc.a_text, 0, sizeof sc.a_text);
+    js.ops = ops;
+    js.ctx = ctx;
+    js.depth = 0;
 #ifdef __SANITIZE_ADDRESS__
-    h = yajl_alloc(&callbacks, NULL, &sc);
+    h = yajl_alloc(&callbacks, NULL, &js);
 #else
-    sc.mem.used = 0;
+    js.mem.used = 0;
     yajl_alloc_funcs af = {arena_malloc, arena_realloc, arena_free,
-                           &sc.mem};
-    h = yajl_alloc(&callbacks, &af, &sc);
+                           &js.mem};
+    h = yajl_alloc(&callbacks, &af, &js);
 #endif
     if (!h)
         return -1;
@@ -593,7 +630,19 @@ int qg__resp_scan(const char *text, size_t len, qg__resp *out)
     ok = yajl_parse(h, (const unsigned char *)text, len) == yajl_status_ok &&
          yajl_complete_parse(h) == yajl_status_ok;
     yajl_free(h);
-    if (!ok) {
+    return ok ? 0 : -1;
+}
+
+int qg__resp_scan(const char *text, size_t len, qg__resp *out)
+{
+    static const qg__json_ops ops = {resp_value, resp_key, resp_end};
+    scan sc;
+    memset(out, 0, sizeof *out);
+    sc.r = out;
+    sc.key = K_OTHER;
+    sc.d_content = sc.d_tools = sc.t_args = 0;
+    memset(sc.a_text, 0, sizeof sc.a_text);
+    if (qg__json_scan(text, len, &ops, &sc) != 0) {
         memset(out, 0, sizeof *out);
         return -1;
     }

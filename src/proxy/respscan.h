@@ -88,4 +88,30 @@ int qg__resp_scan(const char *text, size_t len, qg__resp *out);
 /* The QG__T_* of a type name s[0..l) (up to its first NUL). */
 int qg__resp_type(const char *s, size_t l);
 
+/* ------------------------------------------------ the shared pass */
+
+/* The pass under qg__resp_scan, for other readers (reqscan.c): the checks
+ * above (UTF-8, escapes, numbers, depth, an object at the top, no NUL in
+ * keys) are made here, and a client sees only the events of valid text.
+ * depth is the number of containers open before the event (0 for the
+ * top object's start; 1 for the top object's keys).  Strings come
+ * decoded, l bytes (a \u0000 counting 1); iv is an integer's value or a
+ * boolean's 0/1.  A callback returns 1, or 0 to stop (refused). */
+enum { QG__V_NULL, QG__V_BOOL, QG__V_INT, QG__V_REAL, QG__V_STR, QG__V_MAP,
+       QG__V_ARR };
+
+typedef struct qg__json_ops {
+    /* a scalar, or a container's start (the container opens after) */
+    int (*value)(void *ctx, int depth, int vt, const unsigned char *s,
+                 size_t l, int64_t iv);
+    int (*key)(void *ctx, int depth, const unsigned char *s, size_t l);
+    /* a container's end; depth still counts it */
+    int (*end)(void *ctx, int depth);
+} qg__json_ops;
+
+/* Scan text[0..len) through ops.  0 when valid, -1 otherwise (the client
+ * may have seen events of a prefix). */
+int qg__json_scan(const char *text, size_t len, const qg__json_ops *ops,
+                  void *ctx);
+
 #endif
