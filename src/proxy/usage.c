@@ -1,22 +1,24 @@
 /* usage.c - token usage out of response JSON, admission fields out of
  * request JSON, and the upstream rewrite of a request (see usage.h).
  *
- * Responses are read in one streaming pass with libyajl (respscan.c), as
- * the proxy reads every body and every stream event and only needs a few
- * numbers; requests, which are also rewritten, are parsed with jansson.
+ * Responses and the admission fields of requests are read in one
+ * streaming pass with libyajl (respscan.c, reqscan.c), as the proxy reads
+ * every body and every stream event and only needs a few values; the
+ * rewrites of a request, which re-serialise it, use a jansson tree.
  * Everything is read from caller buffers; nothing here does I/O or keeps
  * state between calls, so each function can be unit-tested and fuzzed
  * alone.  Responses come from the trusted upstream and are read leniently
- * (unknown members ignored; a duplicate key: the last one wins).  Requests come from callers and are
- * read strictly where metering depends on them: a body with duplicate keys
- * is refused, since the gateway and the upstream might otherwise disagree
- * on which "model" was asked for and charge one model while serving
- * another. */
+ * (unknown members ignored; a duplicate key: the last one wins).
+ * Requests come from callers and are read strictly where metering
+ * depends on them: a body with duplicate keys is refused, since the
+ * gateway and the upstream might otherwise disagree on which "model" was
+ * asked for and charge one model while serving another. */
 #include <string.h>
 
 #include <jansson.h>
 
 #include "quotagate.h"
+#include "reqscan.h"
 #include "respscan.h"
 #include "usage.h"
 
@@ -28,27 +30,6 @@ static json_t *load(const char *s, size_t len, size_t flags)
     if (!s)
         return NULL;
     return json_loadb(s, len, flags | JSON_ALLOW_NUL, &je);
-}
-
-/* A token count member of obj: 1 and *v when present, 0 when absent or
- * null, -1 when it is not a non-negative integer. */
-static int get_count(const json_t *obj, const char *key, int64_t *v)
-{
-    json_t *x = json_object_get(obj, key);
-    if (!x || json_is_null(x))
-        return 0;
-    if (!json_is_integer(x) || json_integer_value(x) < 0)
-        return -1;
-    *v = (int64_t)json_integer_value(x);
-    return 1;
-}
-
-/* The first of two alternative count members that is present. */
-static int get_count2(const json_t *obj, const char *k1, const char *k2,
-                      int64_t *v)
-{
-    int rc = get_count(obj, k1, v);
-    return rc ? rc : get_count(obj, k2, v);
 }
 
 /* ------------------------------------------------------------ responses */
@@ -274,76 +255,52 @@ int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
 
 /* ------------------------------------------------------------- requests */
 
-/* Bytes of prompt text in a content value: a string, or an array of parts
- * whose "text" counts and, at the first level, whose own "content" (an
- * Anthropic tool_result) is counted the same way. */
-static int64_t content_bytes(const json_t *c, int depth)
+/* Requests are read in one streaming pass too (reqscan.h), which refuses
+ * duplicate keys as JSON_REJECT_DUPLICATES does; only the rewrites below
+ * build a jansson tree. */
+
+/* A scanned token cap: 1 and *v when present, 0 when absent or null, -1
+ * when it is not a non-negative integer (jansson's json_is_integer). */
+static int req_count(const qg__count *c, int64_t *v)
 {
-    int64_t n = 0;
-    size_t i;
-    json_t *part;
-    if (json_is_string(c))
-        return (int64_t)json_string_length(c);
-    if (!json_is_array(c))
-        return 0;
-    json_array_foreach(c, i, part) {
-        json_t *text = json_object_get(part, "text");
-        if (json_is_string(text))
-            n += (int64_t)json_string_length(text);
-        else if (depth == 0)
-            n += content_bytes(json_object_get(part, "content"), 1);
-    }
-    return n;
+    if (c->state == 1)
+        *v = c->v;
+    return c->state;
 }
 
 int qg_request_fields(const char *body, size_t len, int shape,
                       qg_request_info *out)
 {
-    int rc = QG_EINVAL;
+    qg__req r;
+    int have, sc;
     memset(out, 0, sizeof *out);
     out->max_output_tokens = -1;
-    json_t *root = load(body, len, JSON_REJECT_DUPLICATES);
-    if (!json_is_object(root) ||
-        (shape != QG_SHAPE_OPENAI && shape != QG_SHAPE_ANTHROPIC))
-        goto done;
-
-    json_t *model = json_object_get(root, "model");
-    size_t mlen = json_string_length(model);
-    if (!json_is_string(model) || mlen >= sizeof out->model ||
-        strlen(json_string_value(model)) != mlen)
-        goto done;
-    memcpy(out->model, json_string_value(model), mlen + 1);
-
-    json_t *stream = json_object_get(root, "stream");
-    if (stream && !json_is_boolean(stream) && !json_is_null(stream))
-        goto done;
-    out->stream = json_is_true(stream);
-
-    int have;
-    if (shape == QG_SHAPE_OPENAI)
-        have = get_count2(root, "max_completion_tokens", "max_tokens",
-                          &out->max_output_tokens);
-    else
-        have = get_count(root, "max_tokens", &out->max_output_tokens);
-    if (have < 0 || (have == 0 && shape == QG_SHAPE_ANTHROPIC))
-        goto done;
-    if (have == 0)
+    if (shape != QG_SHAPE_OPENAI && shape != QG_SHAPE_ANTHROPIC)
+        return QG_EINVAL;
+    if ((sc = qg__req_scan(body, len, &r)) != 0)
+        return sc == -2 ? QG_ENOMEM : QG_EINVAL;
+    if (r.model != 1 || r.model_len >= sizeof out->model || r.model_nul)
+        return QG_EINVAL;
+    if (r.stream >= 0 && r.stream != QG__V_BOOL && r.stream != QG__V_NULL)
+        return QG_EINVAL;
+    if (r.messages < 0)
+        return QG_EINVAL;
+    if (shape == QG_SHAPE_OPENAI) {
+        have = req_count(&r.max_completion_tokens, &out->max_output_tokens);
+        if (have == 0)
+            have = req_count(&r.max_tokens, &out->max_output_tokens);
+    } else {
+        have = req_count(&r.max_tokens, &out->max_output_tokens);
+    }
+    if (have < 0 || (have == 0 && shape == QG_SHAPE_ANTHROPIC)) {
         out->max_output_tokens = -1;
-
-    json_t *msgs = json_object_get(root, "messages"), *m;
-    size_t i;
-    if (msgs && !json_is_array(msgs) && !json_is_null(msgs))
-        goto done;
-    json_array_foreach(msgs, i, m)
-        out->input_bytes += content_bytes(json_object_get(m, "content"), 0);
-    out->input_bytes += content_bytes(json_object_get(root, "system"), 0);
+        return QG_EINVAL;
+    }
+    memcpy(out->model, r.model_s, r.model_len + 1);
+    out->stream = r.stream_true;
+    out->input_bytes = r.input_bytes;
     out->input_tokens_estimate = (out->input_bytes + 3) / 4;
-    rc = 0;
-done:
-    json_decref(root);
-    if (rc)
-        out->model[0] = '\0';
-    return rc;
+    return 0;
 }
 
 /* Dump root compactly into a malloc'd text. */
