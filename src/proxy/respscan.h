@@ -5,7 +5,7 @@
  * The proxy reads every response body and every stream event, and a jansson
  * tree per event cost most of its parsing time; libyajl's callbacks let us
  * keep only what we need.  What counts as valid JSON is jansson's (which
- * the proxy used before and which the request side still uses): UTF-8
+ * the proxy used before and which its request rewrite still uses): UTF-8
  * checked strictly, lone surrogate escapes refused, numbers that overflow a
  * 64-bit integer or a double refused, NUL refused in keys but allowed in
  * strings (as JSON_ALLOW_NUL), values nested at most 2048 deep (a scalar

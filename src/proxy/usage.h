@@ -14,7 +14,8 @@
  * request functions follow the library's qg_err convention: 0, QG_EINVAL
  * for a body that is not JSON or not a valid request, QG_ENOMEM.
  *
- * All functions are reentrant and thread-safe (jansson is, per call). */
+ * All functions are reentrant and thread-safe (jansson and yajl are, per
+ * call). */
 #ifndef QG_USAGE_H
 #define QG_USAGE_H
 
