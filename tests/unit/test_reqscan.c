@@ -20,26 +20,9 @@
 
 #include "quotagate.h"
 #include "usage.h"
+#include "jref.h"
 
 /* ------------------------------------------- the reference (jansson) */
-
-static int get_count(const json_t *obj, const char *key, int64_t *v)
-{
-    json_t *x = json_object_get(obj, key);
-    if (!x || json_is_null(x))
-        return 0;
-    if (!json_is_integer(x) || json_integer_value(x) < 0)
-        return -1;
-    *v = (int64_t)json_integer_value(x);
-    return 1;
-}
-
-static int get_count2(const json_t *obj, const char *k1, const char *k2,
-                      int64_t *v)
-{
-    int rc = get_count(obj, k1, v);
-    return rc ? rc : get_count(obj, k2, v);
-}
 
 static int64_t content_bytes(const json_t *c, int depth)
 {
@@ -84,10 +67,10 @@ static int ref_request_fields(const char *body, size_t len, int shape,
     out->stream = json_is_true(stream);
     int have;
     if (shape == QG_SHAPE_OPENAI)
-        have = get_count2(root, "max_completion_tokens", "max_tokens",
+        have = tst_jref_count2(root, "max_completion_tokens", "max_tokens",
                           &out->max_output_tokens);
     else
-        have = get_count(root, "max_tokens", &out->max_output_tokens);
+        have = tst_jref_count(root, "max_tokens", &out->max_output_tokens);
     if (have < 0 || (have == 0 && shape == QG_SHAPE_ANTHROPIC))
         goto done;
     if (have == 0)

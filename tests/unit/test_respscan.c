@@ -22,6 +22,7 @@
 
 #include "proxy.h"
 #include "usage.h"
+#include "jref.h"
 
 /* ------------------------------------------- the reference (jansson) */
 
@@ -73,27 +74,6 @@ static json_t *load(const char *s, size_t len, size_t flags)
     return json_loadb(s, len, flags | JSON_ALLOW_NUL, &je);
 }
 
-/* A token count member of obj: 1 and *v when present, 0 when absent or
- * null, -1 when it is not a non-negative integer. */
-static int get_count(const json_t *obj, const char *key, int64_t *v)
-{
-    json_t *x = json_object_get(obj, key);
-    if (!x || json_is_null(x))
-        return 0;
-    if (!json_is_integer(x) || json_integer_value(x) < 0)
-        return -1;
-    *v = (int64_t)json_integer_value(x);
-    return 1;
-}
-
-/* The first of two alternative count members that is present. */
-static int get_count2(const json_t *obj, const char *k1, const char *k2,
-                      int64_t *v)
-{
-    int rc = get_count(obj, k1, v);
-    return rc ? rc : get_count(obj, k2, v);
-}
-
 /* Copy an error object's "type" (else "code", else "error") into dst. */
 static void copy_error(char dst[64], const json_t *err)
 {
@@ -114,11 +94,11 @@ static void copy_error(char dst[64], const json_t *err)
 static int anthropic_input(const json_t *usage, int64_t *in)
 {
     int64_t base = 0, cc = 0, cr = 0;
-    int rc = get_count(usage, "input_tokens", &base);
+    int rc = tst_jref_count(usage, "input_tokens", &base);
     if (rc <= 0)
         return rc;
-    if (get_count(usage, "cache_creation_input_tokens", &cc) < 0 ||
-        get_count(usage, "cache_read_input_tokens", &cr) < 0)
+    if (tst_jref_count(usage, "cache_creation_input_tokens", &cc) < 0 ||
+        tst_jref_count(usage, "cache_read_input_tokens", &cr) < 0)
         return -1;
     if (__builtin_add_overflow(base, cc, in) ||
         __builtin_add_overflow(*in, cr, in))
@@ -145,9 +125,9 @@ static int ref_openai_json(const char *body, size_t len, qg_usage_counts *out)
     }
     if (!json_is_object(usage))
         goto done;
-    int hi = get_count2(usage, "prompt_tokens", "input_tokens",
+    int hi = tst_jref_count2(usage, "prompt_tokens", "input_tokens",
                         &out->input_tokens);
-    int ho = get_count2(usage, "completion_tokens", "output_tokens",
+    int ho = tst_jref_count2(usage, "completion_tokens", "output_tokens",
                         &out->output_tokens);
     if (hi < 0 || ho < 0) {
         memset(out, 0, sizeof *out);
@@ -200,8 +180,8 @@ static int ref_openai_chunk_bytes(const char *data, size_t len,
     if (!json_is_object(usage))
         goto done;
     int64_t in = 0, outt = 0;
-    int hi = get_count2(usage, "prompt_tokens", "input_tokens", &in);
-    int ho = get_count2(usage, "completion_tokens", "output_tokens", &outt);
+    int hi = tst_jref_count2(usage, "prompt_tokens", "input_tokens", &in);
+    int ho = tst_jref_count2(usage, "completion_tokens", "output_tokens", &outt);
     if (hi < 0 || ho < 0)
         goto done;
     if (hi) {
@@ -244,7 +224,7 @@ static int ref_anthropic_json(const char *body, size_t len,
     if (!json_is_object(usage))
         goto done;
     int hi = anthropic_input(usage, &out->input_tokens);
-    int ho = get_count(usage, "output_tokens", &out->output_tokens);
+    int ho = tst_jref_count(usage, "output_tokens", &out->output_tokens);
     if (hi < 0 || ho < 0) {
         memset(out, 0, sizeof *out);
         goto done;
@@ -268,7 +248,7 @@ static int anthropic_usage_into(const json_t *usage, qg_usage_counts *acc)
     if (!json_is_object(usage))
         return -1;
     int hi = anthropic_input(usage, &in);
-    int ho = get_count(usage, "output_tokens", &outt);
+    int ho = tst_jref_count(usage, "output_tokens", &outt);
     if (hi < 0 || ho < 0)
         return -1;
     if (hi) {
