@@ -5,6 +5,7 @@
  * diagnostic of a rules file that could not be used.  Lookups are linear:
  * rule sets hold tens of names and are searched on load and on admin calls,
  * never per request in a loop that matters. */
+#include "quotagate.h"
 #include "rules.h"
 
 #include <stdio.h>
@@ -42,6 +43,7 @@ void qg_rules_free(qg_rules *r)
         free_windows(r->orgs[i].windows, r->orgs[i].nwindows);
     }
     free(r->orgs);
+    free(r->org_by_name);
     for (i = 0; r->models && i < r->nmodels; i++) {
         free(r->models[i].name);
         free(r->models[i].upstream);
@@ -142,9 +144,46 @@ int qg_rules_find_model(const qg_rules *r, const char *name)
     return -1;
 }
 
+static int org_name_cmp(const void *a, const void *b, void *ud)
+{
+    const qg_org_spec *orgs = ud;
+    return strcmp(orgs[*(const int *)a].name, orgs[*(const int *)b].name);
+}
+
+int qg__rules_index_orgs(qg_rules *r)
+{
+    if (r->norgs == 0)
+        return QG_OK;
+    for (int i = 0; i < r->norgs; i++)
+        if (!r->orgs[i].name)
+            return QG_OK;        /* incomplete: lookups scan */
+    free(r->org_by_name);
+    if (!(r->org_by_name = malloc((size_t)r->norgs * sizeof *r->org_by_name)))
+        return QG_ENOMEM;
+    for (int i = 0; i < r->norgs; i++)
+        r->org_by_name[i] = i;
+    qsort_r(r->org_by_name, (size_t)r->norgs, sizeof *r->org_by_name,
+            org_name_cmp, r->orgs);
+    return QG_OK;
+}
+
 int qg_rules_find_org(const qg_rules *r, const char *name)
 {
     int i;
+    if (r && name && r->org_by_name) {
+        int lo = 0, hi = r->norgs - 1;
+        while (lo <= hi) {
+            int mid = lo + (hi - lo) / 2, k = r->org_by_name[mid];
+            int c = strcmp(r->orgs[k].name, name);
+            if (c == 0)
+                return k;
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid - 1;
+        }
+        return -1;
+    }
     for (i = 0; r && name && i < r->norgs; i++)
         if (r->orgs[i].name && strcmp(r->orgs[i].name, name) == 0)
             return i;

@@ -146,6 +146,8 @@ typedef struct qg_rules {
     int nplans;
     qg_org_spec *orgs;
     int norgs;
+    int *org_by_name;        /* org indices sorted by name (lookups of
+                                tens of thousands of orgs), NULL = scan */
     qg_subject_spec *subjects;
     int nsubjects;
     int default_plan;        /* -1 none: unknown subjects are refused */
@@ -174,6 +176,10 @@ int qg_rules_parse(const char *text, size_t len, const char *path,
                    qg_tz_resolver tzr, void *tzud, qg_rules **out,
                    qg_diag *diag);
 void qg_rules_free(qg_rules *r);
+
+/* Sort the org index by name (called by the parser once orgs are read;
+ * without it, lookups scan).  Returns 0 or QG_ENOMEM. */
+int qg__rules_index_orgs(qg_rules *r);
 
 /* Derive the payg masks of every plan and org (called by the parser). */
 void qg__rules_payg(qg_rules *r);

@@ -589,6 +589,8 @@ static int compile(qg__rctx *c, yaml_node_t *root)
         return -1;
     if ((v = qg__y_get(&c->y, root, "orgs")) && c_orgs(c, v, "orgs") < 0)
         return -1;
+    if (qg__rules_index_orgs(r) != QG_OK)
+        return qg__y_oom(&c->y, root);
     if ((v = qg__y_get(&c->y, root, "subjects")) &&
         c_subjects(c, v, "subjects") < 0)
         return -1;

@@ -223,38 +223,105 @@ int qg__y_check_map(qg__ydoc *y, yaml_node_t *n, const char *path,
     return 0;
 }
 
+/* One key of a names mapping, for the duplicate search. */
+typedef struct name_at {
+    const char *name;
+    size_t at;                   /* position in the mapping */
+} name_at;
+
+static int name_at_cmp(const void *a, const void *b)
+{
+    const name_at *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    if (c)
+        return c;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* The position of the first key (in document order) that repeats an
+ * earlier key among the first n pairs, or n when none does.  Sorting
+ * makes this O(n log n): mappings of tens of thousands of orgs or
+ * subjects were quadratic (seconds to minutes).  Out of memory: the
+ * quadratic search. */
+static size_t first_duplicate(qg__ydoc *y, yaml_node_pair_t *pairs, size_t n)
+{
+    name_at *v = n > 1 ? malloc(n * sizeof *v) : NULL;
+    size_t first = n, i;
+    if (!v) {
+        for (i = 1; i < n && first == n; i++)
+            for (size_t q = 0; q < i; q++)
+                if (strcmp(qg__y_str(qg__y_node(y, pairs[q].key)),
+                           qg__y_str(qg__y_node(y, pairs[i].key))) == 0) {
+                    first = i;
+                    break;
+                }
+        return first;
+    }
+    for (i = 0; i < n; i++) {
+        v[i].name = qg__y_str(qg__y_node(y, pairs[i].key));
+        v[i].at = i;
+    }
+    qsort(v, n, sizeof *v, name_at_cmp);
+    /* in a run of equal names, sorted by position, the second one is the
+     * first repeat of that name */
+    for (i = 1; i < n; i++)
+        if (strcmp(v[i].name, v[i - 1].name) == 0 &&
+            (i < 2 || strcmp(v[i - 1].name, v[i - 2].name) != 0) &&
+            v[i].at < first)
+            first = v[i].at;
+    free(v);
+    return first;
+}
+
 /* A mapping from names to entries: keys are unique names that fit
- * QG_NAME_MAX.  Returns the number of pairs, or -1. */
+ * QG_NAME_MAX.  Returns the number of pairs, or -1.  The first offending
+ * pair in document order is reported, as a single pass would. */
 int qg__y_check_names(qg__ydoc *y, yaml_node_t *n, const char *path,
                       int nonempty, int max)
 {
-    yaml_node_pair_t *p, *q;
+    yaml_node_pair_t *pairs;
     char g[80];
-    int count = 0;
+    size_t npairs, bad, dup;
+    int too_many = 0;
 
     if (n->type != YAML_MAPPING_NODE)
         return qg__y_fail(y, n, path, "expected a mapping of names, got %s",
                           qg__y_got(n, g, sizeof g));
-    for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = qg__y_node(y, p->key);
-        if (qg__y_need_scalar(y, k, path, "a name") < 0)
-            return -1;
-        if (k->data.scalar.length >= QG_NAME_MAX)
-            return qg__y_fail(y, k, path,
-                              "name \"%.20s...\" is too long (at most %d "
-                              "characters)",
-                              qg__y_str(k), QG_NAME_MAX - 1);
-        for (q = n->data.mapping.pairs.start; q < p; q++)
-            if (strcmp(qg__y_str(qg__y_node(y, q->key)), qg__y_str(k)) == 0)
-                return qg__y_fail(y, k, path, "duplicate name \"%s\"",
-                                  qg__y_str(k));
-        if (++count > max)
+    pairs = n->data.mapping.pairs.start;
+    npairs = (size_t)(n->data.mapping.pairs.top - pairs);
+    /* the first pair that is not a short scalar name, or past max (a
+     * pair's name is checked before its repeat, its repeat before the
+     * count) */
+    for (bad = 0; bad < npairs; bad++) {
+        yaml_node_t *k = qg__y_node(y, pairs[bad].key);
+        if (k->type != YAML_SCALAR_NODE || k->data.scalar.length >= QG_NAME_MAX)
+            break;
+        if (bad >= (size_t)max) {
+            too_many = 1;
+            break;
+        }
+    }
+    dup = first_duplicate(y, pairs, bad + (bad < npairs && too_many));
+    if (dup < bad + (size_t)too_many) {
+        yaml_node_t *k = qg__y_node(y, pairs[dup].key);
+        return qg__y_fail(y, k, path, "duplicate name \"%s\"",
+                          qg__y_str(k));
+    }
+    if (bad < npairs) {
+        yaml_node_t *k = qg__y_node(y, pairs[bad].key);
+        if (too_many)
             return qg__y_fail(y, k, path, "too many entries (at most %d)",
                               max);
+        if (qg__y_need_scalar(y, k, path, "a name") < 0)
+            return -1;
+        return qg__y_fail(y, k, path,
+                          "name \"%.20s...\" is too long (at most %d "
+                          "characters)",
+                          qg__y_str(k), QG_NAME_MAX - 1);
     }
-    if (nonempty && count == 0)
+    if (nonempty && npairs == 0)
         return qg__y_fail(y, n, path, "expected at least one entry");
-    return count;
+    return (int)npairs;
 }
 
 

@@ -618,6 +618,86 @@ static void test_diag_format(void **state)
     assert_string_equal(buf, "r.yaml: boom");
 }
 
+/* Orgs and subjects by the tens of thousands: names are checked for
+ * repeats and orgs looked up by name without a scan per pair (these were
+ * quadratic); a repeat is reported at its own line, the first one in
+ * document order, as before. */
+static char *many_names(int norgs, int nsubjects, int dup_at, int dup_of)
+{
+    size_t cap = 256 + (size_t)norgs * 80 + (size_t)nsubjects * 48;
+    char *t = malloc(cap);
+    size_t n;
+    assert_non_null(t);
+    n = (size_t)snprintf(t, cap,
+        "version: \"v\"\n"
+        "weights:\n  version: \"w\"\n  calibrated: \"2026-01-01\"\n"
+        "  models:\n    m: { per_request: 1 }\n"
+        "plans:\n  p:\n    windows:\n"
+        "      - { name: w, type: rolling, length: 1h, limit: 5 }\n"
+        "orgs:\n");
+    for (int i = 0; i < norgs; i++)
+        n += (size_t)snprintf(t + n, cap - n, "  org%d: { windows: [] }\n",
+                              i == dup_at ? dup_of : i);
+    n += (size_t)snprintf(t + n, cap - n, "subjects:\n");
+    for (int i = 0; i < nsubjects; i++)
+        n += (size_t)snprintf(t + n, cap - n,
+                              "  user%d: { plan: p, org: org%d }\n", i,
+                              (norgs - 1 - i % norgs));
+    return t;
+}
+
+static void test_many_names(void **state)
+{
+    qg_rules *r = NULL;
+    qg_diag d;
+    char *t;
+    (void)state;
+    t = many_names(20000, 40000, -1, 0);
+    assert_int_equal(qg_rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
+                                    &r, &d), QG_OK);
+    assert_int_equal(r->norgs, 20000);
+    assert_int_equal(r->nsubjects, 40000);
+    assert_int_equal(qg_rules_find_org(r, "org19999"), 19999);
+    assert_int_equal(qg_rules_find_org(r, "org0"), 0);
+    assert_int_equal(qg_rules_find_org(r, "org123"), 123);
+    assert_int_equal(qg_rules_find_org(r, "org20000"), -1);
+    assert_int_equal(qg_rules_find_org(r, ""), -1);
+    assert_int_equal(r->subjects[0].org, 19999);
+    assert_int_equal(r->subjects[39999].org, 20000 - 1 - 39999 % 20000);
+    qg_rules_free(r);
+    free(t);
+    /* org15000 is written as a second org7: reported at its line (org0
+     * is on line 12, one line per org) */
+    t = many_names(20000, 10, 15000, 7);
+    r = (qg_rules *)1;
+    assert_int_equal(qg_rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
+                                    &r, &d), QG_ERULES);
+    assert_null(r);
+    assert_int_equal(d.line, 12 + 15000);
+    assert_non_null(strstr(d.message, "duplicate name \"org7\""));
+    free(t);
+    /* two repeats: the first in document order is reported */
+    {
+        static const char two[] =
+            "version: \"v\"\n"
+            "weights:\n  version: \"w\"\n  calibrated: \"2026-01-01\"\n"
+            "  models:\n    m: { per_request: 1 }\n"
+            "plans:\n  p:\n    windows:\n"
+            "      - { name: w, type: rolling, length: 1h, limit: 5 }\n"
+            "orgs:\n"
+            "  b: { windows: [] }\n"
+            "  a: { windows: [] }\n"
+            "  c: { windows: [] }\n"
+            "  b: { windows: [] }\n"
+            "  a: { windows: [] }\n";
+        r = (qg_rules *)1;
+        assert_int_equal(qg_rules_parse(two, strlen(two), "two.yaml",
+                                        utc_only, NULL, &r, &d), QG_ERULES);
+        assert_int_equal(d.line, 15);
+        assert_non_null(strstr(d.message, "duplicate name \"b\""));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -645,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_upstreams),
         cmocka_unit_test(test_err_upstream),
         cmocka_unit_test(test_err_upstream_shapes),
+        cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
