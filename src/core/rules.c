@@ -8,6 +8,7 @@
 #include "quotagate.h"
 #include "rules.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ void qg_rules_free(qg_rules *r)
     }
     free(r->orgs);
     free(r->org_by_name);
+    free(r->subject_by_name);
     for (i = 0; r->models && i < r->nmodels; i++) {
         free(r->models[i].name);
         free(r->models[i].upstream);
@@ -144,46 +146,84 @@ int qg_rules_find_model(const qg_rules *r, const char *name)
     return -1;
 }
 
-static int org_name_cmp(const void *a, const void *b, void *ud)
+/* An index of n items sorted by name (item i's name pointer at base +
+ * i * stride + off), and its binary search. */
+typedef struct name_ix {
+    const char *base;
+    size_t stride, off;
+} name_ix;
+
+static const char *ix_name(const name_ix *x, int i)
 {
-    const qg_org_spec *orgs = ud;
-    return strcmp(orgs[*(const int *)a].name, orgs[*(const int *)b].name);
+    const char *at = x->base + (size_t)i * x->stride + x->off;
+    const char *name;
+    memcpy(&name, at, sizeof name);
+    return name;
+}
+
+static int ix_cmp(const void *a, const void *b, void *ud)
+{
+    return strcmp(ix_name(ud, *(const int *)a), ix_name(ud, *(const int *)b));
+}
+
+static int ix_build(int **out, const void *base, size_t stride, size_t off,
+                    int n)
+{
+    name_ix x = {base, stride, off};
+    free(*out);
+    *out = NULL;
+    if (n <= 0)
+        return QG_OK;
+    for (int i = 0; i < n; i++)
+        if (!ix_name(&x, i))
+            return QG_OK;        /* incomplete: lookups scan */
+    if (!(*out = malloc((size_t)n * sizeof **out)))
+        return QG_ENOMEM;
+    for (int i = 0; i < n; i++)
+        (*out)[i] = i;
+    qsort_r(*out, (size_t)n, sizeof **out, ix_cmp, &x);
+    return QG_OK;
+}
+
+/* -1 when absent; -2 when there is no index (the caller scans). */
+static int ix_find(const int *ix, const void *base, size_t stride,
+                   size_t off, int n, const char *name)
+{
+    name_ix x = {base, stride, off};
+    int lo = 0, hi = n - 1;
+    if (!ix)
+        return -2;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix_name(&x, ix[mid]), name);
+        if (c == 0)
+            return ix[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
 }
 
 int qg__rules_index_orgs(qg_rules *r)
 {
-    if (r->norgs == 0)
-        return QG_OK;
-    for (int i = 0; i < r->norgs; i++)
-        if (!r->orgs[i].name)
-            return QG_OK;        /* incomplete: lookups scan */
-    free(r->org_by_name);
-    if (!(r->org_by_name = malloc((size_t)r->norgs * sizeof *r->org_by_name)))
-        return QG_ENOMEM;
-    for (int i = 0; i < r->norgs; i++)
-        r->org_by_name[i] = i;
-    qsort_r(r->org_by_name, (size_t)r->norgs, sizeof *r->org_by_name,
-            org_name_cmp, r->orgs);
-    return QG_OK;
+    return ix_build(&r->org_by_name, r->orgs, sizeof *r->orgs,
+                    offsetof(qg_org_spec, name), r->norgs);
+}
+
+int qg__rules_index_subjects(qg_rules *r)
+{
+    return ix_build(&r->subject_by_name, r->subjects, sizeof *r->subjects,
+                    offsetof(qg_subject_spec, name), r->nsubjects);
 }
 
 int qg_rules_find_org(const qg_rules *r, const char *name)
 {
     int i;
-    if (r && name && r->org_by_name) {
-        int lo = 0, hi = r->norgs - 1;
-        while (lo <= hi) {
-            int mid = lo + (hi - lo) / 2, k = r->org_by_name[mid];
-            int c = strcmp(r->orgs[k].name, name);
-            if (c == 0)
-                return k;
-            if (c < 0)
-                lo = mid + 1;
-            else
-                hi = mid - 1;
-        }
-        return -1;
-    }
+    if (r && name &&
+        (i = ix_find(r->org_by_name, r->orgs, sizeof *r->orgs,
+                     offsetof(qg_org_spec, name), r->norgs, name)) != -2)
+        return i;
     for (i = 0; r && name && i < r->norgs; i++)
         if (r->orgs[i].name && strcmp(r->orgs[i].name, name) == 0)
             return i;
@@ -193,6 +233,11 @@ int qg_rules_find_org(const qg_rules *r, const char *name)
 int qg_rules_find_subject(const qg_rules *r, const char *name)
 {
     int i;
+    if (r && name &&
+        (i = ix_find(r->subject_by_name, r->subjects, sizeof *r->subjects,
+                     offsetof(qg_subject_spec, name), r->nsubjects,
+                     name)) != -2)
+        return i;
     for (i = 0; r && name && i < r->nsubjects; i++)
         if (r->subjects[i].name && strcmp(r->subjects[i].name, name) == 0)
             return i;

@@ -150,6 +150,7 @@ typedef struct qg_rules {
                                 tens of thousands of orgs), NULL = scan */
     qg_subject_spec *subjects;
     int nsubjects;
+    int *subject_by_name;    /* likewise for subjects */
     int default_plan;        /* -1 none: unknown subjects are refused */
     qg_analysis_spec analysis;
     qg_tz **zones;           /* owned zones referenced by calendar specs */
@@ -177,9 +178,10 @@ int qg_rules_parse(const char *text, size_t len, const char *path,
                    qg_diag *diag);
 void qg_rules_free(qg_rules *r);
 
-/* Sort the org index by name (called by the parser once orgs are read;
- * without it, lookups scan).  Returns 0 or QG_ENOMEM. */
+/* Sort the org (subject) index by name: the parser calls them once orgs
+ * (subjects) are read; without them, lookups scan.  0 or QG_ENOMEM. */
 int qg__rules_index_orgs(qg_rules *r);
+int qg__rules_index_subjects(qg_rules *r);
 
 /* Derive the payg masks of every plan and org (called by the parser). */
 void qg__rules_payg(qg_rules *r);

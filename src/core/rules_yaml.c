@@ -594,6 +594,8 @@ static int compile(qg__rctx *c, yaml_node_t *root)
     if ((v = qg__y_get(&c->y, root, "subjects")) &&
         c_subjects(c, v, "subjects") < 0)
         return -1;
+    if (qg__rules_index_subjects(r) != QG_OK)
+        return qg__y_oom(&c->y, root);
     r->default_plan = -1;
     if ((v = qg__y_get(&c->y, root, "default_plan")) &&
         p_plan_ref(c, v, "default_plan", &r->default_plan) < 0)

@@ -664,6 +664,9 @@ static void test_many_names(void **state)
     assert_int_equal(qg_rules_find_org(r, ""), -1);
     assert_int_equal(r->subjects[0].org, 19999);
     assert_int_equal(r->subjects[39999].org, 20000 - 1 - 39999 % 20000);
+    assert_int_equal(qg_rules_find_subject(r, "user39999"), 39999);
+    assert_int_equal(qg_rules_find_subject(r, "user7"), 7);
+    assert_int_equal(qg_rules_find_subject(r, "user40000"), -1);
     qg_rules_free(r);
     free(t);
     /* org15000 is written as a second org7: reported at its line (org0
