@@ -274,22 +274,17 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
                             has_weight, status_i, now, &res, &row, err,
                             sizeof err);
         recovered = rc == QG_OK;
-    } else if (rc == QG_OK) {
-        row.settle_only = 1;
     }
     if (rc != QG_OK) {
         qg_reply_engine_error(s, r, rc, err);
         goto out;
     }
     qg_metrics_settle(s->metrics, &res);
-    qg_row_copy(row.request_id, sizeof row.request_id, rid);
-    row.status = statuses[status_i].row_status;
-    row.input_tokens = in_t;
-    row.output_tokens = out_t;
-    row.weight_milli = res.charged_milli;
-    row.settled_ms = now;
-    row.overage_milli = res.overage_milli;
-    row.overage_cost_micro = res.overage_cost_micro;
+    /* a recovered settle's row is whole (settle_recover), else only the
+     * settle's columns change */
+    row.settle_only = !recovered;
+    qg_row_fill_settle(&row, rid, statuses[status_i].row_status, in_t, out_t,
+                       &res, now);
     if (!(body = qg_json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {
         free(body);
         qg_reply_error(s, r, 500, "internal_error", "out of memory");

@@ -47,21 +47,29 @@ void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
     }
 }
 
-void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
-                      int64_t input_tokens, int64_t output_tokens,
-                      const qg_settle_result *res, int64_t now_ms)
+void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
+                        int64_t input_tokens, int64_t output_tokens,
+                        const qg_settle_result *res, int64_t now_ms)
 {
-    memset(row, 0, sizeof *row);
     qg_row_copy(row->request_id, sizeof row->request_id, rid);
-    row->settle_only = 1;
     row->status = row_status;
     row->input_tokens = input_tokens;
     row->output_tokens = output_tokens;
     row->weight_milli = res->charged_milli;
     row->settled_ms = now_ms;
-    row->headroom_milli = -1;
     row->overage_milli = res->overage_milli;
     row->overage_cost_micro = res->overage_cost_micro;
+}
+
+void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
+                      int64_t input_tokens, int64_t output_tokens,
+                      const qg_settle_result *res, int64_t now_ms)
+{
+    memset(row, 0, sizeof *row);
+    row->settle_only = 1;
+    row->headroom_milli = -1;
+    qg_row_fill_settle(row, rid, row_status, input_tokens, output_tokens, res,
+                       now_ms);
 }
 
 void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,

@@ -85,8 +85,12 @@ void qg_row_copy(char *dst, size_t cap, const char *src);
 void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
                         const char *rid, const char *subject,
                         int64_t input_tokens, int64_t output_tokens);
-/* The settle-only row of a settle (status qg_row_status), with its final
- * charge and overage. */
+/* The settle's columns of row (status qg_row_status, tokens, final charge
+ * and overage, settled_ms), the rest left alone; qg_row_of_settle: a
+ * settle-only row of just those. */
+void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
+                        int64_t input_tokens, int64_t output_tokens,
+                        const qg_settle_result *res, int64_t now_ms);
 void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms);
