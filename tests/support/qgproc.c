@@ -519,6 +519,31 @@ static int rm_entry(const char *path, const struct stat *sb, int flag,
     return 0;
 }
 
+int qgproc_start_copy(qgproc *p, const char *rules_src,
+                      const char *const *args, const char *const *env)
+{
+    if (qgproc_copy_file(rules_src, qgproc_path(p, "rules.yaml")) < 0 ||
+        qgproc_start(p, qgproc_path(p, "rules.yaml"), args, env) < 0) {
+        fprintf(stderr, "cannot start the server on %s: %s\n", rules_src,
+                p->why);
+        qgproc_cleanup(p);
+        return -1;
+    }
+    return 0;
+}
+
+int qgproc_finish(qgproc *p)
+{
+    int rc = 0;
+    if (p->pid > 0 && qgproc_stop(p, 20000) != 0) {
+        fprintf(stderr, "server: SIGTERM failed (%s)\n", p->why);
+        qgproc_dump_stderr(p);
+        rc = -1;
+    }
+    qgproc_cleanup(p);
+    return rc;
+}
+
 void qgproc_cleanup(qgproc *p)
 {
     if (p->pid > 0)

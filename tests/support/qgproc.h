@@ -78,6 +78,14 @@ int qgproc_kill9(qgproc *p);
 int qgproc_alive(qgproc *p, int *status);
 int qgproc_port(const qgproc *p);
 
+/* The test groups' start and stop: copy rules_src to BASE/rules.yaml and
+ * start on it (p initialised); on failure print why, clean p up and
+ * return -1.  finish: SIGTERM (20 s), the server's stderr printed when it
+ * did not stop cleanly, then cleanup; returns 0 or -1. */
+int qgproc_start_copy(qgproc *p, const char *rules_src,
+                      const char *const *args, const char *const *env);
+int qgproc_finish(qgproc *p);
+
 /* Kill the server if it still runs and remove BASE recursively. */
 void qgproc_cleanup(qgproc *p);
 /* Print BASE/stderr.log to our stderr (for diagnosis). */

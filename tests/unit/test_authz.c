@@ -175,28 +175,17 @@ static int group_setup(void **state)
         return -1;
     }
     snprintf(path, sizeof path, "%s/authz/rules.yaml", src);
-    if (qgproc_copy_file(path, qgproc_path(&P, "rules.yaml")) < 0 ||
-        qgproc_start(&P, qgproc_path(&P, "rules.yaml"), NULL, NULL) < 0) {
-        fprintf(stderr, "cannot start the server: %s\n", P.why);
-        qgproc_cleanup(&P);
+    if (qgproc_start_copy(&P, path, NULL, NULL) < 0)
         return -1;
-    }
     httpc_init(&C, qgproc_port(&P));
     return 0;
 }
 
 static int group_teardown(void **state)
 {
-    int rc = 0;
     (void)state;
     httpc_close(&C);
-    if (P.pid > 0 && qgproc_stop(&P, 20000) != 0) {
-        fprintf(stderr, "server: SIGTERM failed (%s)\n", P.why);
-        qgproc_dump_stderr(&P);
-        rc = -1;
-    }
-    qgproc_cleanup(&P);
-    return rc;
+    return qgproc_finish(&P);
 }
 
 /* ============================================================== tests */

@@ -333,10 +333,7 @@ static int group_setup(void **state)
     env[0] = "QUOTAGATE_UPSTREAM_KEY=" UPKEY;
     env[1] = "QUOTAGATE_UPSTREAM_TIMEOUT_MS=1500";
     env[2] = NULL;
-    if (qgproc_copy_file(path, qgproc_path(&P, "rules.yaml")) < 0 ||
-        qgproc_start(&P, qgproc_path(&P, "rules.yaml"), args, env) < 0) {
-        fprintf(stderr, "cannot start the server: %s\n", P.why);
-        qgproc_cleanup(&P);
+    if (qgproc_start_copy(&P, path, args, env) < 0) {
         double_stop();
         return -1;
     }
@@ -347,16 +344,11 @@ static int group_setup(void **state)
 
 static int group_teardown(void **state)
 {
-    int rc = 0;
+    int rc;
     (void)state;
     httpc_close(&C);
     httpc_close(&D);
-    if (P.pid > 0 && qgproc_stop(&P, 20000) != 0) {
-        fprintf(stderr, "server: SIGTERM failed (%s)\n", P.why);
-        qgproc_dump_stderr(&P);
-        rc = -1;
-    }
-    qgproc_cleanup(&P);
+    rc = qgproc_finish(&P);
     double_stop();
     return rc;
 }

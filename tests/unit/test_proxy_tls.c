@@ -343,12 +343,9 @@ static int group_setup(void **state)
     env[0] = "QUOTAGATE_UPSTREAM_KEY=" UPKEY;
     env[1] = ca;
     env[2] = NULL;
-    if (qgproc_copy_file(path, qgproc_path(&P, "rules.yaml")) < 0 ||
-        qgproc_start(&P, qgproc_path(&P, "rules.yaml"), args, env) < 0) {
-        fprintf(stderr, "cannot start the server: %s\n", P.why);
+    if (qgproc_start_copy(&P, path, args, env) < 0) {
         child_stop(&nginx_pid);
         child_stop(&dbl_pid);
-        qgproc_cleanup(&P);
         return -1;
     }
     return 0;
@@ -360,13 +357,9 @@ static int group_teardown(void **state)
     (void)state;
     if (skipped)
         return 0;
-    if (P.pid > 0 && qgproc_stop(&P, 20000) != 0) {
-        qgproc_dump_stderr(&P);
-        rc = -1;
-    }
+    rc = qgproc_finish(&P);
     child_stop(&nginx_pid);
     child_stop(&dbl_pid);
-    qgproc_cleanup(&P);
     return rc;
 }
 

@@ -96,29 +96,23 @@ static int setup(void **state)
         fprintf(stderr, "QG_TESTDATA is not set (run through tests/run.sh)\n");
         return -1;
     }
-    if (qgproc_init(&P) < 0 ||
-        qgproc_copy_file(tst_fmt("%s/payg/rules.yaml", src),
-                         qgproc_path(&P, "rules.yaml")) < 0 ||
-        qgproc_start(&P, qgproc_path(&P, "rules.yaml"), NULL, NULL) < 0) {
-        fprintf(stderr, "cannot start the server: %s\n", P.why);
-        qgproc_cleanup(&P);
+    if (qgproc_init(&P) < 0) {
+        fprintf(stderr, "qgproc_init: %s\n", P.why);
         return -1;
     }
+    if (qgproc_start_copy(&P, tst_fmt("%s/payg/rules.yaml", src), NULL,
+                          NULL) < 0)
+        return -1;
     httpc_init(&C, qgproc_port(&P));
     return 0;
 }
 
 static int teardown(void **state)
 {
-    int rc = 0;
+    int rc;
     (void)state;
     httpc_close(&C);
-    if (P.pid > 0 && qgproc_stop(&P, 20000) != 0) {
-        fprintf(stderr, "server: SIGTERM failed (%s)\n", P.why);
-        qgproc_dump_stderr(&P);
-        rc = -1;
-    }
-    qgproc_cleanup(&P);
+    rc = qgproc_finish(&P);
     tst_gc_free_all();
     return rc;
 }
