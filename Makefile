@@ -5,6 +5,8 @@
 #   make test     install missing packages, build and run every test twice:
 #                 optimised and under ASan+UBSan
 #   make bench    engine benchmark (docs/benchmarks.md)
+#   make soak     30 minutes of mixed traffic, memory and fds must stay flat
+#                 (tests/soak/soak.sh; SOAK_MINUTES to change; not in test)
 #
 # Objects of the optimised build go to build/obj, sanitizer ones to
 # build/asan/obj; the library is built once per flavour and linked into
@@ -60,7 +62,7 @@ endef
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))
 
-.PHONY: all deps deps-test deps-bench run test test-build bench clean
+.PHONY: all deps deps-test deps-bench run test test-build bench soak clean
 .DEFAULT_GOAL := all
 
 all: deps build/quotagate
@@ -97,6 +99,13 @@ bench: deps-bench build/bench_engine build/bench_ledger build/quotagate build/up
 	@bench/http_bench.sh
 	@bench/proxy_bench.sh
 	@bench/rebuild_bench.sh
+
+soak: deps-bench build/quotagate build/upstream_double build/soak_chaos
+	@tests/soak/soak.sh
+
+build/soak_chaos: tests/soak/chaos.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPTB_FLAGS) -o $@ $< -lpthread
 
 deps-bench:
 	@scripts/deps.sh bench
