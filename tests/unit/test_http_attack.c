@@ -8,7 +8,8 @@
  * bug fails a test instead of hanging it).  Nothing here asserts on time:
  * a deadline is shown to work by an ordering (the 408 arrives while the
  * client still has bytes of its declared body to send) and the limits by
- * which connections the server closed and its counters.
+ * which connections the server closed and its counters.  The last two
+ * tests do the same against the real binary ($QG_BIN serve).
  *
  * Handler: /hold keeps the request (released by a post); anything else
  * answers 200 "ok n=BODY_LEN". */
@@ -32,6 +33,8 @@
 #include <unistd.h>
 
 #include "http.h"
+#include "httpc.h"
+#include "qgproc.h"
 
 /* ---- server under test ------------------------------------------------ */
 
@@ -587,6 +590,108 @@ static void test_413_at_once(void **state)
     finish(x);
 }
 
+/* ---- the real binary ----------------------------------------------------- */
+
+static void serve(qgproc *p, const char *const *args)
+{
+    const char *src = getenv("QG_EXAMPLES");
+    char rules[1024];
+    if (!src)
+        fail_msg("QG_EXAMPLES is not set (run through tests/run.sh)");
+    snprintf(rules, sizeof rules, "%s/rules.yaml", src);
+    if (qgproc_init(p) < 0)
+        fail_msg("qgproc_init: %s", p->why);
+    if (qgproc_start_copy(p, rules, args, NULL) < 0)
+        fail_msg("serve did not start");
+}
+
+/* POST /v1/check with a body dripped one byte per 20 ms: the default
+ * minimum rate (8 KiB/s) on 1,000 declared bytes plus --header-timeout
+ * 300 cut it with a 408 long before the drip ends. */
+static void test_serve_drip_cut(void **state)
+{
+    static qgproc p;
+    const char *args[] = { "--header-timeout", "300", "--workers", "1", NULL };
+    char head[512];
+    cli *d;
+    int sent = 0, st;
+    (void)state;
+    serve(&p, args);
+    d = cli_open(qgproc_port(&p));
+    snprintf(head, sizeof head, "POST /v1/check HTTP/1.1\r\nHost: x\r\n"
+             "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+             "Content-Length: 1000\r\n\r\n{", QGPROC_SERVICE_KEY);
+    cli_sends(d, head);
+    while (sent < 999 && !cli_readable(d, 20) && cli_send(d, " ", 1) == 0)
+        sent++;
+    st = cli_response(d);
+    cli_close(d);
+    if (sent == 999 || st != 408) {
+        qgproc_finish(&p);
+        fail_msg("a dripped /v1/check body: %d bytes sent, got %d, want a "
+                 "408 before the body ends", sent, st);
+    }
+    assert_int_equal(qgproc_finish(&p), 0);
+}
+
+/* More half-sent connections than --max-connections holds, then a
+ * healthy client: /healthz and /v1/check are served, and /metrics counts
+ * the connections shed. */
+static void test_serve_full_healthy_served(void **state)
+{
+    static qgproc p;
+    const char *args[] = { "--max-connections", "6",
+                           "--max-connections-per-client", "0",
+                           "--workers", "1", NULL };
+    cli *slow[10];
+    httpc h;
+    http_resp r;
+    const char *line;
+    long shed = -1;
+    (void)state;
+    serve(&p, args);
+    for (int i = 0; i < 10; i++) {
+        slow[i] = cli_open(qgproc_port(&p));
+        cli_sends(slow[i], "POST /v1/check HTTP/1.1\r\nContent-Length: "
+                           "100000\r\n\r\n{");
+    }
+    /* The first four were shed by the last four. */
+    for (int i = 0; i < 4; i++)
+        if (!cli_drain(slow[i])) {
+            qgproc_finish(&p);
+            fail_msg("slow connection %d was not shed", i);
+        }
+    httpc_init(&h, qgproc_port(&p));
+    if (httpc_get(&h, "/healthz", NULL, &r) < 0 || r.status != 200) {
+        qgproc_finish(&p);
+        fail_msg("healthz while full of slow connections: %s", h.err);
+    }
+    http_resp_free(&r);
+    if (httpc_post_json(&h, "/v1/check", QGPROC_SERVICE_KEY,
+                        "{\"subject\":\"bob\",\"request_id\":\"att-1\","
+                        "\"weight\":1}", &r) < 0 || r.status != 200) {
+        qgproc_finish(&p);
+        fail_msg("check while full of slow connections: %s", h.err);
+    }
+    http_resp_free(&r);
+    if (httpc_get(&h, "/metrics", QGPROC_SERVICE_KEY, &r) < 0 ||
+        r.status != 200) {
+        qgproc_finish(&p);
+        fail_msg("metrics: %s", h.err);
+    }
+    line = strstr(r.body, "\nquotagate_http_connections_shed_total{reason=\"slow\"} ");
+    if (line)
+        shed = atol(strchr(line + 1, '}') + 2);
+    http_resp_free(&r);
+    httpc_close(&h);
+    for (int i = 0; i < 10; i++)
+        cli_close(slow[i]);
+    assert_int_equal(qgproc_finish(&p), 0);
+    if (shed < 5)
+        fail_msg("quotagate_http_connections_shed_total{reason=\"slow\"} is "
+                 "%ld, want at least 5", shed);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -597,6 +702,8 @@ int main(void)
         cmocka_unit_test(test_held_never_shed),
         cmocka_unit_test(test_per_client_limit),
         cmocka_unit_test(test_413_at_once),
+        cmocka_unit_test(test_serve_drip_cut),
+        cmocka_unit_test(test_serve_full_healthy_served),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
