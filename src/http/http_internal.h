@@ -195,11 +195,6 @@ void qg__conn_enqueue(qg__conn *c, int q);
  * unfinished read; with k, only connections of k's address (a bounded
  * scan).  NULL when there is none. */
 qg__conn *qg__shed_pick(qg__worker *w, const qg__akey *k);
-static inline void qg__drop(qg__worker *w, int why)
-{
-    atomic_store_explicit(&w->st_drops[why], atomic_load_explicit(
-        &w->st_drops[why], memory_order_relaxed) + 1, memory_order_relaxed);
-}
 
 /* request.c */
 extern const http_parser_settings qg__parser_settings;
@@ -235,6 +230,12 @@ static inline void qg__stat_add(_Atomic uint64_t *c, int64_t d)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed)
                           + (uint64_t)d, memory_order_relaxed);
+}
+
+/* Count a connection closed for reason why (a qg_http_drop). */
+static inline void qg__drop(qg__worker *w, int why)
+{
+    qg__stat_add(&w->st_drops[why], 1);
 }
 
 #endif

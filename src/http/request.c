@@ -185,14 +185,16 @@ static int expects_continue(qg__conn *c)
 }
 
 /* The body's deadline: from the end of the head, header_timeout_ms plus
- * the declared bytes at min_body_rate (no overflow: declared is at most
- * max_body_bytes, checked before, and split so the product stays small). */
+ * the declared bytes at min_body_rate (bytes per second).  Whole seconds
+ * and the remainder apart, so nothing overflows (d % rate < 2^31); a
+ * declared size of years saturates. */
 static void body_deadline(qg__conn *c)
 {
     const qg_http_opts *o = qg__opts(c);
     uint64_t rate = (uint64_t)o->min_body_rate, d = c->body_declared;
-    c->deadline_ms = c->body_t0_ms + (uint64_t)o->header_timeout_ms +
-                     d / rate * 1000 + d % rate * 1000 / rate;
+    uint64_t ms = d / rate > ((uint64_t)1 << 40)
+                  ? (uint64_t)1 << 50 : d / rate * 1000 + d % rate * 1000 / rate;
+    c->deadline_ms = c->body_t0_ms + (uint64_t)o->header_timeout_ms + ms;
 }
 
 static int cb_headers_complete(http_parser *p)
