@@ -119,7 +119,7 @@ build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
 
 # 9,000 slow uploads against build/ then build/asan/ (docs/benchmarks.md)
-attack: deps build/quotagate build/asan/quotagate build/attack_slowloris
+attack: deps-test build/quotagate build/asan/quotagate build/attack_slowloris
 	@QG_BIN=build/quotagate bench/attack_slowloris.sh
 	@QG_BIN=build/asan/quotagate bench/attack_slowloris.sh
 
