@@ -7,6 +7,8 @@
 #   make bench    engine benchmark (docs/benchmarks.md)
 #   make soak     30 minutes of mixed traffic, memory and fds must stay flat
 #                 (tests/soak/soak.sh; SOAK_MINUTES to change; not in test)
+#   make attack   the slow-upload attack of issue 8 at full size against
+#                 both builds, with a healthy client (minutes; not in test)
 #
 # Objects of the optimised build go to build/obj, sanitizer ones to
 # build/asan/obj; the library is built once per flavour and linked into
@@ -62,7 +64,7 @@ endef
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))
 
-.PHONY: all deps deps-test deps-bench run test test-build bench soak clean
+.PHONY: all deps deps-test deps-bench run test test-build bench soak attack clean
 .DEFAULT_GOAL := all
 
 all: deps build/quotagate
@@ -115,6 +117,15 @@ build/bench_engine: bench/bench_engine.c build/obj/tests/support/refmodel.o buil
 
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
+
+# 9,000 slow uploads against build/ then build/asan/ (docs/benchmarks.md)
+attack: deps-test build/quotagate build/asan/quotagate build/attack_slowloris
+	@QG_BIN=build/quotagate bench/attack_slowloris.sh
+	@QG_BIN=build/asan/quotagate bench/attack_slowloris.sh
+
+build/attack_slowloris: bench/attack_slowloris.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPTB_FLAGS) -o $@ $< -lpthread
 
 clean:
 	rm -rf build

@@ -31,6 +31,9 @@ typedef struct qg_cli_args {
     const char *upstream;     /* serve: --upstream URL */
     const char *workers;      /* serve: --workers N */
     const char *header_timeout; /* serve: --header-timeout MS */
+    const char *min_body_rate;  /* serve: --min-body-rate BYTES (per s) */
+    const char *max_connections;      /* serve: --max-connections N */
+    const char *max_conns_per_client; /* serve: --max-connections-per-client */
     int ledger_async;         /* serve: --ledger-async */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */

@@ -25,11 +25,17 @@ static int parse_int(const char *flag, const char *v, long min, long max,
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
 {
     qg_serve_opts o = {0};
-    long workers = 2, header_timeout = 10000;
+    long workers = 2, header_timeout = 10000, rate = 0, maxc = 0, per = -1;
 
     if (parse_int("--workers", a->workers, 1, 64, &workers) != 0 ||
         parse_int("--header-timeout", a->header_timeout, 10, 3600000,
-                  &header_timeout) != 0) {
+                  &header_timeout) != 0 ||
+        parse_int("--min-body-rate", a->min_body_rate, 1, 1L << 30,
+                  &rate) != 0 ||
+        parse_int("--max-connections", a->max_connections, 1, 10000000,
+                  &maxc) != 0 ||
+        parse_int("--max-connections-per-client", a->max_conns_per_client,
+                  0, 10000000, &per) != 0) {
         qg_rules_free(rules);
         return QG_EXIT_USAGE;
     }
@@ -42,6 +48,9 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
     o.upstream = a->upstream;
     o.workers = (int)workers;
     o.header_timeout_ms = (int)header_timeout;
+    o.min_body_rate = (int)rate;                /* 0: the default */
+    o.max_connections = (int)maxc;              /* 0: from ulimit -n */
+    o.max_conns_per_client = per < 0 ? 0 : per == 0 ? -1 : (int)per;
     o.ledger_async = a->ledger_async;
     return qg_serve(&o);
 }

@@ -17,7 +17,8 @@
 
 enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
-               F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_LEDGER_ASYNC,
+               F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
+               F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
                F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
@@ -67,8 +68,29 @@ static const struct flag {
                     "HTTP worker threads (default 2)" },
     [F_HEADER_TIMEOUT] = { "header-timeout", 0, "MS",
                            offsetof(qg_cli_args, header_timeout),
-                           "close clients that do not finish their headers "
-                           "in MS milliseconds (default 10000)" },
+                           "answer 408 and close a client whose request head "
+                           "takes more than MS milliseconds in all, from its "
+                           "first byte (from accept for a new connection); "
+                           "also the base of the body's deadline (default "
+                           "10000)" },
+    [F_MIN_BODY_RATE] = { "min-body-rate", 0, "BYTES",
+                          offsetof(qg_cli_args, min_body_rate),
+                          "bytes per second: a request body must arrive "
+                          "within the header timeout plus its declared size "
+                          "at this rate, else 408 (default 8192)" },
+    [F_MAX_CONNECTIONS] = { "max-connections", 0, "N",
+                            offsetof(qg_cli_args, max_connections),
+                            "open client connections in all (default: 3/4 "
+                            "of the file descriptors left by ulimit -n after "
+                            "64 + 4 per worker, at most 65536); when full, "
+                            "the oldest idle, then the slowest unfinished "
+                            "connection is closed for a new one" },
+    [F_MAX_CONNS_PER_CLIENT] = { "max-connections-per-client", 0, "N",
+                                 offsetof(qg_cli_args, max_conns_per_client),
+                                 "open connections per client address (IPv6: "
+                                 "per /64); 0 = no limit, e.g. behind a load "
+                                 "balancer (default: half of "
+                                 "--max-connections)" },
     [F_LEDGER_ASYNC] = { "ledger-async", 0, NULL,
                          offsetof(qg_cli_args, ledger_async),
                          "acknowledge settles before they are durable: up "
@@ -87,10 +109,11 @@ static const struct command {
     { "serve", qg__cmd_serve,
       "the gateway: decision API, usage ledger, metrics",
       "quotagate serve -c RULES [--listen HOST:PORT] [--data DIR] "
-      "[--ledger URL] [--store memory] [--workers N]",
+      "[--ledger URL] [--store memory] [--workers N] [--max-connections N]",
       FL(F_CONFIG) | FL(F_LISTEN) | FL(F_DATA) | FL(F_LEDGER) | FL(F_STORE) |
           FL(F_UPSTREAM) | FL(F_WORKERS) | FL(F_HEADER_TIMEOUT) |
-          FL(F_LEDGER_ASYNC),
+          FL(F_MIN_BODY_RATE) | FL(F_MAX_CONNECTIONS) |
+          FL(F_MAX_CONNS_PER_CLIENT) | FL(F_LEDGER_ASYNC),
       FL(F_CONFIG), 0 },
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",
@@ -141,8 +164,12 @@ static void command_help(const struct command *c, FILE *out)
                  flags[i].letter ? flags[i].letter : ' ',
                  flags[i].letter ? ", " : "  ", flags[i].name,
                  flags[i].arg ? " " : "", flags[i].arg ? flags[i].arg : "");
-        fprintf(out, "  %-26s %s%s\n", left,
-                flags[i].help, c->requires & FL(i) ? " (required)" : "");
+        if (strlen(left) > 26)          /* a long one: help below it */
+            fprintf(out, "  %s\n  %-26s %s%s\n", left, "", flags[i].help,
+                    c->requires & FL(i) ? " (required)" : "");
+        else
+            fprintf(out, "  %-26s %s%s\n", left, flags[i].help,
+                    c->requires & FL(i) ? " (required)" : "");
     }
 }
 

@@ -23,6 +23,13 @@
  * on_close hook from notify_ev, a per-connection event activated by hand
  * so that hooks never run inside the owner's own calls.
  *
+ * Limits (http.h, limits.c): accept() makes room before it takes a
+ * connection, by shedding the oldest idle one, else the oldest unfinished
+ * read (of the same address when the address is at its limit), or
+ * refuses the new one when nothing can be shed.  Each phase change puts
+ * the connection in the right shed queue; the sweep counts what it
+ * closes at a deadline by reason.
+ *
  * Streaming (qg_http_stream_*): the head is queued like a response with
  * chunked framing (or none, for HTTP/1.0, ending at close); each write is
  * one sendmsg of chunk header, data and CRLF when nothing is pending, else
@@ -308,9 +315,11 @@ static void conn_written(qg__conn *c)
         qg__set_deadline(c, LINGER_MS < qg__opts(c)->idle_timeout_ms
                         ? LINGER_MS : qg__opts(c)->idle_timeout_ms);
         rev_set(c, 1);
+        qg__conn_enqueue(c, Q_IDLE);
     } else if (c->phase == PH_HANDLER) {
         c->phase = PH_IDLE;
         qg__set_deadline(c, qg__opts(c)->idle_timeout_ms);
+        qg__conn_enqueue(c, Q_IDLE);
     }
 }
 
@@ -389,6 +398,8 @@ static void conn_shutdown(qg__conn *c)
     c->rev_on = c->wev_on = 0;
     close(c->fd);
     c->fd = -1;
+    qg__conn_enqueue(c, Q_NONE);
+    qg__addr_remove(c);
     c->w->nopen--;
     qg__stat_add(&c->w->st_open, -1);
 }
@@ -473,8 +484,6 @@ static void conn_read(qg__conn *c)
     n = recv(c->fd, c->in + c->in_len, space, 0);
     if (n > 0) {
         c->in_len += (size_t)n;
-        if (c->phase == PH_BODY)
-            qg__set_deadline(c, o->idle_timeout_ms);
         if (!c->busy)
             conn_process(c);
         /* A bulk upload filled the buffer: read bigger pieces. */
@@ -555,7 +564,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
     conn_end(c);
 }
 
-static int conn_new(qg__worker *w, int fd)
+static int conn_new(qg__worker *w, int fd, const qg__akey *key)
 {
     int one = 1;
     qg__conn *c = calloc(1, sizeof *c);
@@ -587,10 +596,59 @@ static int conn_new(qg__worker *w, int fd)
     if (w->conns)
         w->conns->prev = c;
     w->conns = c;
+    c->key = *key;
+    qg__addr_add(c);
+    qg__conn_enqueue(c, Q_READ);
     w->nopen++;
     qg__stat_add(&w->st_open, 1);
     qg__stat_add(&w->st_total, 1);
     return 0;
+}
+
+/* Close v (idle or reading, never held) to make room.  A connection
+ * with a request under way is told why when its socket takes it: a 503
+ * in one send, best effort (unread input turns the close into a reset
+ * that may overtake it). */
+static void conn_shed(qg__conn *v)
+{
+    qg__worker *w = v->w;
+    int slow = v->q == Q_READ;
+    v->nest++;
+    if (slow && v->out_len == 0) {
+        static const char body[] = "{\"error\":{\"type\":\"overloaded\","
+            "\"message\":\"connection closed to make room: the request "
+            "was not received in time\"}}";
+        v->head = 0;
+        (void)conn_queue(v, 503, NULL, 0, "application/json", body,
+                         sizeof body - 1, 0, FR_LENGTH);
+    }
+    qg__drop(w, slow ? QG_HTTP_SHED_SLOW : QG_HTTP_SHED_IDLE);
+    v->want_close = 1;
+    v->nest--;
+    conn_end(v);                        /* frees v */
+}
+
+/* Room for a new connection from key: shed one of the address's own when
+ * it is at its limit, then one of any when the worker is full.  0: no
+ * room (counted as refused). */
+static int conn_room(qg__worker *w, const qg__akey *key)
+{
+    qg__conn *v;
+    if (w->per_client > 0 && qg__addr_count(w, key) >= (uint32_t)w->per_client) {
+        if (!(v = qg__shed_pick(w, key))) {
+            qg__drop(w, QG_HTTP_REFUSED_PER_CLIENT);
+            return 0;
+        }
+        conn_shed(v);
+    }
+    if (w->nopen >= w->cap) {
+        if (!(v = qg__shed_pick(w, NULL))) {
+            qg__drop(w, QG_HTTP_REFUSED_CAPACITY);
+            return 0;
+        }
+        conn_shed(v);
+    }
+    return 1;
 }
 
 void qg__on_accept(evutil_socket_t lfd, short what, void *arg)
@@ -598,7 +656,11 @@ void qg__on_accept(evutil_socket_t lfd, short what, void *arg)
     qg__worker *w = arg;
     (void)what;
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        qg__akey key;
+        int fd = accept4(lfd, (struct sockaddr *)&ss, &sl,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
@@ -607,9 +669,9 @@ void qg__on_accept(evutil_socket_t lfd, short what, void *arg)
                 qg__accept_pause(w);
             return;
         }
-        /* Over the limit: refuse by closing at once. */
-        if (w->stopping || w->nopen >= w->srv->o.max_connections ||
-            conn_new(w, fd) < 0)
+        qg__akey_of((struct sockaddr *)&ss, &key);
+        /* No room: refuse by closing at once. */
+        if (w->stopping || !conn_room(w, &key) || conn_new(w, fd, &key) < 0)
             close(fd);
     }
 }
@@ -624,11 +686,20 @@ void qg__conns_sweep(qg__worker *w)
             continue;
         c->nest++;
         c->deadline_ms = 0;
-        if (c->out_len == 0 && (c->phase == PH_HEADERS || c->phase == PH_BODY))
+        if (c->out_len == 0 && (c->phase == PH_HEADERS || c->phase == PH_BODY)) {
+            qg__drop(w, c->phase == PH_BODY ? QG_HTTP_TIMEOUT_BODY
+                                            : QG_HTTP_TIMEOUT_HEAD);
             conn_error(c, 408);
-        else if (!c->busy || c->out_off < c->out_len)
+        } else if (!c->busy || c->out_off < c->out_len) {
             c->want_close = 1;          /* idle, lingering or stuck writing
                                          * (held: the client is gone) */
+            if (c->out_off < c->out_len)
+                qg__drop(w, QG_HTTP_TIMEOUT_WRITE);
+            else if (c->phase == PH_FIRST)
+                qg__drop(w, QG_HTTP_TIMEOUT_HEAD);
+            else if (c->phase == PH_IDLE)
+                qg__drop(w, QG_HTTP_TIMEOUT_IDLE);
+        }
         c->nest--;
         conn_end(c);
     }

@@ -8,9 +8,41 @@
  * request waits until the previous response is queued).
  *
  * Limits, each answered with a JSON error and the connection closed:
- * header bytes (431), body bytes (413), malformed requests (400), a client
- * that does not finish its headers in time (408), idle keep-alive
- * connections are closed silently after idle_timeout_ms.
+ * header bytes (431), body bytes (413, as soon as a Content-Length or a
+ * chunk size line says the body will exceed max_body_bytes, before its
+ * bytes are read), malformed requests (400), a client that does not
+ * finish in time (408).  Idle keep-alive connections are closed silently
+ * after idle_timeout_ms.
+ *
+ * Deadlines are totals, never re-armed by a byte that arrives:
+ *   head  header_timeout_ms, counted from accept for a connection's first
+ *         request and from the first byte of each later one;
+ *   body  from the end of the head: header_timeout_ms plus the declared
+ *         size at min_body_rate bytes per second (Content-Length, or the
+ *         chunk sizes announced so far, so a chunked body's deadline grows
+ *         chunk by chunk but never past max_body_bytes at that rate).
+ * A request the handler holds (deferred or streaming) has no read
+ * deadline; pipelined requests wait unparsed, their head's deadline
+ * starts when they are parsed.  Deadlines are checked by each worker's
+ * periodic sweep (a quarter of the shorter timeout, 5 ms to 1 s), not by
+ * a timer per request.
+ *
+ * Capacity: at most max_connections open sockets, split evenly over the
+ * workers (each holds ceil(max / workers)), and per client address
+ * (IPv4 address, or IPv6 /64 prefix) at most max_conns_per_client, also
+ * counted per worker as ceil(limit / workers) (the kernel spreads one
+ * address's connections over the SO_REUSEPORT sockets by port).  A new
+ * connection that finds its worker (or its address's share) full makes
+ * room by shedding, in this order: the oldest idle connection (between
+ * keep-alive requests, or lingering after its last response; closed
+ * silently), then the connection whose unfinished request began longest
+ * ago (a head or body still being received, or no byte yet; answered a
+ * best-effort 503 "overloaded" and closed at once).  For the address
+ * limit only that address's connections are candidates.  A connection
+ * whose request the handler holds, or whose response is being written,
+ * is never shed; when nothing can be shed the new connection is closed
+ * at once (refused).  So a client that sends a whole request promptly is
+ * served while idle and slow connections fill every slot.
  *
  * A handler runs on the worker thread that read the request.  It may
  * respond at once, or keep the request and respond later from the same
@@ -155,9 +187,15 @@ typedef struct qg_http_opts {
     int workers;               /* default 2 */
     size_t max_header_bytes;   /* default 16 KiB */
     size_t max_body_bytes;     /* default 1 MiB */
-    int header_timeout_ms;     /* default 10 s: to receive a whole header */
+    int header_timeout_ms;     /* default 10 s: the head's deadline, and
+                                * the base of the body's */
     int idle_timeout_ms;       /* default 60 s between requests */
-    int max_connections;       /* per worker, default 4096 */
+    int min_body_rate;         /* bytes per second the body deadline
+                                * allows, default 8192 */
+    int max_connections;       /* in total, default
+                                * qg_http_default_max_connections() */
+    int max_conns_per_client;  /* per client address; 0: half of
+                                * max_connections (at least 1); -1: none */
     size_t stream_high_water;  /* default 256 KiB of pending output, see
                                 * qg_http_stream_write */
 } qg_http_opts;
@@ -184,12 +222,50 @@ int qg_http_post(qg_http_server *s, int worker, void (*fn)(void *),
                  void *arg);
 void qg_http_server_free(qg_http_server *s);
 
+/* Descriptors this process can give to connections: the soft
+ * RLIMIT_NOFILE minus a reserve of 64 + 4 per worker (standard streams,
+ * logs, the ledger's database, WAL and journal files, and each worker's
+ * listening socket, event loop and eventfd).  At least 1.  Raise the
+ * limit first (setrlimit) if you mean to. */
+int qg_http_fd_budget(int workers);
+/* The default max_connections: three quarters of qg_http_fd_budget (the
+ * last quarter stays free for upstream sockets: a proxied call holds one
+ * while its client's connection waits), at most 65536 (each connection
+ * costs ~5 KiB of buffers before the kernel's; set more explicitly). */
+int qg_http_default_max_connections(int workers);
+
+/* Connections the server closed before serving them to the end, by
+ * reason.  qg_http_drop_names gives each its metric family ("shed",
+ * "refused", "timed_out") and reason label; /metrics derives its series
+ * from that table. */
+typedef enum qg_http_drop {
+    QG_HTTP_SHED_IDLE,         /* idle keep-alive or lingering, to make room */
+    QG_HTTP_SHED_SLOW,         /* an unfinished request, to make room */
+    QG_HTTP_REFUSED_CAPACITY,  /* new, its worker full, nothing to shed */
+    QG_HTTP_REFUSED_PER_CLIENT,/* new, its address at its limit, ditto */
+    QG_HTTP_TIMEOUT_HEAD,      /* head deadline (408; silent before a byte) */
+    QG_HTTP_TIMEOUT_BODY,      /* body deadline (408) */
+    QG_HTTP_TIMEOUT_IDLE,      /* idle_timeout_ms between requests */
+    QG_HTTP_TIMEOUT_WRITE,     /* the client did not take our output for
+                                * idle_timeout_ms */
+    QG_HTTP_DROP_COUNT
+} qg_http_drop;
+
+typedef struct qg_http_drop_name {
+    const char *kind;          /* "shed", "refused", "timed_out" */
+    const char *reason;
+} qg_http_drop_name;
+extern const qg_http_drop_name qg_http_drop_names[QG_HTTP_DROP_COUNT];
+
 /* Counters for /metrics, summed over workers. */
 typedef struct qg_http_stats {
     uint64_t connections_open;
     uint64_t connections_total;
     uint64_t requests_total;
     uint64_t errors_total;     /* 4xx answered by the HTTP layer itself */
+    uint64_t max_connections;      /* in force (workers x per worker) */
+    uint64_t max_conns_per_client; /* in force, 0: none */
+    uint64_t drops[QG_HTTP_DROP_COUNT];
 } qg_http_stats;
 void qg_http_server_stats(qg_http_server *s, qg_http_stats *out);
 

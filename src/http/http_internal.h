@@ -1,8 +1,9 @@
-/* http_internal.h - what the three files of the HTTP layer share:
+/* http_internal.h - what the four files of the HTTP layer share:
  * server.c (sockets, worker threads, posting, stopping), conn.c (one
- * connection: accept, read, write, time out, respond) and request.c
- * (parser callbacks, building the qg_http_req) - conn.c also streams
- * responses (qg_http_stream_*).  Not part of the public
+ * connection: accept, read, write, time out, respond), request.c
+ * (parser callbacks, building the qg_http_req) and limits.c (capacity,
+ * per-address counts, the queues connections are shed from) - conn.c
+ * also streams responses (qg_http_stream_*).  Not part of the public
  * API: only src/http/ includes it.
  *
  * Threading: everything in a qg__worker except the post queue (mu, q*)
@@ -18,6 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "http.h"
@@ -25,6 +27,22 @@
 typedef struct qg__conn qg__conn;
 
 uint64_t qg__now_ms(void);             /* monotonic, coarse (server.c) */
+
+/* A client address as a key: IPv4 as ::ffff:a.b.c.d, IPv6 cut to its
+ * /64 prefix (one host of IPv6 usually holds a whole /64). */
+typedef struct qg__akey {
+    unsigned char b[16];
+} qg__akey;
+
+/* One address's open connections on a worker (n 0: the slot is free). */
+typedef struct qg__addr {
+    qg__akey key;
+    uint32_t hash;
+    uint32_t n;
+} qg__addr;
+
+/* The shed queues a connection waits in (limits.c), oldest first. */
+enum { Q_NONE, Q_IDLE, Q_READ };
 
 typedef struct qg__post {
     void (*fn)(void *);
@@ -52,6 +70,12 @@ typedef struct qg__worker {
     /* Connections (worker thread only). */
     qg__conn *conns;           /* doubly linked */
     int nopen;                 /* connections whose socket is open */
+    int cap;                   /* at most this many open (per worker) */
+    int per_client;            /* per address, 0: no limit */
+    qg__conn *qhead[3], *qtail[3];  /* Q_IDLE, Q_READ (limits.c) */
+    qg__addr *addrs;           /* open addressing, addr_mask + 1 slots */
+    size_t addr_mask;
+    uint64_t addr_seed;
     int stopping;              /* this worker began its clean stop */
     int exited;                /* its loop returned */
     int in_begin_stop;
@@ -62,6 +86,7 @@ typedef struct qg__worker {
     /* Counters, written by the worker, read by qg_http_server_stats. */
     _Alignas(64) _Atomic uint64_t st_open;
     _Atomic uint64_t st_total, st_requests, st_errors;
+    _Atomic uint64_t st_drops[QG_HTTP_DROP_COUNT];
 } qg__worker;
 
 struct qg_http_server {
@@ -92,6 +117,10 @@ typedef struct qg__hoff {          /* a header as offsets into the arena */
 struct qg__conn {
     qg__worker *w;
     qg__conn *prev, *next;
+    qg__conn *qprev, *qnext;   /* in w's shed queue q */
+    int q;                     /* Q_NONE, Q_IDLE, Q_READ */
+    int counted;               /* counted under key in w->addrs */
+    qg__akey key;
     int fd;                    /* -1 once closed */
     int nest;                  /* entry points on the stack */
     struct event rev, wev;
@@ -119,6 +148,8 @@ struct qg__conn {
     int err_status;            /* set by a parser callback that failed */
     int hkind;                 /* last header callback: 1 field, 2 value */
     uint64_t deadline_ms;      /* 0: none */
+    uint64_t body_t0_ms;       /* the head ended: the body deadline's start */
+    uint64_t body_declared;    /* Content-Length, or chunk sizes so far */
     http_parser hp;
     char *in;                  /* received, not yet parsed: [in_off, in_len) */
     size_t in_off, in_len, in_cap;
@@ -144,6 +175,26 @@ static inline void qg__set_deadline(qg__conn *c, int ms)
 {
     c->deadline_ms = qg__now_ms() + (uint64_t)ms;
 }
+
+/* limits.c */
+/* Set w->cap and w->per_client from the server's options and allocate
+ * w's address table (none without a per-client limit): 0 or -1. */
+int qg__limits_init(qg__worker *w);
+void qg__limits_free(qg__worker *w);
+void qg__akey_of(const struct sockaddr *sa, qg__akey *k);
+/* Open connections of k's address on w. */
+uint32_t qg__addr_count(const qg__worker *w, const qg__akey *k);
+/* Count c under its key (c->counted tells whether it could be). */
+void qg__addr_add(qg__conn *c);
+void qg__addr_remove(qg__conn *c);
+/* Move c to the tail of queue q (Q_NONE: out of any); no-op when it is
+ * in q already, so a connection keeps its place in Q_READ from accept
+ * through its first request's head and body. */
+void qg__conn_enqueue(qg__conn *c, int q);
+/* The connection to shed for room: the oldest idle, else the oldest
+ * unfinished read; with k, only connections of k's address (a bounded
+ * scan).  NULL when there is none. */
+qg__conn *qg__shed_pick(qg__worker *w, const qg__akey *k);
 
 /* request.c */
 extern const http_parser_settings qg__parser_settings;
@@ -179,6 +230,12 @@ static inline void qg__stat_add(_Atomic uint64_t *c, int64_t d)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed)
                           + (uint64_t)d, memory_order_relaxed);
+}
+
+/* Count a connection closed for reason why (a qg_http_drop). */
+static inline void qg__drop(qg__worker *w, int why)
+{
+    qg__stat_add(&w->st_drops[why], 1);
 }
 
 #endif

@@ -7,7 +7,12 @@
  * callback after a field continues it, after a value starts a new header),
  * count header bytes against max_header_bytes (431), and copy the body
  * (Content-Length or decoded chunks) into the body buffer, against
- * max_body_bytes (413).  on_message_complete pauses the parser so that a
+ * max_body_bytes (413: at once when a Content-Length or a chunk size line
+ * announces more, before those bytes are read).  The head's deadline is
+ * set at the request's first byte (for a connection's first request it
+ * stays the one set at accept), the body's at the end of the head and at
+ * each chunk size, from the declared size (http.h).  on_message_complete
+ * pauses the parser so that a
  * pipelined next request stays unparsed until this one is answered.  Only
  * when the message is complete are the arena's offsets turned into
  * pointers (the arena may move while it grows). */
@@ -79,8 +84,10 @@ static int cb_message_begin(http_parser *p)
     c->nh = c->hkind = c->err_status = 0;
     c->url_done = c->head = 0;
     c->hdr_bytes = 16;                 /* method, version, CRLFs */
+    if (c->phase != PH_FIRST)          /* the first: counted from accept */
+        qg__set_deadline(c, qg__opts(c)->header_timeout_ms);
     c->phase = PH_HEADERS;
-    qg__set_deadline(c, qg__opts(c)->header_timeout_ms);
+    qg__conn_enqueue(c, Q_READ);       /* the first request stays in place */
     return 0;
 }
 
@@ -177,6 +184,19 @@ static int expects_continue(qg__conn *c)
     return 0;
 }
 
+/* The body's deadline: from the end of the head, header_timeout_ms plus
+ * the declared bytes at min_body_rate (bytes per second).  Whole seconds
+ * and the remainder apart, so nothing overflows (d % rate < 2^31); a
+ * declared size of years saturates. */
+static void body_deadline(qg__conn *c)
+{
+    const qg_http_opts *o = qg__opts(c);
+    uint64_t rate = (uint64_t)o->min_body_rate, d = c->body_declared;
+    uint64_t ms = d / rate > ((uint64_t)1 << 40)
+                  ? (uint64_t)1 << 50 : d / rate * 1000 + d % rate * 1000 / rate;
+    c->deadline_ms = c->body_t0_ms + (uint64_t)o->header_timeout_ms + ms;
+}
+
 static int cb_headers_complete(http_parser *p)
 {
     qg__conn *c = p->data;
@@ -187,11 +207,13 @@ static int cb_headers_complete(http_parser *p)
     if (end_headers(c) < 0)
         return -1;
     c->phase = PH_BODY;
-    qg__set_deadline(c, o->idle_timeout_ms);
     if (has_len && p->content_length > o->max_body_bytes) {
         c->err_status = 413;
         return -1;
     }
+    c->body_t0_ms = qg__now_ms();
+    c->body_declared = has_len ? p->content_length : 0;
+    body_deadline(c);
     /* The size is known: one allocation (or none, reusing the buffer). */
     if (has_len && qg__reserve(&c->body, &c->body_cap, p->content_length + 1,
                            o->max_body_bytes + 1) < 0) {
@@ -218,6 +240,21 @@ static int cb_headers_complete(http_parser *p)
     return 0;
 }
 
+/* A chunk size line: 413 now if the body would pass the limit, else the
+ * deadline grows by this chunk. */
+static int cb_chunk_header(http_parser *p)
+{
+    qg__conn *c = p->data;
+    uint64_t max = qg__opts(c)->max_body_bytes;
+    if (p->content_length > max - c->body_declared) {
+        c->err_status = 413;
+        return -1;
+    }
+    c->body_declared += p->content_length;
+    body_deadline(c);
+    return 0;
+}
+
 static int cb_body(http_parser *p, const char *at, size_t n)
 {
     qg__conn *c = p->data;
@@ -241,6 +278,7 @@ static int cb_message_complete(http_parser *p)
     c->msg_done = 1;
     c->phase = PH_HANDLER;
     c->deadline_ms = 0;
+    qg__conn_enqueue(c, Q_NONE);       /* held: never shed */
     http_parser_pause(p, 1);           /* execute returns right after it */
     return 0;
 }
@@ -251,6 +289,7 @@ const http_parser_settings qg__parser_settings = {
     .on_header_field = cb_header_field,
     .on_header_value = cb_header_value,
     .on_headers_complete = cb_headers_complete,
+    .on_chunk_header = cb_chunk_header,
     .on_body = cb_body,
     .on_message_complete = cb_message_complete,
 };

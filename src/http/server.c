@@ -7,7 +7,8 @@
  * qg_http_post queues under a mutex and writes it, qg_http_server_stop
  * sets a flag and writes it (async-signal-safe: no malloc, no lock).  So
  * no libevent call ever crosses threads and the bases run with
- * EVENT_BASE_FLAG_NOLOCK.  Connection handling lives in conn.c. */
+ * EVENT_BASE_FLAG_NOLOCK.  Connection handling lives in conn.c, the
+ * limits on connections in limits.c. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -254,6 +255,10 @@ static int worker_init(qg_http_server *s, qg__worker *w, char *err,
     sweep.tv_sec = ms / 1000;
     sweep.tv_usec = (ms % 1000) * 1000;
 
+    if (qg__limits_init(w) < 0) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->efd < 0) {
         snprintf(err, errcap, "eventfd: %s", strerror(errno));
@@ -320,8 +325,13 @@ qg_http_server *qg_http_server_new(const qg_http_opts *opts,
         s->o.header_timeout_ms = 10000;
     if (s->o.idle_timeout_ms <= 0)
         s->o.idle_timeout_ms = 60000;
+    if (s->o.min_body_rate <= 0)
+        s->o.min_body_rate = 8192;
     if (s->o.max_connections <= 0)
-        s->o.max_connections = 4096;
+        s->o.max_connections = qg_http_default_max_connections(s->o.workers);
+    if (s->o.max_conns_per_client == 0)
+        s->o.max_conns_per_client = s->o.max_connections / 2 > 0
+            ? s->o.max_connections / 2 : 1;
     if (s->o.stream_high_water == 0)
         s->o.stream_high_water = 256 * 1024;
     if (s->o.port < 0 || s->o.port > 65535) {
@@ -455,6 +465,7 @@ void qg_http_server_free(qg_http_server *s)
         pthread_mutex_destroy(&w->mu);
         free(w->q);
         free(w->runq);
+        qg__limits_free(w);
     }
     free(s->workers);
     free(s);
@@ -473,5 +484,10 @@ void qg_http_server_stats(qg_http_server *s, qg_http_stats *out)
                                                     memory_order_relaxed);
         out->errors_total += atomic_load_explicit(&w->st_errors,
                                                   memory_order_relaxed);
+        for (int d = 0; d < QG_HTTP_DROP_COUNT; d++)
+            out->drops[d] += atomic_load_explicit(&w->st_drops[d],
+                                                  memory_order_relaxed);
+        out->max_connections += (uint64_t)w->cap;
+        out->max_conns_per_client += (uint64_t)w->per_client;
     }
 }

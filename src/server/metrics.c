@@ -583,6 +583,44 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             "Heap bytes held by the counter store.", g->store_bytes);
 }
 
+/* The HTTP layer's connection counts.  Families and reason labels come
+ * from qg_http_drop_names (the reasons of one family are adjacent). */
+static void render_connections(FILE *f, const qg_http_stats *h)
+{
+    static const struct { const char *kind, *help; } fam[] = {
+        { "shed", "Connections closed to make room for a new one: idle "
+                  "(between keep-alive requests) or slow (an unfinished "
+                  "request, the oldest first)." },
+        { "refused", "New connections closed at once with nothing to shed: "
+                     "the server full (capacity) or the client address at "
+                     "its limit (per_client)." },
+        { "timed_out", "Connections closed at a deadline: head and body "
+                       "(answered 408), idle keep-alive, write (the client "
+                       "did not read)." },
+    };
+    char name[96];
+    gauge_u(f, "quotagate_http_connections_open", "gauge",
+            "Client connections open.", h->connections_open);
+    gauge_u(f, "quotagate_http_connections_max", "gauge",
+            "Client connections the server holds at most.",
+            h->max_connections);
+    gauge_u(f, "quotagate_http_connections_per_client_max", "gauge",
+            "Connections one client address may hold (0: no limit).",
+            h->max_conns_per_client);
+    gauge_u(f, "quotagate_http_connections_accepted_total", "counter",
+            "Client connections accepted.", h->connections_total);
+    for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+        snprintf(name, sizeof name, "quotagate_http_connections_%s_total",
+                 fam[k].kind);
+        family(f, name, "counter", fam[k].help);
+        for (int d = 0; d < QG_HTTP_DROP_COUNT; d++)
+            if (strcmp(qg_http_drop_names[d].kind, fam[k].kind) == 0)
+                fprintf(f, "%s{reason=\"%s\"} %llu\n", name,
+                        qg_http_drop_names[d].reason,
+                        (unsigned long long)h->drops[d]);
+    }
+}
+
 char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
 {
     char *text = NULL;
@@ -599,6 +637,8 @@ char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
     render_http(m, f);
     if (g)
         render_gauges(f, g);
+    if (g && g->http)
+        render_connections(f, g->http);
     gauge_u(f, "quotagate_up", "gauge", "1 while the gateway serves.", 1);
     family(f, "quotagate_rules_info", "gauge",
            "The rules and weights versions in force.");

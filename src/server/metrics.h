@@ -16,6 +16,11 @@
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_up,
  *   quotagate_rules_info{rules_version,weights_version}
+ *   quotagate_http_connections_open, quotagate_http_connections_max,
+ *   quotagate_http_connections_per_client_max (0: no limit),
+ *   quotagate_http_connections_accepted_total,
+ *   quotagate_http_connections_{shed,refused,timed_out}_total{reason}:
+ *       families and reasons from the HTTP layer's qg_http_drop_names
  *
  * The decision counter is on every request's path, so it is an array of
  * relaxed atomics indexed by small integers: plan index and window id,
@@ -43,6 +48,7 @@
 #define QG_METRICS_H
 
 #include <stdint.h>
+#include "http.h"
 #include "quotagate.h"
 #include "rules.h"
 
@@ -82,6 +88,7 @@ typedef struct qg_metrics_gauges {
     uint64_t rebuild_rows;          /* rows it replayed */
     uint64_t store_subjects;
     uint64_t store_bytes;
+    const qg_http_stats *http;      /* connections; NULL: not shown */
     const char *rules_version;      /* NULL: taken from the current rules */
     const char *weights_version;
 } qg_metrics_gauges;

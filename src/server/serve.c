@@ -6,12 +6,15 @@
  * window is rebuilt from the ledger rows inside the rules' reach (counters
  * are a cache of the ledger), and only then does the HTTP server accept.
  * Signals are taken by one thread with sigwait (SIGTERM/SIGINT: stop,
- * SIGHUP: reload), so no work happens in a signal handler. */
+ * SIGHUP: reload), so no work happens in a signal handler.  The soft
+ * file-descriptor limit is raised to the hard one first: the number of
+ * client connections the server holds is derived from it (http.h). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include "auth.h"
@@ -62,8 +65,8 @@ void qg_server_gauges(qg_server *s, const qg_store_stats *st,
                       const qg_ledger_stats *ls, const qg_http_stats *hs,
                       qg_metrics_gauges *g)
 {
-    (void)hs;
     memset(g, 0, sizeof *g);
+    g->http = hs;
     g->ledger_queue_depth = ls->queued;
     g->ledger_commits = ls->commits;
     g->ledger_rows = ls->rows_written;
@@ -200,6 +203,22 @@ static int parse_listen(const char *l, char *host, size_t cap, int *port)
     return 0;
 }
 
+/* The soft RLIMIT_NOFILE up to the hard one; the limit now in force. */
+static long raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return -1;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max;
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || getrlimit(RLIMIT_NOFILE,
+                                                            &rl) != 0)
+            return -1;
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? -1 : (long)rl.rlim_cur;
+}
+
 static int mkdir_p(const char *dir)
 {
     char buf[1024];
@@ -223,6 +242,8 @@ int qg_serve(const qg_serve_opts *opts)
     char err[1024], host[256], url[1100];
     sigctx sc;
     pthread_t sigth;
+    qg_http_stats hs;
+    long nofile;
     int port, rc = 1, sig_started = 0;
 
     memset(&s, 0, sizeof s);
@@ -250,6 +271,19 @@ int qg_serve(const qg_serve_opts *opts)
     if (!rules &&
         qg_rules_load(s.opts.rules_path, &rules, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate: %s\n", err);
+        return 2;
+    }
+    nofile = raise_nofile();
+    if (s.opts.max_connections >
+        qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2)) {
+        fprintf(stderr, "quotagate: --max-connections %d: only %d file "
+                "descriptors are left for connections (ulimit -n %ld, less "
+                "64 + 4 per worker for the ledger, logs and event loops); "
+                "raise the hard limit (ulimit -Hn, LimitNOFILE=)\n",
+                s.opts.max_connections,
+                qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2),
+                nofile);
+        qg_rules_free(rules);
         return 2;
     }
 
@@ -313,6 +347,9 @@ int qg_serve(const qg_serve_opts *opts)
     ho.workers = s.opts.workers;
     ho.header_timeout_ms = s.opts.header_timeout_ms;
     ho.idle_timeout_ms = s.opts.idle_timeout_ms;
+    ho.min_body_rate = s.opts.min_body_rate;
+    ho.max_connections = s.opts.max_connections;
+    ho.max_conns_per_client = s.opts.max_conns_per_client;
     ho.max_body_bytes = s.opts.max_body_bytes;
     if (!(s.http = qg_http_server_new(&ho, qg_server_handle, &s, err,
                                       sizeof err))) {
@@ -324,6 +361,15 @@ int qg_serve(const qg_serve_opts *opts)
         goto done;
     sig_started = 1;
     port = qg_http_server_port(s.http);
+    qg_http_server_stats(s.http, &hs);
+    if (hs.max_conns_per_client)
+        snprintf(err, sizeof err, "%llu",
+                 (unsigned long long)hs.max_conns_per_client);
+    else
+        snprintf(err, sizeof err, "no limit");
+    fprintf(stdout, "quotagate: connections: at most %llu, %s per client "
+            "address (ulimit -n %ld)\n",
+            (unsigned long long)hs.max_connections, err, nofile);
     fprintf(stdout,
             "quotagate: rules %s (version %s), ledger %s, store memory\n"
             "quotagate: try: curl -s -X POST http://%s:%d/v1/check "

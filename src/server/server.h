@@ -27,6 +27,9 @@ typedef struct qg_serve_opts {
     int workers;                 /* HTTP worker threads, default 2 */
     int header_timeout_ms;
     int idle_timeout_ms;
+    int min_body_rate;           /* bytes/s, 0: the HTTP layer's default */
+    int max_connections;         /* 0: from the file-descriptor limit */
+    int max_conns_per_client;    /* 0: half of max_connections, -1: none */
     size_t max_body_bytes;
     int ledger_async;            /* opt into asynchronous settles */
     int ledger_flush_ms;

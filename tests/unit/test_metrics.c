@@ -192,6 +192,17 @@ static void test_render(void **state)
     qg_metrics_http(m, QG_ROUTE_USAGE, 418);
     qg_metrics_http(m, 99, 404);
 
+    /* connections: every reason of the HTTP layer's table, in its family */
+    qg_http_stats hs;
+    memset(&hs, 0, sizeof hs);
+    hs.connections_open = 12;
+    hs.connections_total = 345;
+    hs.max_connections = 1000;
+    hs.max_conns_per_client = 500;
+    for (int i = 0; i < QG_HTTP_DROP_COUNT; i++)
+        hs.drops[i] = (uint64_t)(i + 1) * 10;
+    g.http = &hs;
+
     char *t = qg_metrics_render(m, &g);
     assert_non_null(t);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"none\",outcome=\"allow\"}"), 5);
@@ -233,6 +244,25 @@ static void test_render(void **state)
     assert_true(has_line(t, "quotagate_refusal_ratio 0.4"));
     assert_true(has_line(t, "# TYPE quotagate_ledger_commit_seconds histogram"));
     assert_true(has_line(t, "# TYPE quotagate_decisions_total counter"));
+    assert_true(has_line(t, "quotagate_http_connections_open 12"));
+    assert_true(has_line(t, "quotagate_http_connections_max 1000"));
+    assert_true(has_line(t, "quotagate_http_connections_per_client_max 500"));
+    assert_true(has_line(t, "quotagate_http_connections_accepted_total 345"));
+    assert_true(has_line(t, "quotagate_http_connections_shed_total{reason=\"idle\"} 10"));
+    assert_true(has_line(t, "quotagate_http_connections_shed_total{reason=\"slow\"} 20"));
+    assert_true(has_line(t, "quotagate_http_connections_refused_total{reason=\"capacity\"} 30"));
+    assert_true(has_line(t, "quotagate_http_connections_refused_total{reason=\"per_client\"} 40"));
+    assert_true(has_line(t, "quotagate_http_connections_timed_out_total{reason=\"head\"} 50"));
+    assert_true(has_line(t, "quotagate_http_connections_timed_out_total{reason=\"body\"} 60"));
+    assert_true(has_line(t, "quotagate_http_connections_timed_out_total{reason=\"idle\"} 70"));
+    assert_true(has_line(t, "quotagate_http_connections_timed_out_total{reason=\"write\"} 80"));
+    for (int i = 0; i < QG_HTTP_DROP_COUNT; i++) {
+        char line[160];
+        snprintf(line, sizeof line, "quotagate_http_connections_%s_total{"
+                 "reason=\"%s\"} %d", qg_http_drop_names[i].kind,
+                 qg_http_drop_names[i].reason, (i + 1) * 10);
+        assert_true(has_line(t, line));
+    }
     promtool_check(t);
     free(t);
 
