@@ -32,6 +32,7 @@ typedef struct qg_cli_args {
     const char *workers;      /* serve: --workers N */
     const char *header_timeout; /* serve: --header-timeout MS */
     int ledger_async;         /* serve: --ledger-async */
+    const char *request_ids;  /* serve: --request-ids N */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */
 } qg_cli_args;

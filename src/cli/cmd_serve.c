@@ -25,11 +25,13 @@ static int parse_int(const char *flag, const char *v, long min, long max,
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
 {
     qg_serve_opts o = {0};
-    long workers = 2, header_timeout = 10000;
+    long workers = 2, header_timeout = 10000, request_ids = 0;
 
     if (parse_int("--workers", a->workers, 1, 64, &workers) != 0 ||
         parse_int("--header-timeout", a->header_timeout, 10, 3600000,
-                  &header_timeout) != 0) {
+                  &header_timeout) != 0 ||
+        parse_int("--request-ids", a->request_ids, 1, 1L << 30,
+                  &request_ids) != 0) {
         qg_rules_free(rules);
         return QG_EXIT_USAGE;
     }
@@ -43,5 +45,6 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
     o.workers = (int)workers;
     o.header_timeout_ms = (int)header_timeout;
     o.ledger_async = a->ledger_async;
+    o.request_ids = (uint32_t)request_ids;
     return qg_serve(&o);
 }

@@ -286,7 +286,11 @@ int qg_serve(const qg_serve_opts *opts)
         fprintf(stderr, "quotagate: cannot set up the API keys\n");
         goto done;
     }
-    if (!(s.store = qg_store_memory_new(NULL)) ||
+    {
+        qg_memory_opts mo = {0, s.opts.request_ids};
+        s.store = qg_store_memory_new(&mo);
+    }
+    if (!s.store ||
         !(s.engine = qg_engine_new(rules, s.store)) ||
         !(s.metrics = qg_metrics_new(rules))) {
         fprintf(stderr, "quotagate: out of memory\n");

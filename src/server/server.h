@@ -30,6 +30,8 @@ typedef struct qg_serve_opts {
     size_t max_body_bytes;
     int ledger_async;            /* opt into asynchronous settles */
     int ledger_flush_ms;
+    uint32_t request_ids;        /* ids the memory store remembers; 0 =
+                                    its default (store's max_reservations) */
 } qg_serve_opts;
 
 typedef struct qg_server {
