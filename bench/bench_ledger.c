@@ -183,7 +183,7 @@ static void bench_pipelined(qg_ledger_sync sync, long rows, const char *name,
                             int keep)
 {
     char path[300], what[64];
-    qg_ledger_opts o = { sync, 100, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = sync, .flush_ms = 100 };
     qg_ledger *l;
     qg_ledger_stats st;
     qg_ledger_row r;

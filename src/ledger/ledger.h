@@ -80,6 +80,12 @@ typedef struct qg_ledger_opts {
     int max_batch;             /* rows per transaction (default 4096) */
     int busy_timeout_ms;       /* wait for another process's write lock
                                   (default 5000) */
+    /* Where the ledger reports what an operator must see (a file others
+     * may read, failed and recovered writes, rows it refused), one line
+     * per call without a trailing newline; called from the opening thread
+     * or the writer thread.  NULL: nothing is reported. */
+    void (*log)(void *log_ud, const char *line);
+    void *log_ud;
 } qg_ledger_opts;
 
 /* Open (creating and migrating the schema) and start the writer thread.

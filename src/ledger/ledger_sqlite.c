@@ -25,15 +25,22 @@
  *
  * Subjects and keys are in ledger_sqlite_admin.c.
  *
+ * Files: a new database is created with mode 0600 (its -wal and -shm
+ * files follow it): it holds every subject's usage and the key hashes.
+ *
  * Schema: PRAGMA user_version is the schema version; migrations[i] brings
  * version i to i + 1 and all pending ones run in one transaction at open.
  * A file with a newer version than this build knows is refused. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 #include <xxhash.h>
@@ -218,6 +225,52 @@ static int too_new(int v, const char *path, char *err, size_t errcap)
              "build of quotagate knows (%d); use a newer quotagate",
              path, v, QG_LEDGER_SCHEMA_VERSION);
     return QG_ESTATE;
+}
+
+/* Say something to the operator (opts.log), printf-style. */
+static void sq_log(const qg__sq *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sq_log(const qg__sq *s, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    if (!s->o.log)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->o.log(s->o.log_ud, line);
+}
+
+/* The ledger holds every subject's usage and the API keys' hashes: a new
+ * file is created readable and writable by our user only (0600, before
+ * SQLite opens it; SQLite gives the -wal and -shm files the database
+ * file's mode).  An existing file keeps its mode, with a warning when
+ * others may read it. */
+static int create_private(qg__sq *s, const char *path, char *err,
+                          size_t errcap)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm"};
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        return QG_OK;
+    }
+    if (errno != EEXIST) {
+        snprintf(err, errcap, "ledger %s: cannot create: %s", path,
+                 strerror(errno));
+        return QG_EIO;
+    }
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        char f[1100];
+        struct stat sb;
+        snprintf(f, sizeof f, "%s%s", path, sfx[i]);
+        if (stat(f, &sb) == 0 && (sb.st_mode & 077))
+            sq_log(s, "ledger %s: mode %03o lets other users read it (it "
+                   "holds every subject's usage and the key hashes): "
+                   "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
+    }
+    return QG_OK;
 }
 
 /* One connection with the settings every connection shares. */
@@ -569,7 +622,8 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     pthread_condattr_destroy(&ca);
     s->mutexes_ready = 1;
 
-    if (conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
+    if (create_private(s, path, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
         goto fail;
     /* refuse a newer schema before changing anything in the file */
     if (user_version(s->wdb, &v) != SQLITE_OK) {

@@ -99,6 +99,13 @@ int qg_server_reload(qg_server *s, char *err, size_t errcap)
     return rc;
 }
 
+/* The ledger's reports (ledger.h, opts.log): one line on stderr each. */
+static void ledger_log(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "quotagate: %s\n", line);
+}
+
 /* ------------------------------------------------------------- rebuild */
 
 static int put_subject(const char *subject, const char *plan,
@@ -275,6 +282,7 @@ int qg_serve(const qg_serve_opts *opts)
     memset(&lo, 0, sizeof lo);
     lo.sync = s.opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
     lo.flush_ms = s.opts.ledger_flush_ms;
+    lo.log = ledger_log;
     if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
                                     sizeof err))) {
         fprintf(stderr, "quotagate: ledger: %s\n", err);

@@ -2,7 +2,8 @@
  * through scan with exact fields and order, upserts (check then settle; a
  * settle alone), ASYNC mode, the queue bound (QG_EFULL) and a failing
  * commit (another process holding the write lock), schema versions and
- * URL schemes, subjects, keys, and durability against kill -9: a child
+ * URL schemes, file modes (0600), subjects, keys, and durability
+ * against kill -9: a child
  * submits rows and reports every acknowledged id through a pipe, the
  * parent kills it at a random moment and finds every acknowledged row. */
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -336,7 +338,7 @@ static void test_async(void **state)
     tmpdb t;
     qg_ledger *l;
     qg_ledger_row r;
-    qg_ledger_opts o = { QG_LEDGER_ASYNC, 20, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 20 };
     counter c = { 0, 0 };
     int i, found = 0;
     (void)state;
@@ -391,7 +393,8 @@ static void test_queue_full(void **state)
     qg_ledger *l;
     qg_ledger_row r;
     qg_ledger_stats st;
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 4, 2, 20000 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .max_queue = 4,
+                         .max_batch = 2, .busy_timeout_ms = 20000 };
     counter c = { 0, 0 };
     sqlite3 *lock;
     int i;
@@ -427,7 +430,7 @@ static void test_commit_failure(void **state)
     qg_ledger *l;
     qg_ledger_row r;
     qg_ledger_stats st;
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 0, 0, 30 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .busy_timeout_ms = 30 };
     counter c = { 0, 0 };
     sqlite3 *lock;
     (void)state;
@@ -458,7 +461,7 @@ static void test_commit_failure(void **state)
  * written whole; the end state is the same as row by row. */
 static void test_coalesce(void **state)
 {
-    qg_ledger_opts o = { QG_LEDGER_ASYNC, 300, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 300 };
     qg_ledger_row a, b, c, sa, sb, sc, got;
     tmpdb t;
     qg_ledger *l;
@@ -514,6 +517,52 @@ static void test_coalesce(void **state)
     assert_string_equal(got.plan, c.plan);
     assert_int_equal(got.overage_price_micro, c.overage_price_micro);
     qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* opts.log: the lines the ledger reports, joined. */
+static char logged[4096];
+static void log_line(void *ud, const char *line)
+{
+    (void)ud;
+    strncat(logged, line, sizeof logged - strlen(logged) - 2);
+    strcat(logged, "\n");
+}
+
+/* A new ledger is created 0600 whatever the umask (its -wal and -shm
+ * follow it); an existing file others may read keeps its mode and is
+ * reported. */
+static void test_file_modes(void **state)
+{
+    static const char *const sfx[] = { "", "-wal", "-shm" };
+    qg_ledger_opts o = { .log = log_line };
+    mode_t old = umask(022);
+    struct stat sb;
+    char p[160];
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    l = open_ok(t.path, &o);
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", t.path, sfx[i]);
+        assert_int_equal(stat(p, &sb), 0);
+        if ((sb.st_mode & 0777) != 0600)
+            fail_msg("%s: mode %o, expected 600", p, sb.st_mode & 0777);
+    }
+    assert_string_equal(logged, "");
+    qg_ledger_close(l);
+    assert_int_equal(chmod(t.path, 0644), 0);
+    l = open_ok(t.path, &o);
+    qg_ledger_close(l);
+    umask(old);
+    assert_int_equal(stat(t.path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0644);    /* not changed */
+    if (!strstr(logged, t.path) || !strstr(logged, "644") ||
+        !strstr(logged, "chmod 600"))
+        fail_msg("a ledger others may read is not reported: \"%s\"",
+                 logged);
     tmpdb_remove(&t);
 }
 
@@ -749,7 +798,8 @@ static void child_done(void *arg, int rc)
 static void child_run(const char *path, int wfd)
 {
     char err[512];
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 2048, 256, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .max_queue = 2048,
+                         .max_batch = 256 };
     qg_ledger *l = qg_ledger_open(path, &o, err, sizeof err);
     qg_ledger_row r;
     int i, rc;
@@ -856,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),
         cmocka_unit_test(test_coalesce),
+        cmocka_unit_test(test_file_modes),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys_table),

