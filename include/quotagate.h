@@ -196,6 +196,9 @@ typedef struct qg_settle_req {
     int no_charge;              /* nothing counts (actual 0, not even the
                                    per-request base): e.g. the upstream
                                    refused the call with 429 */
+    const char *subject;        /* NULL, or the subject the settle names:
+                                   it must be the reservation's (QG_EINVAL
+                                   otherwise, nothing changes) */
 } qg_settle_req;
 
 typedef struct qg_settle_result {
@@ -212,7 +215,8 @@ typedef struct qg_settle_result {
 } qg_settle_result;
 
 /* Replace a reservation with the actual usage.  QG_ENOTFOUND for a
- * request id that was never admitted or has been forgotten. */
+ * request id that was never admitted or has been forgotten; QG_EINVAL
+ * when req->subject names another subject than the reservation's. */
 int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
                      qg_settle_result *out, char *err, size_t errcap);
 

@@ -591,10 +591,18 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.output_tokens = req->output_tokens;
     in.weight_milli = req->weight_milli;
     in.no_charge = req->no_charge;
+    in.has_member = req->subject && *req->subject;
+    in.member = in.has_member ? hash_key(req->subject, strlen(req->subject),
+                                         SEED_SUBJECT)
+                              : (qg_key){0, 0};
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
         qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "
                "admitted, or forgotten)", req->request_id);
+    else if (rc == QG_EINVAL)
+        qg__errf(err, errcap, "request_id \"%s\" was reserved for another "
+               "subject than \"%s\"; nothing was settled", req->request_id,
+               req->subject);
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
     return rc;

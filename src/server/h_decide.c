@@ -267,7 +267,8 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     req = (qg_settle_req){.request_id = rid,
                           .status = statuses[status_i].status,
                           .input_tokens = in_t, .output_tokens = out_t,
-                          .weight_milli = has_weight ? weight : -1};
+                          .weight_milli = has_weight ? weight : -1,
+                          .subject = subject};
     rc = qg_engine_settle(s->engine, &req, now, &res, err, sizeof err);
     if (rc == QG_ENOTFOUND && subject) {
         rc = settle_recover(s, rid, subject, model, in_t, out_t, weight,

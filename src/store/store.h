@@ -65,6 +65,8 @@ typedef struct qg_store_settle {
     int64_t input_tokens, output_tokens;
     int64_t weight_milli;       /* >= 0 for weight-only reservations */
     int no_charge;              /* actual = 0 whatever the model */
+    int has_member;             /* the settle names a subject: it must be */
+    qg_key member;              /* the reservation's (else QG_EINVAL) */
 } qg_store_settle;
 
 /* Rebuild: re-apply a charge the ledger recorded, without deciding. */

@@ -582,6 +582,10 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
         rc = QG_ENOTFOUND;
         goto out;
     }
+    if (in->has_member && !key_eq(r->member->key, in->member)) {
+        rc = QG_EINVAL;          /* another subject's request: untouched */
+        goto out;
+    }
     if (r->state == R_SETTLED) {
         settle_result(r, 1, out);
         goto out;

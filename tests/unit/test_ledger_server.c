@@ -59,6 +59,20 @@ static const char *td(const char *rel)
     return tst_fmt("%s/%s", d, rel);
 }
 
+/* Start the test's server on a copy of tests/data/ledger/RULES. */
+static void start(const char *rules, const char *const *args)
+{
+    if (qgproc_init(&P) < 0)
+        fail_msg("qgproc_init: %s", P.why);
+    p_used = 1;
+    if (qgproc_start_copy(&P, td(tst_fmt("ledger/%s", rules)), args,
+                          NULL) < 0) {
+        p_used = 0;
+        fail_msg("serve did not start");
+    }
+    httpc_init(&C, qgproc_port(&P));
+}
+
 static http_resp *req(const char *method, const char *path, const char *key,
                       const char *body)
 {
@@ -85,6 +99,67 @@ static http_resp *settle_w(const char *rid, int w, const char *subject)
                                  "\"%s\"}", rid, w, subject)
                        : tst_fmt("{\"request_id\":\"%s\",\"weight\":%d,"
                                  "\"status\":\"completed\"}", rid, w));
+}
+
+static void want_error(const http_resp *r, int status, const char *type,
+                       const char *what)
+{
+    WANT(r, status, what);
+    if (strcmp(tst_error_type(r, what), type) != 0)
+        fail_msg("%s: error type %s, expected %s: %s", what,
+                 tst_error_type(r, what), type, tst_excerpt(r));
+}
+
+/* "subject|status|weight_milli|reserved_milli" of rid's row, "" when
+ * there is none (read at once, no polling). */
+static const char *row_of(const char *rid)
+{
+    const char *db = tst_fmt("%s/ledger.db", P.data);
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    const char *out = "";
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
+        sqlite3_busy_timeout(h, 5000) != SQLITE_OK ||
+        sqlite3_prepare_v2(h, "SELECT subject || '|' || status || '|' ||"
+                           " weight_milli || '|' || reserved_milli"
+                           " FROM requests WHERE request_id = ?1", -1, &st,
+                           NULL) != SQLITE_OK) {
+        const char *e = tst_fmt("%s", sqlite3_errmsg(h));
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+        fail_msg("ledger %s: %s", db, e);
+    }
+    sqlite3_bind_text(st, 1, rid, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        out = tst_fmt("%s", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return out;
+}
+
+/* Poll until rid's row reads `want` (the writer commits in the
+ * background), up to 10 s. */
+static void want_row(const char *rid, const char *want, const char *what)
+{
+    const char *got = "";
+    for (int i = 0; i < 500; i++) {
+        if (!strcmp(got = row_of(rid), want))
+            return;
+        tst_sleep_ms(20);
+    }
+    fail_msg("%s: ledger row of %s is \"%s\", expected \"%s\"", what, rid,
+             got, want);
+}
+
+static double used_of(const char *subject)
+{
+    http_resp *r = req("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    json_t *w;
+    WANT(r, 200, "usage");
+    w = json_array_get(json_object_get(tst_jparse(r, "usage"), "windows"), 0);
+    if (!w)
+        fail_msg("usage of %s: no window: %s", subject, tst_excerpt(r));
+    return tst_jnum(w, "used", "usage");
 }
 
 static unsigned mode_of(const char *path)
@@ -133,10 +208,33 @@ static void test_file_modes(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+/* A settle must be charged to the subject that reserved, and only by a
+ * settle that agrees on who that is. */
+static void test_settle_other_subject(void **state)
+{
+    const char *rid = tst_uid("so");
+    (void)state;
+    start("rules_long.yaml", NULL);
+    WANT(check_w("so-owner", rid, 2), 200, "check");
+    want_error(settle_w(rid, 5, "so-other"), 400, "invalid_request",
+               "settle naming another subject");
+    want_row(rid, "so-owner|1|2000|2000", "after the refused settle");
+    assert_true(used_of("so-other") == 0);
+    WANT(settle_w(rid, 5, "so-owner"), 200, "settle naming its subject");
+    want_row(rid, "so-owner|2|5000|2000", "after its own settle");
+    assert_true(used_of("so-owner") == 5);
+    /* a repeat by another subject is refused as well */
+    want_error(settle_w(rid, 1, "so-other"), 400, "invalid_request",
+               "repeat of the settle naming another subject");
+    want_row(rid, "so-owner|2|5000|2000", "after the refused repeat");
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_file_modes, teardown),
+        cmocka_unit_test_teardown(test_settle_other_subject, teardown),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
