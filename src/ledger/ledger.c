@@ -166,8 +166,10 @@ void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     if (!out)
         return;
     memset(out, 0, sizeof *out);
-    if (l)
+    if (l) {
         l->be->stats_get(l->b, out);
+        out->backend = l->be->name;
+    }
 }
 
 size_t qg_ledger_queued(qg_ledger *l)

@@ -11,6 +11,15 @@
  * carries the final charge, as an upsert that records the whole row, so a
  * settle whose reserve row was lost in a crash is still recorded whole).
  *
+ * When a transaction fails (disk full, I/O error, another process holding
+ * the write lock past busy_timeout_ms), rows somebody waits for get their
+ * `done` with the error and every other row (in ASYNC mode: every row,
+ * already acknowledged) is put back at the head of the queue and written
+ * again after a pause (10 ms, doubling up to 1 s), in its original order;
+ * opts.log hears of the failure, of a failure that lasts (every 10 s) and
+ * of the first success after it.  Only rows still failing when the ledger
+ * closes are given up (counted and logged).
+ *
  * Backends behind one method table: SQLite (embedded default, WAL) now,
  * PostgreSQL later.  The same database holds the subjects created through
  * the admin API and the API keys (hashes only). */
@@ -159,7 +168,17 @@ typedef struct qg_ledger_stats {
     uint64_t commit_us_max;
     uint64_t commit_le_us[8];   /* histogram: <=100us,1ms,5ms,10ms,50ms,
                                    100ms,1s,+Inf (cumulative) */
-    uint64_t errors;
+    uint64_t errors;            /* transactions that failed */
+    uint64_t rows_failed;       /* rows whose `done` got an error (their
+                                   settles were answered 503) */
+    uint64_t rows_retried;      /* rows put back to be written again after
+                                   a failed transaction */
+    uint64_t rows_lost;         /* rows given up: still failing when the
+                                   ledger closed, or no memory to keep them */
+    int failing;                /* the last transaction failed (state
+                                   "errors"); 0 again after one succeeds */
+    char last_error[256];       /* why the last failed one failed */
+    const char *backend;        /* "sqlite" (static) */
 } qg_ledger_stats;
 void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
 

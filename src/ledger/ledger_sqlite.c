@@ -232,7 +232,7 @@ static void sq_log(const qg__sq *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void sq_log(const qg__sq *s, const char *fmt, ...)
 {
-    char line[1024];
+    char line[1536];
     va_list ap;
     if (!s->o.log)
         return;
@@ -435,8 +435,11 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
     int rc;
     coalesce(s, it, n);
     if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL)) !=
-        SQLITE_OK)
-        return qg__sq_map_rc(rc);
+        SQLITE_OK) {
+        snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
+                 sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
+        return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+    }
     for (i = 0; i < n; i++) {
         sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
         if (it[i].merged)
@@ -454,19 +457,42 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
         goto fail;
     return QG_OK;
 fail:
+    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
+             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
     sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
     return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
 }
 
-static void record_commit(qg__sq *s, size_t n, int rc, int64_t us)
+/* Statistics of one transaction (mu held); what to tell the operator
+ * goes to `line` (empty: nothing). */
+static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
+                          char *line, size_t cap)
 {
+    int64_t now = mono_us();
     int i;
+    line[0] = '\0';
     if (rc != QG_OK) {
         s->st.errors++;
+        s->fail_txns++;
+        snprintf(s->st.last_error, sizeof s->st.last_error, "%s", s->werr);
+        if (!s->st.failing || now - s->fail_log_us >= 10000000) {
+            snprintf(line, cap, "ledger %s: %s %zu rows: %s", s->path,
+                     s->st.failing ? "still failing to commit"
+                                   : "cannot commit",
+                     n, s->werr);
+            s->fail_log_us = now;
+        }
+        s->st.failing = 1;
         return;
     }
+    if (s->st.failing)
+        snprintf(line, cap, "ledger %s: writes succeed again (after %llu "
+                 "failed transactions)", s->path,
+                 (unsigned long long)s->fail_txns);
+    s->st.failing = 0;
+    s->fail_txns = 0;
     s->st.rows_written += n;
     s->st.commits++;
     s->st.commit_us_sum += (uint64_t)us;
@@ -498,6 +524,13 @@ static void wait_for_rows(qg__sq *s)
     int64_t linger = async ? (int64_t)s->o.flush_ms * 1000 : DURABLE_LINGER_US;
     while (s->qlen == 0 && !s->stop)
         pthread_cond_wait(&s->cv, &s->mu);
+    /* after a failed transaction: pause before trying again */
+    while (!s->stop && mono_us() < s->retry_at_us) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(s->retry_at_us / 1000000);
+        ts.tv_nsec = (long)(s->retry_at_us % 1000000) * 1000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     while (!s->stop && s->qlen > 0 && s->qlen < (size_t)s->o.max_batch &&
            (async || s->q_urgent == 0)) {
         int64_t due = s->q_since_us + linger;
@@ -510,9 +543,45 @@ static void wait_for_rows(qg__sq *s)
     }
 }
 
+/* After a failed transaction of w[off, off + k) out of the n rows taken
+ * (mu held): put back at the head of the queue, in order, the rows of the
+ * failed part that nobody waits for (ASYNC: all of them, acknowledged
+ * already) and every row after it (not tried yet).  The rows of the failed
+ * part that somebody waits for are the caller's to fail.  Returns the
+ * number put back, or -1 when there was no memory for them (nothing put
+ * back). */
+static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
+{
+    int async = s->o.sync == QG_LEDGER_ASYNC;
+    size_t cnt = n - (off + k), i, j;
+    for (i = off; i < off + k; i++)
+        cnt += async || !s->w[i].done;
+    if (s->qlen + cnt > s->qcap) {
+        size_t cap = s->qlen + cnt;
+        qg__sq_item *q = realloc(s->q, cap * sizeof *q);
+        if (!q)
+            return -1;
+        s->q = q;
+        s->qcap = cap;
+    }
+    memmove(s->q + cnt, s->q, s->qlen * sizeof *s->q);
+    for (i = off, j = 0; i < n; i++) {
+        if (i < off + k && !async && s->w[i].done)
+            continue;
+        s->q[j] = s->w[i];
+        s->q_urgent += !async && s->q[j].done;
+        j++;
+    }
+    if (s->qlen == 0)
+        s->q_since_us = mono_us();
+    s->qlen += cnt;
+    return (long)cnt;
+}
+
 static void *writer_main(void *arg)
 {
     qg__sq *s = arg;
+    char line[1536], lost[1536];
     pthread_mutex_lock(&s->mu);
     for (;;) {
         qg__sq_item *tmp;
@@ -534,24 +603,60 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&s->mu);
 
         for (off = 0; off < n;) {
-            size_t k = n - off, i;
+            size_t k = n - off, i, end;
             int64_t t0;
+            long back = 0;
             int rc;
             if (k > (size_t)s->o.max_batch)
                 k = (size_t)s->o.max_batch;
+            end = off + k;
             t0 = mono_us();
             rc = write_batch(s, s->w + off, k);
             pthread_mutex_lock(&s->mu);
-            record_commit(s, k, rc, mono_us() - t0);
-            s->inflight -= k;
+            record_commit(s, k, rc, mono_us() - t0, line, sizeof line);
+            lost[0] = '\0';
+            if (rc == QG_OK) {
+                s->backoff_us = 0;
+                s->retry_at_us = 0;
+                s->inflight -= k;
+            } else if (!s->stop && (back = requeue(s, off, k, n)) >= 0) {
+                s->st.rows_retried += (uint64_t)back;
+                s->backoff_us = s->backoff_us ? s->backoff_us * 2 : 10000;
+                if (s->backoff_us > 1000000)
+                    s->backoff_us = 1000000;
+                s->retry_at_us = mono_us() + s->backoff_us;
+                s->inflight -= n - off;
+                end = n;         /* the rest went back to the queue */
+            } else {
+                /* closing, or no memory to keep them: the rows nobody
+                 * waits for are given up */
+                size_t gone = 0;
+                for (i = off; i < off + k; i++)
+                    gone += s->o.sync == QG_LEDGER_ASYNC || !s->w[i].done;
+                s->st.rows_lost += gone;
+                s->inflight -= k;
+                if (gone)
+                    snprintf(lost, sizeof lost, "ledger %s: %zu rows could "
+                             "not be written and are lost: %s", s->path,
+                             gone, s->werr);
+            }
+            if (rc != QG_OK && s->o.sync == QG_LEDGER_DURABLE)
+                for (i = off; i < off + k; i++)
+                    s->st.rows_failed += s->w[i].done != NULL;
             atomic_store_explicit(&s->depth, s->qlen + s->inflight,
                                   memory_order_relaxed);
             pthread_mutex_unlock(&s->mu);
+            if (line[0])
+                sq_log(s, "%s", line);
+            if (lost[0])
+                sq_log(s, "%s", lost);
+            /* answer the rows of this transaction that are waited for
+             * (those of a failed one with its error) */
             if (s->o.sync == QG_LEDGER_DURABLE)
                 for (i = off; i < off + k; i++)
                     if (s->w[i].done)
                         s->w[i].done(s->w[i].arg, rc);
-            off += k;
+            off = end;
         }
         pthread_mutex_lock(&s->mu);
     }

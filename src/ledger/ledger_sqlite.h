@@ -55,6 +55,12 @@ typedef struct qg__sq {
                                    someone waits for them) */
     int stop;
     qg_ledger_stats st;
+    /* failed transactions (the writer's; read under mu for stats) */
+    char werr[256];             /* writer only: SQLite's reason, last fail */
+    int64_t retry_at_us;        /* after a failure: no write before this */
+    int64_t backoff_us;         /* the pause before the next retry */
+    int64_t fail_log_us;        /* when a failure was last logged */
+    uint64_t fail_txns;         /* failed transactions in this failure */
 
     pthread_t thread;
     int thread_started;

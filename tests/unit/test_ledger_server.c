@@ -162,6 +162,20 @@ static double used_of(const char *subject)
     return tst_jnum(w, "used", "usage");
 }
 
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 20, n;
+    char *buf = tst_gc_add(GC_MEM, malloc(cap + 1));
+    assert_non_null(buf);
+    if (!f)
+        fail_msg("cannot read %s: %s", path, strerror(errno));
+    n = fread(buf, 1, cap, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
 static unsigned mode_of(const char *path)
 {
     struct stat sb;
@@ -208,6 +222,91 @@ static void test_file_modes(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+static json_t *healthz(void)
+{
+    http_resp *r = req("GET", "/healthz", NULL, NULL);
+    WANT(r, 200, "healthz");
+    return tst_jparse(r, "healthz");
+}
+
+/* /healthz as PRODUCT.md section 4 has it, for a server whose ledger is in
+ * `state` (status degraded unless ok). */
+static void want_health(const char *state)
+{
+    json_t *j = healthz();
+    const char *want_status = strcmp(state, "ok") ? "degraded" : "ok";
+    if (strcmp(tst_jstr(j, "ledger", "healthz"), "sqlite") ||
+        strcmp(tst_jstr(j, "ledger_state", "healthz"), state) ||
+        strcmp(tst_jstr(j, "status", "healthz"), want_status) ||
+        strcmp(tst_jstr(j, "store", "healthz"), "memory") ||
+        strcmp(tst_jstr(j, "store_state", "healthz"), "ok") ||
+        strcmp(tst_jstr(j, "fallback", "healthz"), "none"))
+        fail_msg("/healthz: %s, expected ledger sqlite, ledger_state %s, "
+                 "status %s", tst_dump(j), state, want_status);
+}
+
+/* The value of an unlabelled series in /metrics, -1 when absent. */
+static double metric(const char *name)
+{
+    http_resp *r = req("GET", "/metrics", NULL, NULL);
+    const char *p = r->body;
+    size_t n = strlen(name);
+    WANT(r, 200, "metrics");
+    while ((p = strstr(p, name)) != NULL) {
+        if ((p == r->body || p[-1] == '\n') && p[n] == ' ')
+            return atof(p + n + 1);
+        p += n;
+    }
+    return -1;
+}
+
+/* A commit that fails (here: another process holds the write lock past
+ * the busy timeout) is logged with the file and SQLite's reason, counted
+ * in /metrics, shown in /healthz; once a later write succeeds /healthz
+ * says ok again, and the retried settle is recorded. */
+static void test_write_failure_recovers(void **state)
+{
+    const char *rid = tst_uid("wf"), *db, *log;
+    sqlite3 *h = NULL;
+    http_resp *r;
+    (void)state;
+    start("rules_long.yaml", NULL);
+    want_health("ok");
+    WANT(check_w("wf", rid, 1), 200, "check");
+    want_row(rid, "wf|1|1000|1000", "the check's row");
+    db = tst_fmt("%s/ledger.db", P.data);
+    if (sqlite3_open(db, &h) != SQLITE_OK ||
+        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        fail_msg("cannot take the write lock of %s: %s", db,
+                 sqlite3_errmsg(h));
+    r = settle_w(rid, 3, NULL);   /* waits out the busy timeout (5 s) */
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    want_error(r, 503, "ledger_unavailable", "settle while locked out");
+    want_health("errors");
+    if (!strstr(tst_jstr(healthz(), "ledger_error", "healthz"), "locked"))
+        fail_msg("/healthz: no ledger_error saying why: %s",
+                 tst_dump(healthz()));
+    assert_true(metric("quotagate_ledger_up") == 0);
+    if (metric("quotagate_ledger_write_errors_total") < 1)
+        fail_msg("quotagate_ledger_write_errors_total: %g, expected >= 1",
+                 metric("quotagate_ledger_write_errors_total"));
+    log = slurp(qgproc_path(&P, "stderr.log"));
+    if (!strstr(log, db) || !strstr(log, "database is locked"))
+        fail_msg("the failed commit is not logged with the file and "
+                 "SQLite's reason; stderr:\n%s", log);
+    /* the lock is gone: the retried settle is recorded, state ok */
+    r = settle_w(rid, 3, NULL);
+    WANT(r, 200, "the retried settle");
+    want_row(rid, "wf|2|3000|1000", "the retried settle");
+    want_health("ok");
+    assert_true(metric("quotagate_ledger_up") == 1);
+    log = slurp(qgproc_path(&P, "stderr.log"));
+    if (!strstr(log, "writes succeed again"))
+        fail_msg("the recovery is not logged; stderr:\n%s", log);
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
 /* A settle must be charged to the subject that reserved, and only by a
  * settle that agrees on who that is. */
 static void test_settle_other_subject(void **state)
@@ -235,6 +334,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_file_modes, teardown),
         cmocka_unit_test_teardown(test_settle_other_subject, teardown),
+        cmocka_unit_test_teardown(test_write_failure_recovers, teardown),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
