@@ -178,6 +178,9 @@ typedef struct qg_ledger_stats {
     int failing;                /* the last transaction failed (state
                                    "errors"); 0 again after one succeeds */
     char last_error[256];       /* why the last failed one failed */
+    char last_read_error[256];  /* why the last failed read (scan, get,
+                                   subjects, keys) failed: SQLite's
+                                   message and code */
     const char *backend;        /* "sqlite" (static) */
 } qg_ledger_stats;
 void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);

@@ -832,6 +832,15 @@ static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
     return QG_OK;
 }
 
+void qg__sq_read_failed(qg__sq *s, sqlite3 *db)
+{
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->st.last_read_error, sizeof s->st.last_read_error,
+             "%s (SQLite error %d)", sqlite3_errmsg(db),
+             sqlite3_extended_errcode(db));
+    pthread_mutex_unlock(&s->mu);
+}
+
 static int sq_scan(void *b, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud)
 {
@@ -845,8 +854,10 @@ static int sq_scan(void *b, int64_t since_ms,
         if ((out = fn(&r, ud)) != 0)
             break;
     }
-    if (out == 0 && rc != SQLITE_DONE)
+    if (out == 0 && rc != SQLITE_DONE) {
         out = qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+        qg__sq_read_failed(s, s->sdb);
+    }
     sqlite3_reset(s->scan_st);
     pthread_mutex_unlock(&s->scan_mu);
     return out;
@@ -863,8 +874,11 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
         memset(out, 0, sizeof *out);
         read_row(s->get_st, out);
         rc = QG_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = QG_ENOTFOUND;
     } else {
-        rc = rc == SQLITE_DONE ? QG_ENOTFOUND : QG_EIO;
+        qg__sq_read_failed(s, s->adb);
+        rc = QG_EIO;
     }
     sqlite3_reset(s->get_st);
     sqlite3_clear_bindings(s->get_st);

@@ -113,6 +113,9 @@ static inline void qg__sq_col_text(sqlite3_stmt *st, int i, char *dst,
 
 #define COL_STR(st, i, field) qg__sq_col_text(st, i, field, sizeof(field))
 
+/* Remember why a read on db failed (stats' last_read_error). */
+void qg__sq_read_failed(qg__sq *s, sqlite3 *db);
+
 /* Subjects and keys (ledger_sqlite_admin.c), on the admin connection
  * under admin_mu; the method table's semantics (ledger.h). */
 int qg__sq_put_subject(void *b, const char *subject, const char *plan,

@@ -313,11 +313,24 @@ int qg_serve(const qg_serve_opts *opts)
         fprintf(stderr, "quotagate: --upstream: %s\n", err);
         goto done;
     }
-    if (qg_ledger_scan_subjects(s.ledger, put_subject, &s) != QG_OK ||
-        rebuild(&s) != QG_OK) {
-        fprintf(stderr, "quotagate: cannot read the ledger to rebuild the "
-                "counters\n");
-        goto done;
+    {
+        const char *what = "the subjects created through the admin API";
+        int lrc = qg_ledger_scan_subjects(s.ledger, put_subject, &s);
+        if (lrc == QG_OK) {
+            what = "the request rows to rebuild the counters";
+            lrc = rebuild(&s);
+        }
+        if (lrc != QG_OK) {
+            qg_ledger_stats ls;
+            qg_ledger_stats_get(s.ledger, &ls);
+            fprintf(stderr, "quotagate: ledger %s: cannot read %s: %s; "
+                    "nothing is served on a ledger that cannot be read "
+                    "(docs/operations.md, \"A damaged ledger\")\n",
+                    s.opts.ledger_url, what,
+                    ls.last_read_error[0] ? ls.last_read_error
+                                          : qg_strerror(lrc));
+            goto done;
+        }
     }
     fprintf(stdout, "quotagate: rebuilt counters from %llu ledger rows in "
             "%lld ms\n", (unsigned long long)s.rebuild_rows,

@@ -307,6 +307,35 @@ static void test_write_failure_recovers(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+/* A damaged page stops the start with the file and SQLite's reason. */
+static void test_damaged_ledger_message(void **state)
+{
+    const char *db, *log, *sub;
+    char page[4096];
+    struct stat sb;
+    int fd, i;
+    (void)state;
+    start("rules_long.yaml", NULL);
+    sub = tst_fmt("%0200d", 7);
+    for (i = 0; i < 200; i++)
+        WANT(check_w(sub, tst_uid("dmg"), 0), 200, "check");
+    assert_int_equal(qgproc_stop(&P, 20000), 0);  /* checkpointed */
+    db = tst_fmt("%s/ledger.db", P.data);
+    /* the last page holds request rows (the tables before it are small) */
+    memset(page, 0x5a, sizeof page);
+    if ((fd = open(db, O_WRONLY)) < 0 || fstat(fd, &sb) != 0 ||
+        sb.st_size < 8 * 4096 ||
+        pwrite(fd, page, sizeof page, sb.st_size - 4096) != sizeof page)
+        fail_msg("cannot damage %s: %s", db, strerror(errno));
+    close(fd);
+    if (qgproc_restart(&P) == 0)
+        fail_msg("the server started on a damaged ledger");
+    log = slurp(qgproc_path(&P, "stderr.log"));
+    if (!strstr(log, db) || !strstr(log, "malformed"))
+        fail_msg("the start on a damaged ledger does not name the file and "
+                 "SQLite's reason; stderr:\n%s", log);
+}
+
 /* A settle must be charged to the subject that reserved, and only by a
  * settle that agrees on who that is. */
 static void test_settle_other_subject(void **state)
@@ -335,6 +364,7 @@ int main(void)
         cmocka_unit_test_teardown(test_file_modes, teardown),
         cmocka_unit_test_teardown(test_settle_other_subject, teardown),
         cmocka_unit_test_teardown(test_write_failure_recovers, teardown),
+        cmocka_unit_test_teardown(test_damaged_ledger_message, teardown),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
