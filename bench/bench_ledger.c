@@ -6,7 +6,11 @@
  *  2. durable, one thread submitting 200k rows with callbacks, pipelined
  *     (submit refuses with QG_EFULL when the queue is full: it waits);
  *  3. the same in ASYNC mode;
- *  4. scan of 1M rows (the restart path that rebuilds counters): rows/s.
+ *  4. scan of 1M rows (the restart path that rebuilds counters): rows/s;
+ *  5. on the same rows, qg_ledger_get of request ids the ledger does not
+ *     hold (what every check of a new id costs: the server looks an id
+ *     the counters do not remember up, src/server/reqid.c), with the
+ *     writer idle and with one row submitted per 8 lookups: us/lookup.
  * The database lives in a fresh directory under $QG_BENCH_DIR (default
  * /var/tmp: a real disk, not tmpfs, so fsync costs what it costs).
  * Environment: QG_BENCH_THREADS (64), QG_BENCH_WAIT_ROWS (50000 rows for
@@ -264,6 +268,27 @@ static void bench_scan(long rows)
     secs = now_s() - t0;
     printf("scan of the newer half: %ld rows, %.3f s, %.0f rows/s\n", a.n,
            secs, (double)a.n / secs);
+    for (rep = 0; rep < 2; rep++) {
+        const long k = 200000;
+        qg_ledger_row got, w;
+        char id[64];
+        t0 = now_s();
+        for (long i = 0; i < k; i++) {
+            if (rep == 1 && i % 8 == 0) {
+                fill_row(&w, rows + i, 1780000000000LL);
+                qg_ledger_submit(l, &w, NULL, NULL);
+            }
+            snprintf(id, sizeof id, "absent-%d-%ld", rep, i);
+            if (qg_ledger_get(l, id, &got) != QG_ENOTFOUND) {
+                fprintf(stderr, "bench_ledger: lookup failed\n");
+                exit(1);
+            }
+        }
+        secs = now_s() - t0;
+        printf("lookup of an absent request id among %ld rows, %s: "
+               "%.2f us\n", rows, rep ? "1 row written per 8 lookups"
+                                      : "writer idle", secs / k * 1e6);
+    }
     qg_ledger_close(l);
     db_remove(path);
 }

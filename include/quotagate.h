@@ -245,9 +245,20 @@ typedef struct qg_restore_req {
     int64_t headroom_milli;     /* payg (the row's overage columns): -1 none */
     int64_t overage_price_micro;
     int64_t overage_cost_micro; /* counted in the spent amount of its period */
+    int charge_only;            /* only charge (e.g. what a late settle adds
+                                   to a reservation the counters no longer
+                                   hold): the id is neither looked up nor
+                                   remembered */
 } qg_restore_req;
 int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
                       size_t errcap);
+
+/* 1 when the counters remember request_id (a check of it is a replay or
+ * another subject's error, a settle finds it), 0 when they do not: never
+ * seen, refused (refusals are not remembered), or forgotten (the memory
+ * is bounded, and a restart rebuilds only the rules' reach).  What the
+ * counters forgot, the ledger still knows: the server asks it then. */
+int qg_engine_remembers(qg_engine *e, const char *request_id);
 
 /* Current views of a subject's windows (outcome QG_NONE, with recovery
  * schedules).  QG_ENOSUBJECT for an unknown subject. */

@@ -608,6 +608,15 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     return rc;
 }
 
+int qg_engine_remembers(qg_engine *e, const char *request_id)
+{
+    size_t len = request_id ? strlen(request_id) : 0;
+    if (!len || len > QG_REQUEST_ID_MAX)
+        return 0;
+    return e->store->m->known(e->store,
+                              hash_key(request_id, len, SEED_RID));
+}
+
 int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
                     qg_decision *out)
 {
@@ -687,6 +696,7 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.price_micro = req->overage_price_micro;
     in.cost_micro = req->overage_cost_micro;
     in.cap_start_ms = 0;
+    in.charge_only = req->charge_only;
     if (req->headroom_milli >= 0 || req->overage_cost_micro > 0) {
         int64_t end;
         cap_period(e, in.anchor_ms, in.at_ms, &in.cap_start_ms, &end);

@@ -107,11 +107,16 @@ void qg_ledger_close(qg_ledger *l);
 
 typedef void (*qg_ledger_done)(void *arg, int rc);
 
-/* Queue an upsert of `row` (by request_id; a later row for the same id
- * replaces the earlier one's fields).  Copies the row.  done (may be NULL)
- * is called on the writer thread once the row is durable (rc 0) or failed
- * (rc < 0); in ASYNC mode done is called right after queueing.  Returns 0,
- * or QG_EFULL when the queue is full (the caller answers 503). */
+/* Queue `row` for its request_id.  A whole row (settle_only 0) is
+ * inserted, or replaces a refused request's row of the same subject; a
+ * settle-only row updates the settle's columns of its admitted, unsettled
+ * row (of its subject, when it names one), or is inserted when there is
+ * none.  Nothing else overwrites a row (ledger_sqlite.c, the guards).
+ * Copies the row.  done (may be NULL) is called on the writer thread once
+ * the row is durable (rc 0), failed (rc < 0), or was not written because
+ * the ledger holds its id for another request (QG_ESTATE); in ASYNC mode
+ * done is called right after queueing.  Returns 0, or QG_EFULL when the
+ * queue is full (the caller answers 503). */
 int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
                      qg_ledger_done done, void *arg);
 
@@ -175,6 +180,10 @@ typedef struct qg_ledger_stats {
                                    a failed transaction */
     uint64_t rows_lost;         /* rows given up: still failing when the
                                    ledger closed, or no memory to keep them */
+    uint64_t rows_refused;      /* rows not written because the ledger
+                                   holds their request id for another
+                                   request (a settle among them got
+                                   QG_ESTATE) */
     int failing;                /* the last transaction failed (state
                                    "errors"); 0 again after one succeeds */
     char last_error[256];       /* why the last failed one failed */

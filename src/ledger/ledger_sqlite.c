@@ -5,9 +5,11 @@
  *    through it, in batches, one transaction per batch (group commit);
  *  - the scan connection (scan_mu): qg_ledger_scan streams rows from it
  *    while the writer goes on (WAL readers see a snapshot, never block);
- *  - the admin connection (admin_mu): single rows (get), subjects and keys,
- *    written synchronously with synchronous=FULL so they are durable on
- *    return.
+ *  - the lookup connection (get_mu): single rows by request id (get),
+ *    asked by the server for every request id its counters do not
+ *    remember;
+ *  - the admin connection (admin_mu): subjects and keys, written
+ *    synchronously with synchronous=FULL so they are durable on return.
  * Other processes (the CLI's `keys` command next to a running server) may
  * use the same file: busy_timeout makes a writer wait for the other's
  * write lock instead of failing.
@@ -92,6 +94,14 @@ _Static_assert(sizeof migrations / sizeof migrations[0] ==
     " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
     " overage_price_micro, overage_cost_micro, headroom_milli"
 
+/* A row once written is changed only by its own request: a whole row
+ * (a decision) replaces only a refusal of the same subject (a refused
+ * request decided again); a settle changes only an admitted, unsettled
+ * row of its subject ("" = not named: any).  Another subject's row, an
+ * admitted row, a settled row are never overwritten: the statement then
+ * changes nothing and the writer reports it (guard_refused).  The server
+ * refuses a reused request id before it gets here (docs/decisions.md,
+ * "Idempotency"); these guards hold even if it did not. */
 static const char sql_upsert[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
@@ -109,7 +119,8 @@ static const char sql_upsert[] =
     " overage_milli = excluded.overage_milli,"
     " overage_price_micro = excluded.overage_price_micro,"
     " overage_cost_micro = excluded.overage_cost_micro,"
-    " headroom_milli = excluded.headroom_milli";
+    " headroom_milli = excluded.headroom_milli"
+    " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
 
 /* A settle: the row is normally there already (its check's row was
  * queued before it); only the settle's columns change.  When the check's
@@ -124,7 +135,12 @@ static const char sql_settle[] =
     " weight_milli = excluded.weight_milli,"
     " settled_ms = excluded.settled_ms,"
     " overage_milli = excluded.overage_milli,"
-    " overage_cost_micro = excluded.overage_cost_micro";
+    " overage_cost_micro = excluded.overage_cost_micro"
+    " WHERE requests.decision = 1 AND requests.status = 1"
+    " AND (excluded.subject = '' OR requests.subject = excluded.subject)";
+
+static const char sql_owner[] =
+    "SELECT subject, decision, status FROM requests WHERE request_id = ?1";
 
 /* The index on created_ms holds rowid as its last column, so this order
  * is read straight from the index, without a sort. */
@@ -421,11 +437,45 @@ static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
                 e->settled_ms = r->settled_ms;
                 e->overage_milli = r->overage_milli;
                 e->overage_cost_micro = r->overage_cost_micro;
-                it[i].merged = 1;
+                it[i].merged = (size_t)j;
             }
             break;
         }
     }
+}
+
+/* The statement of `it` changed nothing: a guard kept the row the ledger
+ * holds for its request id.  That is expected for a settle repeated
+ * after its row was settled (the same subject, or none named); anything
+ * else is another request's row: `it` is marked refused.  Returns an
+ * SQLite code (a failed read fails the transaction). */
+static int guard_refused(qg__sq *s, qg__sq_item *it)
+{
+    const qg_ledger_row *r = &it->row;
+    int rc;
+    BIND_STR(s->owner, 1, r->request_id);
+    rc = sqlite3_step(s->owner);
+    if (rc == SQLITE_ROW) {
+        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
+        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
+        int decision = sqlite3_column_int(s->owner, 1);
+        if (r->settle_only)
+            it->refused = decision != 1 || (r->subject[0] && !same);
+        else
+            it->refused = 1;
+        if (it->refused)
+            snprintf(s->wconflict, sizeof s->wconflict, "request id %.80s "
+                     "is held by a %s row of subject %.80s: the %s of "
+                     "subject %.80s was not written",
+                     r->request_id, decision == 1 ? "admitted" : "refused",
+                     owner ? owner : "", r->settle_only ? "settle" : "row",
+                     r->subject[0] ? r->subject : "(not named)");
+        rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_OK;          /* cannot happen: an insert would have */
+    }
+    sqlite3_reset(s->owner);
+    return rc;
 }
 
 /* Write n rows in one transaction.  Returns 0 or a QG error. */
@@ -442,15 +492,23 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
     }
     for (i = 0; i < n; i++) {
         sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
-        if (it[i].merged)
+        it[i].refused = 0;
+        if (it[i].merged) {      /* shares the fate of the row it joined */
             continue;
+        }
         rc = bind_row(st, &it[i].row);
         if (rc == SQLITE_OK)
             rc = sqlite3_step(st);
         sqlite3_reset(st);
         if (rc != SQLITE_DONE && rc != SQLITE_OK)
             goto fail;
+        if (sqlite3_changes(s->wdb) == 0 &&
+            (rc = guard_refused(s, &it[i])) != SQLITE_OK)
+            goto fail;
     }
+    for (i = 0; i < n; i++)
+        if (it[i].merged)
+            it[i].refused = it[it[i].merged - 1].refused;
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
     if ((rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
@@ -613,9 +671,18 @@ static void *writer_main(void *arg)
             t0 = mono_us();
             rc = write_batch(s, s->w + off, k);
             pthread_mutex_lock(&s->mu);
-            record_commit(s, k, rc, mono_us() - t0, line, sizeof line);
             lost[0] = '\0';
+            record_commit(s, k, rc, mono_us() - t0, line, sizeof line);
             if (rc == QG_OK) {
+                size_t refused = 0;
+                for (i = off; i < off + k; i++)
+                    refused += s->w[i].refused != 0;
+                s->st.rows_refused += refused;
+                if (refused)
+                    snprintf(lost, sizeof lost, "ledger %s: %zu row%s not "
+                             "written (the request id is another "
+                             "request's); the last: %s", s->path, refused,
+                             refused == 1 ? "" : "s", s->wconflict);
                 s->backoff_us = 0;
                 s->retry_at_us = 0;
                 s->inflight -= k;
@@ -655,7 +722,10 @@ static void *writer_main(void *arg)
             if (s->o.sync == QG_LEDGER_DURABLE)
                 for (i = off; i < off + k; i++)
                     if (s->w[i].done)
-                        s->w[i].done(s->w[i].arg, rc);
+                        s->w[i].done(s->w[i].arg,
+                                     rc == QG_OK && s->w[i].refused
+                                         ? QG_ESTATE
+                                         : rc);
             off = end;
         }
         pthread_mutex_lock(&s->mu);
@@ -680,15 +750,18 @@ static void sq_close(void *b)
     }
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
+    sqlite3_finalize(s->owner);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
     sqlite3_close(s->sdb);
+    sqlite3_close(s->gdb);
     sqlite3_close(s->adb);
     sqlite3_close(s->wdb);   /* the last one checkpoints the WAL */
     if (s->mutexes_ready) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->scan_mu);
         pthread_mutex_destroy(&s->admin_mu);
+        pthread_mutex_destroy(&s->get_mu);
         pthread_cond_destroy(&s->cv);
     }
     free(s->q);
@@ -723,6 +796,7 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->scan_mu, NULL);
     pthread_mutex_init(&s->admin_mu, NULL);
+    pthread_mutex_init(&s->get_mu, NULL);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     s->mutexes_ready = 1;
@@ -745,11 +819,14 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     if (sqlite3_prepare_v3(s->wdb, sql_upsert, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->upsert, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_settle, -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->settle, NULL) != SQLITE_OK) {
+                           &s->settle, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_owner, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->owner, NULL) != SQLITE_OK) {
         fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, full, &s->gdb, err, errcap) ||
         conn_open(path, o->busy_timeout_ms, 1, &s->adb, err, errcap))
         goto fail;
     /* the scan reads the whole reach of the windows once, in order:
@@ -760,9 +837,9 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
         goto fail;
     }
-    if (sqlite3_prepare_v3(s->adb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
+    if (sqlite3_prepare_v3(s->gdb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->get_st, NULL) != SQLITE_OK) {
-        fail_db(s->adb, path, "cannot prepare the lookup", err, errcap);
+        fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
@@ -867,7 +944,7 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 {
     qg__sq *s = b;
     int rc;
-    pthread_mutex_lock(&s->admin_mu);
+    pthread_mutex_lock(&s->get_mu);
     sqlite3_bind_text(s->get_st, 1, request_id, -1, SQLITE_STATIC);
     rc = sqlite3_step(s->get_st);
     if (rc == SQLITE_ROW) {
@@ -877,12 +954,12 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
     } else if (rc == SQLITE_DONE) {
         rc = QG_ENOTFOUND;
     } else {
-        qg__sq_read_failed(s, s->adb);
+        qg__sq_read_failed(s, s->gdb);
         rc = QG_EIO;
     }
     sqlite3_reset(s->get_st);
     sqlite3_clear_bindings(s->get_st);
-    pthread_mutex_unlock(&s->admin_mu);
+    pthread_mutex_unlock(&s->get_mu);
     return rc;
 }
 

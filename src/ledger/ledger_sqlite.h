@@ -20,8 +20,10 @@ typedef struct qg__sq_item {
     qg_ledger_row row;
     qg_ledger_done done;
     void *arg;
-    int merged;                 /* writer: folded into an earlier row of
-                                   its batch (coalesce), not written */
+    size_t merged;              /* writer: folded into row merged - 1 of
+                                   its batch (coalesce), not written; 0 no */
+    int refused;                /* writer: not written, the ledger holds
+                                   the id for another request (guards) */
 } qg__sq_item;
 
 typedef struct qg__sq {
@@ -31,13 +33,19 @@ typedef struct qg__sq {
     sqlite3 *wdb;               /* writer thread only (and open/close) */
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
+    sqlite3_stmt *owner;         /* who holds a request id (guards) */
 
     pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
     sqlite3 *sdb;
     sqlite3_stmt *scan_st;
 
-    pthread_mutex_t admin_mu;   /* guards adb and get_st */
+    pthread_mutex_t admin_mu;   /* guards adb */
     sqlite3 *adb;
+
+    pthread_mutex_t get_mu;     /* guards gdb and get_st: one row by id,
+                                   asked on every check of an id the
+                                   counters do not remember */
+    sqlite3 *gdb;
     sqlite3_stmt *get_st;
 
     pthread_mutex_t mu;         /* guards everything below */
@@ -57,6 +65,8 @@ typedef struct qg__sq {
     qg_ledger_stats st;
     /* failed transactions (the writer's; read under mu for stats) */
     char werr[256];             /* writer only: SQLite's reason, last fail */
+    char wconflict[400];        /* writer only: the last row a guard kept
+                                   out (guard_refused) */
     int64_t retry_at_us;        /* after a failure: no write before this */
     int64_t backoff_us;         /* the pause before the next retry */
     int64_t fail_log_us;        /* when a failure was last logged */

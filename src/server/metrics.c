@@ -565,6 +565,9 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_ledger_rows_lost_total", "counter",
             "Ledger rows given up (still failing at shutdown, or no memory "
             "to keep them).", g->ledger_rows_lost);
+    gauge_u(f, "quotagate_ledger_rows_refused_total", "counter",
+            "Ledger rows not written because their request id holds "
+            "another request's row.", g->ledger_rows_refused);
     gauge_u(f, "quotagate_ledger_up", "gauge",
             "1 when the last ledger transaction succeeded, 0 while they "
             "fail.", (uint64_t)g->ledger_up);

@@ -71,6 +71,7 @@ void qg_server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_write_errors = ls->errors;
     g->ledger_rows_retried = ls->rows_retried;
     g->ledger_rows_lost = ls->rows_lost;
+    g->ledger_rows_refused = ls->rows_refused;
     g->ledger_up = !ls->failing;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;

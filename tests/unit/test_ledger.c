@@ -96,6 +96,15 @@ static void wait_done(counter *c, int n)
              atomic_load(&c->failed), n);
 }
 
+/* opts.log: the lines the ledger reports, joined. */
+static char logged[4096];
+static void log_line(void *ud, const char *line)
+{
+    (void)ud;
+    strncat(logged, line, sizeof logged - strlen(logged) - 2);
+    strcat(logged, "\n");
+}
+
 #define NROWS 10000
 
 /* Row i: created instants are a permutation of the submission order, so
@@ -263,6 +272,7 @@ static void test_upsert(void **state)
     check.status = QG_ROW_RESERVED;
     check.settled_ms = 0;
     settle = check;
+    settle.settle_only = 1;
     settle.status = QG_ROW_COMPLETED;
     settle.input_tokens = 321;
     settle.output_tokens = 654;
@@ -282,6 +292,7 @@ static void test_upsert(void **state)
     assert_int_equal(atomic_load(&c.failed), 0);
 
     assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    settle.settle_only = 0;             /* as read back */
     assert_row_eq(&got, &settle);
     assert_int_equal(qg_ledger_get(l, lone.request_id, &got), 0);
     assert_row_eq(&got, &lone);
@@ -333,6 +344,115 @@ static void test_upsert(void **state)
     tmpdb_remove(&t);
 }
 
+/* Codes the callbacks got, in order. */
+typedef struct codes {
+    atomic_int n;
+    int rc[16];
+} codes;
+
+static void code_done(void *arg, int rc)
+{
+    codes *c = arg;
+    int i = atomic_load(&c->n);
+    if (i < 16)
+        c->rc[i] = rc;
+    atomic_fetch_add(&c->n, 1);
+}
+
+static int submit_wait(qg_ledger *l, const qg_ledger_row *r, codes *c)
+{
+    int n = atomic_load(&c->n);
+    assert_int_equal(qg_ledger_submit(l, r, code_done, c), 0);
+    for (int i = 0; i < 30000 && atomic_load(&c->n) == n; i++)
+        sleep_ms(1);
+    assert_int_equal(atomic_load(&c->n), n + 1);
+    return c->rc[n];
+}
+
+/* A row once written is changed only by its own request (issue 8): a
+ * whole row replaces only a refusal of the same subject; a settle-only
+ * row changes only an admitted, unsettled row of its subject.  What a
+ * guard keeps out gets QG_ESTATE and is counted and logged. */
+static void test_guards(void **state)
+{
+    qg_ledger_opts o = { .log = log_line };
+    qg_ledger_row victim, attack, st, refused, got;
+    qg_ledger_stats stats;
+    codes c;
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    memset(&c, 0, sizeof c);
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    l = open_ok(t.path, &o);
+    /* the victim's request, admitted and settled at 7 */
+    make_row(1, &victim);
+    strcpy(victim.subject, "victim");
+    victim.decision = 1;
+    victim.status = QG_ROW_RESERVED;
+    victim.reserved_milli = victim.weight_milli = 1000;
+    victim.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &victim, &c), 0);
+    memset(&st, 0, sizeof st);
+    strcpy(st.request_id, victim.request_id);
+    st.settle_only = 1;
+    st.status = QG_ROW_COMPLETED;
+    st.weight_milli = 7000;
+    st.settled_ms = victim.created_ms + 5;
+    assert_int_equal(submit_wait(l, &st, &c), 0);
+    victim.status = QG_ROW_COMPLETED;
+    victim.weight_milli = 7000;
+    victim.settled_ms = st.settled_ms;
+    victim.input_tokens = victim.output_tokens = 0;
+    victim.overage_milli = victim.overage_cost_micro = 0;
+    victim.estimated = 0;
+    /* the attacker's check row for the same id: kept out */
+    attack = victim;
+    strcpy(attack.subject, "attacker");
+    attack.status = QG_ROW_RESERVED;
+    attack.reserved_milli = attack.weight_milli = 1000000;
+    attack.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    /* nor does a whole row of the same subject replace an admitted row */
+    attack = victim;
+    attack.weight_milli = 1;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    /* a settle naming another subject, and a repeated settle: no change
+     * (the repeat is not an error: its row is settled already) */
+    strcpy(st.subject, "attacker");
+    st.weight_milli = 0;
+    assert_int_equal(submit_wait(l, &st, &c), QG_ESTATE);
+    st.subject[0] = '\0';
+    assert_int_equal(submit_wait(l, &st, &c), 0);
+    assert_int_equal(qg_ledger_get(l, victim.request_id, &got), 0);
+    assert_row_eq(&got, &victim);
+    /* a refused request: decided again by its subject (replaced), never
+     * by another */
+    make_row(10, &refused);
+    strcpy(refused.subject, "victim");
+    assert_int_equal(refused.decision, 2);
+    assert_int_equal(submit_wait(l, &refused, &c), 0);
+    attack = refused;
+    strcpy(attack.subject, "attacker");
+    attack.decision = 1;
+    attack.status = QG_ROW_RESERVED;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    refused.decision = 1;
+    refused.status = QG_ROW_RESERVED;
+    refused.window[0] = '\0';
+    assert_int_equal(submit_wait(l, &refused, &c), 0);
+    assert_int_equal(qg_ledger_get(l, refused.request_id, &got), 0);
+    assert_row_eq(&got, &refused);
+    qg_ledger_stats_get(l, &stats);
+    assert_int_equal(stats.rows_refused, 4);
+    assert_int_equal(stats.errors, 0);
+    if (!strstr(logged, "attacker") || !strstr(logged, "not written"))
+        fail_msg("rows kept out are not logged: \"%s\"", logged);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
 static void test_async(void **state)
 {
     tmpdb t;
@@ -378,15 +498,6 @@ static sqlite3 *hold_write_lock(const char *path)
     assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL),
                      SQLITE_OK);
     return db;
-}
-
-/* opts.log: the lines the ledger reports, joined. */
-static char logged[4096];
-static void log_line(void *ud, const char *line)
-{
-    (void)ud;
-    strncat(logged, line, sizeof logged - strlen(logged) - 2);
-    strcat(logged, "\n");
 }
 
 static void release_lock(sqlite3 *db)
@@ -926,6 +1037,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_roundtrip),
         cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_guards),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),

@@ -73,6 +73,15 @@ static void start(const char *rules, const char *const *args)
     httpc_init(&C, qgproc_port(&P));
 }
 
+static void restart_after_kill9(void)
+{
+    if (qgproc_kill9(&P) < 0)
+        fail_msg("kill -9: the server was not running");
+    if (qgproc_restart(&P) < 0)
+        fail_msg("restart after kill -9 failed: %s", P.why);
+    httpc_set_port(&C, qgproc_port(&P));
+}
+
 static http_resp *req(const char *method, const char *path, const char *key,
                       const char *body)
 {
@@ -358,6 +367,134 @@ static void test_settle_other_subject(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+/* The victim's settled row, and what another subject's reuse of its id
+ * may (not) do to it, then what the victim's own retries get. */
+static void reuse_attempts(const char *rid)
+{
+    http_resp *r;
+    want_error(check_w("attacker", rid, 1000), 400, "invalid_request",
+               "check reusing another subject's request id");
+    want_error(settle_w(rid, 0, "attacker"), 400, "invalid_request",
+               "settle reusing another subject's request id");
+    tst_sleep_ms(100);            /* anything queued would be written */
+    want_row(rid, "victim|2|7000|1000", "after the reuse attempts");
+    assert_true(used_of("attacker") == 0);
+    /* the victim's own retries: the original answers, no new charge */
+    r = check_w("victim", rid, 1);
+    WANT(r, 200, "the victim's repeated check");
+    if (!tst_jbool(tst_jparse(r, "replay"), "replayed", "replay"))
+        fail_msg("the victim's repeated check was not a replay: %s",
+                 tst_excerpt(r));
+    r = settle_w(rid, 7, "victim");
+    WANT(r, 200, "the victim's repeated settle");
+    if (!tst_jbool(tst_jparse(r, "replay"), "replayed", "replay") ||
+        tst_jnum(tst_jparse(r, "replay"), "charged", "replay") != 7)
+        fail_msg("the victim's repeated settle: %s", tst_excerpt(r));
+    r = settle_w(rid, 7, NULL);
+    WANT(r, 200, "the victim's repeated settle without subject");
+    tst_sleep_ms(100);
+    want_row(rid, "victim|2|7000|1000", "after the victim's retries");
+}
+
+/* GET /v1/authz (forward-auth) with a request id, as a service. */
+static http_resp *authz(const char *subject, const char *rid)
+{
+    const char *h[4];
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    h[0] = "X-Quotagate-Key: " SERVICE;
+    h[1] = tst_fmt("X-Quotagate-Subject: %s", subject);
+    h[2] = tst_fmt("X-Request-Id: %s", rid);
+    h[3] = NULL;
+    if (httpc_request(&C, "GET", "/v1/authz", h, NULL, 0, r) < 0)
+        fail_msg("GET /v1/authz: no response: %s", C.err);
+    return r;
+}
+
+/* Failure 3 of issue 8, after a restart: the victim's request is older
+ * than the rebuild's reach, so only the ledger knows its id. */
+static void test_reuse_after_restart(void **state)
+{
+    const char *rid = tst_uid("rr");
+    (void)state;
+    start("rules.yaml", NULL);
+    WANT(check_w("victim", rid, 1), 200, "victim's check");
+    WANT(settle_w(rid, 7, NULL), 200, "victim's settle");
+    want_row(rid, "victim|2|7000|1000", "the victim's settle");
+    tst_sleep_ms(2300);           /* past the 2 s window: not rebuilt */
+    restart_after_kill9();
+    reuse_attempts(rid);
+    want_error(authz("attacker", rid), 400, "invalid_request",
+               "forward-auth reusing another subject's request id");
+    want_row(rid, "victim|2|7000|1000", "after the forward-auth attempt");
+    assert_true(used_of("victim") == 0);   /* nothing charged again */
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
+/* The same after the counters forgot the id among many others (the
+ * remembered-ids bound is 64 here, one id per shard). */
+static void test_reuse_after_forgotten(void **state)
+{
+    const char *args[] = {"--request-ids", "64", NULL};
+    const char *rid = tst_uid("rf");
+    int i;
+    (void)state;
+    start("rules_long.yaml", args);
+    WANT(check_w("victim", rid, 1), 200, "victim's check");
+    WANT(settle_w(rid, 7, NULL), 200, "victim's settle");
+    /* an id is forgotten when a newer one lands in its shard: 1000 ids
+     * miss a given shard of 64 with probability (63/64)^1000 < 2e-7 */
+    for (i = 0; i < 1000; i++) {
+        const char *id = tst_uid("rf-other");
+        WANT(check_w("crowd", id, 0), 200, "crowd check");
+        WANT(settle_w(id, 0, NULL), 200, "crowd settle");
+    }
+    assert_true(used_of("victim") == 7);
+    reuse_attempts(rid);
+    assert_true(used_of("victim") == 7);   /* its settle, once */
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
+/* A reservation never settled, beyond the rebuild's reach after a
+ * restart: its settle is recorded from the ledger, late (final at the
+ * reservation: the charge can grow, never shrink), then replayed. */
+static void test_late_settle_from_ledger(void **state)
+{
+    const char *grow = tst_uid("ls"), *shrink = tst_uid("ls");
+    http_resp *r;
+    json_t *j;
+    (void)state;
+    start("rules.yaml", NULL);
+    WANT(check_w("late", grow, 2), 200, "check");
+    WANT(check_w("late", shrink, 2), 200, "check");
+    want_row(grow, "late|1|2000|2000", "the reservation");
+    want_row(shrink, "late|1|2000|2000", "the reservation");
+    tst_sleep_ms(2300);           /* past the 2 s window: not rebuilt */
+    restart_after_kill9();
+    want_error(settle_w(grow, 5, "attacker"), 400, "invalid_request",
+               "settle naming another subject");
+    r = settle_w(grow, 5, NULL);
+    WANT(r, 200, "late settle of a reservation only the ledger holds");
+    j = tst_jparse(r, "late settle");
+    if (!tst_jbool(j, "late", "late") || tst_jbool(j, "replayed", "late") ||
+        tst_jnum(j, "charged", "late") != 5)
+        fail_msg("late settle: %s", tst_excerpt(r));
+    want_row(grow, "late|2|5000|2000", "the late settle");
+    r = settle_w(shrink, 1, "late");
+    WANT(r, 200, "late settle below the reservation");
+    if (tst_jnum(tst_jparse(r, "late"), "charged", "late") != 2)
+        fail_msg("a final reservation was refunded: %s", tst_excerpt(r));
+    want_row(shrink, "late|2|2000|2000", "the late settle below");
+    r = settle_w(grow, 9, NULL);
+    WANT(r, 200, "repeat of the late settle");
+    j = tst_jparse(r, "repeat");
+    if (!tst_jbool(j, "replayed", "repeat") ||
+        tst_jnum(j, "charged", "repeat") != 5)
+        fail_msg("repeat of the late settle: %s", tst_excerpt(r));
+    want_row(grow, "late|2|5000|2000", "after the repeat");
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -365,6 +502,9 @@ int main(void)
         cmocka_unit_test_teardown(test_settle_other_subject, teardown),
         cmocka_unit_test_teardown(test_write_failure_recovers, teardown),
         cmocka_unit_test_teardown(test_damaged_ledger_message, teardown),
+        cmocka_unit_test_teardown(test_reuse_after_restart, teardown),
+        cmocka_unit_test_teardown(test_reuse_after_forgotten, teardown),
+        cmocka_unit_test_teardown(test_late_settle_from_ledger, teardown),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
