@@ -478,24 +478,41 @@ static int guard_refused(qg__sq *s, qg__sq_item *it)
     return rc;
 }
 
+/* Step a transaction-control statement (prepared once at open, so that
+ * running it needs no parsing and little memory).  An SQLite code. */
+static int run_ctl(sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int batch_failed(qg__sq *s, int rc)
+{
+    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
+             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
+    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+}
+
 /* Write n rows in one transaction.  Returns 0 or a QG error. */
 static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
 {
     size_t i;
     int rc;
     coalesce(s, it, n);
-    if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL)) !=
-        SQLITE_OK) {
-        snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
-                 sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
-        return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
-    }
+    /* A ROLLBACK that failed (out of memory, I/O error) leaves the
+     * transaction open, and every later BEGIN would fail: end it first. */
+    if (!sqlite3_get_autocommit(s->wdb) &&
+        (rc = run_ctl(s->rollback_st)) != SQLITE_OK &&
+        !sqlite3_get_autocommit(s->wdb))
+        return batch_failed(s, rc);
+    if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
+        return batch_failed(s, rc);
     for (i = 0; i < n; i++) {
         sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
         it[i].refused = 0;
-        if (it[i].merged) {      /* shares the fate of the row it joined */
+        if (it[i].merged)        /* shares the fate of the row it joined */
             continue;
-        }
         rc = bind_row(st, &it[i].row);
         if (rc == SQLITE_OK)
             rc = sqlite3_step(st);
@@ -511,20 +528,18 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
             it[i].refused = it[it[i].merged - 1].refused;
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
-    if ((rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
+    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
         goto fail;
     return QG_OK;
 fail:
-    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
-             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
+    rc = batch_failed(s, rc);
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
-    sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
-    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+    if (!sqlite3_get_autocommit(s->wdb))
+        run_ctl(s->rollback_st);   /* if this fails too: the next batch */
+    return rc;
 }
 
-/* Statistics of one transaction (mu held); what to tell the operator
- * goes to `line` (empty: nothing). */
 static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
                           char *line, size_t cap)
 {
@@ -751,6 +766,9 @@ static void sq_close(void *b)
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
     sqlite3_finalize(s->owner);
+    sqlite3_finalize(s->begin_st);
+    sqlite3_finalize(s->commit_st);
+    sqlite3_finalize(s->rollback_st);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
     sqlite3_close(s->sdb);
@@ -821,7 +839,14 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         sqlite3_prepare_v3(s->wdb, sql_settle, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->settle, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_owner, -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->owner, NULL) != SQLITE_OK) {
+                           &s->owner, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "BEGIN IMMEDIATE", -1,
+                           SQLITE_PREPARE_PERSISTENT, &s->begin_st,
+                           NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "COMMIT", -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->commit_st, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->rollback_st, NULL) != SQLITE_OK) {
         fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
@@ -829,9 +854,10 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         conn_open(path, o->busy_timeout_ms, full, &s->gdb, err, errcap) ||
         conn_open(path, o->busy_timeout_ms, 1, &s->adb, err, errcap))
         goto fail;
-    /* the scan reads the whole reach of the windows once, in order:
-     * memory-mapped pages spare a read() and a copy per page */
-    sqlite3_exec(s->sdb, "PRAGMA mmap_size=1073741824", NULL, NULL, NULL);
+    /* No memory-mapped I/O (PRAGMA mmap_size): a read error on a mapped
+     * page is a SIGBUS that kills the process, where read() gives SQLite an
+     * error to report; the 1M-row scan measured no faster with it (issue
+     * 8, docs/benchmarks.md). */
     if (sqlite3_prepare_v3(s->sdb, sql_scan, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->scan_st, NULL) != SQLITE_OK) {
         fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);

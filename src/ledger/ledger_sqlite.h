@@ -34,6 +34,7 @@ typedef struct qg__sq {
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
     sqlite3_stmt *owner;         /* who holds a request id (guards) */
+    sqlite3_stmt *begin_st, *commit_st, *rollback_st;
 
     pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
     sqlite3 *sdb;
