@@ -21,7 +21,7 @@ qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap)
 {
     qg_ledger_opts o = { QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL,
-                         NULL };
+                         NULL, 0 };
     const qg__ledger_backend *be = &qg__ledger_sqlite;
     const char *target = url;
     qg_ledger *l;
@@ -63,6 +63,7 @@ qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
             o.busy_timeout_ms = opts->busy_timeout_ms;
         o.log = opts->log;
         o.log_ud = opts->log_ud;
+        o.id_filter = opts->id_filter;
     }
     if (o.sync != QG_LEDGER_DURABLE && o.sync != QG_LEDGER_ASYNC) {
         snprintf(err, errcap, "ledger: unknown sync mode %d", (int)o.sync);

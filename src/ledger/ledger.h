@@ -95,6 +95,10 @@ typedef struct qg_ledger_opts {
      * or the writer thread.  NULL: nothing is reported. */
     void (*log)(void *log_ud, const char *line);
     void *log_ud;
+    int id_filter;             /* keep a filter of the ledger's request ids
+                                  so that qg_ledger_get of an absent id
+                                  answers from memory (the server asks for
+                                  every new id); reads every id at open */
 } qg_ledger_opts;
 
 /* Open (creating and migrating the schema) and start the writer thread.

@@ -7,7 +7,8 @@
  *    while the writer goes on (WAL readers see a snapshot, never block);
  *  - the lookup connection (get_mu): single rows by request id (get),
  *    asked by the server for every request id its counters do not
- *    remember;
+ *    remember; with opts.id_filter a Bloom filter of the file's ids
+ *    (idfilter.h) answers "absent" first, without SQLite;
  *  - the admin connection (admin_mu): subjects and keys, written
  *    synchronously with synchronous=FULL so they are durable on return.
  * Other processes (the CLI's `keys` command next to a running server) may
@@ -773,6 +774,7 @@ static void sq_close(void *b)
     sqlite3_finalize(s->get_st);
     sqlite3_close(s->sdb);
     sqlite3_close(s->gdb);
+    qg__idf_free(&s->idf);
     sqlite3_close(s->adb);
     sqlite3_close(s->wdb);   /* the last one checkpoints the WAL */
     if (s->mutexes_ready) {
@@ -786,6 +788,43 @@ static void sq_close(void *b)
     free(s->w);
     free(s->cmap);
     free(s);
+}
+
+/* Fill the id filter from the file (on the scan connection, before the
+ * writer runs).  A failure leaves it not ready: lookups then all go to
+ * SQLite, which is slower, never wrong. */
+static void fill_id_filter(qg__sq *s)
+{
+    sqlite3_stmt *st = NULL;
+    sqlite3_int64 rows = 0;
+    int rc;
+    if (sqlite3_prepare_v2(s->sdb, "SELECT max(rowid) FROM requests", -1,
+                           &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        rows = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (qg__idf_init(&s->idf, (uint64_t)(rows > (1 << 20) ? 2 * rows
+                                                          : 1 << 21)) != 0) {
+        sq_log(s, "ledger %s: no memory for the request id filter: every "
+               "new id is looked up in SQLite", s->path);
+        return;
+    }
+    rc = sqlite3_prepare_v2(s->sdb, "SELECT request_id FROM requests", -1,
+                            &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        if (id)
+            qg__idf_add(&s->idf, id, (size_t)sqlite3_column_bytes(st, 0));
+        rc = SQLITE_OK;
+    }
+    if (rc == SQLITE_DONE)
+        atomic_store_explicit(&s->idf.ready, 1, memory_order_release);
+    else
+        sq_log(s, "ledger %s: cannot read the request ids for the filter "
+               "(%s): every new id is looked up in SQLite", s->path,
+               sqlite3_errmsg(s->sdb));
+    sqlite3_finalize(st);
 }
 
 static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
@@ -868,6 +907,8 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
+    if (o->id_filter)
+        fill_id_filter(s);
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         snprintf(err, errcap, "ledger %s: cannot start the writer thread",
                  path);
@@ -889,6 +930,9 @@ static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
     qg__sq_item *it;
     if (!row->request_id[0])
         return QG_EINVAL;
+    /* in the filter before the row can be in the file */
+    qg__idf_add(&s->idf, row->request_id,
+                strnlen(row->request_id, sizeof row->request_id));
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
@@ -970,6 +1014,8 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 {
     qg__sq *s = b;
     int rc;
+    if (!qg__idf_maybe(&s->idf, request_id, strlen(request_id)))
+        return QG_ENOTFOUND;     /* certainly absent: no read needed */
     pthread_mutex_lock(&s->get_mu);
     sqlite3_bind_text(s->get_st, 1, request_id, -1, SQLITE_STATIC);
     rc = sqlite3_step(s->get_st);

@@ -13,6 +13,7 @@
 #include <sqlite3.h>
 
 #include "quotagate.h"
+#include "idfilter.h"
 #include "ledger.h"
 
 /* One queued row with its callback. */
@@ -42,6 +43,8 @@ typedef struct qg__sq {
 
     pthread_mutex_t admin_mu;   /* guards adb */
     sqlite3 *adb;
+
+    qg__idf idf;                /* ids in the ledger (opts.id_filter) */
 
     pthread_mutex_t get_mu;     /* guards gdb and get_st: one row by id,
                                    asked on every check of an id the

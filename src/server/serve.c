@@ -288,6 +288,7 @@ int qg_serve(const qg_serve_opts *opts)
     lo.sync = s.opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
     lo.flush_ms = s.opts.ledger_flush_ms;
     lo.log = ledger_log;
+    lo.id_filter = 1;            /* every new request id is looked up */
     if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
                                     sizeof err))) {
         fprintf(stderr, "quotagate: ledger: %s\n", err);

@@ -25,6 +25,7 @@
 #include <sqlite3.h>
 
 #include "quotagate.h"
+#include "idfilter.h"
 #include "ledger.h"
 
 #define BASE_MS 1780000000000LL
@@ -449,6 +450,64 @@ static void test_guards(void **state)
     assert_int_equal(stats.errors, 0);
     if (!strstr(logged, "attacker") || !strstr(logged, "not written"))
         fail_msg("rows kept out are not logged: \"%s\"", logged);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* The request id filter (opts.id_filter): never "absent" for an id in
+ * the file or submitted since; about 1% false "maybe" at its capacity. */
+static void test_id_filter(void **state)
+{
+    qg_ledger_opts o = { .id_filter = 1 };
+    qg_ledger_row r, got;
+    qg__idf f;
+    char id[64];
+    long fp = 0;
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    /* the smallest filter (2^24 bits) with 1.6M ids: 10.5 bits each */
+    assert_int_equal(qg__idf_init(&f, 1), 0);
+    for (long i = 0; i < 1600000; i++) {
+        int n = snprintf(id, sizeof id, "in-%ld", i);
+        qg__idf_add(&f, id, (size_t)n);
+    }
+    assert_int_equal(qg__idf_maybe(&f, "in-1", 4), 1);  /* not ready: 1 */
+    atomic_store(&f.ready, 1);
+    for (long i = 0; i < 1600000; i++) {
+        int n = snprintf(id, sizeof id, "in-%ld", i);
+        if (!qg__idf_maybe(&f, id, (size_t)n))
+            fail_msg("the filter lost %s", id);
+    }
+    for (long i = 0; i < 100000; i++) {
+        int n = snprintf(id, sizeof id, "out-%ld", i);
+        fp += qg__idf_maybe(&f, id, (size_t)n);
+    }
+    qg__idf_free(&f);
+    print_message("id filter: %ld false positives in 100000 absent ids, "
+                  "1.6M ids in 2^24 bits\n", fp);
+    assert_true(fp < 2500);
+    /* through the ledger: rows of the file and rows submitted since */
+    tmpdb_make(&t);
+    l = open_ok(t.path, NULL);
+    for (int i = 0; i < 300; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), 0);
+    }
+    qg_ledger_close(l);
+    l = open_ok(t.path, &o);
+    make_row(1000, &r);
+    {
+        codes c;
+        memset(&c, 0, sizeof c);
+        assert_int_equal(submit_wait(l, &r, &c), 0);
+    }
+    for (int i = 0; i < 300; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_get(l, r.request_id, &got), 0);
+    }
+    assert_int_equal(qg_ledger_get(l, "req-001000", &got), 0);
+    assert_int_equal(qg_ledger_get(l, "never-seen", &got), QG_ENOTFOUND);
     qg_ledger_close(l);
     tmpdb_remove(&t);
 }
@@ -1038,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_rows_roundtrip),
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_guards),
+        cmocka_unit_test(test_id_filter),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),

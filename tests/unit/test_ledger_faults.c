@@ -15,6 +15,9 @@
  * once failing every call from the Nth on (a disk or memory that stays
  * gone).
  *
+ * The ledger is opened as the server opens it (with the request id
+ * filter, whose filling at open is one more read path).
+ *
  * The write path: open a ledger (durable mode), write check rows and
  * settles as the server does (check rows without a callback, settles
  * waiting for theirs, failed settles retried as a client would, a whole
@@ -495,7 +498,7 @@ static long next_n(const walk *w, long n)
 static long count_open_calls(int kind, const char *image_dir)
 {
     char dir[200], path[260], from[260], err[512];
-    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .id_filter = 1 };
     qg_ledger *l;
     long n;
     snprintf(dir, sizeof dir, "%s/count", root);
@@ -551,7 +554,7 @@ static int write_run(int kind, long n, int persist, walk *w)
 {
     char dir[200], path[260], err[512];
     qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .busy_timeout_ms = 20,
-                         .log = log_line };
+                         .log = log_line, .id_filter = 1 };
     qg_ledger_row check[NREQ + 1], settle[NREQ + 1], got, fresh, dummy;
     int acked[NREQ + 1] = { 0 }, hit;
     qg_ledger *l;
@@ -793,7 +796,7 @@ static int rebuild_run(int kind, long n, int persist, walk *w)
 {
     char dir[200], path[260], from[260], err[512];
     qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .busy_timeout_ms = 20,
-                         .log = log_line };
+                         .log = log_line, .id_filter = 1 };
     qg_ledger_row got;
     qg_ledger *l;
     int hit, rc;
