@@ -8,8 +8,8 @@
  * transaction, commits (fsync in durable mode), then calls each row's
  * `done` callback on the writer thread.  A settle is acknowledged to its
  * client only from `done`; a check's row needs no callback (its settle
- * carries the final charge, as an upsert that records the whole row, so a
- * settle whose reserve row was lost in a crash is still recorded whole).
+ * carries the final charge with the reservation's instant and weight, so
+ * a settle whose check row never reached the file is still counted).
  *
  * When a transaction fails (disk full, I/O error, another process holding
  * the write lock past busy_timeout_ms), rows somebody waits for get their
