@@ -6,7 +6,13 @@
  *  2. durable, one thread submitting 200k rows with callbacks, pipelined
  *     (submit refuses with QG_EFULL when the queue is full: it waits);
  *  3. the same in ASYNC mode;
- *  4. scan of 1M rows (the restart path that rebuilds counters): rows/s.
+ *  4. scan of 1M rows (the restart path that rebuilds counters): rows/s;
+ *  5. on the same rows, qg_ledger_get of request ids the ledger does not
+ *     hold (what every check of a new id costs: the server looks an id
+ *     the counters do not remember up, src/server/reqid.c), with the
+ *     writer idle and with one row submitted per 8 lookups: us/lookup;
+ *     without the id filter, then with it (opts.id_filter, as serve
+ *     opens the ledger), and how long the open reading every id took.
  * The database lives in a fresh directory under $QG_BENCH_DIR (default
  * /var/tmp: a real disk, not tmpfs, so fsync costs what it costs).
  * Environment: QG_BENCH_THREADS (64), QG_BENCH_WAIT_ROWS (50000 rows for
@@ -183,7 +189,7 @@ static void bench_pipelined(qg_ledger_sync sync, long rows, const char *name,
                             int keep)
 {
     char path[300], what[64];
-    qg_ledger_opts o = { sync, 100, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = sync, .flush_ms = 100 };
     qg_ledger *l;
     qg_ledger_stats st;
     qg_ledger_row r;
@@ -264,6 +270,36 @@ static void bench_scan(long rows)
     secs = now_s() - t0;
     printf("scan of the newer half: %ld rows, %.3f s, %.0f rows/s\n", a.n,
            secs, (double)a.n / secs);
+    for (rep = 0; rep < 4; rep++) {
+        const long k = 200000;
+        qg_ledger_row got, w;
+        char id[64];
+        if (rep == 2) {          /* again, with the id filter */
+            qg_ledger_opts fo = { .id_filter = 1 };
+            qg_ledger_close(l);
+            t0 = now_s();
+            l = open_or_die(path, &fo);
+            printf("open reading %ld request ids into the filter: %.3f s\n",
+                   rows + k / 8, now_s() - t0);
+        }
+        t0 = now_s();
+        for (long i = 0; i < k; i++) {
+            if (rep % 2 == 1 && i % 8 == 0) {
+                fill_row(&w, rows + (rep / 2) * k + i, 1780000000000LL);
+                qg_ledger_submit(l, &w, NULL, NULL);
+            }
+            snprintf(id, sizeof id, "absent-%d-%ld", rep, i);
+            if (qg_ledger_get(l, id, &got) != QG_ENOTFOUND) {
+                fprintf(stderr, "bench_ledger: lookup failed\n");
+                exit(1);
+            }
+        }
+        secs = now_s() - t0;
+        printf("lookup of an absent request id among %ld rows, %s, %s: "
+               "%.2f us\n", rows, rep >= 2 ? "id filter" : "no filter",
+               rep % 2 ? "1 row written per 8 lookups" : "writer idle",
+               secs / k * 1e6);
+    }
     qg_ledger_close(l);
     db_remove(path);
 }

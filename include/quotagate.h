@@ -196,6 +196,9 @@ typedef struct qg_settle_req {
     int no_charge;              /* nothing counts (actual 0, not even the
                                    per-request base): e.g. the upstream
                                    refused the call with 429 */
+    const char *subject;        /* NULL, or the subject the settle names:
+                                   it must be the reservation's (QG_EINVAL
+                                   otherwise, nothing changes) */
 } qg_settle_req;
 
 typedef struct qg_settle_result {
@@ -212,7 +215,8 @@ typedef struct qg_settle_result {
 } qg_settle_result;
 
 /* Replace a reservation with the actual usage.  QG_ENOTFOUND for a
- * request id that was never admitted or has been forgotten. */
+ * request id that was never admitted or has been forgotten; QG_EINVAL
+ * when req->subject names another subject than the reservation's. */
 int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
                      qg_settle_result *out, char *err, size_t errcap);
 
@@ -241,9 +245,20 @@ typedef struct qg_restore_req {
     int64_t headroom_milli;     /* payg (the row's overage columns): -1 none */
     int64_t overage_price_micro;
     int64_t overage_cost_micro; /* counted in the spent amount of its period */
+    int charge_only;            /* only charge (e.g. what a late settle adds
+                                   to a reservation the counters no longer
+                                   hold): the id is neither looked up nor
+                                   remembered */
 } qg_restore_req;
 int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
                       size_t errcap);
+
+/* 1 when the counters remember request_id (a check of it is a replay or
+ * another subject's error, a settle finds it), 0 when they do not: never
+ * seen, refused (refusals are not remembered), or forgotten (the memory
+ * is bounded, and a restart rebuilds only the rules' reach).  What the
+ * counters forgot, the ledger still knows: the server asks it then. */
+int qg_engine_remembers(qg_engine *e, const char *request_id);
 
 /* Current views of a subject's windows (outcome QG_NONE, with recovery
  * schedules).  QG_ENOSUBJECT for an unknown subject. */

@@ -35,6 +35,7 @@ typedef struct qg_cli_args {
     const char *max_connections;      /* serve: --max-connections N */
     const char *max_conns_per_client; /* serve: --max-connections-per-client */
     int ledger_async;         /* serve: --ledger-async */
+    const char *request_ids;  /* serve: --request-ids N */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */
 } qg_cli_args;

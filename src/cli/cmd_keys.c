@@ -53,10 +53,18 @@ static int usage(const qg_cli_args *a, const char *why)
     return QG_EXIT_USAGE;
 }
 
+/* The ledger's warnings (a file others may read) go to stderr. */
+static void ledger_log(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "quotagate keys: %s\n", line);
+}
+
 static qg_ledger *open_ledger(const qg_cli_args *a)
 {
     char url[4200], err[1024];
     const char *dir = a->data ? a->data : "./var";
+    qg_ledger_opts lo = {0};
     qg_ledger *l;
     if (a->ledger) {
         snprintf(url, sizeof url, "%s", a->ledger);
@@ -72,7 +80,8 @@ static qg_ledger *open_ledger(const qg_cli_args *a)
             return NULL;
         }
     }
-    if (!(l = qg_ledger_open(url, NULL, err, sizeof err)))
+    lo.log = ledger_log;
+    if (!(l = qg_ledger_open(url, &lo, err, sizeof err)))
         fprintf(stderr, "quotagate keys: %s\n", err);
     return l;
 }

@@ -25,7 +25,8 @@ static int parse_int(const char *flag, const char *v, long min, long max,
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
 {
     qg_serve_opts o = {0};
-    long workers = 2, header_timeout = 10000, rate = 0, maxc = 0, per = -1;
+    long workers = 2, header_timeout = 10000, rate = 0, maxc = 0, per = -1,
+         request_ids = 0;
 
     if (parse_int("--workers", a->workers, 1, 64, &workers) != 0 ||
         parse_int("--header-timeout", a->header_timeout, 10, 3600000,
@@ -35,7 +36,9 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
         parse_int("--max-connections", a->max_connections, 1, 10000000,
                   &maxc) != 0 ||
         parse_int("--max-connections-per-client", a->max_conns_per_client,
-                  0, 10000000, &per) != 0) {
+                  0, 10000000, &per) != 0 ||
+        parse_int("--request-ids", a->request_ids, 1, 1L << 30,
+                  &request_ids) != 0) {
         qg_rules_free(rules);
         return QG_EXIT_USAGE;
     }
@@ -52,5 +55,6 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
     o.max_connections = (int)maxc;              /* 0: from ulimit -n */
     o.max_conns_per_client = per < 0 ? 0 : per == 0 ? -1 : (int)per;
     o.ledger_async = a->ledger_async;
+    o.request_ids = (uint32_t)request_ids;
     return qg_serve(&o);
 }

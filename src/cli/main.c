@@ -19,7 +19,7 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -95,6 +95,10 @@ static const struct flag {
                          offsetof(qg_cli_args, ledger_async),
                          "acknowledge settles before they are durable: up "
                          "to 100 ms of settles can be lost in a crash" },
+    [F_REQUEST_IDS] = { "request-ids", 0, "N",
+                        offsetof(qg_cli_args, request_ids),
+                        "request ids the counters remember for "
+                        "idempotency (default 524288)" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -113,7 +117,8 @@ static const struct command {
       FL(F_CONFIG) | FL(F_LISTEN) | FL(F_DATA) | FL(F_LEDGER) | FL(F_STORE) |
           FL(F_UPSTREAM) | FL(F_WORKERS) | FL(F_HEADER_TIMEOUT) |
           FL(F_MIN_BODY_RATE) | FL(F_MAX_CONNECTIONS) |
-          FL(F_MAX_CONNS_PER_CLIENT) | FL(F_LEDGER_ASYNC),
+          FL(F_MAX_CONNS_PER_CLIENT) | FL(F_LEDGER_ASYNC) |
+          FL(F_REQUEST_IDS),
       FL(F_CONFIG), 0 },
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",

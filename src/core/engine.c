@@ -591,13 +591,30 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.output_tokens = req->output_tokens;
     in.weight_milli = req->weight_milli;
     in.no_charge = req->no_charge;
+    in.has_member = req->subject && *req->subject;
+    in.member = in.has_member ? hash_key(req->subject, strlen(req->subject),
+                                         SEED_SUBJECT)
+                              : (qg_key){0, 0};
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
         qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "
                "admitted, or forgotten)", req->request_id);
+    else if (rc == QG_EINVAL)
+        qg__errf(err, errcap, "request_id \"%s\" was reserved for another "
+               "subject than \"%s\"; nothing was settled", req->request_id,
+               req->subject);
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
     return rc;
+}
+
+int qg_engine_remembers(qg_engine *e, const char *request_id)
+{
+    size_t len = request_id ? strlen(request_id) : 0;
+    if (!len || len > QG_REQUEST_ID_MAX)
+        return 0;
+    return e->store->m->known(e->store,
+                              hash_key(request_id, len, SEED_RID));
 }
 
 int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
@@ -679,6 +696,7 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.price_micro = req->overage_price_micro;
     in.cost_micro = req->overage_cost_micro;
     in.cap_start_ms = 0;
+    in.charge_only = req->charge_only;
     if (req->headroom_milli >= 0 || req->overage_cost_micro > 0) {
         int64_t end;
         cap_period(e, in.anchor_ms, in.at_ms, &in.cap_start_ms, &end);

@@ -20,7 +20,8 @@ struct qg_ledger {
 qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap)
 {
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 100, 65536, 4096, 5000 };
+    qg_ledger_opts o = { QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL,
+                         NULL, 0 };
     const qg__ledger_backend *be = &qg__ledger_sqlite;
     const char *target = url;
     qg_ledger *l;
@@ -60,6 +61,9 @@ qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
             o.max_batch = opts->max_batch;
         if (opts->busy_timeout_ms > 0)
             o.busy_timeout_ms = opts->busy_timeout_ms;
+        o.log = opts->log;
+        o.log_ud = opts->log_ud;
+        o.id_filter = opts->id_filter;
     }
     if (o.sync != QG_LEDGER_DURABLE && o.sync != QG_LEDGER_ASYNC) {
         snprintf(err, errcap, "ledger: unknown sync mode %d", (int)o.sync);
@@ -163,8 +167,10 @@ void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     if (!out)
         return;
     memset(out, 0, sizeof *out);
-    if (l)
+    if (l) {
         l->be->stats_get(l->b, out);
+        out->backend = l->be->name;
+    }
 }
 
 size_t qg_ledger_queued(qg_ledger *l)

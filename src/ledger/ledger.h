@@ -8,8 +8,17 @@
  * transaction, commits (fsync in durable mode), then calls each row's
  * `done` callback on the writer thread.  A settle is acknowledged to its
  * client only from `done`; a check's row needs no callback (its settle
- * carries the final charge, as an upsert that records the whole row, so a
- * settle whose reserve row was lost in a crash is still recorded whole).
+ * carries the final charge with the reservation's instant and weight, so
+ * a settle whose check row never reached the file is still counted).
+ *
+ * When a transaction fails (disk full, I/O error, another process holding
+ * the write lock past busy_timeout_ms), rows somebody waits for get their
+ * `done` with the error and every other row (in ASYNC mode: every row,
+ * already acknowledged) is put back at the head of the queue and written
+ * again after a pause (10 ms, doubling up to 1 s), in its original order;
+ * opts.log hears of the failure, of a failure that lasts (every 10 s) and
+ * of the first success after it.  Only rows still failing when the ledger
+ * closes are given up (counted and logged).
  *
  * Backends behind one method table: SQLite (embedded default, WAL) now,
  * PostgreSQL later.  The same database holds the subjects created through
@@ -80,6 +89,16 @@ typedef struct qg_ledger_opts {
     int max_batch;             /* rows per transaction (default 4096) */
     int busy_timeout_ms;       /* wait for another process's write lock
                                   (default 5000) */
+    /* Where the ledger reports what an operator must see (a file others
+     * may read, failed and recovered writes, rows it refused), one line
+     * per call without a trailing newline; called from the opening thread
+     * or the writer thread.  NULL: nothing is reported. */
+    void (*log)(void *log_ud, const char *line);
+    void *log_ud;
+    int id_filter;             /* keep a filter of the ledger's request ids
+                                  so that qg_ledger_get of an absent id
+                                  answers from memory (the server asks for
+                                  every new id); reads every id at open */
 } qg_ledger_opts;
 
 /* Open (creating and migrating the schema) and start the writer thread.
@@ -92,11 +111,16 @@ void qg_ledger_close(qg_ledger *l);
 
 typedef void (*qg_ledger_done)(void *arg, int rc);
 
-/* Queue an upsert of `row` (by request_id; a later row for the same id
- * replaces the earlier one's fields).  Copies the row.  done (may be NULL)
- * is called on the writer thread once the row is durable (rc 0) or failed
- * (rc < 0); in ASYNC mode done is called right after queueing.  Returns 0,
- * or QG_EFULL when the queue is full (the caller answers 503). */
+/* Queue `row` for its request_id.  A whole row (settle_only 0) is
+ * inserted, or replaces a refused request's row of the same subject; a
+ * settle-only row updates the settle's columns of its admitted, unsettled
+ * row (of its subject, when it names one), or is inserted when there is
+ * none.  Nothing else overwrites a row (ledger_sqlite.c, the guards).
+ * Copies the row.  done (may be NULL) is called on the writer thread once
+ * the row is durable (rc 0), failed (rc < 0), or was not written because
+ * the ledger holds its id for another request (QG_ESTATE); in ASYNC mode
+ * done is called right after queueing.  Returns 0, or QG_EFULL when the
+ * queue is full (the caller answers 503). */
 int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
                      qg_ledger_done done, void *arg);
 
@@ -153,7 +177,24 @@ typedef struct qg_ledger_stats {
     uint64_t commit_us_max;
     uint64_t commit_le_us[8];   /* histogram: <=100us,1ms,5ms,10ms,50ms,
                                    100ms,1s,+Inf (cumulative) */
-    uint64_t errors;
+    uint64_t errors;            /* transactions that failed */
+    uint64_t rows_failed;       /* rows whose `done` got an error (their
+                                   settles were answered 503) */
+    uint64_t rows_retried;      /* rows put back to be written again after
+                                   a failed transaction */
+    uint64_t rows_lost;         /* rows given up: still failing when the
+                                   ledger closed, or no memory to keep them */
+    uint64_t rows_refused;      /* rows not written because the ledger
+                                   holds their request id for another
+                                   request (a settle among them got
+                                   QG_ESTATE) */
+    int failing;                /* the last transaction failed (state
+                                   "errors"); 0 again after one succeeds */
+    char last_error[256];       /* why the last failed one failed */
+    char last_read_error[256];  /* why the last failed read (scan, get,
+                                   subjects, keys) failed: SQLite's
+                                   message and code */
+    const char *backend;        /* "sqlite" (static) */
 } qg_ledger_stats;
 void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
 

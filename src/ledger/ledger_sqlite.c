@@ -5,9 +5,12 @@
  *    through it, in batches, one transaction per batch (group commit);
  *  - the scan connection (scan_mu): qg_ledger_scan streams rows from it
  *    while the writer goes on (WAL readers see a snapshot, never block);
- *  - the admin connection (admin_mu): single rows (get), subjects and keys,
- *    written synchronously with synchronous=FULL so they are durable on
- *    return.
+ *  - the lookup connection (get_mu): single rows by request id (get),
+ *    asked by the server for every request id its counters do not
+ *    remember; with opts.id_filter a Bloom filter of the file's ids
+ *    (idfilter.h) answers "absent" first, without SQLite;
+ *  - the admin connection (admin_mu): subjects and keys, written
+ *    synchronously with synchronous=FULL so they are durable on return.
  * Other processes (the CLI's `keys` command next to a running server) may
  * use the same file: busy_timeout makes a writer wait for the other's
  * write lock instead of failing.
@@ -25,15 +28,22 @@
  *
  * Subjects and keys are in ledger_sqlite_admin.c.
  *
+ * Files: a new database is created with mode 0600 (its -wal and -shm
+ * files follow it): it holds every subject's usage and the key hashes.
+ *
  * Schema: PRAGMA user_version is the schema version; migrations[i] brings
  * version i to i + 1 and all pending ones run in one transaction at open.
  * A file with a newer version than this build knows is refused. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 #include <xxhash.h>
@@ -85,6 +95,14 @@ _Static_assert(sizeof migrations / sizeof migrations[0] ==
     " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
     " overage_price_micro, overage_cost_micro, headroom_milli"
 
+/* A row once written is changed only by its own request: a whole row
+ * (a decision) replaces only a refusal of the same subject (a refused
+ * request decided again); a settle changes only an admitted, unsettled
+ * row of its subject ("" = not named: any).  Another subject's row, an
+ * admitted row, a settled row are never overwritten: the statement then
+ * changes nothing and the writer reports it (guard_refused).  The server
+ * refuses a reused request id before it gets here (docs/decisions.md,
+ * "Idempotency"); these guards hold even if it did not. */
 static const char sql_upsert[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
@@ -102,7 +120,8 @@ static const char sql_upsert[] =
     " overage_milli = excluded.overage_milli,"
     " overage_price_micro = excluded.overage_price_micro,"
     " overage_cost_micro = excluded.overage_cost_micro,"
-    " headroom_milli = excluded.headroom_milli";
+    " headroom_milli = excluded.headroom_milli"
+    " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
 
 /* A settle: the row is normally there already (its check's row was
  * queued before it); only the settle's columns change.  When the check's
@@ -117,7 +136,12 @@ static const char sql_settle[] =
     " weight_milli = excluded.weight_milli,"
     " settled_ms = excluded.settled_ms,"
     " overage_milli = excluded.overage_milli,"
-    " overage_cost_micro = excluded.overage_cost_micro";
+    " overage_cost_micro = excluded.overage_cost_micro"
+    " WHERE requests.decision = 1 AND requests.status = 1"
+    " AND (excluded.subject = '' OR requests.subject = excluded.subject)";
+
+static const char sql_owner[] =
+    "SELECT subject, decision, status FROM requests WHERE request_id = ?1";
 
 /* The index on created_ms holds rowid as its last column, so this order
  * is read straight from the index, without a sort. */
@@ -218,6 +242,52 @@ static int too_new(int v, const char *path, char *err, size_t errcap)
              "build of quotagate knows (%d); use a newer quotagate",
              path, v, QG_LEDGER_SCHEMA_VERSION);
     return QG_ESTATE;
+}
+
+/* Say something to the operator (opts.log), printf-style. */
+static void sq_log(const qg__sq *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sq_log(const qg__sq *s, const char *fmt, ...)
+{
+    char line[1536];
+    va_list ap;
+    if (!s->o.log)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->o.log(s->o.log_ud, line);
+}
+
+/* The ledger holds every subject's usage and the API keys' hashes: a new
+ * file is created readable and writable by our user only (0600, before
+ * SQLite opens it; SQLite gives the -wal and -shm files the database
+ * file's mode).  An existing file keeps its mode, with a warning when
+ * others may read it. */
+static int create_private(qg__sq *s, const char *path, char *err,
+                          size_t errcap)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm"};
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        return QG_OK;
+    }
+    if (errno != EEXIST) {
+        snprintf(err, errcap, "ledger %s: cannot create: %s", path,
+                 strerror(errno));
+        return QG_EIO;
+    }
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        char f[1100];
+        struct stat sb;
+        snprintf(f, sizeof f, "%s%s", path, sfx[i]);
+        if (stat(f, &sb) == 0 && (sb.st_mode & 077))
+            sq_log(s, "ledger %s: mode %03o lets other users read it (it "
+                   "holds every subject's usage and the key hashes): "
+                   "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
+    }
+    return QG_OK;
 }
 
 /* One connection with the settings every connection shares. */
@@ -368,11 +438,61 @@ static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
                 e->settled_ms = r->settled_ms;
                 e->overage_milli = r->overage_milli;
                 e->overage_cost_micro = r->overage_cost_micro;
-                it[i].merged = 1;
+                it[i].merged = (size_t)j;
             }
             break;
         }
     }
+}
+
+/* The statement of `it` changed nothing: a guard kept the row the ledger
+ * holds for its request id.  That is expected for a settle repeated
+ * after its row was settled (the same subject, or none named); anything
+ * else is another request's row: `it` is marked refused.  Returns an
+ * SQLite code (a failed read fails the transaction). */
+static int guard_refused(qg__sq *s, qg__sq_item *it)
+{
+    const qg_ledger_row *r = &it->row;
+    int rc;
+    BIND_STR(s->owner, 1, r->request_id);
+    rc = sqlite3_step(s->owner);
+    if (rc == SQLITE_ROW) {
+        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
+        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
+        int decision = sqlite3_column_int(s->owner, 1);
+        if (r->settle_only)
+            it->refused = decision != 1 || (r->subject[0] && !same);
+        else
+            it->refused = 1;
+        if (it->refused)
+            snprintf(s->wconflict, sizeof s->wconflict, "request id %.80s "
+                     "is held by a %s row of subject %.80s: the %s of "
+                     "subject %.80s was not written",
+                     r->request_id, decision == 1 ? "admitted" : "refused",
+                     owner ? owner : "", r->settle_only ? "settle" : "row",
+                     r->subject[0] ? r->subject : "(not named)");
+        rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_OK;          /* cannot happen: an insert would have */
+    }
+    sqlite3_reset(s->owner);
+    return rc;
+}
+
+/* Step a transaction-control statement (prepared once at open, so that
+ * running it needs no parsing and little memory).  An SQLite code. */
+static int run_ctl(sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int batch_failed(qg__sq *s, int rc)
+{
+    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
+             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
+    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
 }
 
 /* Write n rows in one transaction.  Returns 0 or a QG error. */
@@ -381,12 +501,18 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
     size_t i;
     int rc;
     coalesce(s, it, n);
-    if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL)) !=
-        SQLITE_OK)
-        return qg__sq_map_rc(rc);
+    /* A ROLLBACK that failed (out of memory, I/O error) leaves the
+     * transaction open, and every later BEGIN would fail: end it first. */
+    if (!sqlite3_get_autocommit(s->wdb) &&
+        (rc = run_ctl(s->rollback_st)) != SQLITE_OK &&
+        !sqlite3_get_autocommit(s->wdb))
+        return batch_failed(s, rc);
+    if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
+        return batch_failed(s, rc);
     for (i = 0; i < n; i++) {
         sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
-        if (it[i].merged)
+        it[i].refused = 0;
+        if (it[i].merged)        /* shares the fate of the row it joined */
             continue;
         rc = bind_row(st, &it[i].row);
         if (rc == SQLITE_OK)
@@ -394,26 +520,53 @@ static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
         sqlite3_reset(st);
         if (rc != SQLITE_DONE && rc != SQLITE_OK)
             goto fail;
+        if (sqlite3_changes(s->wdb) == 0 &&
+            (rc = guard_refused(s, &it[i])) != SQLITE_OK)
+            goto fail;
     }
+    for (i = 0; i < n; i++)
+        if (it[i].merged)
+            it[i].refused = it[it[i].merged - 1].refused;
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
-    if ((rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
+    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
         goto fail;
     return QG_OK;
 fail:
+    rc = batch_failed(s, rc);
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
-    sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
-    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+    if (!sqlite3_get_autocommit(s->wdb))
+        run_ctl(s->rollback_st);   /* if this fails too: the next batch */
+    return rc;
 }
 
-static void record_commit(qg__sq *s, size_t n, int rc, int64_t us)
+static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
+                          char *line, size_t cap)
 {
+    int64_t now = mono_us();
     int i;
+    line[0] = '\0';
     if (rc != QG_OK) {
         s->st.errors++;
+        s->fail_txns++;
+        snprintf(s->st.last_error, sizeof s->st.last_error, "%s", s->werr);
+        if (!s->st.failing || now - s->fail_log_us >= 10000000) {
+            snprintf(line, cap, "ledger %s: %s %zu rows: %s", s->path,
+                     s->st.failing ? "still failing to commit"
+                                   : "cannot commit",
+                     n, s->werr);
+            s->fail_log_us = now;
+        }
+        s->st.failing = 1;
         return;
     }
+    if (s->st.failing)
+        snprintf(line, cap, "ledger %s: writes succeed again (after %llu "
+                 "failed transactions)", s->path,
+                 (unsigned long long)s->fail_txns);
+    s->st.failing = 0;
+    s->fail_txns = 0;
     s->st.rows_written += n;
     s->st.commits++;
     s->st.commit_us_sum += (uint64_t)us;
@@ -445,6 +598,13 @@ static void wait_for_rows(qg__sq *s)
     int64_t linger = async ? (int64_t)s->o.flush_ms * 1000 : DURABLE_LINGER_US;
     while (s->qlen == 0 && !s->stop)
         pthread_cond_wait(&s->cv, &s->mu);
+    /* after a failed transaction: pause before trying again */
+    while (!s->stop && mono_us() < s->retry_at_us) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(s->retry_at_us / 1000000);
+        ts.tv_nsec = (long)(s->retry_at_us % 1000000) * 1000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     while (!s->stop && s->qlen > 0 && s->qlen < (size_t)s->o.max_batch &&
            (async || s->q_urgent == 0)) {
         int64_t due = s->q_since_us + linger;
@@ -457,9 +617,45 @@ static void wait_for_rows(qg__sq *s)
     }
 }
 
+/* After a failed transaction of w[off, off + k) out of the n rows taken
+ * (mu held): put back at the head of the queue, in order, the rows of the
+ * failed part that nobody waits for (ASYNC: all of them, acknowledged
+ * already) and every row after it (not tried yet).  The rows of the failed
+ * part that somebody waits for are the caller's to fail.  Returns the
+ * number put back, or -1 when there was no memory for them (nothing put
+ * back). */
+static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
+{
+    int async = s->o.sync == QG_LEDGER_ASYNC;
+    size_t cnt = n - (off + k), i, j;
+    for (i = off; i < off + k; i++)
+        cnt += async || !s->w[i].done;
+    if (s->qlen + cnt > s->qcap) {
+        size_t cap = s->qlen + cnt;
+        qg__sq_item *q = realloc(s->q, cap * sizeof *q);
+        if (!q)
+            return -1;
+        s->q = q;
+        s->qcap = cap;
+    }
+    memmove(s->q + cnt, s->q, s->qlen * sizeof *s->q);
+    for (i = off, j = 0; i < n; i++) {
+        if (i < off + k && !async && s->w[i].done)
+            continue;
+        s->q[j] = s->w[i];
+        s->q_urgent += !async && s->q[j].done;
+        j++;
+    }
+    if (s->qlen == 0)
+        s->q_since_us = mono_us();
+    s->qlen += cnt;
+    return (long)cnt;
+}
+
 static void *writer_main(void *arg)
 {
     qg__sq *s = arg;
+    char line[1536], lost[1536];
     pthread_mutex_lock(&s->mu);
     for (;;) {
         qg__sq_item *tmp;
@@ -481,24 +677,72 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&s->mu);
 
         for (off = 0; off < n;) {
-            size_t k = n - off, i;
+            size_t k = n - off, i, end;
             int64_t t0;
+            long back = 0;
             int rc;
             if (k > (size_t)s->o.max_batch)
                 k = (size_t)s->o.max_batch;
+            end = off + k;
             t0 = mono_us();
             rc = write_batch(s, s->w + off, k);
             pthread_mutex_lock(&s->mu);
-            record_commit(s, k, rc, mono_us() - t0);
-            s->inflight -= k;
+            lost[0] = '\0';
+            record_commit(s, k, rc, mono_us() - t0, line, sizeof line);
+            if (rc == QG_OK) {
+                size_t refused = 0;
+                for (i = off; i < off + k; i++)
+                    refused += s->w[i].refused != 0;
+                s->st.rows_refused += refused;
+                if (refused)
+                    snprintf(lost, sizeof lost, "ledger %s: %zu row%s not "
+                             "written (the request id is another "
+                             "request's); the last: %s", s->path, refused,
+                             refused == 1 ? "" : "s", s->wconflict);
+                s->backoff_us = 0;
+                s->retry_at_us = 0;
+                s->inflight -= k;
+            } else if (!s->stop && (back = requeue(s, off, k, n)) >= 0) {
+                s->st.rows_retried += (uint64_t)back;
+                s->backoff_us = s->backoff_us ? s->backoff_us * 2 : 10000;
+                if (s->backoff_us > 1000000)
+                    s->backoff_us = 1000000;
+                s->retry_at_us = mono_us() + s->backoff_us;
+                s->inflight -= n - off;
+                end = n;         /* the rest went back to the queue */
+            } else {
+                /* closing, or no memory to keep them: the rows nobody
+                 * waits for are given up */
+                size_t gone = 0;
+                for (i = off; i < off + k; i++)
+                    gone += s->o.sync == QG_LEDGER_ASYNC || !s->w[i].done;
+                s->st.rows_lost += gone;
+                s->inflight -= k;
+                if (gone)
+                    snprintf(lost, sizeof lost, "ledger %s: %zu rows could "
+                             "not be written and are lost: %s", s->path,
+                             gone, s->werr);
+            }
+            if (rc != QG_OK && s->o.sync == QG_LEDGER_DURABLE)
+                for (i = off; i < off + k; i++)
+                    s->st.rows_failed += s->w[i].done != NULL;
             atomic_store_explicit(&s->depth, s->qlen + s->inflight,
                                   memory_order_relaxed);
             pthread_mutex_unlock(&s->mu);
+            if (line[0])
+                sq_log(s, "%s", line);
+            if (lost[0])
+                sq_log(s, "%s", lost);
+            /* answer the rows of this transaction that are waited for
+             * (those of a failed one with its error) */
             if (s->o.sync == QG_LEDGER_DURABLE)
                 for (i = off; i < off + k; i++)
                     if (s->w[i].done)
-                        s->w[i].done(s->w[i].arg, rc);
-            off += k;
+                        s->w[i].done(s->w[i].arg,
+                                     rc == QG_OK && s->w[i].refused
+                                         ? QG_ESTATE
+                                         : rc);
+            off = end;
         }
         pthread_mutex_lock(&s->mu);
     }
@@ -522,21 +766,65 @@ static void sq_close(void *b)
     }
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
+    sqlite3_finalize(s->owner);
+    sqlite3_finalize(s->begin_st);
+    sqlite3_finalize(s->commit_st);
+    sqlite3_finalize(s->rollback_st);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
     sqlite3_close(s->sdb);
+    sqlite3_close(s->gdb);
+    qg__idf_free(&s->idf);
     sqlite3_close(s->adb);
     sqlite3_close(s->wdb);   /* the last one checkpoints the WAL */
     if (s->mutexes_ready) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->scan_mu);
         pthread_mutex_destroy(&s->admin_mu);
+        pthread_mutex_destroy(&s->get_mu);
         pthread_cond_destroy(&s->cv);
     }
     free(s->q);
     free(s->w);
     free(s->cmap);
     free(s);
+}
+
+/* Fill the id filter from the file (on the scan connection, before the
+ * writer runs).  A failure leaves it not ready: lookups then all go to
+ * SQLite, which is slower, never wrong. */
+static void fill_id_filter(qg__sq *s)
+{
+    sqlite3_stmt *st = NULL;
+    sqlite3_int64 rows = 0;
+    int rc;
+    if (sqlite3_prepare_v2(s->sdb, "SELECT max(rowid) FROM requests", -1,
+                           &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        rows = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (qg__idf_init(&s->idf, (uint64_t)(rows > (1 << 20) ? 2 * rows
+                                                          : 1 << 21)) != 0) {
+        sq_log(s, "ledger %s: no memory for the request id filter: every "
+               "new id is looked up in SQLite", s->path);
+        return;
+    }
+    rc = sqlite3_prepare_v2(s->sdb, "SELECT request_id FROM requests", -1,
+                            &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        if (id)
+            qg__idf_add(&s->idf, id, (size_t)sqlite3_column_bytes(st, 0));
+        rc = SQLITE_OK;
+    }
+    if (rc == SQLITE_DONE)
+        atomic_store_explicit(&s->idf.ready, 1, memory_order_release);
+    else
+        sq_log(s, "ledger %s: cannot read the request ids for the filter "
+               "(%s): every new id is looked up in SQLite", s->path,
+               sqlite3_errmsg(s->sdb));
+    sqlite3_finalize(st);
 }
 
 static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
@@ -565,11 +853,13 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->scan_mu, NULL);
     pthread_mutex_init(&s->admin_mu, NULL);
+    pthread_mutex_init(&s->get_mu, NULL);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     s->mutexes_ready = 1;
 
-    if (conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
+    if (create_private(s, path, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
         goto fail;
     /* refuse a newer schema before changing anything in the file */
     if (user_version(s->wdb, &v) != SQLITE_OK) {
@@ -586,26 +876,39 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     if (sqlite3_prepare_v3(s->wdb, sql_upsert, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->upsert, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_settle, -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->settle, NULL) != SQLITE_OK) {
+                           &s->settle, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_owner, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->owner, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "BEGIN IMMEDIATE", -1,
+                           SQLITE_PREPARE_PERSISTENT, &s->begin_st,
+                           NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "COMMIT", -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->commit_st, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->rollback_st, NULL) != SQLITE_OK) {
         fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, full, &s->gdb, err, errcap) ||
         conn_open(path, o->busy_timeout_ms, 1, &s->adb, err, errcap))
         goto fail;
-    /* the scan reads the whole reach of the windows once, in order:
-     * memory-mapped pages spare a read() and a copy per page */
-    sqlite3_exec(s->sdb, "PRAGMA mmap_size=1073741824", NULL, NULL, NULL);
+    /* No memory-mapped I/O (PRAGMA mmap_size): a read error on a mapped
+     * page is a SIGBUS that kills the process, where read() gives SQLite an
+     * error to report; the 1M-row scan measured no faster with it (issue
+     * 8, docs/benchmarks.md). */
     if (sqlite3_prepare_v3(s->sdb, sql_scan, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->scan_st, NULL) != SQLITE_OK) {
         fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
         goto fail;
     }
-    if (sqlite3_prepare_v3(s->adb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
+    if (sqlite3_prepare_v3(s->gdb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->get_st, NULL) != SQLITE_OK) {
-        fail_db(s->adb, path, "cannot prepare the lookup", err, errcap);
+        fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
+    if (o->id_filter)
+        fill_id_filter(s);
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         snprintf(err, errcap, "ledger %s: cannot start the writer thread",
                  path);
@@ -627,6 +930,9 @@ static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
     qg__sq_item *it;
     if (!row->request_id[0])
         return QG_EINVAL;
+    /* in the filter before the row can be in the file */
+    qg__idf_add(&s->idf, row->request_id,
+                strnlen(row->request_id, sizeof row->request_id));
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
@@ -673,6 +979,15 @@ static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
     return QG_OK;
 }
 
+void qg__sq_read_failed(qg__sq *s, sqlite3 *db)
+{
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->st.last_read_error, sizeof s->st.last_read_error,
+             "%s (SQLite error %d)", sqlite3_errmsg(db),
+             sqlite3_extended_errcode(db));
+    pthread_mutex_unlock(&s->mu);
+}
+
 static int sq_scan(void *b, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud)
 {
@@ -686,8 +1001,10 @@ static int sq_scan(void *b, int64_t since_ms,
         if ((out = fn(&r, ud)) != 0)
             break;
     }
-    if (out == 0 && rc != SQLITE_DONE)
+    if (out == 0 && rc != SQLITE_DONE) {
         out = qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+        qg__sq_read_failed(s, s->sdb);
+    }
     sqlite3_reset(s->scan_st);
     pthread_mutex_unlock(&s->scan_mu);
     return out;
@@ -697,19 +1014,24 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 {
     qg__sq *s = b;
     int rc;
-    pthread_mutex_lock(&s->admin_mu);
+    if (!qg__idf_maybe(&s->idf, request_id, strlen(request_id)))
+        return QG_ENOTFOUND;     /* certainly absent: no read needed */
+    pthread_mutex_lock(&s->get_mu);
     sqlite3_bind_text(s->get_st, 1, request_id, -1, SQLITE_STATIC);
     rc = sqlite3_step(s->get_st);
     if (rc == SQLITE_ROW) {
         memset(out, 0, sizeof *out);
         read_row(s->get_st, out);
         rc = QG_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = QG_ENOTFOUND;
     } else {
-        rc = rc == SQLITE_DONE ? QG_ENOTFOUND : QG_EIO;
+        qg__sq_read_failed(s, s->gdb);
+        rc = QG_EIO;
     }
     sqlite3_reset(s->get_st);
     sqlite3_clear_bindings(s->get_st);
-    pthread_mutex_unlock(&s->admin_mu);
+    pthread_mutex_unlock(&s->get_mu);
     return rc;
 }
 

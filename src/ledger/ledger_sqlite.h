@@ -13,6 +13,7 @@
 #include <sqlite3.h>
 
 #include "quotagate.h"
+#include "idfilter.h"
 #include "ledger.h"
 
 /* One queued row with its callback. */
@@ -20,8 +21,10 @@ typedef struct qg__sq_item {
     qg_ledger_row row;
     qg_ledger_done done;
     void *arg;
-    int merged;                 /* writer: folded into an earlier row of
-                                   its batch (coalesce), not written */
+    size_t merged;              /* writer: folded into row merged - 1 of
+                                   its batch (coalesce), not written; 0 no */
+    int refused;                /* writer: not written, the ledger holds
+                                   the id for another request (guards) */
 } qg__sq_item;
 
 typedef struct qg__sq {
@@ -31,13 +34,22 @@ typedef struct qg__sq {
     sqlite3 *wdb;               /* writer thread only (and open/close) */
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
+    sqlite3_stmt *owner;         /* who holds a request id (guards) */
+    sqlite3_stmt *begin_st, *commit_st, *rollback_st;
 
     pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
     sqlite3 *sdb;
     sqlite3_stmt *scan_st;
 
-    pthread_mutex_t admin_mu;   /* guards adb and get_st */
+    pthread_mutex_t admin_mu;   /* guards adb */
     sqlite3 *adb;
+
+    qg__idf idf;                /* ids in the ledger (opts.id_filter) */
+
+    pthread_mutex_t get_mu;     /* guards gdb and get_st: one row by id,
+                                   asked on every check of an id the
+                                   counters do not remember */
+    sqlite3 *gdb;
     sqlite3_stmt *get_st;
 
     pthread_mutex_t mu;         /* guards everything below */
@@ -55,6 +67,14 @@ typedef struct qg__sq {
                                    someone waits for them) */
     int stop;
     qg_ledger_stats st;
+    /* failed transactions (the writer's; read under mu for stats) */
+    char werr[256];             /* writer only: SQLite's reason, last fail */
+    char wconflict[400];        /* writer only: the last row a guard kept
+                                   out (guard_refused) */
+    int64_t retry_at_us;        /* after a failure: no write before this */
+    int64_t backoff_us;         /* the pause before the next retry */
+    int64_t fail_log_us;        /* when a failure was last logged */
+    uint64_t fail_txns;         /* failed transactions in this failure */
 
     pthread_t thread;
     int thread_started;
@@ -106,6 +126,9 @@ static inline void qg__sq_col_text(sqlite3_stmt *st, int i, char *dst,
 }
 
 #define COL_STR(st, i, field) qg__sq_col_text(st, i, field, sizeof(field))
+
+/* Remember why a read on db failed (stats' last_read_error). */
+void qg__sq_read_failed(qg__sq *s, sqlite3 *db);
 
 /* Subjects and keys (ledger_sqlite_admin.c), on the admin connection
  * under admin_mu; the method table's semantics (ledger.h). */

@@ -72,8 +72,12 @@ int qg__sq_scan_subjects(void *b,
                           ud)) != 0)
                 break;
         }
-        if (out == 0 && rc != SQLITE_DONE)
+        if (out == 0 && rc != SQLITE_DONE) {
+            qg__sq_read_failed(s, s->adb);
             out = QG_EIO;
+        }
+    } else {
+        qg__sq_read_failed(s, s->adb);
     }
     sqlite3_finalize(st);
     pthread_mutex_unlock(&s->admin_mu);

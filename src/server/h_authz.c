@@ -227,6 +227,9 @@ static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
     case QG_ERANGE:
         fail(s, r, nginx, 400, "invalid_request", msg);
         break;
+    case QG_EIO:                 /* the ledger could not be read */
+        fail(s, r, nginx, 503, "ledger_unavailable", msg);
+        break;
     default:
         fail(s, r, nginx, 500, "internal_error", msg);
     }
@@ -267,7 +270,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
     qg_check_req req;
     qg_decision dbuf, *d = &dbuf;
     qg_hdr_buf hb;
-    qg_ledger_row row;
+    qg_ledger_row row, prior;     /* prior: a replay from the ledger */
     qg_http_out_header extra[QG_HDR_MAX + NEXTRA];
     const qg_rules *rules;
     int n;
@@ -385,7 +388,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                          .input_tokens = in_tokens,
                          .max_output_tokens = max_out,
                          .weight_milli = has_model > 0 ? 0 : weight};
-    rc = qg_engine_check(s->engine, &req, now, d, err, sizeof err);
+    rc = qg_server_check(s, &req, now, d, &prior, err, sizeof err);
     if (rc != QG_OK) {
         fail_engine(s, r, nginx, rc, err);
         return;
@@ -413,7 +416,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                                  sizeof err) == QG_OK) {
                 qg_ledger_row srow;
                 qg_metrics_settle(s->metrics, &res);
-                qg_row_of_settle(&srow, rid, QG_ROW_COMPLETED,
+                qg_row_of_settle(&srow, rid, subject, QG_ROW_COMPLETED,
                                  row.input_tokens, row.output_tokens, &res,
                                  now);
                 srow.estimated = has_model > 0;

@@ -5,7 +5,8 @@
  * settle carries the final charge).  A settle is applied to the counters
  * at once but answered only when its ledger row is durable: the ledger's
  * writer thread calls back, and the answer is posted back to the worker
- * that owns the connection. */
+ * that owns the connection.  Request ids the counters do not remember
+ * are answered from the ledger (reqid.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     qg_check_req req;
     qg_decision dbuf, *d = &dbuf;   /* ~5 KB: on the worker's stack */
     qg_hdr_buf hb;
-    qg_ledger_row row;
+    qg_ledger_row row, prior;       /* prior: a replay from the ledger */
     const qg_rules *rules;
     json_t *o;
     int rc, has_weight;
@@ -80,7 +81,7 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
                          .max_output_tokens = max_out,
                          .weight_milli = weight};
     now = qg_server_now(s);
-    rc = qg_engine_check(s->engine, &req, now, d, err, sizeof err);
+    rc = qg_server_check(s, &req, now, d, &prior, err, sizeof err);
     if (rc != QG_OK) {
         qg_reply_engine_error(s, r, rc, err);
         goto out;
@@ -133,9 +134,15 @@ typedef struct pending {
 static void settle_finish(void *arg)
 {
     pending *p = arg;
-    if (p->rc == QG_OK)
+    if (p->rc == QG_OK) {
         qg_reply_json(p->s, p->r, 200, p->body, NULL, 0);
-    else {
+    } else if (p->rc == QG_ESTATE) {
+        /* the ledger's guard kept another request's row (reqid.c) */
+        free(p->body);
+        qg_reply_error(p->s, p->r, 400, "invalid_request",
+                       "the ledger holds this request_id for another "
+                       "request; the settle was not recorded");
+    } else {
         free(p->body);
         qg_reply_error(p->s, p->r, 503, "ledger_unavailable",
                        "the settle could not be made durable; retry it");
@@ -221,7 +228,7 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     char err[ERRCAP];
     const char *rid = NULL, *status = NULL, *subject = NULL, *model = NULL;
     int64_t in_t = 0, out_t = 0, weight = -1, now;
-    int has_weight, status_i = -1, rc, recovered = 0;
+    int has_weight, status_i = -1, rc, recovered = 0, from_ledger = 0;
     qg_settle_result res;
     qg_settle_req req;
     qg_ledger_row row;
@@ -267,8 +274,20 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     req = (qg_settle_req){.request_id = rid,
                           .status = statuses[status_i].status,
                           .input_tokens = in_t, .output_tokens = out_t,
-                          .weight_milli = has_weight ? weight : -1};
+                          .weight_milli = has_weight ? weight : -1,
+                          .subject = subject};
     rc = qg_engine_settle(s->engine, &req, now, &res, err, sizeof err);
+    if (rc == QG_ENOTFOUND) {
+        /* the counters do not know it: the ledger may (reqid.c) */
+        char lerr[ERRCAP];
+        int lrc = qg_server_settle_prior(s, &req, now, &res, &row, lerr,
+                                         sizeof lerr);
+        if (lrc != QG_ENOTFOUND) {
+            rc = lrc;
+            from_ledger = rc == QG_OK;
+            memcpy(err, lerr, sizeof err);
+        }
+    }
     if (rc == QG_ENOTFOUND && subject) {
         rc = settle_recover(s, rid, subject, model, in_t, out_t, weight,
                             has_weight, status_i, now, &res, &row, err,
@@ -279,10 +298,18 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         qg_reply_engine_error(s, r, rc, err);
         goto out;
     }
+    if (from_ledger && res.replayed) {
+        /* settled long ago: its original answer, durable already */
+        qg_reply_json(s, r, 200, qg_json_settle(&res, rid), NULL, 0);
+        goto out;
+    }
     qg_metrics_settle(s->metrics, &res);
     /* a recovered settle's row is whole (settle_recover), else only the
-     * settle's columns change */
+     * settle's columns change, of the row of the subject the settle named
+     * (the engine checked it) or that the ledger holds */
     row.settle_only = !recovered;
+    if (!recovered && !from_ledger)
+        qg_row_copy(row.subject, sizeof row.subject, subject);
     qg_row_fill_settle(&row, rid, statuses[status_i].row_status, in_t, out_t,
                        &res, now);
     if (!(body = qg_json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {

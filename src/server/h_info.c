@@ -61,6 +61,11 @@ void qg_h_weights(qg_server *s, qg_http_req *r, const char *caller)
                   NULL, 0);
 }
 
+/* PRODUCT.md section 4: 200 while serving; "degraded" while the ledger's
+ * writes fail ("ledger_state": "errors", back to "ok" after the next
+ * write that succeeds).  The memory store is never down and has no
+ * fallback.  Before issue 8 "ledger" carried the state ("ok"|"errors");
+ * it now names the backend, as the contract says (docs/api.md). */
 void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
 {
     qg_store_stats st;
@@ -70,15 +75,22 @@ void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
     (void)caller;
     qg_store_stats_get(s->store, &st);
     qg_ledger_stats_get(s->ledger, &ls);
-    j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
-                  "status", "ok",
+    j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I,"
+                  " s:I}",
+                  "status", ls.failing ? "degraded" : "ok",
                   "store", st.backend,
+                  "store_state", "ok",
+                  "fallback", "none",
+                  "ledger", ls.backend ? ls.backend : "sqlite",
+                  "ledger_state", ls.failing ? "errors" : "ok",
                   "rules_version", qg_rules_version(qg_engine_rules(s->engine)),
-                  "ledger", ls.errors ? "errors" : "ok",
                   "ledger_queue", (json_int_t)ls.queued,
+                  "ledger_errors", (json_int_t)ls.errors,
                   "subjects", (json_int_t)st.subjects,
                   "reservations_live", (json_int_t)st.reservations_live,
                   "rebuild_ms", (json_int_t)s->rebuild_ms);
+    if (j && ls.failing)
+        json_object_set_new(j, "ledger_error", json_string(ls.last_error));
     qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
 }
 

@@ -268,7 +268,8 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
         return;
     }
     qg_metrics_settle(p->s->metrics, &res);
-    qg_row_of_settle(&row, p->rid, row_status[st], in, out, &res, now);
+    qg_row_of_settle(&row, p->rid, p->subject, row_status[st], in, out,
+                     &res, now);
     row.estimated = estimated;
     if (qg_ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the settle of "
@@ -882,7 +883,7 @@ static void px_admit(px *p)
     qg_decision dbuf, dg, *d = &dbuf;
     char dg_window[sizeof ((qg_ledger_row *)0)->window];
     qg_check_req creq;
-    qg_ledger_row row;
+    qg_ledger_row row, prior;    /* prior: a replay from the ledger */
     const qg_rules *rules;
     const qg_overage *ov = NULL;
     char *nbody = NULL;
@@ -915,7 +916,7 @@ static void px_admit(px *p)
                           .model = info->model,
                           .input_tokens = info->input_tokens_estimate,
                           .max_output_tokens = info->max_output_tokens};
-    rc = qg_engine_check(s->engine, &creq, now, d, err, sizeof err);
+    rc = qg_server_check(s, &creq, now, d, &prior, err, sizeof err);
     if (rc != QG_OK) {
         px_discard(p);
         qg_reply_engine_error(s, r, rc, err);

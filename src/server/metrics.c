@@ -556,6 +556,21 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             "Ledger transactions committed.", g->ledger_commits);
     gauge_u(f, "quotagate_ledger_rows_total", "counter",
             "Ledger rows written.", g->ledger_rows);
+    gauge_u(f, "quotagate_ledger_write_errors_total", "counter",
+            "Ledger transactions that failed (their settles answered 503).",
+            g->ledger_write_errors);
+    gauge_u(f, "quotagate_ledger_rows_retried_total", "counter",
+            "Ledger rows put back to be written again after a failed "
+            "transaction.", g->ledger_rows_retried);
+    gauge_u(f, "quotagate_ledger_rows_lost_total", "counter",
+            "Ledger rows given up (still failing at shutdown, or no memory "
+            "to keep them).", g->ledger_rows_lost);
+    gauge_u(f, "quotagate_ledger_rows_refused_total", "counter",
+            "Ledger rows not written because their request id holds "
+            "another request's row.", g->ledger_rows_refused);
+    gauge_u(f, "quotagate_ledger_up", "gauge",
+            "1 when the last ledger transaction succeeded, 0 while they "
+            "fail.", (uint64_t)g->ledger_up);
     family(f, "quotagate_ledger_commit_seconds", "histogram",
            "Ledger commit latency.");
     for (int i = 0; i < 7; i++) {

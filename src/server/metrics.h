@@ -13,6 +13,10 @@
  *   quotagate_refusal_ratio  refusals / decisions since start
  *   quotagate_ledger_queue_depth, quotagate_ledger_commits_total,
  *   quotagate_ledger_rows_total, quotagate_ledger_commit_seconds (histogram),
+ *   quotagate_ledger_write_errors_total (failed transactions),
+ *   quotagate_ledger_rows_retried_total, quotagate_ledger_rows_lost_total,
+ *   quotagate_ledger_rows_refused_total (a reused request id),
+ *   quotagate_ledger_up (0 while writes fail),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_up,
  *   quotagate_rules_info{rules_version,weights_version}
@@ -84,6 +88,11 @@ typedef struct qg_metrics_gauges {
     uint64_t ledger_rows;
     uint64_t ledger_commit_us_sum;
     uint64_t ledger_commit_le[8];
+    uint64_t ledger_write_errors;   /* failed transactions */
+    uint64_t ledger_rows_retried;   /* rows put back after one */
+    uint64_t ledger_rows_lost;      /* rows given up */
+    uint64_t ledger_rows_refused;   /* rows kept out by the ledger's guards */
+    int ledger_up;                  /* the last transaction succeeded */
     int64_t rebuild_ms;             /* how long the last rebuild took */
     uint64_t rebuild_rows;          /* rows it replayed */
     uint64_t store_subjects;

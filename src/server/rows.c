@@ -1,6 +1,7 @@
 /* rows.c - the ledger row of a decision, built the same way by every
  * route that decides (/v1/check, /v1/authz, the proxy), and the one
- * mapping of engine errors to HTTP answers. */
+ * mapping of engine errors to HTTP answers (QG_EIO: the ledger could not
+ * be read to check a request id, reqid.c). */
 #include <string.h>
 #include "server.h"
 
@@ -52,6 +53,9 @@ void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
                         const qg_settle_result *res, int64_t now_ms)
 {
     qg_row_copy(row->request_id, sizeof row->request_id, rid);
+    row->decision = QG_ALLOW;
+    row->created_ms = res->decided_at_ms;
+    row->reserved_milli = res->reserved_milli;
     row->status = row_status;
     row->input_tokens = input_tokens;
     row->output_tokens = output_tokens;
@@ -61,12 +65,14 @@ void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
     row->overage_cost_micro = res->overage_cost_micro;
 }
 
-void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
+void qg_row_of_settle(qg_ledger_row *row, const char *rid,
+                      const char *subject, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms)
 {
     memset(row, 0, sizeof *row);
     row->settle_only = 1;
+    qg_row_copy(row->subject, sizeof row->subject, subject);
     row->headroom_milli = -1;
     qg_row_fill_settle(row, rid, row_status, input_tokens, output_tokens, res,
                        now_ms);
@@ -85,6 +91,7 @@ void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
         {QG_EFULL, 503, "overloaded"},
         {QG_EINVAL, 400, "invalid_request"},
         {QG_ERANGE, 400, "invalid_request"},
+        {QG_EIO, 503, "ledger_unavailable"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (map[i].rc == rc) {

@@ -71,6 +71,11 @@ void qg_server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_commits = ls->commits;
     g->ledger_rows = ls->rows_written;
     g->ledger_commit_us_sum = ls->commit_us_sum;
+    g->ledger_write_errors = ls->errors;
+    g->ledger_rows_retried = ls->rows_retried;
+    g->ledger_rows_lost = ls->rows_lost;
+    g->ledger_rows_refused = ls->rows_refused;
+    g->ledger_up = !ls->failing;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;
@@ -100,6 +105,13 @@ int qg_server_reload(qg_server *s, char *err, size_t errcap)
     else
         atomic_fetch_add(&s->reload_failures, 1);
     return rc;
+}
+
+/* The ledger's reports (ledger.h, opts.log): one line on stderr each. */
+static void ledger_log(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "quotagate: %s\n", line);
 }
 
 /* ------------------------------------------------------------- rebuild */
@@ -309,6 +321,8 @@ int qg_serve(const qg_serve_opts *opts)
     memset(&lo, 0, sizeof lo);
     lo.sync = s.opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
     lo.flush_ms = s.opts.ledger_flush_ms;
+    lo.log = ledger_log;
+    lo.id_filter = 1;            /* every new request id is looked up */
     if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
                                     sizeof err))) {
         fprintf(stderr, "quotagate: ledger: %s\n", err);
@@ -320,7 +334,11 @@ int qg_serve(const qg_serve_opts *opts)
         fprintf(stderr, "quotagate: cannot set up the API keys\n");
         goto done;
     }
-    if (!(s.store = qg_store_memory_new(NULL)) ||
+    {
+        qg_memory_opts mo = {0, s.opts.request_ids};
+        s.store = qg_store_memory_new(&mo);
+    }
+    if (!s.store ||
         !(s.engine = qg_engine_new(rules, s.store)) ||
         !(s.metrics = qg_metrics_new(rules))) {
         fprintf(stderr, "quotagate: out of memory\n");
@@ -331,11 +349,24 @@ int qg_serve(const qg_serve_opts *opts)
         fprintf(stderr, "quotagate: --upstream: %s\n", err);
         goto done;
     }
-    if (qg_ledger_scan_subjects(s.ledger, put_subject, &s) != QG_OK ||
-        rebuild(&s) != QG_OK) {
-        fprintf(stderr, "quotagate: cannot read the ledger to rebuild the "
-                "counters\n");
-        goto done;
+    {
+        const char *what = "the subjects created through the admin API";
+        int lrc = qg_ledger_scan_subjects(s.ledger, put_subject, &s);
+        if (lrc == QG_OK) {
+            what = "the request rows to rebuild the counters";
+            lrc = rebuild(&s);
+        }
+        if (lrc != QG_OK) {
+            qg_ledger_stats ls;
+            qg_ledger_stats_get(s.ledger, &ls);
+            fprintf(stderr, "quotagate: ledger %s: cannot read %s: %s; "
+                    "nothing is served on a ledger that cannot be read "
+                    "(docs/operations.md, \"A damaged ledger\")\n",
+                    s.opts.ledger_url, what,
+                    ls.last_read_error[0] ? ls.last_read_error
+                                          : qg_strerror(lrc));
+            goto done;
+        }
     }
     fprintf(stdout, "quotagate: rebuilt counters from %llu ledger rows in "
             "%lld ms\n", (unsigned long long)s.rebuild_rows,

@@ -33,6 +33,8 @@ typedef struct qg_serve_opts {
     size_t max_body_bytes;
     int ledger_async;            /* opt into asynchronous settles */
     int ledger_flush_ms;
+    uint32_t request_ids;        /* ids the memory store remembers; 0 =
+                                    its default (store's max_reservations) */
 } qg_serve_opts;
 
 typedef struct qg_server {
@@ -89,16 +91,45 @@ void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
                         const char *rid, const char *subject,
                         int64_t input_tokens, int64_t output_tokens);
 /* The settle's columns of row (status qg_row_status, tokens, final charge
- * and overage, settled_ms), the rest left alone; qg_row_of_settle: a
- * settle-only row of just those. */
+ * and overage, settled_ms), plus what the reservation was (admitted at
+ * res->decided_at_ms for res->reserved_milli: an insert when its check
+ * row never reached the ledger is then still counted), the rest left
+ * alone; qg_row_of_settle: a settle-only row of just those, for subject
+ * (NULL or "" when the settle does not know it). */
 void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
                         int64_t input_tokens, int64_t output_tokens,
                         const qg_settle_result *res, int64_t now_ms);
-void qg_row_of_settle(qg_ledger_row *row, const char *rid, int row_status,
+void qg_row_of_settle(qg_ledger_row *row, const char *rid,
+                      const char *subject, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms);
 void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg);
+
+/* reqid.c: request ids the counters do not remember, answered from the
+ * ledger (docs/decisions.md, "Idempotency").
+ *
+ * qg_server_check: qg_engine_check, but for an id the counters do not
+ * remember the ledger's row decides first: another subject's is
+ * QG_EINVAL; an admitted request of the same subject is a replay filled
+ * from the row (whose names *d then points into: `prior` is the caller's
+ * buffer and must outlive *d); otherwise the engine decides.  Returns as
+ * qg_engine_check, or QG_EIO when the ledger cannot be read (err).
+ *
+ * qg_server_settle_prior: for a settle the engine did not find
+ * (QG_ENOTFOUND): QG_ENOTFOUND again when the ledger has no admitted row
+ * either; QG_EINVAL for another subject's id; QG_OK with *res filled: a
+ * replay (res->replayed: answer it, nothing to write) or a late settle
+ * of a reservation the counters no longer hold (charged to them when
+ * inside the reach; *row is its settle-only row, to be completed with
+ * qg_row_fill_settle and written); QG_EIO when the ledger cannot be
+ * read. */
+int qg_server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
+                    qg_decision *d, qg_ledger_row *prior, char *err,
+                    size_t errcap);
+int qg_server_settle_prior(qg_server *s, const qg_settle_req *req,
+                           int64_t now_ms, qg_settle_result *res,
+                           qg_ledger_row *row, char *err, size_t errcap);
 
 /* Route handlers.  `subject` is the caller's subject for subject keys. */
 void qg_h_check(qg_server *s, qg_http_req *r, const char *subject);

@@ -65,6 +65,8 @@ typedef struct qg_store_settle {
     int64_t input_tokens, output_tokens;
     int64_t weight_milli;       /* >= 0 for weight-only reservations */
     int no_charge;              /* actual = 0 whatever the model */
+    int has_member;             /* the settle names a subject: it must be */
+    qg_key member;              /* the reservation's (else QG_EINVAL) */
 } qg_store_settle;
 
 /* Rebuild: re-apply a charge the ledger recorded, without deciding. */
@@ -86,6 +88,7 @@ typedef struct qg_store_restore {
     int64_t cost_micro;         /* added to the spent amount of the cap
                                    period starting at cap_start_ms */
     int64_t cap_start_ms;
+    int charge_only;            /* charge; the id is not remembered */
 } qg_store_restore;
 
 /* The view of one subject. */
@@ -112,8 +115,12 @@ typedef struct qg_store_methods {
     int (*usage)(qg_store *s, const qg_store_usage *in, qg_decision *out);
     /* Charge every applicable window at in->at_ms unconditionally and
      * remember the request id (replays after a restart).  A request id
-     * already known is left alone. */
+     * already known is left alone.  With in->charge_only: charge, neither
+     * look at nor remember the id. */
     int (*restore)(qg_store *s, const qg_store_restore *in);
+    /* 1 when the request id is remembered (a replay or a settle would
+     * find it), 0 when it is not (never seen, or forgotten). */
+    int (*known)(qg_store *s, qg_key rid);
     void (*stats)(qg_store *s, qg_store_stats *out);
     void (*free)(qg_store *s);
 } qg_store_methods;

@@ -350,6 +350,17 @@ static uint32_t shard_of(const mem_store *ms, qg_key k)
     return (uint32_t)(k.hi >> 32) & (uint32_t)(ms->nshards - 1);
 }
 
+static int mem_known(qg_store *s, qg_key rid)
+{
+    mem_store *ms = (mem_store *)s;
+    resv_shard *rs = &ms->resvs[shard_of(ms, rid)];
+    int found;
+    pthread_mutex_lock(&rs->mu);
+    found = resv_find(rs, rid) != NULL;
+    pthread_mutex_unlock(&rs->mu);
+    return found;
+}
+
 /* How long a reservation of this plan lives unsettled: the concurrency
  * window's lease, else the plan's lease_ttl. */
 static int64_t lease_ttl(const qg_plan *p)
@@ -582,6 +593,10 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
         rc = QG_ENOTFOUND;
         goto out;
     }
+    if (in->has_member && !key_eq(r->member->key, in->member)) {
+        rc = QG_EINVAL;          /* another subject's request: untouched */
+        goto out;
+    }
     if (r->state == R_SETTLED) {
         settle_result(r, 1, out);
         goto out;
@@ -660,13 +675,13 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
     int rc, remember;
 
     pthread_mutex_lock(&rs->mu);
-    if (resv_find(rs, in->rid)) {
+    if (!in->charge_only && resv_find(rs, in->rid)) {
         rc = QG_OK;              /* already restored */
         goto out;
     }
     /* Past the idempotency memory the charge still counts; only the id
      * is not remembered. */
-    remember = resv_make_room(rs, in->at_ms) == QG_OK;
+    remember = !in->charge_only && resv_make_room(rs, in->at_ms) == QG_OK;
     pthread_mutex_lock(&es->mu);
     rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
                       in->orgspec, NULL, &m, &o);
@@ -784,6 +799,7 @@ static const qg_store_methods memory_methods = {
     .settle = mem_settle,
     .usage = mem_usage,
     .restore = mem_restore,
+    .known = mem_known,
     .stats = mem_stats,
     .free = mem_free,
 };

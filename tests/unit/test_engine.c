@@ -253,6 +253,25 @@ static void test_idempotency(void **state)
     assert_int_equal(check_w(f, "alice", "i2", 7000, T_MS + 10 + d.retry_after_ms,
                              &d), QG_ALLOW);
     assert_int_equal(d.replayed, 0);
+    /* A settle that names a subject must name the reservation's: another
+     * subject's is refused and changes nothing. */
+    {
+        qg_settle_req sr = { .request_id = "i4",
+                             .status = QG_SETTLE_COMPLETED,
+                             .weight_milli = 1000, .subject = "alice" };
+        qg_settle_result res;
+        int64_t now = T_MS + 20;
+        assert_int_equal(check_w(f, "bob", "i4", 4000, now, &d), QG_ALLOW);
+        assert_int_equal(qg_engine_settle(f->eng, &sr, now, &res, err,
+                                          sizeof err), QG_EINVAL);
+        assert_non_null(strstr(err, "another subject"));
+        assert_int_equal(used(f, "bob", "burst", now), 4000);
+        sr.subject = "bob";
+        assert_int_equal(qg_engine_settle(f->eng, &sr, now, &res, err,
+                                          sizeof err), QG_OK);
+        assert_int_equal(res.charged_milli, 1000);
+        assert_int_equal(used(f, "bob", "burst", now), 1000);
+    }
 }
 
 static void test_reserve_settle(void **state)

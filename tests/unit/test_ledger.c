@@ -2,7 +2,8 @@
  * through scan with exact fields and order, upserts (check then settle; a
  * settle alone), ASYNC mode, the queue bound (QG_EFULL) and a failing
  * commit (another process holding the write lock), schema versions and
- * URL schemes, subjects, keys, and durability against kill -9: a child
+ * URL schemes, file modes (0600), subjects, keys, and durability
+ * against kill -9: a child
  * submits rows and reports every acknowledged id through a pipe, the
  * parent kills it at a random moment and finds every acknowledged row. */
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <sqlite3.h>
 
 #include "quotagate.h"
+#include "idfilter.h"
 #include "ledger.h"
 
 #define BASE_MS 1780000000000LL
@@ -92,6 +95,15 @@ static void wait_done(counter *c, int n)
     }
     fail_msg("only %d of %d callbacks", atomic_load(&c->ok) +
              atomic_load(&c->failed), n);
+}
+
+/* opts.log: the lines the ledger reports, joined. */
+static char logged[4096];
+static void log_line(void *ud, const char *line)
+{
+    (void)ud;
+    strncat(logged, line, sizeof logged - strlen(logged) - 2);
+    strcat(logged, "\n");
 }
 
 #define NROWS 10000
@@ -261,6 +273,7 @@ static void test_upsert(void **state)
     check.status = QG_ROW_RESERVED;
     check.settled_ms = 0;
     settle = check;
+    settle.settle_only = 1;
     settle.status = QG_ROW_COMPLETED;
     settle.input_tokens = 321;
     settle.output_tokens = 654;
@@ -280,6 +293,7 @@ static void test_upsert(void **state)
     assert_int_equal(atomic_load(&c.failed), 0);
 
     assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    settle.settle_only = 0;             /* as read back */
     assert_row_eq(&got, &settle);
     assert_int_equal(qg_ledger_get(l, lone.request_id, &got), 0);
     assert_row_eq(&got, &lone);
@@ -331,12 +345,179 @@ static void test_upsert(void **state)
     tmpdb_remove(&t);
 }
 
+/* Codes the callbacks got, in order. */
+typedef struct codes {
+    atomic_int n;
+    int rc[16];
+} codes;
+
+static void code_done(void *arg, int rc)
+{
+    codes *c = arg;
+    int i = atomic_load(&c->n);
+    if (i < 16)
+        c->rc[i] = rc;
+    atomic_fetch_add(&c->n, 1);
+}
+
+static int submit_wait(qg_ledger *l, const qg_ledger_row *r, codes *c)
+{
+    int n = atomic_load(&c->n);
+    assert_int_equal(qg_ledger_submit(l, r, code_done, c), 0);
+    for (int i = 0; i < 30000 && atomic_load(&c->n) == n; i++)
+        sleep_ms(1);
+    assert_int_equal(atomic_load(&c->n), n + 1);
+    return c->rc[n];
+}
+
+/* A row once written is changed only by its own request (issue 8): a
+ * whole row replaces only a refusal of the same subject; a settle-only
+ * row changes only an admitted, unsettled row of its subject.  What a
+ * guard keeps out gets QG_ESTATE and is counted and logged. */
+static void test_guards(void **state)
+{
+    qg_ledger_opts o = { .log = log_line };
+    qg_ledger_row victim, attack, st, refused, got;
+    qg_ledger_stats stats;
+    codes c;
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    memset(&c, 0, sizeof c);
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    l = open_ok(t.path, &o);
+    /* the victim's request, admitted and settled at 7 */
+    make_row(1, &victim);
+    strcpy(victim.subject, "victim");
+    victim.decision = 1;
+    victim.status = QG_ROW_RESERVED;
+    victim.reserved_milli = victim.weight_milli = 1000;
+    victim.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &victim, &c), 0);
+    memset(&st, 0, sizeof st);
+    strcpy(st.request_id, victim.request_id);
+    st.settle_only = 1;
+    st.status = QG_ROW_COMPLETED;
+    st.weight_milli = 7000;
+    st.settled_ms = victim.created_ms + 5;
+    assert_int_equal(submit_wait(l, &st, &c), 0);
+    victim.status = QG_ROW_COMPLETED;
+    victim.weight_milli = 7000;
+    victim.settled_ms = st.settled_ms;
+    victim.input_tokens = victim.output_tokens = 0;
+    victim.overage_milli = victim.overage_cost_micro = 0;
+    victim.estimated = 0;
+    /* the attacker's check row for the same id: kept out */
+    attack = victim;
+    strcpy(attack.subject, "attacker");
+    attack.status = QG_ROW_RESERVED;
+    attack.reserved_milli = attack.weight_milli = 1000000;
+    attack.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    /* nor does a whole row of the same subject replace an admitted row */
+    attack = victim;
+    attack.weight_milli = 1;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    /* a settle naming another subject, and a repeated settle: no change
+     * (the repeat is not an error: its row is settled already) */
+    strcpy(st.subject, "attacker");
+    st.weight_milli = 0;
+    assert_int_equal(submit_wait(l, &st, &c), QG_ESTATE);
+    st.subject[0] = '\0';
+    assert_int_equal(submit_wait(l, &st, &c), 0);
+    assert_int_equal(qg_ledger_get(l, victim.request_id, &got), 0);
+    assert_row_eq(&got, &victim);
+    /* a refused request: decided again by its subject (replaced), never
+     * by another */
+    make_row(10, &refused);
+    strcpy(refused.subject, "victim");
+    assert_int_equal(refused.decision, 2);
+    assert_int_equal(submit_wait(l, &refused, &c), 0);
+    attack = refused;
+    strcpy(attack.subject, "attacker");
+    attack.decision = 1;
+    attack.status = QG_ROW_RESERVED;
+    assert_int_equal(submit_wait(l, &attack, &c), QG_ESTATE);
+    refused.decision = 1;
+    refused.status = QG_ROW_RESERVED;
+    refused.window[0] = '\0';
+    assert_int_equal(submit_wait(l, &refused, &c), 0);
+    assert_int_equal(qg_ledger_get(l, refused.request_id, &got), 0);
+    assert_row_eq(&got, &refused);
+    qg_ledger_stats_get(l, &stats);
+    assert_int_equal(stats.rows_refused, 4);
+    assert_int_equal(stats.errors, 0);
+    if (!strstr(logged, "attacker") || !strstr(logged, "not written"))
+        fail_msg("rows kept out are not logged: \"%s\"", logged);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* The request id filter (opts.id_filter): never "absent" for an id in
+ * the file or submitted since; about 1% false "maybe" at its capacity. */
+static void test_id_filter(void **state)
+{
+    qg_ledger_opts o = { .id_filter = 1 };
+    qg_ledger_row r, got;
+    qg__idf f;
+    char id[64];
+    long fp = 0;
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    /* the smallest filter (2^24 bits) with 1.6M ids: 10.5 bits each */
+    assert_int_equal(qg__idf_init(&f, 1), 0);
+    for (long i = 0; i < 1600000; i++) {
+        int n = snprintf(id, sizeof id, "in-%ld", i);
+        qg__idf_add(&f, id, (size_t)n);
+    }
+    assert_int_equal(qg__idf_maybe(&f, "in-1", 4), 1);  /* not ready: 1 */
+    atomic_store(&f.ready, 1);
+    for (long i = 0; i < 1600000; i++) {
+        int n = snprintf(id, sizeof id, "in-%ld", i);
+        if (!qg__idf_maybe(&f, id, (size_t)n))
+            fail_msg("the filter lost %s", id);
+    }
+    for (long i = 0; i < 100000; i++) {
+        int n = snprintf(id, sizeof id, "out-%ld", i);
+        fp += qg__idf_maybe(&f, id, (size_t)n);
+    }
+    qg__idf_free(&f);
+    print_message("id filter: %ld false positives in 100000 absent ids, "
+                  "1.6M ids in 2^24 bits\n", fp);
+    assert_true(fp < 2500);
+    /* through the ledger: rows of the file and rows submitted since */
+    tmpdb_make(&t);
+    l = open_ok(t.path, NULL);
+    for (int i = 0; i < 300; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), 0);
+    }
+    qg_ledger_close(l);
+    l = open_ok(t.path, &o);
+    make_row(1000, &r);
+    {
+        codes c;
+        memset(&c, 0, sizeof c);
+        assert_int_equal(submit_wait(l, &r, &c), 0);
+    }
+    for (int i = 0; i < 300; i++) {
+        make_row(i, &r);
+        assert_int_equal(qg_ledger_get(l, r.request_id, &got), 0);
+    }
+    assert_int_equal(qg_ledger_get(l, "req-001000", &got), 0);
+    assert_int_equal(qg_ledger_get(l, "never-seen", &got), QG_ENOTFOUND);
+    qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
 static void test_async(void **state)
 {
     tmpdb t;
     qg_ledger *l;
     qg_ledger_row r;
-    qg_ledger_opts o = { QG_LEDGER_ASYNC, 20, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 20 };
     counter c = { 0, 0 };
     int i, found = 0;
     (void)state;
@@ -391,7 +572,8 @@ static void test_queue_full(void **state)
     qg_ledger *l;
     qg_ledger_row r;
     qg_ledger_stats st;
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 4, 2, 20000 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .max_queue = 4,
+                         .max_batch = 2, .busy_timeout_ms = 20000 };
     counter c = { 0, 0 };
     sqlite3 *lock;
     int i;
@@ -421,33 +603,57 @@ static void test_queue_full(void **state)
     tmpdb_remove(&t);
 }
 
+/* A failing commit: the waiting row gets the error, a row nobody waits
+ * for is kept and written once the ledger can write again; the log hears
+ * of the failure (file and SQLite's reason) and of the recovery, and the
+ * stats say failing only until a write succeeds. */
 static void test_commit_failure(void **state)
 {
     tmpdb t;
     qg_ledger *l;
-    qg_ledger_row r;
+    qg_ledger_row r, r2, got;
     qg_ledger_stats st;
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 0, 0, 30 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .busy_timeout_ms = 30,
+                         .log = log_line };
     counter c = { 0, 0 };
     sqlite3 *lock;
+    int i;
     (void)state;
 
     tmpdb_make(&t);
+    logged[0] = '\0';
     l = open_ok(t.path, &o);
     lock = hold_write_lock(t.path);
     make_row(1, &r);
+    make_row(2, &r2);
+    assert_int_equal(qg_ledger_submit(l, &r2, NULL, NULL), 0);
     assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
     wait_done(&c, 1);
     assert_int_equal(atomic_load(&c.failed), 1);
     qg_ledger_stats_get(l, &st);
-    assert_int_equal(st.errors, 1);
+    assert_true(st.errors >= 1);
     assert_int_equal(st.rows_written, 0);
+    assert_int_equal(st.failing, 1);
+    assert_true(st.rows_failed >= 1);
+    assert_true(st.rows_retried >= 1);      /* r2, kept */
+    assert_non_null(strstr(st.last_error, "database is locked"));
+    if (!strstr(logged, t.path) || !strstr(logged, "database is locked"))
+        fail_msg("the failed commit is not logged: \"%s\"", logged);
     release_lock(lock);
-    /* the ledger goes on once the lock is gone */
+    /* the ledger goes on once the lock is gone; the kept row is written */
     assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
     wait_done(&c, 2);
     assert_int_equal(atomic_load(&c.ok), 1);
-    assert_int_equal(qg_ledger_get(l, r.request_id, &r), 0);
+    assert_int_equal(qg_ledger_get(l, r.request_id, &got), 0);
+    for (i = 0; i < 500 && qg_ledger_get(l, r2.request_id, &got) != 0; i++)
+        sleep_ms(10);
+    assert_int_equal(qg_ledger_get(l, r2.request_id, &got), 0);
+    assert_row_eq(&got, &r2);
+    qg_ledger_stats_get(l, &st);
+    assert_int_equal(st.failing, 0);
+    assert_int_equal(st.rows_lost, 0);
+    if (!strstr(logged, "writes succeed again"))
+        fail_msg("the recovery is not logged: \"%s\"", logged);
     qg_ledger_close(l);
     tmpdb_remove(&t);
 }
@@ -458,7 +664,7 @@ static void test_commit_failure(void **state)
  * written whole; the end state is the same as row by row. */
 static void test_coalesce(void **state)
 {
-    qg_ledger_opts o = { QG_LEDGER_ASYNC, 300, 0, 0, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 300 };
     qg_ledger_row a, b, c, sa, sb, sc, got;
     tmpdb t;
     qg_ledger *l;
@@ -514,6 +720,43 @@ static void test_coalesce(void **state)
     assert_string_equal(got.plan, c.plan);
     assert_int_equal(got.overage_price_micro, c.overage_price_micro);
     qg_ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* A new ledger is created 0600 whatever the umask (its -wal and -shm
+ * follow it); an existing file others may read keeps its mode and is
+ * reported. */
+static void test_file_modes(void **state)
+{
+    static const char *const sfx[] = { "", "-wal", "-shm" };
+    qg_ledger_opts o = { .log = log_line };
+    mode_t old = umask(022);
+    struct stat sb;
+    char p[160];
+    qg_ledger *l;
+    tmpdb t;
+    (void)state;
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    l = open_ok(t.path, &o);
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", t.path, sfx[i]);
+        assert_int_equal(stat(p, &sb), 0);
+        if ((sb.st_mode & 0777) != 0600)
+            fail_msg("%s: mode %o, expected 600", p, sb.st_mode & 0777);
+    }
+    assert_string_equal(logged, "");
+    qg_ledger_close(l);
+    assert_int_equal(chmod(t.path, 0644), 0);
+    l = open_ok(t.path, &o);
+    qg_ledger_close(l);
+    umask(old);
+    assert_int_equal(stat(t.path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0644);    /* not changed */
+    if (!strstr(logged, t.path) || !strstr(logged, "644") ||
+        !strstr(logged, "chmod 600"))
+        fail_msg("a ledger others may read is not reported: \"%s\"",
+                 logged);
     tmpdb_remove(&t);
 }
 
@@ -749,7 +992,8 @@ static void child_done(void *arg, int rc)
 static void child_run(const char *path, int wfd)
 {
     char err[512];
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 0, 2048, 256, 0 };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .max_queue = 2048,
+                         .max_batch = 256 };
     qg_ledger *l = qg_ledger_open(path, &o, err, sizeof err);
     qg_ledger_row r;
     int i, rc;
@@ -852,10 +1096,13 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_roundtrip),
         cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_guards),
+        cmocka_unit_test(test_id_filter),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),
         cmocka_unit_test(test_coalesce),
+        cmocka_unit_test(test_file_modes),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys_table),
