@@ -1,0 +1,369 @@
+/* test_numbers.c - numbers that could wrap, end to end (issue 8, failures
+ * 2 and 4; quotagate.h "bounds", docs/decisions.md "Bounds",
+ * docs/proxy.md "Usage beyond what was allowed").
+ *
+ * The real server ($QG_BIN serve) in front of the upstream double
+ * ($QG_UPSTREAM_BIN, made to report absurd usage with its usage-in= and
+ * usage-out= modes), on tests/data/numbers/rules.yaml:
+ *  - settles recovering lost reservations at and beyond the weight bound;
+ *  - ledger rows with amounts beyond the bounds (as older builds wrote
+ *    them) replayed by two starts in a row: no crash loop, the subject not
+ *    admitted everything;
+ *  - the proxy with 2.3e18 prompt tokens on five concurrent calls, with
+ *    INT64_MAX usage (both shapes, streamed or not), and with output above
+ *    max_tokens: every call settled once, its slot freed, the anomaly in
+ *    the row's detail, the log and the metric;
+ *  - out_of_range answers of /v1/check, /v1/settle and /v1/authz, and the
+ *    bounds of simulate traces and rules files (the CLI).
+ * Under the ASan+UBSan build a wrap would abort the server, which the
+ * checks of its health after each test would see. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dblproc.h"
+#include "httpc.h"
+#include "qgproc.h"
+#include "runcli.h"
+#include "srvtest.h"
+
+#define ADMIN QGPROC_ADMIN_KEY
+#define SERVICE QGPROC_SERVICE_KEY
+#define PROMPT "hello there friend"   /* 18 bytes: an estimate of 5 tokens */
+#define BOUND_POINTS 1000000000000000.0 /* QG_AMOUNT_MAX_MILLI in points */
+#define I64MAX "9223372036854775807"
+
+static qgproc P;
+static httpc C;
+static dblproc D;
+
+static int gc_teardown(void **state)
+{
+    (void)state;
+    tst_gc_free_all();
+    return 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static http_resp *call(const char *method, const char *path, const char *key,
+                       const char *body)
+{
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_call(&C, method, path, "bearer", key, body, r) < 0)
+        fail_msg("%s %s: no response (the server died?): %s", method, path,
+                 C.err);
+    return r;
+}
+
+static void want_alive(void)
+{
+    WANT(call("GET", "/healthz", NULL, NULL), 200, "healthz");
+    if (!qgproc_alive(&P, NULL))
+        fail_msg("the server is gone");
+}
+
+/* 400 out_of_range whose message names `field` and `bound`. */
+static void want_range(const http_resp *r, const char *field,
+                       const char *bound, const char *what)
+{
+    const char *msg;
+    WANT(r, 400, what);
+    if (strcmp(tst_error_type(r, what), "out_of_range") != 0)
+        fail_msg("%s: type %s, want out_of_range: %s", what,
+                 tst_error_type(r, what), tst_excerpt(r));
+    msg = tst_jstr(json_object_get(tst_jparse(r, what), "error"), "message",
+                   what);
+    if (!strstr(msg, field) || !strstr(msg, bound))
+        fail_msg("%s: the message does not name %s and %s: %s", what, field,
+                 bound, msg);
+}
+
+static json_t *usage_of(const char *subject)
+{
+    http_resp *r = call("GET", tst_fmt("/v1/usage/%s", subject), ADMIN, NULL);
+    WANT(r, 200, "usage");
+    return tst_jparse(r, "usage");
+}
+
+static json_t *window_of(json_t *u, const char *name)
+{
+    json_t *w;
+    size_t i;
+    json_array_foreach(json_object_get(u, "windows"), i, w)
+        if (!strcmp(tst_jstr(w, "name", "window"), name))
+            return w;
+    fail_msg("no window %s in %s", name, tst_dump(u));
+    return NULL;
+}
+
+static double used_of(const char *subject, const char *name)
+{
+    return tst_jnum(window_of(usage_of(subject), name), "used", name);
+}
+
+/* ------------------------------------------------------------ fixtures */
+
+static int group_setup(void **state)
+{
+    const char *src = getenv("QG_TESTDATA"), *ub = getenv("QG_UPSTREAM_BIN");
+    char path[1024], up[128];
+    const char *args[3];
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    if (!src || !ub) {
+        fprintf(stderr, "QG_TESTDATA / QG_UPSTREAM_BIN not set (run through "
+                "tests/run.sh)\n");
+        return -1;
+    }
+    if (dblproc_start(&D, ub) < 0) {
+        fprintf(stderr, "cannot start the upstream double %s\n", ub);
+        return -1;
+    }
+    if (qgproc_init(&P) < 0) {
+        fprintf(stderr, "qgproc_init: %s\n", P.why);
+        dblproc_stop(&D);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/numbers/rules.yaml", src);
+    snprintf(up, sizeof up, "http://127.0.0.1:%d", D.port);
+    args[0] = "--upstream";
+    args[1] = up;
+    args[2] = NULL;
+    if (qgproc_start_copy(&P, path, args, NULL) < 0) {
+        dblproc_stop(&D);
+        return -1;
+    }
+    httpc_init(&C, qgproc_port(&P));
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    int rc;
+    (void)state;
+    httpc_close(&C);
+    rc = qgproc_finish(&P);
+    dblproc_stop(&D);
+    return rc;
+}
+
+/* =========================================== failure 2: recovered settles */
+
+/* The report's five settles: each weight is beyond the bound on one
+ * request's weight, so each is refused, and nothing is charged. */
+static void test_recovered_settles_beyond_bound(void **state)
+{
+    const char *s = tst_uid("ovf");
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        http_resp *r = call("POST", "/v1/settle", SERVICE, tst_fmt(
+            "{\"request_id\":\"%s-%d\",\"status\":\"completed\","
+            "\"subject\":\"%s\",\"weight\":2305843009213693}", s, i, s));
+        want_range(r, "weight", "1000000000000000", "settle beyond the bound");
+    }
+    want_alive();
+    assert_true(used_of(s, "burst_5h") == 0);
+}
+
+/* Five recovered settles at the bound: every window saturates at it (the
+ * sums never wrap), and the subject is refused, not admitted everything. */
+static void test_recovered_settles_at_bound(void **state)
+{
+    const char *s = tst_uid("ovf");
+    json_t *u;
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        http_resp *r = call("POST", "/v1/settle", SERVICE, tst_fmt(
+            "{\"request_id\":\"%s-%d\",\"status\":\"completed\","
+            "\"subject\":\"%s\",\"weight\":1000000000000000}", s, i, s));
+        WANT(r, 200, "recovered settle at the bound");
+        assert_true(tst_jbool(tst_jparse(r, "settle"), "recovered", "settle"));
+    }
+    u = usage_of(s);
+    for (const char *w = "burst_5h\0weekly\0session\0"; *w;
+         w += strlen(w) + 1) {
+        json_t *v = window_of(u, w);
+        double used = tst_jnum(v, "used", w);
+        if (used != BOUND_POINTS)
+            fail_msg("%s used %.0f after five charges at the bound, want "
+                     "the bound %.0f", w, used, BOUND_POINTS);
+        assert_true(tst_jnum(v, "remaining", w) == 0);
+    }
+    /* the rate bucket holds what drains by the end of time: full */
+    assert_true(tst_jnum(window_of(u, "wpm"), "remaining", "wpm") == 0);
+    assert_true(tst_jnum(window_of(u, "wpm"), "used", "wpm") >= 100);
+    for (int i = 0; i < 3; i++) {
+        http_resp *r = call("POST", "/v1/check", SERVICE, tst_fmt(
+            "{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":%s}", s,
+            tst_uid("after"), i == 0 ? "1" : i == 1 ? "0.001" : "1000"));
+        if (r->status != 429)
+            fail_msg("a check after the bound was reached: HTTP %d, want "
+                     "429: %s", r->status, tst_excerpt(r));
+    }
+    want_alive();
+}
+
+/* ====================================== typed refusals of callers' input */
+
+static void test_check_settle_bounds(void **state)
+{
+    const char *s = tst_uid("b");
+    http_resp *r;
+    (void)state;
+    want_range(call("POST", "/v1/check", SERVICE, tst_fmt(
+                   "{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":"
+                   "1000000000000001}", s, tst_uid("c"))),
+               "weight", "1000000000000000", "check weight");
+    want_range(call("POST", "/v1/check", SERVICE, tst_fmt(
+                   "{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":"
+                   "1e13}", s, tst_uid("c"))),
+               "weight", "1000000000000", "check weight as a real");
+    want_range(call("POST", "/v1/check", SERVICE, tst_fmt(
+                   "{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+                   "\"light\",\"input_tokens\":1000000000001}", s,
+                   tst_uid("c"))),
+               "input_tokens", "1000000000000", "check input_tokens");
+    want_range(call("POST", "/v1/check", SERVICE, tst_fmt(
+                   "{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+                   "\"light\",\"input_tokens\":1,\"max_output_tokens\":"
+                   I64MAX "}", s, tst_uid("c"))),
+               "max_output_tokens", "1000000000000", "check max_output");
+    /* tokens within their bound, weighing more than the weight bound */
+    want_range(call("POST", "/v1/check", SERVICE, tst_fmt(
+                   "{\"subject\":\"%s\",\"request_id\":\"%s\",\"model\":"
+                   "\"huge\",\"input_tokens\":1000000000,"
+                   "\"max_output_tokens\":1}", s, tst_uid("c"))),
+               "weight", "1000000000000000", "check huge weight");
+    /* at the bound: a refusal, never retryable (no window holds it) */
+    r = call("POST", "/v1/check", SERVICE, tst_fmt(
+            "{\"subject\":\"%s\",\"request_id\":\"%s\",\"weight\":"
+            "1000000000000000}", s, tst_uid("c")));
+    WANT(r, 429, "check at the bound");
+    assert_string_equal(tst_error_type(r, "at the bound"),
+                        "request_too_large_for_plan");
+    /* settles */
+    want_range(call("POST", "/v1/settle", SERVICE, tst_fmt(
+                   "{\"request_id\":\"%s\",\"status\":\"completed\","
+                   "\"input_tokens\":1,\"output_tokens\":1000000000001}",
+                   tst_uid("st"))),
+               "output_tokens", "1000000000000", "settle output_tokens");
+    /* a recovered settle of a model whose bounded tokens weigh more than
+     * the bound is charged the bound */
+    r = call("POST", "/v1/settle", SERVICE, tst_fmt(
+            "{\"request_id\":\"%s\",\"status\":\"completed\",\"subject\":"
+            "\"%s\",\"model\":\"huge\",\"input_tokens\":1000000000000,"
+            "\"output_tokens\":1000000000000}", tst_uid("st"), s));
+    WANT(r, 200, "recovered settle over the bound");
+    assert_true(tst_jnum(tst_jparse(r, "s"), "charged", "s") == BOUND_POINTS);
+    assert_true(used_of(s, "burst_5h") == BOUND_POINTS);
+    want_alive();
+}
+
+static void test_authz_bounds(void **state)
+{
+    const char *s = tst_uid("az");
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        const char *h[5] = {"X-Quotagate-Key: " SERVICE,
+                            tst_fmt("X-Quotagate-Subject: %s", s),
+                            i == 0 ? "X-Quotagate-Weight: 1000000000000001"
+                                   : "X-Quotagate-Model: light",
+                            i == 1 ? "X-Quotagate-Input-Tokens: 1000000000001"
+                            : i == 2 ? "X-Quotagate-Max-Output-Tokens: "
+                                       "99999999999999999999999"
+                                     : NULL,
+                            NULL};
+        http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+        if (httpc_request(&C, "GET", "/v1/authz", h, NULL, 0, r) < 0)
+            fail_msg("authz: no response");
+        want_range(r, i == 0 ? "X-Quotagate-Weight"
+                      : i == 1 ? "X-Quotagate-Input-Tokens"
+                               : "X-Quotagate-Max-Output-Tokens",
+                   i == 0 ? "1000000000000000" : "1000000000000", "authz");
+    }
+    want_alive();
+}
+
+/* ============================================ simulate traces, rules (CLI) */
+
+static const char *tmp_file(const char *name, const char *text)
+{
+    const char *path = tst_fmt("%s", qgproc_path(&P, name));
+    if (qgproc_write_file(path, text) < 0)
+        fail_msg("cannot write %s", path);
+    return path;
+}
+
+static void want_cli_error(tst_cli_result *r, int rc, const char *a,
+                           const char *b, const char *what)
+{
+    if (r->rc != rc || !strstr(r->err, a) || (b && !strstr(r->err, b)))
+        fail_msg("%s: exit %d (want %d), stderr: %s", what, r->rc, rc, r->err);
+    tst_cli_done(r);
+}
+
+/* The start of a rules file (every required key but the plans). */
+#define HEAD "version: \"b\"\nunit: \"points\"\nweights:\n  version: " \
+             "\"w\"\n  calibrated: \"2026-01-01\"\n  models:\n    m: " \
+             "{ per_request: 1 }\n"
+
+static void test_cli_bounds(void **state)
+{
+    const char *rules = tst_fmt("%s/numbers/rules.yaml", getenv("QG_TESTDATA"));
+    tst_cli_result r;
+    (void)state;
+    r = tst_cli_run("simulate", "-c", rules, "--trace",
+                    tmp_file("w.csv", "t,subject,weight\n0,a,1\n"
+                                      "1,a,1000000000000001\n"), NULL);
+    want_cli_error(&r, r.rc ? r.rc : -1, "w.csv:3:", "out of range",
+                   "trace weight");
+    r = tst_cli_run("simulate", "-c", rules, "--trace",
+                    tmp_file("t.csv", "t,subject,model,input_tokens,"
+                                      "output_tokens\n0,a,light,"
+                                      "1000000000001,1\n"), NULL);
+    want_cli_error(&r, r.rc ? r.rc : -1, "t.csv:2:", "out of range",
+                   "trace tokens");
+    r = tst_cli_run("simulate", "-c", rules, "--start",
+                    "9999-12-31T23:59:59Z", "--trace",
+                    tmp_file("e.csv", "t,subject,weight\n10,a,1\n"), NULL);
+    want_cli_error(&r, r.rc ? r.rc : -1, "e.csv:2:", "out of range",
+                   "trace end");
+    /* rules: a limit beyond the bound, a duration beyond 36500 days */
+    r = tst_cli_run("lint", "-c", tmp_file("l.yaml",
+        HEAD "plans:\n  p:\n    windows:\n"
+        "      - { name: w, type: calendar, every: day, at: \"00:00\", "
+        "tz: \"UTC\", limit: 1000000000000001 }\ndefault_plan: p\n"), NULL);
+    want_cli_error(&r, 2, "out of range (at most 1000000000000000)", NULL,
+                   "rules limit");
+    r = tst_cli_run("lint", "-c", tmp_file("d.yaml",
+        HEAD "plans:\n  p:\n    windows:\n"
+        "      - { name: w, type: rolling, length: 36501d, limit: 5 }\n"
+        "default_plan: p\n"), NULL);
+    want_cli_error(&r, 2, "duration out of range (at most 36500d)", NULL,
+                   "rules duration");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_recovered_settles_beyond_bound,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_recovered_settles_at_bound,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_check_settle_bounds, gc_teardown),
+        cmocka_unit_test_teardown(test_authz_bounds, gc_teardown),
+        cmocka_unit_test_teardown(test_cli_bounds, gc_teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
