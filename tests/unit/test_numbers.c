@@ -25,9 +25,11 @@
 
 #include <jansson.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dblproc.h"
@@ -214,6 +216,128 @@ static void test_recovered_settles_at_bound(void **state)
     want_alive();
 }
 
+/* ============================== failure 2: the rows left by older builds */
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sql(sqlite3 *db, const char *text)
+{
+    char *e = NULL;
+    if (sqlite3_exec(db, text, NULL, NULL, &e) != SQLITE_OK)
+        fail_msg("sqlite: %s: %s", text, e ? e : "?");
+}
+
+/* One row as an older build wrote it (schema 1's columns only). */
+static void put_row(sqlite3 *db, const char *rid, const char *subject,
+                    int status, const char *reserved, const char *weight,
+                    long long created_ms)
+{
+    sql(db, tst_fmt("INSERT INTO requests (request_id, subject, plan, model, "
+                    "decision, status, reserved_milli, weight_milli, "
+                    "created_ms, settled_ms) VALUES ('%s', '%s', 'wide', '', "
+                    "1, %d, %s, %s, %lld, %lld)", rid, subject, status,
+                    reserved, weight, created_ms,
+                    status == 1 ? 0LL : created_ms));
+}
+
+static int log_mentions(qgproc *p, const char *a, const char *b)
+{
+    FILE *f = fopen(qgproc_path(p, "stderr.log"), "r");
+    char line[2048];
+    int found = 0;
+    if (!f)
+        return 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, a) && (!b || strstr(line, b));
+    fclose(f);
+    return found;
+}
+
+static void test_rebuild_rows_beyond_bounds(void **state)
+{
+    static qgproc p;
+    static httpc k;
+    const char *src = getenv("QG_TESTDATA"), *sub = "loop";
+    sqlite3 *db;
+    int64_t now = wall_ms();
+    (void)state;
+    if (qgproc_init(&p) < 0)
+        fail_msg("qgproc_init: %s", p.why);
+    if (qgproc_start_copy(&p, tst_fmt("%s/numbers/rules.yaml", src), NULL,
+                          NULL) < 0)
+        fail_msg("start: %s", p.why);
+    if (qgproc_stop(&p, 20000) != 0) {
+        qgproc_cleanup(&p);
+        fail_msg("the first stop was not clean");
+    }
+    if (sqlite3_open(tst_fmt("%s/ledger.db", p.data), &db) != SQLITE_OK) {
+        qgproc_cleanup(&p);
+        fail_msg("cannot open the ledger");
+    }
+    /* what five settles at weight 2305843009213693 left in an older
+     * build's ledger, plus rows no build should have written */
+    for (int i = 1; i <= 5; i++)
+        put_row(db, tst_fmt("loop%d", i), sub, 2, "2305843009213693000",
+                "2305843009213693000", (long long)(now - 5000 + i));
+    put_row(db, "loop-open", sub, 1, I64MAX, I64MAX, (long long)(now - 900));
+    put_row(db, "loop-neg", sub, 2, "-5000", "-5000", (long long)(now - 800));
+    put_row(db, "loop-future", sub, 2, "1000", "1000", 253402300800000LL);
+    sqlite3_close(db);
+    for (int round = 0; round < 2; round++) {
+        http_resp *r;
+        json_t *u;
+        if (qgproc_restart(&p) < 0) {
+            qgproc_cleanup(&p);
+            fail_msg("start %d on the ledger with rows beyond the bounds "
+                     "failed: %s", round + 1, p.why);
+        }
+        httpc_init(&k, qgproc_port(&p));
+        r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+        if (httpc_call(&k, "POST", "/v1/check", "bearer", SERVICE,
+                       tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                               "\"weight\":1}", sub, tst_uid("lc")), r) < 0 ||
+            r->status != 429) {
+            int st = r->status;
+            httpc_close(&k);
+            qgproc_cleanup(&p);
+            fail_msg("start %d: a check of the subject: HTTP %d, want 429",
+                     round + 1, st);
+        }
+        r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+        if (httpc_call(&k, "GET", tst_fmt("/v1/usage/%s", sub), "bearer",
+                       ADMIN, NULL, r) < 0 || r->status != 200) {
+            httpc_close(&k);
+            qgproc_cleanup(&p);
+            fail_msg("start %d: usage after the check failed", round + 1);
+        }
+        u = tst_jparse(r, "usage");
+        assert_true(tst_jnum(window_of(u, "burst_5h"), "used", "u") ==
+                    BOUND_POINTS);
+        /* the open reservation holds its slot */
+        assert_true(tst_jnum(window_of(u, "concurrency"), "used", "u") == 1);
+        httpc_close(&k);
+        if (!qgproc_alive(&p, NULL)) {
+            qgproc_cleanup(&p);
+            fail_msg("start %d: the server died after the check", round + 1);
+        }
+        if (qgproc_stop(&p, 20000) != 0) {
+            qgproc_cleanup(&p);
+            fail_msg("start %d: the server did not stop cleanly", round + 1);
+        }
+    }
+    /* reported on stderr, with the request ids */
+    assert_true(log_mentions(&p, "loop1", "clamped"));
+    assert_true(log_mentions(&p, "loop-open", "clamped"));
+    assert_true(log_mentions(&p, "loop-neg", "clamped"));
+    assert_true(log_mentions(&p, "loop-future", "skipped"));
+    qgproc_cleanup(&p);
+}
+
 /* ====================================== typed refusals of callers' input */
 
 static void test_check_settle_bounds(void **state)
@@ -360,6 +484,8 @@ int main(void)
         cmocka_unit_test_teardown(test_recovered_settles_beyond_bound,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_recovered_settles_at_bound,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_rebuild_rows_beyond_bounds,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_check_settle_bounds, gc_teardown),
         cmocka_unit_test_teardown(test_authz_bounds, gc_teardown),
