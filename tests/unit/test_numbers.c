@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -338,6 +339,240 @@ static void test_rebuild_rows_beyond_bounds(void **state)
     qgproc_cleanup(&p);
 }
 
+/* ======================================= failures 2 and 4: the proxy */
+
+/* POST with the NULL-terminated headers. */
+static http_resp *post(const char *path, const char *const *h,
+                       const char *body)
+{
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    assert_non_null(r);
+    if (httpc_request(&C, "POST", path, h, body, strlen(body), r) < 0)
+        fail_msg("POST %s: no response (the server died?): %s", path, C.err);
+    return r;
+}
+
+static const char *new_subject(const char *plan)
+{
+    const char *s = tst_uid("n");
+    http_resp *r = call("POST", "/v1/admin/subjects", ADMIN,
+                        tst_fmt("{\"subject\":\"%s\",\"plan\":\"%s\"}", s, plan));
+    if (r->status != 200 && r->status != 201)
+        fail_msg("create subject: %d %s", r->status, tst_excerpt(r));
+    return s;
+}
+
+static const char *new_key(const char *subject)
+{
+    http_resp *r = call("POST", "/v1/admin/keys", ADMIN,
+                        tst_fmt("{\"subject\":\"%s\"}", subject));
+    if (r->status != 200 && r->status != 201)
+        fail_msg("create key: %d %s", r->status, tst_excerpt(r));
+    return tst_jstr(tst_jparse(r, "keys"), "key", "keys");
+}
+
+/* The settled row of rid: status, estimated, tokens, weight. */
+typedef struct lrow {
+    long long status, estimated, in, out, weight_milli;
+} lrow;
+
+static lrow ledger_row(const char *rid)
+{
+    long long v[5];
+    tst_ledger_ints(P.data, rid, "status, estimated, input_tokens, "
+                    "output_tokens, weight_milli", v, 5);
+    return (lrow){v[0], v[1], v[2], v[3], v[4]};
+}
+
+static const char *ledger_detail(const char *rid)
+{
+    return tst_ledger_cols(P.data, rid, "detail", 1, 1)[0];
+}
+
+/* The value of the sample line_prefix, 0 when absent. */
+static unsigned long long metric(const char *line_prefix)
+{
+    http_resp *r = call("GET", "/metrics", NULL, NULL);
+    const char *p;
+    WANT(r, 200, "metrics");
+    if (!(p = strstr(r->body, line_prefix)))
+        return 0;
+    return strtoull(p + strlen(line_prefix), NULL, 10);
+}
+
+static const char *openai_body(int stream, int max_tokens)
+{
+    if (max_tokens < 0)
+        return tst_fmt("{\"model\":\"light\",%s\"messages\":[{\"role\":"
+                       "\"user\",\"content\":\"" PROMPT "\"}]}",
+                       stream ? "\"stream\":true," : "");
+    return tst_fmt("{\"model\":\"light\",%s\"messages\":[{\"role\":\"user\","
+                   "\"content\":\"" PROMPT "\"}],\"max_tokens\":%d}",
+                   stream ? "\"stream\":true," : "", max_tokens);
+}
+
+static const char *anthropic_body(int stream, int max_tokens)
+{
+    return tst_fmt("{\"model\":\"claude-light\",%s\"messages\":[{\"role\":"
+                   "\"user\",\"content\":\"" PROMPT "\"}],\"max_tokens\":%d}",
+                   stream ? "\"stream\":true," : "", max_tokens);
+}
+
+typedef struct pcall {
+    int port;
+    const char *key, *rid, *mode, *path, *body;
+    int status;
+} pcall;
+
+static void *pcall_run(void *arg)
+{
+    pcall *c = arg;
+    httpc h;
+    http_resp r;
+    const char *hd[4];
+    char a[512], b[300], m[200];
+    snprintf(a, sizeof a, "Authorization: Bearer %s", c->key);
+    snprintf(b, sizeof b, "X-Request-Id: %s", c->rid);
+    snprintf(m, sizeof m, "X-Double-Mode: %s", c->mode);
+    hd[0] = a;
+    hd[1] = b;
+    hd[2] = m;
+    hd[3] = NULL;
+    httpc_init(&h, c->port);
+    memset(&r, 0, sizeof r);
+    c->status = httpc_request(&h, "POST", c->path, hd, c->body,
+                              strlen(c->body), &r) < 0 ? 0 : r.status;
+    http_resp_free(&r);
+    httpc_close(&h);
+    return NULL;
+}
+
+/* The report's proxy variant: five concurrent calls whose upstream
+ * reports 2.3e18 prompt tokens.  A count beyond the token bound is no
+ * report: each call is charged its admission estimate, once. */
+static void test_proxy_huge_prompt_concurrent(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    unsigned long long before = metric(
+        "quotagate_proxy_usage_anomalies_total{kind=\"input_over_bound\"} ");
+    pcall c[5];
+    pthread_t t[5];
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        c[i] = (pcall){qgproc_port(&P), key, tst_uid("hp"),
+                       "usage-in=2300000000000000000", "/v1/chat/completions",
+                       openai_body(0, 9), 0};
+        assert_int_equal(pthread_create(&t[i], NULL, pcall_run, &c[i]), 0);
+    }
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 5; i++) {
+        lrow row;
+        if (c[i].status != 200)
+            fail_msg("call %d: HTTP %d", i, c[i].status);
+        row = ledger_row(c[i].rid);
+        assert_int_equal(row.status, 2);        /* completed */
+        assert_int_equal(row.estimated, 1);
+        assert_int_equal(row.in, 5);            /* the admission estimate */
+        assert_int_equal(row.out, 9);
+        assert_int_equal(row.weight_milli, 1000 + 5 + 9);
+        if (!strstr(ledger_detail(c[i].rid), "input_tokens 2300000000000000000"))
+            fail_msg("call %d: detail \"%s\"", i, ledger_detail(c[i].rid));
+    }
+    assert_true(used_of(s, "burst_5h") * 1000 == 5 * (1000 + 5 + 9));
+    assert_true(used_of(s, "concurrency") == 0);
+    assert_true(metric("quotagate_proxy_usage_anomalies_total{kind="
+                       "\"input_over_bound\"} ") >= before + 5);
+    want_alive();
+}
+
+/* INT64_MAX input and output, both shapes, streamed or not: the caller
+ * gets its answer, the call is settled (not left reserved), its slot is
+ * freed, output is charged at max_tokens and input at the estimate. */
+static void test_proxy_int64_usage(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *mode = "X-Double-Mode: usage-in=" I64MAX ",usage-out=" I64MAX;
+    (void)state;
+    for (int shape = 0; shape < 2; shape++)
+        for (int stream = 0; stream < 2; stream++) {
+            const char *rid = tst_uid("i64"), *d;
+            const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                                tst_fmt("X-Request-Id: %s", rid), mode, NULL};
+            http_resp *r = post(shape ? "/v1/messages" : "/v1/chat/completions",
+                                h, shape ? anthropic_body(stream, 7)
+                                         : openai_body(stream, 7));
+            lrow row;
+            WANT(r, 200, "INT64_MAX usage");
+            row = ledger_row(rid);
+            if (row.status != 2)
+                fail_msg("%s %s: row status %lld, want 2 (completed)",
+                         shape ? "anthropic" : "openai",
+                         stream ? "stream" : "json", row.status);
+            assert_int_equal(row.in, 5);
+            assert_int_equal(row.out, 7);
+            assert_int_equal(row.estimated, 1);
+            assert_int_equal(row.weight_milli, 1000 + 5 + 7);
+            d = ledger_detail(rid);
+            if (!strstr(d, "input_tokens " I64MAX) ||
+                !strstr(d, "output_tokens " I64MAX) ||
+                !strstr(d, "max_tokens"))
+                fail_msg("detail \"%s\"", d);
+        }
+    assert_true(used_of(s, "concurrency") == 0);
+    assert_true(used_of(s, "burst_5h") * 1000 == 4 * (1000 + 5 + 7));
+    want_alive();
+}
+
+/* Output above max_tokens is charged at max_tokens ("1e14 tokens were
+ * charged as 1e11 points"); without max_tokens a count beyond the bound
+ * is replaced by the estimate from the text. */
+static void test_proxy_output_over_max_tokens(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("om"), *d;
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: usage-out=100000000000000", NULL};
+    unsigned long long before = metric(
+        "quotagate_proxy_usage_anomalies_total{kind=\"output_over_max_tokens\"} ");
+    lrow row;
+    (void)state;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 50)), 200, "over");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 50);
+    assert_int_equal(row.estimated, 0);          /* both counts reported */
+    assert_int_equal(row.weight_milli, 1000 + 5 + 50);
+    d = ledger_detail(rid);
+    if (!strstr(d, "output_tokens 100000000000000 reported, above max_tokens"))
+        fail_msg("detail \"%s\"", d);
+    assert_true(metric("quotagate_proxy_usage_anomalies_total{kind="
+                       "\"output_over_max_tokens\"} ") == before + 1);
+    /* no max_tokens: the estimate from the 20 words of text (109 bytes) */
+    rid = tst_uid("ob");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = "X-Double-Mode: usage-out=" I64MAX;
+    WANT(post("/v1/chat/completions", h, openai_body(0, -1)), 200, "bound");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.out, 28);
+    if (!strstr(ledger_detail(rid), "above the bound"))
+        fail_msg("detail \"%s\"", ledger_detail(rid));
+    /* a sane report is charged as reported, with no detail */
+    rid = tst_uid("ok");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = NULL;
+    WANT(post("/v1/chat/completions", h, openai_body(0, 50)), 200, "sane");
+    row = ledger_row(rid);
+    assert_int_equal(row.out, 50);
+    assert_string_equal(ledger_detail(rid), "");
+    assert_true(used_of(s, "concurrency") == 0);
+    want_alive();
+}
+
 /* ====================================== typed refusals of callers' input */
 
 static void test_check_settle_bounds(void **state)
@@ -486,6 +721,11 @@ int main(void)
         cmocka_unit_test_teardown(test_recovered_settles_at_bound,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_rebuild_rows_beyond_bounds,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_proxy_huge_prompt_concurrent,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_proxy_int64_usage, gc_teardown),
+        cmocka_unit_test_teardown(test_proxy_output_over_max_tokens,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_check_settle_bounds, gc_teardown),
         cmocka_unit_test_teardown(test_authz_bounds, gc_teardown),
