@@ -46,12 +46,11 @@ int64_t qg__calendar_admit_at(const qg_window_spec *s, qg_win_state *st,
     int64_t now;
     if (advance(s, st, ctx, &now) != 0)
         return QG_NEVER;
-    if (a <= 0)
+    /* a <= limit - used: no addition that could wrap (both are >= 0) */
+    if (a <= 0 || a <= s->limit_milli - st->u.cal.used_milli)
         return now;
-    if (a > s->limit_milli || a > QG_AMOUNT_MAX_MILLI)
+    if (a > s->limit_milli)
         return QG_NEVER;
-    if (st->u.cal.used_milli + a <= s->limit_milli)
-        return now;
     return st->u.cal.end_ms;   /* the next reset: used is 0 from then on */
 }
 

@@ -113,7 +113,9 @@ int qg__rate_charge(const qg_window_spec *s, qg_win_state *st,
         st->u.rate.capped = 0;   /* drained: nothing cut is left */
     }
     tat += (i128)a * s->length_ms;
-    if (tat - sn > fill_cap(s)) {
+    /* the cap is at least limit * QG_TIME_MAX_MS >= QG_TIME_MAX_MS: a
+     * fill below that (any real one) needs no multiplication */
+    if (tat - sn > QG_TIME_MAX_MS && tat - sn > fill_cap(s)) {
         tat = sn + fill_cap(s);
         st->u.rate.capped = 1;
     }

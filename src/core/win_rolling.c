@@ -177,12 +177,11 @@ int64_t qg__rolling_admit_at(const qg_window_spec *s, qg_win_state *st,
 {
     int64_t now = clamp_now(st, ctx->now_ms);
     prune(s, st, now);
-    if (a <= 0)
+    /* a <= limit - total: no addition that could wrap (both are >= 0) */
+    if (a <= 0 || a <= s->limit_milli - st->u.roll.total_milli)
         return now;
     if (a > s->limit_milli || a > AMAX)
         return QG_NEVER;
-    if (st->u.roll.total_milli + a <= s->limit_milli)
-        return now;
     /* Room is needed for `a`: entries leave oldest first, entry e at exactly
      * e.t + L (at that instant t > now - L no longer holds).  The answer is
      * the departure that first brings total - freed + a within the limit;

@@ -40,9 +40,10 @@ int64_t qg__session_admit_at(const qg_window_spec *s, qg_win_state *st,
     int64_t now = advance(s, st, ctx);
     if (a <= 0)
         return now;
-    if (a > s->limit_milli || a > QG_AMOUNT_MAX_MILLI)
+    if (a > s->limit_milli)
         return QG_NEVER;
-    if (st->u.sess.start_ms == 0 || st->u.sess.used_milli + a <= s->limit_milli)
+    /* a <= limit - used: no addition that could wrap (both are >= 0) */
+    if (st->u.sess.start_ms == 0 || a <= s->limit_milli - st->u.sess.used_milli)
         return now;
     /* The open session holds too much: at start + L it closes, used drops
      * to 0 and a <= limit fits in the session the retry opens. */
