@@ -22,7 +22,8 @@
  * amounts <= 10^18, periods and times < 2^63: each term < 2^126).  A
  * bucket that was cut (`capped`) keeps its fill against refunds until it
  * has drained, since its real fill is larger.  Views report the fill
- * clamped to the bound. */
+ * clamped to the bound, and instants (reset, recovery) at most
+ * QG_TIME_MAX_MS. */
 #include "fixed.h"
 #include "window.h"
 
@@ -166,6 +167,8 @@ void qg__rate_view(const qg_window_spec *s, qg_win_state *st,
             if (out->used_milli > QG_AMOUNT_MAX_MILLI)
                 out->used_milli = QG_AMOUNT_MAX_MILLI;
             out->reset_at_ms = ceil_div128(st->u.rate.tat, s->limit_milli);
+            if (out->reset_at_ms > QG_TIME_MAX_MS)   /* a cut bucket */
+                out->reset_at_ms = QG_TIME_MAX_MS;
         }
     }
     out->remaining_milli = burst > out->used_milli ? burst - out->used_milli : 0;
@@ -192,6 +195,13 @@ int qg__rate_recovery(const qg_window_spec *s, qg_win_state *st,
             continue;
         pts[n].remaining_milli = r;
         pts[n].at_ms = ceil_div128(tat - (i128)(burst - r) * P, s->limit_milli);
+        if (pts[n].at_ms > QG_TIME_MAX_MS) {
+            /* a cut bucket: nothing comes back before the end of time */
+            pts[n].at_ms = QG_TIME_MAX_MS;
+            pts[n].remaining_milli = burst;
+            n++;
+            break;
+        }
         n++;
     }
     return n;

@@ -242,8 +242,15 @@ static void test_rate_saturates(void **state)
         int64_t at = tst_win_admit(s, &st, T0 + 100, 1000);
         assert_true(at > T0 + 100);
         if (k == 0) {
-            /* no instant before the end of time admits it */
+            /* no instant before the end of time admits it, and the
+             * instants the view names stay within the time bound */
+            qg_recovery_point pts[4];
+            qg_win_ctx c = { .now_ms = T0 + 100 };
+            int n = qg_win_recovery(s, &st, &c, pts, 4);
             assert_true(at > QG_TIME_MAX_MS);
+            assert_true(v.reset_at_ms == QG_TIME_MAX_MS);
+            assert_true(n >= 1 && pts[n - 1].at_ms == QG_TIME_MAX_MS &&
+                        pts[n - 1].remaining_milli == 20000);
             tst_win_adjust(s, &st, T0 + 200, T0, -MAXA);
             assert_true(tst_win_admit(s, &st, T0 + 200, 1000) >
                         QG_TIME_MAX_MS);
