@@ -985,6 +985,11 @@ static void px_admit(px *p)
                           .input_tokens = info->input_tokens_estimate,
                           .max_output_tokens = info->max_output_tokens};
     rc = qg_engine_check(s->engine, &creq, now, d, err, sizeof err);
+    if (rc == QG_ERANGE && info->max_output_tokens > QG_TOKENS_MAX)
+        snprintf(err, sizeof err, "%s must be at most %lld (the bound on a "
+                 "token count)", p->shape == QG_SHAPE_OPENAI
+                     ? "max_tokens (or max_completion_tokens)" : "max_tokens",
+                 (long long)QG_TOKENS_MAX);
     if (rc != QG_OK) {
         px_discard(p);
         qg_reply_engine_error(s, r, rc, err);

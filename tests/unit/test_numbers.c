@@ -561,6 +561,15 @@ static void test_proxy_output_over_max_tokens(void **state)
     assert_int_equal(row.out, 28);
     if (!strstr(ledger_detail(rid), "above the bound"))
         fail_msg("detail \"%s\"", ledger_detail(rid));
+    /* a request whose max_tokens is beyond the bound: refused before the
+     * upstream, nothing reserved */
+    rid = tst_uid("mx");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = NULL;
+    want_range(post("/v1/chat/completions", h, tst_fmt(
+                   "{\"model\":\"light\",\"messages\":[{\"role\":\"user\","
+                   "\"content\":\"hi\"}],\"max_tokens\":" I64MAX "}")),
+               "max_tokens", "1000000000000", "proxy max_tokens");
     /* a sane report is charged as reported, with no detail */
     rid = tst_uid("ok");
     h[1] = tst_fmt("X-Request-Id: %s", rid);
@@ -711,6 +720,8 @@ static void test_cli_bounds(void **state)
         "default_plan: p\n"), NULL);
     want_cli_error(&r, 2, "duration out of range (at most 36500d)", NULL,
                    "rules duration");
+    r = tst_cli_run("analyze", "-c", rules, "--period", "36501d", NULL);
+    want_cli_error(&r, 2, "at most 36500d", NULL, "analyze --period");
 }
 
 int main(void)
