@@ -44,6 +44,30 @@ typedef struct qg_rules qg_rules;
 typedef struct qg_store qg_store;
 typedef struct qg_engine qg_engine;
 
+/* --------------------------------------------------------------- bounds */
+
+/* Every quantity that enters the arithmetic is bounded, so that no sum or
+ * product the library forms can overflow int64 (docs/decisions.md,
+ * "Bounds"):
+ *  - a token count of one request (input, output, max output):
+ *    QG_TOKENS_MAX (10^12 tokens);
+ *  - one request's weight, any window limit or burst, and every sum a
+ *    window, a reservation or a rebuild can reach: QG_AMOUNT_MAX_MILLI
+ *    (10^15 points).  Inputs beyond it are refused (QG_ERANGE); sums
+ *    saturate at it, and a window whose usage reached it refuses every
+ *    request of positive weight until that usage expires or resets;
+ *  - a price, a spending cap and a spent amount: QG_MONEY_MAX_MICRO
+ *    (10^12 USD), spent amounts saturating likewise;
+ *  - an instant: 0 (1970) to QG_TIME_MAX_MS (9999-12-31T23:59:59.999Z);
+ *    a duration in the rules: at most QG_DURATION_MAX_MS (36500 days).
+ * Any two bounded amounts sum to less than 2^62, so one addition followed
+ * by a clamp can never wrap; products are formed in 128 bits. */
+#define QG_TOKENS_MAX INT64_C(1000000000000)
+#define QG_AMOUNT_MAX_MILLI INT64_C(1000000000000000000)
+#define QG_MONEY_MAX_MICRO INT64_C(1000000000000000000)
+#define QG_TIME_MAX_MS INT64_C(253402300799999)
+#define QG_DURATION_MAX_MS (INT64_C(36500) * 86400000)
+
 /* ---------------------------------------------------------------- views */
 
 #define QG_MAX_VIEWS 32     /* member + org windows of one decision */

@@ -480,6 +480,13 @@ static int reference_weight(const qg_rules *r, int64_t *w, char *err,
     *w = an->model >= 0 ? qg_weight_milli(&r->models[an->model],
                                           an->input_tokens, an->output_tokens)
                         : an->weight_milli;
+    if (*w > QG_AMOUNT_MAX_MILLI) {
+        snprintf(err, errcap, "%s: the analysis request weighs more than "
+                 "%lld points (the bound on one request's weight)",
+                 r->path ? r->path : "rules",
+                 (long long)(QG_AMOUNT_MAX_MILLI / 1000));
+        return QG_ERANGE;
+    }
     if (*w > 0)
         return QG_OK;
     snprintf(err, errcap, "%s: the analysis request has no positive weight",

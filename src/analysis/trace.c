@@ -5,8 +5,10 @@
  * decreasing), subject, then either weight or model, input_tokens and
  * output_tokens, and optionally request_id.  Fields may be quoted with
  * "..." ("" inside for a quote).  Numbers are read as fixed point, never
- * as floating point.  No I/O: the caller reads the file; every error names
- * the line and the column and what was expected. */
+ * as floating point, and bounded (quotagate.h): t at most QG_TIME_MAX_MS,
+ * a weight at most QG_AMOUNT_MAX_MILLI, token counts at most QG_TOKENS_MAX.
+ * No I/O: the caller reads the file; every error names the line and the
+ * column and what was expected. */
 #include "analysis.h"
 
 #include <stdarg.h>
@@ -181,11 +183,20 @@ static int read_header(cursor *c, const record *h, int pos[NCOLS])
     return 0;
 }
 
-/* A fixed-point number >= 0 with `scale` fractional digits. */
+/* A fixed-point number >= 0 with `scale` fractional digits, at most max
+ * (scaled; the bounds of quotagate.h). */
 static int num_field(cursor *c, const record *rec, const char *col,
-                     const char *s, int scale, const char *what, int64_t *out)
+                     const char *s, int scale, const char *what, int64_t max,
+                     int64_t *out)
 {
-    if (qg_fixed_parse(s, strlen(s), scale, out) != 0 || *out < 0)
+    int rc = qg_fixed_parse(s, strlen(s), scale, out);
+    if (rc == -3 || (rc == 0 && *out > max)) {
+        char m[32];
+        qg_fixed_format(max, scale, m, sizeof m);
+        return fail(c, rec->line, "%s: \"%s\" is out of range (at most %s)",
+                    col, s, m);
+    }
+    if (rc != 0 || *out < 0)
         return fail(c, rec->line, "%s: expected %s, got \"%s\"", col, what, s);
     return 0;
 }
@@ -218,7 +229,7 @@ static int read_row(cursor *c, const record *rec, const int pos[NCOLS],
         return fail(c, rec->line, "expected %d fields as in the header, got %d",
                     ncols, rec->n);
     if (num_field(c, rec, name[COL_T], rec->f[pos[COL_T]], 3,
-                  "seconds", &row->t_ms) < 0)
+                  "seconds", QG_TIME_MAX_MS, &row->t_ms) < 0)
         return -1;
     if (row->t_ms < prev_t) {
         qg_fixed_format(row->t_ms, 3, a, sizeof a);
@@ -236,13 +247,15 @@ static int read_row(cursor *c, const record *rec, const int pos[NCOLS],
     if (pos[COL_WEIGHT] >= 0)
         return num_field(c, rec, name[COL_WEIGHT], rec->f[pos[COL_WEIGHT]], 3,
                          "a weight >= 0 (at most 3 decimals)",
-                         &row->weight_milli);
+                         QG_AMOUNT_MAX_MILLI, &row->weight_milli);
     if (text_field(c, rec, name[COL_MODEL], rec->f[pos[COL_MODEL]], 1,
                    &row->model) < 0 ||
         num_field(c, rec, name[COL_INPUT], rec->f[pos[COL_INPUT]], 0,
-                  "a whole number of tokens >= 0", &row->input_tokens) < 0 ||
+                  "a whole number of tokens >= 0", QG_TOKENS_MAX,
+                  &row->input_tokens) < 0 ||
         num_field(c, rec, name[COL_OUTPUT], rec->f[pos[COL_OUTPUT]], 0,
-                  "a whole number of tokens >= 0", &row->output_tokens) < 0)
+                  "a whole number of tokens >= 0", QG_TOKENS_MAX,
+                  &row->output_tokens) < 0)
         return -1;
     return 0;
 }

@@ -192,9 +192,10 @@ int qg__cmd_analyze(const qg_cli_args *args, qg_rules *r)
 
     if (args->period &&
         (qg_duration_parse(args->period, strlen(args->period), &o.period_ms) <
-             0 || o.period_ms <= 0)) {
+             0 || o.period_ms <= 0 || o.period_ms > QG_DURATION_MAX_MS)) {
         fprintf(stderr, "quotagate analyze: --period: expected a duration "
-                "such as 7d or 30d, got \"%s\"\n", args->period);
+                "such as 7d or 30d, at most 36500d, got \"%s\"\n",
+                args->period);
         goto done;
     }
     if (qg_analyze(r, &o, &a, err, sizeof err) != QG_OK) {

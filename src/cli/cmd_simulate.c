@@ -81,8 +81,14 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
     qg_decision d;
     json_t *line;
     tally *ty;
-    int64_t now = start + row->t_ms;
+    int64_t now;
 
+    if (__builtin_add_overflow(start, row->t_ms, &now) || now < 0 ||
+        now > QG_TIME_MAX_MS) {
+        fprintf(stderr, "%s:%d: t: the instant --start + t is out of range "
+                "(at most 9999-12-31T23:59:59.999Z)\n", rn->path, row->line);
+        return -1;
+    }
     snprintf(rid, sizeof rid, "trace-%d", row->line);
     memset(&req, 0, sizeof req);
     req.subject = row->subject;
@@ -119,7 +125,11 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
             return -1;
         }
         json_object_set_new(line, "weight", qg__json_milli(sres.charged_milli));
-        ty->weight_milli += sres.charged_milli;
+        /* sums of bounded weights, saturated at the bound (a summary) */
+        ty->weight_milli =
+            ty->weight_milli > QG_AMOUNT_MAX_MILLI - sres.charged_milli
+                ? QG_AMOUNT_MAX_MILLI
+                : ty->weight_milli + sres.charged_milli;
         ty->admitted++;
         rn->admitted++;
     } else {

@@ -1,8 +1,16 @@
 /* decide.c - the all-or-nothing decision over a member's and its org's
  * windows (decide.h).  No locks and no clock: the store holds the lock and
- * passes now in the window contexts. */
+ * passes now in the window contexts.
+ *
+ * Bounds (quotagate.h): weights and window sums stay within
+ * QG_AMOUNT_MAX_MILLI (the windows saturate), prices, costs and spent
+ * amounts within QG_MONEY_MAX_MICRO: a cost is formed in 128 bits and
+ * clamped, a spent amount saturates, and the cap is compared with the
+ * unclamped sum of two bounded amounts (< 2^62), so a spent amount at the
+ * bound passes any cap. */
 #include <string.h>
 #include "decide.h"
+#include "fixed.h"
 
 int qg_decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
                   qg_win_state *states, int org)
@@ -109,7 +117,7 @@ int64_t qg_overage_cost(int64_t overage_milli, int64_t price_micro)
     if (overage_milli <= 0 || price_micro <= 0)
         return 0;
     __int128 c = ((__int128)overage_milli * price_micro + 999) / 1000;
-    return c > INT64_MAX ? INT64_MAX : (int64_t)c;
+    return c > QG_MONEY_MAX_MICRO ? QG_MONEY_MAX_MICRO : (int64_t)c;
 }
 
 int64_t qg_overage_of(int64_t charged_milli, int64_t headroom_milli)
@@ -197,9 +205,9 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
         out->overage_price_micro = in->price_micro;
         over = qg_overage_of(in->weight_milli, out->headroom_milli);
         cost = qg_overage_cost(over, in->price_micro);
-        cap_ok = !__builtin_add_overflow(*in->spent_micro, cost,
-                                         &spent_after) &&
-                 (in->cap_micro <= 0 || spent_after <= in->cap_micro);
+        /* spent and cost are within the money bound: the sum cannot wrap */
+        cap_ok = in->cap_micro <= 0 || *in->spent_micro + cost <= in->cap_micro;
+        spent_after = qg_money_add(*in->spent_micro, cost);
     }
     if (never >= 0) {
         out->outcome = QG_REJECT_NEVER;

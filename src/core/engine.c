@@ -15,7 +15,15 @@
  * agree.  Old generations are retired, not freed, until the engine is
  * freed: a store may still hold pointers into their window specs and
  * models (few reloads happen in a process's life; each costs one rules
- * allocation). */
+ * allocation).
+ *
+ * Bounds (quotagate.h): every number a caller hands in is checked here,
+ * once, before the store sees it: instants within [0, QG_TIME_MAX_MS],
+ * token counts within QG_TOKENS_MAX, weights (given, or computed from the
+ * tokens of a check) within QG_AMOUNT_MAX_MILLI, and a restored row's
+ * amounts within the amount and money bounds.  Out of bounds is QG_ERANGE
+ * with a message naming the field and the bound (an instant: QG_EINVAL);
+ * below this line nothing can overflow (window.h, decide.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -193,6 +201,13 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out,
     return QG_OK;
 }
 
+/* a * b for non-negative a, b, saturated at INT64_MAX. */
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 /* Longest time a charge can still matter to some window of the rules. */
 static int64_t window_reach(const qg_window_spec *w, int n)
 {
@@ -212,7 +227,7 @@ static int64_t window_reach(const qg_window_spec *w, int n)
             /* a full bucket drains in burst/limit periods */
             int64_t b = w[i].burst_milli > 0 ? w[i].burst_milli
                                              : w[i].limit_milli;
-            r = w[i].length_ms * qg_ceil_div(b, w[i].limit_milli);
+            r = sat_mul(w[i].length_ms, qg_ceil_div(b, w[i].limit_milli));
             break;
         }
         case QG_WIN_CONCURRENCY:
@@ -419,6 +434,49 @@ int qg_engine_knows_subject(qg_engine *e, const char *subject_name)
 
 /* ------------------------------------------------------------ decisions */
 
+/* An instant the arithmetic accepts (quotagate.h). */
+static int time_ok(int64_t t_ms, const char *what, char *err, size_t errcap)
+{
+    if (t_ms >= 0 && t_ms <= QG_TIME_MAX_MS)
+        return 1;
+    qg__errf(err, errcap, "%s %lld is out of range (0 to %lld ms since "
+             "1970, i.e. up to 9999-12-31)", what, (long long)t_ms,
+             (long long)QG_TIME_MAX_MS);
+    return 0;
+}
+
+/* A token count within [0, QG_TOKENS_MAX]: 0, else QG_EINVAL (negative)
+ * or QG_ERANGE (over the bound) with the message. */
+static int tokens_ok(int64_t n, const char *field, char *err, size_t errcap)
+{
+    if (n < 0) {
+        qg__errf(err, errcap, "%s must be >= 0", field);
+        return QG_EINVAL;
+    }
+    if (n > QG_TOKENS_MAX) {
+        qg__errf(err, errcap, "%s must be at most %lld (the bound on a "
+                 "token count)", field, (long long)QG_TOKENS_MAX);
+        return QG_ERANGE;
+    }
+    return QG_OK;
+}
+
+/* A weight within [0, QG_AMOUNT_MAX_MILLI], as tokens_ok. */
+static int weight_ok(int64_t w, const char *field, char *err, size_t errcap)
+{
+    if (w < 0) {
+        qg__errf(err, errcap, "%s must be >= 0", field);
+        return QG_EINVAL;
+    }
+    if (w > QG_AMOUNT_MAX_MILLI) {
+        qg__errf(err, errcap, "%s must be at most %lld points (the bound on "
+                 "one request's weight)", field,
+                 (long long)(QG_AMOUNT_MAX_MILLI / QG_MILLI));
+        return QG_ERANGE;
+    }
+    return QG_OK;
+}
+
 static void fill_names(const gen *g, const subject *s, int model,
                        qg_decision *out)
 {
@@ -496,6 +554,8 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
         qg__errf(err, errcap, "%s", "request_id is required (1 to 255 bytes)");
         return QG_EINVAL;
     }
+    if (!time_ok(now_ms, "the decision's instant", err, errcap))
+        return QG_EINVAL;
     if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
         qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
@@ -511,22 +571,25 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
             qg__errf(err, errcap, "unknown model \"%s\"", req->model);
             return QG_EMODEL;
         }
-        if (req->input_tokens < 0) {
-            qg__errf(err, errcap, "%s", "input_tokens must be >= 0");
-            return QG_EINVAL;
-        }
+        if ((rc = tokens_ok(req->input_tokens, "input_tokens", err,
+                            errcap)) != QG_OK ||
+            (rc = tokens_ok(out_tokens, "max_output_tokens", err,
+                            errcap)) != QG_OK)
+            return rc;
         in.model_spec = &r->models[in.model];
         in.weight_milli = qg_weight_milli(in.model_spec, req->input_tokens,
                                           out_tokens);
-        if (in.weight_milli < 0) {
-            qg__errf(err, errcap, "%s", "token counts too large");
+        if (in.weight_milli > QG_AMOUNT_MAX_MILLI) {
+            qg__errf(err, errcap, "the weight of input_tokens and "
+                     "max_output_tokens for model \"%s\" is over %lld "
+                     "points (the bound on one request's weight)",
+                     req->model, (long long)(QG_AMOUNT_MAX_MILLI / QG_MILLI));
             return QG_ERANGE;
         }
     } else {
-        if (req->weight_milli < 0) {
-            qg__errf(err, errcap, "%s", "weight must be >= 0");
-            return QG_EINVAL;
-        }
+        if ((rc = weight_ok(req->weight_milli, "weight", err, errcap)) !=
+            QG_OK)
+            return rc;
         in.weight_milli = req->weight_milli;
     }
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
@@ -580,10 +643,16 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
                "failed");
         return QG_EINVAL;
     }
-    if (req->input_tokens < 0 || req->output_tokens < 0) {
-        qg__errf(err, errcap, "%s", "token counts must be >= 0");
+    if (!time_ok(now_ms, "the settle's instant", err, errcap))
         return QG_EINVAL;
-    }
+    if ((rc = tokens_ok(req->input_tokens, "input_tokens", err, errcap)) !=
+            QG_OK ||
+        (rc = tokens_ok(req->output_tokens, "output_tokens", err, errcap)) !=
+            QG_OK)
+        return rc;
+    if (req->weight_milli >= 0 &&
+        (rc = weight_ok(req->weight_milli, "weight", err, errcap)) != QG_OK)
+        return rc;
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
     in.now_ms = now_ms;
     in.status = req->status;
@@ -625,7 +694,8 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
     gen *g;
     int rc;
 
-    if (!subject_name || !*subject_name)
+    if (!subject_name || !*subject_name ||
+        !time_ok(now_ms, "now", NULL, 0))
         return QG_EINVAL;
     if ((rc = reg_get(e, subject_name, &in.member, &s, &g)) != QG_OK)
         return rc;
@@ -667,6 +737,26 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
         !(idlen = strlen(req->request_id)) || idlen > QG_REQUEST_ID_MAX) {
         qg__errf(err, errcap, "%s", "restore: subject and request_id required");
         return QG_EINVAL;
+    }
+    if (!time_ok(req->decided_at_ms, "restore: created_ms", err, errcap))
+        return QG_EINVAL;
+    if ((rc = weight_ok(req->reserved_milli, "restore: reserved_milli", err,
+                        errcap)) != QG_OK ||
+        (rc = weight_ok(req->charged_milli, "restore: weight_milli", err,
+                        errcap)) != QG_OK)
+        return rc;
+    if (req->headroom_milli < -1 || req->headroom_milli > QG_AMOUNT_MAX_MILLI ||
+        req->overage_price_micro < 0 ||
+        req->overage_price_micro > QG_MONEY_MAX_MICRO ||
+        req->overage_cost_micro < 0 ||
+        req->overage_cost_micro > QG_MONEY_MAX_MICRO) {
+        qg__errf(err, errcap, "restore: payg amounts out of range (headroom "
+                 "%lld, price %lld, cost %lld; money at most %lld micro-USD)",
+                 (long long)req->headroom_milli,
+                 (long long)req->overage_price_micro,
+                 (long long)req->overage_cost_micro,
+                 (long long)QG_MONEY_MAX_MICRO);
+        return QG_ERANGE;
     }
     if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
         qg__errf(err, errcap, "restore: unknown subject \"%s\"", req->subject);

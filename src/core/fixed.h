@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "quotagate.h"
 
 #define QG_MILLI 1000LL
 #define QG_MICRO 1000000LL
@@ -24,10 +25,32 @@ int qg_fixed_parse(const char *s, size_t len, int scale_digits, int64_t *out);
  * Writes at most `cap` bytes including NUL; returns the length written. */
 size_t qg_fixed_format(int64_t v, int scale_digits, char *buf, size_t cap);
 
-/* Ceiling division for non-negative numerator and positive denominator. */
+/* Ceiling division for a positive denominator (any numerator > INT64_MIN);
+ * never overflows, whatever the numerator. */
 static inline int64_t qg_ceil_div(int64_t a, int64_t b)
 {
-    return a <= 0 ? -((-a) / b) : (a + b - 1) / b;
+    return a <= 0 ? -((-a) / b) : a / b + (a % b != 0);
+}
+
+/* a + b for amounts within the bounds (quotagate.h): a in [0,
+ * QG_AMOUNT_MAX_MILLI], b >= 0 (any int64); the sum saturates at the
+ * bound.  Two bounded amounts sum below 2^62, so only a b beyond the
+ * bound needs the clamp before the addition. */
+static inline int64_t qg_amount_add(int64_t a, int64_t b)
+{
+    if (b > QG_AMOUNT_MAX_MILLI)
+        b = QG_AMOUNT_MAX_MILLI;
+    a += b;
+    return a > QG_AMOUNT_MAX_MILLI ? QG_AMOUNT_MAX_MILLI : a;
+}
+
+/* The same for money (QG_MONEY_MAX_MICRO). */
+static inline int64_t qg_money_add(int64_t a, int64_t b)
+{
+    if (b > QG_MONEY_MAX_MICRO)
+        b = QG_MONEY_MAX_MICRO;
+    a += b;
+    return a > QG_MONEY_MAX_MICRO ? QG_MONEY_MAX_MICRO : a;
 }
 
 #endif

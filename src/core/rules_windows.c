@@ -91,7 +91,8 @@ int qg__rc_usd_month(qg__rctx *c, yaml_node_t *n, const char *path,
         qg__y_need_key(&c->y, n, path, "usd_month", &v) < 0)
         return -1;
     qg__y_path_key(sub, path, "usd_month");
-    return qg__y_decimal(&c->y, v, sub, 6, QG_Y_NONNEG, out);
+    return qg__y_decimal_max(&c->y, v, sub, 6, QG_Y_NONNEG,
+                             QG_MONEY_MAX_MICRO, out);
 }
 
 int qg__rc_overage(qg__rctx *c, yaml_node_t *n, const char *path,
@@ -140,8 +141,9 @@ int qg__rc_overage(qg__rctx *c, yaml_node_t *n, const char *path,
         if (qg__y_need_key(&c->y, n, path, "price_per_unit", &v) < 0)
             return -1;
         qg__y_path_key(sub, path, "price_per_unit");
-        if (qg__y_decimal(&c->y, v, sub, 6, QG_Y_NONNEG,
-                          &o->price_per_unit_micro) < 0)
+        if (qg__y_decimal_max(&c->y, v, sub, 6, QG_Y_NONNEG,
+                              QG_MONEY_MAX_MICRO, &o->price_per_unit_micro) <
+            0)
             return -1;
         if ((v = qg__y_get(&c->y, n, "spending_cap"))) {
             qg__y_path_key(sub, path, "spending_cap");
@@ -372,8 +374,8 @@ static int c_window_type(qg__rctx *c, yaml_node_t *n, const char *path,
         w->burst_milli = w->limit_milli;
         if ((v = qg__y_get(&c->y, n, "burst"))) {
             qg__y_path_key(sub, path, "burst");
-            if (qg__y_decimal(&c->y, v, sub, 3, QG_Y_POSITIVE,
-                              &w->burst_milli) < 0)
+            if (qg__y_decimal_max(&c->y, v, sub, 3, QG_Y_POSITIVE,
+                                  QG_AMOUNT_MAX_MILLI, &w->burst_milli) < 0)
                 return -1;
         }
         return 0;
@@ -426,7 +428,8 @@ static int c_window(qg__rctx *c, yaml_node_t *n, const char *path,
     if (qg__y_need_key(&c->y, n, path, "limit", &v) < 0)
         return -1;
     qg__y_path_key(sub, path, "limit");
-    if (qg__y_decimal(&c->y, v, sub, 3, QG_Y_POSITIVE, &w->limit_milli) < 0)
+    if (qg__y_decimal_max(&c->y, v, sub, 3, QG_Y_POSITIVE,
+                          QG_AMOUNT_MAX_MILLI, &w->limit_milli) < 0)
         return -1;
     if ((v = qg__y_get(&c->y, n, "unit"))) {
         qg__y_path_key(sub, path, "unit");

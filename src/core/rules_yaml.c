@@ -84,7 +84,8 @@ static int c_concurrency(qg__rctx *c, yaml_node_t *m, const char *path,
     *ttl = 15 * 60000LL;
     if ((v = qg__y_get(&c->y, m, "concurrency"))) {
         qg__y_path_key(sub, path, "concurrency");
-        if (qg__y_int(&c->y, v, sub, 1, INT64_MAX / QG_MILLI, conc) < 0)
+        if (qg__y_int(&c->y, v, sub, 1, QG_AMOUNT_MAX_MILLI / QG_MILLI,
+                      conc) < 0)
             return -1;
     }
     if ((v = qg__y_get(&c->y, m, "lease_ttl"))) {
@@ -306,15 +307,20 @@ static const qg__ykey model_keys[] = {
     { "upstream", QG_Y_ALL },
 };
 
-/* A model's coefficients: key, scale, and where it goes. */
+/* A model's coefficients: key, scale, bound, and where it goes.  The
+ * per-token coefficients need no bound of their own (weights.c forms the
+ * products in 128 bits and checks the weight). */
 static const struct coef {
     const char *key;
     int scale;
+    int64_t max;
     size_t offset;
 } coefs[] = {
-    { "per_request", 3, offsetof(qg_model, per_request_milli) },
-    { "input_per_1k", 6, offsetof(qg_model, input_per_1k_micro) },
-    { "output_per_1k", 6, offsetof(qg_model, output_per_1k_micro) },
+    { "per_request", 3, QG_AMOUNT_MAX_MILLI,
+      offsetof(qg_model, per_request_milli) },
+    { "input_per_1k", 6, INT64_MAX, offsetof(qg_model, input_per_1k_micro) },
+    { "output_per_1k", 6, INT64_MAX,
+      offsetof(qg_model, output_per_1k_micro) },
 };
 
 static int c_model(qg__rctx *c, yaml_node_t *m, const char *path, qg_model *md)
@@ -330,8 +336,9 @@ static int c_model(qg__rctx *c, yaml_node_t *m, const char *path, qg_model *md)
         if (!(v = qg__y_get(&c->y, m, coefs[i].key)))
             continue;
         qg__y_path_key(sub, path, coefs[i].key);
-        if (qg__y_decimal(&c->y, v, sub, coefs[i].scale, QG_Y_NONNEG,
-                          (int64_t *)((char *)md + coefs[i].offset)) < 0)
+        if (qg__y_decimal_max(&c->y, v, sub, coefs[i].scale, QG_Y_NONNEG,
+                              coefs[i].max,
+                              (int64_t *)((char *)md + coefs[i].offset)) < 0)
             return -1;
     }
     if ((v = qg__y_get(&c->y, m, "changed"))) {
@@ -484,8 +491,8 @@ static int c_request(qg__rctx *c, yaml_node_t *n, const char *path,
                             "a request given by weight") < 0)
             return -1;
         qg__y_path_key(sub, path, "weight");
-        return qg__y_decimal(&c->y, v, sub, 3, QG_Y_POSITIVE,
-                             &a->weight_milli);
+        return qg__y_decimal_max(&c->y, v, sub, 3, QG_Y_POSITIVE,
+                                 QG_AMOUNT_MAX_MILLI, &a->weight_milli);
     }
     if (qg__y_need_key(&c->y, n, path, "model", &v) < 0)
         return -1;
@@ -494,12 +501,12 @@ static int c_request(qg__rctx *c, yaml_node_t *n, const char *path,
         return -1;
     if ((v = qg__y_get(&c->y, n, "input_tokens"))) {
         qg__y_path_key(sub, path, "input_tokens");
-        if (qg__y_int(&c->y, v, sub, 0, INT64_MAX / 2, &a->input_tokens) < 0)
+        if (qg__y_int(&c->y, v, sub, 0, QG_TOKENS_MAX, &a->input_tokens) < 0)
             return -1;
     }
     if ((v = qg__y_get(&c->y, n, "output_tokens"))) {
         qg__y_path_key(sub, path, "output_tokens");
-        if (qg__y_int(&c->y, v, sub, 0, INT64_MAX / 2, &a->output_tokens) < 0)
+        if (qg__y_int(&c->y, v, sub, 0, QG_TOKENS_MAX, &a->output_tokens) < 0)
             return -1;
     }
     return 0;

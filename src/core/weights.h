@@ -12,8 +12,10 @@
 #include <stdint.h>
 #include "rules.h"
 
-/* Weight in milli-points of a request to model m.  Token counts must be
- * >= 0.  Returns -1 when the product would overflow int64. */
+/* Weight in milli-points of a request to model m, formed in 128 bits.
+ * Token counts must be in [0, QG_TOKENS_MAX] (quotagate.h): -1 otherwise.
+ * A weight above QG_AMOUNT_MAX_MILLI is returned as QG_AMOUNT_MAX_MILLI + 1
+ * ("over the bound"): a check refuses it, a settle charges the bound. */
 int64_t qg_weight_milli(const qg_model *m, int64_t input_tokens,
                         int64_t output_tokens);
 

@@ -9,7 +9,13 @@
  * Clamping: once a period is cached, now is raised to at least its start,
  * so time presented out of order can never reopen an earlier period and
  * forget its usage.  A spec whose period cannot be computed (a bad spec
- * that validation should have refused) fails closed: it never admits. */
+ * that validation should have refused) fails closed: it never admits.
+ *
+ * Bounds (quotagate.h): used saturates at QG_AMOUNT_MAX_MILLI, and once
+ * there a refund leaves it there (the real usage is unknown and larger),
+ * until the reset: a saturated window refuses every positive amount for
+ * the rest of its period, never wraps and admits. */
+#include "fixed.h"
 #include "window.h"
 
 /* Clamp now and roll the cached period forward.  Returns 0, or -1 when the
@@ -40,7 +46,8 @@ int64_t qg__calendar_admit_at(const qg_window_spec *s, qg_win_state *st,
     int64_t now;
     if (advance(s, st, ctx, &now) != 0)
         return QG_NEVER;
-    if (a <= 0 || st->u.cal.used_milli + a <= s->limit_milli)
+    /* a <= limit - used: no addition that could wrap (both are >= 0) */
+    if (a <= 0 || a <= s->limit_milli - st->u.cal.used_milli)
         return now;
     if (a > s->limit_milli)
         return QG_NEVER;
@@ -54,7 +61,7 @@ int qg__calendar_charge(const qg_window_spec *s, qg_win_state *st,
     if (advance(s, st, ctx, &now) != 0)
         return QG_EINVAL;
     if (a > 0)
-        st->u.cal.used_milli += a;
+        st->u.cal.used_milli = qg_amount_add(st->u.cal.used_milli, a);
     return 0;
 }
 
@@ -67,8 +74,12 @@ void qg__calendar_adjust(const qg_window_spec *s, qg_win_state *st,
     /* A charge from an earlier period was wiped by the reset. */
     if (t0 < st->u.cal.start_ms || t0 >= st->u.cal.end_ms)
         return;
-    int64_t v = st->u.cal.used_milli + delta;
-    st->u.cal.used_milli = v < 0 ? 0 : v;
+    if (delta > 0) {
+        st->u.cal.used_milli = qg_amount_add(st->u.cal.used_milli, delta);
+    } else if (st->u.cal.used_milli < QG_AMOUNT_MAX_MILLI) {
+        int64_t v = st->u.cal.used_milli + delta;
+        st->u.cal.used_milli = v < 0 ? 0 : v;
+    }
 }
 
 void qg__calendar_view(const qg_window_spec *s, qg_win_state *st,

@@ -22,6 +22,18 @@
  * multiple of p before it is stored (the same conservative direction), so at
  * most L/p + 1 entries are live; the same cap and compaction still apply.
  *
+ * Bounds (quotagate.h): amounts are clamped to QG_AMOUNT_MAX_MILLI, and
+ * both an entry and the total saturate there, so nothing can wrap however
+ * many charges are forced in (rebuilds, recovered settles).  Invariant:
+ * total = min(bound, sum of entries), each entry min(bound, its charges).
+ * Below the bound the total is therefore exact, and when it sits at the
+ * bound the exact sum is recomputed from the entries (only then: an
+ * absurd state) as entries leave.  An entry that reached the bound keeps
+ * it against refunds (its real amount is unknown and larger), which can
+ * only refuse more.  Since limits never exceed the bound, a saturated
+ * window refuses every positive amount until enough entries expire,
+ * exactly when the unbounded sums would have.
+ *
  * Clamping: the state has no seen_ms field, so the newest instant it has
  * seen is derived as newest entry time minus a slack kept in roll.pad (how
  * far rounding moved the newest entry past the real newest charge instant;
@@ -45,6 +57,8 @@ static int64_t sat_add(int64_t a, int64_t b)
         return INT64_MAX;
     return a + b;
 }
+
+#define AMAX QG_AMOUNT_MAX_MILLI
 
 static uint32_t max_entries(const qg_window_spec *s)
 {
@@ -80,14 +94,35 @@ static int64_t clamp_now(const qg_win_state *st, int64_t now)
     return now > seen ? now : seen;
 }
 
+/* min(bound, sum of the entries), stopping once the bound is reached. */
+static int64_t resum(const qg_win_state *st)
+{
+    int64_t t = 0;
+    for (uint32_t i = 0; i < st->u.roll.count && t < AMAX; i++)
+        t = qg_amount_add(t, ent(st, i)->amount_milli);
+    return t;
+}
+
+/* The exact sum of the entries, for a total at the bound. */
+static __int128 exact_sum(const qg_win_state *st)
+{
+    __int128 t = 0;
+    for (uint32_t i = 0; i < st->u.roll.count; i++)
+        t += ent(st, i)->amount_milli;
+    return t;
+}
+
 /* Drop entries that no longer count: t + L <= now. */
 static void prune(const qg_window_spec *s, qg_win_state *st, int64_t now)
 {
+    int saturated = st->u.roll.total_milli >= AMAX, dropped = 0;
     while (st->u.roll.count) {
         qg_roll_entry *e = ent(st, 0);
         if (sat_add(e->t_ms, s->length_ms) > now)
             break;
-        st->u.roll.total_milli -= e->amount_milli;
+        if (!saturated)
+            st->u.roll.total_milli -= e->amount_milli;
+        dropped = 1;
         st->u.roll.head = st->u.roll.head + 1 == rcap(st)
                               ? 0 : st->u.roll.head + 1;
         st->u.roll.count--;
@@ -96,6 +131,8 @@ static void prune(const qg_window_spec *s, qg_win_state *st, int64_t now)
         st->u.roll.head = 0;
         st->u.roll.total_milli = 0;
         st->u.roll.pad = 0;
+    } else if (saturated && dropped) {
+        st->u.roll.total_milli = resum(st);
     }
 }
 
@@ -125,7 +162,8 @@ static void compact(qg_win_state *st, int64_t g)
         qg_roll_entry e = *ent(st, r);
         e.t_ms = qg_ceil_div(e.t_ms, g) * g;
         if (w > 0 && ent(st, w - 1)->t_ms == e.t_ms)
-            ent(st, w - 1)->amount_milli += e.amount_milli;
+            ent(st, w - 1)->amount_milli =
+                qg_amount_add(ent(st, w - 1)->amount_milli, e.amount_milli);
         else
             *ent(st, w++) = e;
     }
@@ -139,22 +177,34 @@ int64_t qg__rolling_admit_at(const qg_window_spec *s, qg_win_state *st,
 {
     int64_t now = clamp_now(st, ctx->now_ms);
     prune(s, st, now);
-    if (a <= 0 || st->u.roll.total_milli + a <= s->limit_milli)
+    /* a <= limit - total: no addition that could wrap (both are >= 0) */
+    if (a <= 0 || a <= s->limit_milli - st->u.roll.total_milli)
         return now;
-    if (a > s->limit_milli)
+    if (a > s->limit_milli || a > AMAX)
         return QG_NEVER;
     /* Room is needed for `a`: entries leave oldest first, entry e at exactly
      * e.t + L (at that instant t > now - L no longer holds).  The answer is
      * the departure that first brings total - freed + a within the limit;
      * one millisecond earlier that entry still counts, so it is exact. */
-    int64_t freed = 0;
+    if (st->u.roll.total_milli < AMAX) {
+        int64_t freed = 0;
+        for (uint32_t i = 0; i < st->u.roll.count; i++) {
+            const qg_roll_entry *e = ent(st, i);
+            freed += e->amount_milli;
+            if (st->u.roll.total_milli - freed + a <= s->limit_milli)
+                return sat_add(e->t_ms, s->length_ms);
+        }
+        return QG_NEVER; /* unreachable: freeing all leaves a <= limit */
+    }
+    /* At the bound: the same walk over the exact sum of the entries. */
+    __int128 rest = exact_sum(st);
     for (uint32_t i = 0; i < st->u.roll.count; i++) {
         const qg_roll_entry *e = ent(st, i);
-        freed += e->amount_milli;
-        if (st->u.roll.total_milli - freed + a <= s->limit_milli)
+        rest -= e->amount_milli;
+        if (rest + a <= s->limit_milli)
             return sat_add(e->t_ms, s->length_ms);
     }
-    return QG_NEVER;   /* unreachable: freeing everything leaves a <= limit */
+    return QG_NEVER;
 }
 
 int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
@@ -166,6 +216,8 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
      * its entry is where that addition belongs. */
     if (a < 0)
         return 0;
+    if (a > AMAX)
+        a = AMAX;
     /* Conservative storage time: rounded up to the precision grid, and
      * never before the newest entry (time presented out of order joins the
      * newest entry, i.e. counts a little longer, never shorter). */
@@ -175,8 +227,8 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
     uint32_t n = st->u.roll.count;
     if (n && ent(st, n - 1)->t_ms >= t) {
         qg_roll_entry *last = ent(st, n - 1);
-        last->amount_milli += a;
-        st->u.roll.total_milli += a;
+        last->amount_milli = qg_amount_add(last->amount_milli, a);
+        st->u.roll.total_milli = qg_amount_add(st->u.roll.total_milli, a);
         /* The newest seen instant becomes max(old, now); keep its slack. */
         int64_t seen_old = last->t_ms - (int64_t)st->u.roll.pad;
         int64_t seen = now > seen_old ? now : seen_old;
@@ -222,7 +274,7 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
     e->t_ms = t;
     e->amount_milli = a;
     st->u.roll.count = n + 1;
-    st->u.roll.total_milli += a;
+    st->u.roll.total_milli = qg_amount_add(st->u.roll.total_milli, a);
     int64_t sl = t - now;
     st->u.roll.pad = sl > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)sl;
     return 0;
@@ -249,11 +301,26 @@ void qg__rolling_adjust(const qg_window_spec *s, qg_win_state *st,
     if (lo == st->u.roll.count)
         return;
     qg_roll_entry *e = ent(st, lo);
-    int64_t v = e->amount_milli + delta;
-    if (v < 0)
-        v = 0;
-    st->u.roll.total_milli += v - e->amount_milli;
-    e->amount_milli = v;
+    int64_t v;
+    if (delta > 0) {
+        v = qg_amount_add(e->amount_milli, delta);
+    } else {
+        if (e->amount_milli >= AMAX)
+            return;            /* saturated: its real amount is unknown */
+        v = e->amount_milli + delta;
+        if (v < 0)
+            v = 0;
+    }
+    if (st->u.roll.total_milli < AMAX) {
+        /* exact below the bound: both amounts are within it */
+        st->u.roll.total_milli =
+            qg_amount_add(st->u.roll.total_milli - e->amount_milli, v);
+        e->amount_milli = v;
+    } else {
+        e->amount_milli = v;
+        if (delta < 0)
+            st->u.roll.total_milli = resum(st);
+    }
 }
 
 void qg__rolling_view(const qg_window_spec *s, qg_win_state *st,
@@ -282,8 +349,11 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
 {
     int64_t now = clamp_now(st, ctx->now_ms);
     prune(s, st, now);
-    int64_t used = st->u.roll.total_milli;
-    int64_t prev = s->limit_milli > used ? s->limit_milli - used : 0;
+    /* exact: at the bound, the sum of the entries */
+    __int128 used = st->u.roll.total_milli < AMAX ? st->u.roll.total_milli
+                                                  : exact_sum(st);
+    int64_t prev = s->limit_milli > used ? (int64_t)(s->limit_milli - used)
+                                         : 0;
     int n = 0;
     int64_t final_at = 0;
     /* Each entry's departure t + L gives back its amount; only departures
@@ -294,7 +364,8 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
         if (e->amount_milli <= 0)
             continue;
         used -= e->amount_milli;
-        int64_t rem = s->limit_milli > used ? s->limit_milli - used : 0;
+        int64_t rem = s->limit_milli > used ? (int64_t)(s->limit_milli - used)
+                                            : 0;
         if (rem > prev) {
             pts[n].at_ms = sat_add(e->t_ms, s->length_ms);
             pts[n].remaining_milli = rem;

@@ -6,7 +6,12 @@
  * [start, start + L) and resets whole when it closes.  State: start_ms
  * (0 = no open session), used_milli, and seen_ms for clamping time that is
  * presented out of order.  A refused amount fits again at start + L, the
- * instant the session closes (a new one opens with the retried charge). */
+ * instant the session closes (a new one opens with the retried charge).
+ *
+ * Bounds: as calendar windows (win_calendar.c), used saturates at
+ * QG_AMOUNT_MAX_MILLI and stays there against refunds until the session
+ * closes. */
+#include "fixed.h"
 #include "window.h"
 
 static int64_t sat_add(int64_t a, int64_t b)
@@ -37,7 +42,8 @@ int64_t qg__session_admit_at(const qg_window_spec *s, qg_win_state *st,
         return now;
     if (a > s->limit_milli)
         return QG_NEVER;
-    if (st->u.sess.start_ms == 0 || st->u.sess.used_milli + a <= s->limit_milli)
+    /* a <= limit - used: no addition that could wrap (both are >= 0) */
+    if (st->u.sess.start_ms == 0 || a <= s->limit_milli - st->u.sess.used_milli)
         return now;
     /* The open session holds too much: at start + L it closes, used drops
      * to 0 and a <= limit fits in the session the retry opens. */
@@ -54,7 +60,7 @@ int qg__session_charge(const qg_window_spec *s, qg_win_state *st,
         return 0;
     if (st->u.sess.start_ms == 0)
         st->u.sess.start_ms = now;
-    st->u.sess.used_milli += a;
+    st->u.sess.used_milli = qg_amount_add(st->u.sess.used_milli, a);
     return 0;
 }
 
@@ -66,8 +72,12 @@ void qg__session_adjust(const qg_window_spec *s, qg_win_state *st,
     if (st->u.sess.start_ms == 0 || t0 < st->u.sess.start_ms ||
         t0 >= sat_add(st->u.sess.start_ms, s->length_ms))
         return;
-    int64_t v = st->u.sess.used_milli + delta;
-    st->u.sess.used_milli = v < 0 ? 0 : v;
+    if (delta > 0) {
+        st->u.sess.used_milli = qg_amount_add(st->u.sess.used_milli, delta);
+    } else if (st->u.sess.used_milli < QG_AMOUNT_MAX_MILLI) {
+        int64_t v = st->u.sess.used_milli + delta;
+        st->u.sess.used_milli = v < 0 ? 0 : v;
+    }
 }
 
 void qg__session_view(const qg_window_spec *s, qg_win_state *st,

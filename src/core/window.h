@@ -32,7 +32,9 @@ typedef struct qg_lease {
     int64_t expires_ms;
 } qg_lease;
 
-/* 32 bytes whatever the type.  Owned by whoever holds the subject. */
+/* 32 bytes whatever the type.  Owned by whoever holds the subject.
+ * Amounts in the states never exceed QG_AMOUNT_MAX_MILLI (quotagate.h):
+ * forced charges saturate there (each win_*.c says how). */
 typedef struct qg_win_state {
     union {
         struct {              /* rolling: ring of entries, oldest at head */
@@ -54,6 +56,7 @@ typedef struct qg_win_state {
                                  scaled units of ms * limit_milli */
             __int128 tat;
             int64_t seen_ms;
+            int64_t capped;   /* 1: tat was cut at the bound (win_rate.c) */
         } rate;
         struct {              /* concurrency: active leases */
             qg_lease *leases;
@@ -62,6 +65,7 @@ typedef struct qg_win_state {
         } conc;
     } u;
 } qg_win_state;
+_Static_assert(sizeof(qg_win_state) == 32, "window states are 32 bytes");
 
 /* Inputs that are not part of the state. */
 typedef struct qg_win_ctx {

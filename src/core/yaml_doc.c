@@ -373,6 +373,19 @@ int qg__y_decimal(qg__ydoc *y, yaml_node_t *n, const char *path, int scale,
     return 0;
 }
 
+int qg__y_decimal_max(qg__ydoc *y, yaml_node_t *n, const char *path,
+                      int scale, int sign, int64_t max, int64_t *out)
+{
+    char g[80], m[32];
+    if (qg__y_decimal(y, n, path, scale, sign, out) < 0)
+        return -1;
+    if (*out <= max)
+        return 0;
+    qg_fixed_format(max, scale, m, sizeof m);
+    return qg__y_fail(y, n, path, "number out of range (at most %s), got %s",
+                      m, qg__y_got(n, g, sizeof g));
+}
+
 /* Integer in [min, max]. */
 int qg__y_int(qg__ydoc *y, yaml_node_t *n, const char *path, int64_t min,
               int64_t max, int64_t *out)
@@ -403,9 +416,9 @@ int qg__y_duration(qg__ydoc *y, yaml_node_t *n, const char *path, int sign,
                           "a duration such as 90s, 30m, 5h, 7d") < 0)
         return -1;
     rc = qg_duration_parse(qg__y_str(n), n->data.scalar.length, out);
-    if (rc == -3)
-        return qg__y_fail(y, n, path, "duration out of range, got %s",
-                          qg__y_got(n, g, sizeof g));
+    if (rc == -3 || (rc == 0 && *out > QG_DURATION_MAX_MS))
+        return qg__y_fail(y, n, path, "duration out of range (at most "
+                          "36500d), got %s", qg__y_got(n, g, sizeof g));
     if (rc < 0)
         return qg__y_fail(y, n, path,
                           "expected a duration such as 90s, 30m, 5h, "

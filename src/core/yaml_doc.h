@@ -116,10 +116,14 @@ int qg__y_name(qg__ydoc *y, yaml_node_t *n, const char *path, char **out);
 /* Decimal with at most `scale` fractional digits, scaled by 10^scale. */
 int qg__y_decimal(qg__ydoc *y, yaml_node_t *n, const char *path, int scale,
                   int sign, int64_t *out);
+/* The same, at most max (scaled): a number beyond it is "out of range",
+ * naming the bound (the bounds of quotagate.h). */
+int qg__y_decimal_max(qg__ydoc *y, yaml_node_t *n, const char *path,
+                      int scale, int sign, int64_t max, int64_t *out);
 /* Integer in [min, max]. */
 int qg__y_int(qg__ydoc *y, yaml_node_t *n, const char *path, int64_t min,
               int64_t max, int64_t *out);
-/* Duration ("90s", "1h30m") in ms. */
+/* Duration ("90s", "1h30m") in ms, at most QG_DURATION_MAX_MS. */
 int qg__y_duration(qg__ydoc *y, yaml_node_t *n, const char *path, int sign,
                    int64_t *out);
 /* ISO 8601 date or instant, in ms since the epoch. */

@@ -31,7 +31,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 2
+#define QG_LEDGER_SCHEMA_VERSION 3
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -69,10 +69,15 @@ typedef struct qg_ledger_row {
     int64_t overage_price_micro;
     int64_t overage_cost_micro;
     int64_t headroom_milli;
+    /* Why the charge differs from what was reported (schema 3), "" when
+     * it does not: e.g. the proxy charged max_tokens because the upstream
+     * reported more output than the request allowed (docs/proxy.md).
+     * Written by the settle. */
+    char detail[160];
     int settle_only;           /* when a row with this request_id exists,
                                   update only status, estimated, tokens,
-                                  weight_milli, settled_ms, overage_milli
-                                  and overage_cost_micro (a settle);
+                                  weight_milli, settled_ms, overage_milli,
+                                  overage_cost_micro and detail (a settle);
                                   otherwise insert the row whole */
 } qg_ledger_row;
 

@@ -83,6 +83,8 @@ static const char *const migrations[] = {
     " DEFAULT 0;"
     "ALTER TABLE requests ADD COLUMN headroom_milli INTEGER NOT NULL"
     " DEFAULT -1;",
+    /* 2 -> 3: why a charge differs from the usage reported (ledger.h) */
+    "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==
@@ -93,7 +95,7 @@ _Static_assert(sizeof migrations / sizeof migrations[0] ==
     "request_id, subject, org, plan, rules_version, weights_version, model," \
     " \"window\", decision, status, estimated, input_tokens, output_tokens," \
     " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
-    " overage_price_micro, overage_cost_micro, headroom_milli"
+    " overage_price_micro, overage_cost_micro, headroom_milli, detail"
 
 /* A row once written is changed only by its own request: a whole row
  * (a decision) replaces only a refusal of the same subject (a refused
@@ -106,7 +108,7 @@ _Static_assert(sizeof migrations / sizeof migrations[0] ==
 static const char sql_upsert[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17, ?18, ?19, ?20, ?21) ON CONFLICT(request_id) DO UPDATE SET"
+    " ?17, ?18, ?19, ?20, ?21, ?22) ON CONFLICT(request_id) DO UPDATE SET"
     " subject = excluded.subject, org = excluded.org, plan = excluded.plan,"
     " rules_version = excluded.rules_version,"
     " weights_version = excluded.weights_version, model = excluded.model,"
@@ -120,7 +122,7 @@ static const char sql_upsert[] =
     " overage_milli = excluded.overage_milli,"
     " overage_price_micro = excluded.overage_price_micro,"
     " overage_cost_micro = excluded.overage_cost_micro,"
-    " headroom_milli = excluded.headroom_milli"
+    " headroom_milli = excluded.headroom_milli, detail = excluded.detail"
     " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
 
 /* A settle: the row is normally there already (its check's row was
@@ -129,14 +131,15 @@ static const char sql_upsert[] =
 static const char sql_settle[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17, ?18, ?19, ?20, ?21) ON CONFLICT(request_id) DO UPDATE SET"
+    " ?17, ?18, ?19, ?20, ?21, ?22) ON CONFLICT(request_id) DO UPDATE SET"
     " status = excluded.status, estimated = excluded.estimated,"
     " input_tokens = excluded.input_tokens,"
     " output_tokens = excluded.output_tokens,"
     " weight_milli = excluded.weight_milli,"
     " settled_ms = excluded.settled_ms,"
     " overage_milli = excluded.overage_milli,"
-    " overage_cost_micro = excluded.overage_cost_micro"
+    " overage_cost_micro = excluded.overage_cost_micro,"
+    " detail = excluded.detail"
     " WHERE requests.decision = 1 AND requests.status = 1"
     " AND (excluded.subject = '' OR requests.subject = excluded.subject)";
 
@@ -186,6 +189,7 @@ static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_int64(st, 20, r->overage_cost_micro);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->headroom_milli);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 22, r->detail);
     return rc;
 }
 
@@ -212,6 +216,7 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
     r->overage_price_micro = sqlite3_column_int64(st, 18);
     r->overage_cost_micro = sqlite3_column_int64(st, 19);
     r->headroom_milli = sqlite3_column_int64(st, 20);
+    COL_STR(st, 21, r->detail);
 }
 
 /* ------------------------------------------------------ opening, schema */
@@ -438,6 +443,7 @@ static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
                 e->settled_ms = r->settled_ms;
                 e->overage_milli = r->overage_milli;
                 e->overage_cost_micro = r->overage_cost_micro;
+                memcpy(e->detail, r->detail, sizeof e->detail);
                 it[i].merged = (size_t)j;
             }
             break;

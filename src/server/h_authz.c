@@ -41,12 +41,14 @@
  *    back to a real 429 (or 400/404/503) with its body;
  *  - unknown subject: 404 unknown_subject (403 in nginx mode);
  *    missing or invalid service key, missing or invalid client key: 401
- *    unauthorized; malformed weight headers: 400 invalid_request. */
+ *    unauthorized; malformed weight headers: 400 invalid_request; a weight
+ *    or token count beyond its bound (quotagate.h): 400 out_of_range. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "auth.h"
+#include "fixed.h"
 #include "headers.h"
 #include "json_out.h"
 #include "metrics.h"
@@ -55,8 +57,6 @@
 
 #define ERRCAP 320
 #define NEXTRA 6
-#define MILLI_MAX (INT64_C(1) << 50)
-#define TOKENS_MAX (INT64_C(1) << 40)
 
 static _Atomic uint64_t authz_counter;
 
@@ -104,38 +104,20 @@ static int client_key(const qg_http_req *r, char *buf, size_t cap)
     return header_str(r, "x-api-key", buf, cap);
 }
 
-/* "12", "0.5", "1.125" (at most 3 decimals) into milli-units. */
+/* "12", "0.5", "1.125" (at most 3 decimals) into milli-units.  Returns
+ * 0, -1 malformed, -2 beyond QG_AMOUNT_MAX_MILLI. */
 static int parse_milli(const char *s, int64_t *out)
 {
-    int64_t v = 0;
-    int frac = -1;
-    if (!*s)
+    int rc;
+    if (*s == '-' || *s == '.')
         return -1;
-    for (; *s; s++) {
-        if (*s == '.') {
-            if (frac >= 0)
-                return -1;
-            frac = 0;
-            continue;
-        }
-        if (*s < '0' || *s > '9')
-            return -1;
-        if (frac >= 0 && ++frac > 3)
-            return -1;
-        v = v * 10 + (*s - '0');
-        if (v > MILLI_MAX)
-            return -1;
-    }
-    if (frac == 0)
-        return -1;           /* "12." */
-    for (int i = frac < 0 ? 0 : frac; i < 3; i++)
-        v *= 10;
-    if (v > MILLI_MAX)
-        return -1;
-    *out = v;
-    return 0;
+    rc = qg_fixed_parse(s, strlen(s), 3, out);
+    if (rc == -3 || (rc == 0 && *out > QG_AMOUNT_MAX_MILLI))
+        return -2;
+    return rc == 0 ? 0 : -1;
 }
 
+/* Digits into [0, max].  Returns 0, -1 malformed, -2 beyond max. */
 static int parse_int(const char *s, int64_t max, int64_t *out)
 {
     int64_t v = 0;
@@ -144,12 +126,24 @@ static int parse_int(const char *s, int64_t max, int64_t *out)
     for (; *s; s++) {
         if (*s < '0' || *s > '9')
             return -1;
-        v = v * 10 + (*s - '0');
-        if (v > max)
-            return -1;
+        if (v > (max - (*s - '0')) / 10)
+            v = max + 1;            /* beyond: keep scanning the syntax */
+        else
+            v = v * 10 + (*s - '0');
     }
+    if (v > max)
+        return -2;
     *out = v;
     return 0;
+}
+
+/* "NAME must be at most MAX (the bound on WHAT)" into buf. */
+static const char *bound_msg(char *buf, size_t cap, const char *name,
+                             int64_t max, const char *what)
+{
+    snprintf(buf, cap, "%s must be at most %lld (the bound on %s)", name,
+             (long long)max, what);
+    return buf;
 }
 
 /* ?mode=nginx.  Returns 1 nginx, 0 default, -1 unknown mode. */
@@ -224,11 +218,13 @@ static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
         fail(s, r, nginx, 503, "overloaded", msg);
         break;
     case QG_EINVAL:
-    case QG_ERANGE:
         fail(s, r, nginx, 400, "invalid_request", msg);
         break;
     case QG_EIO:                 /* the ledger could not be read */
         fail(s, r, nginx, 503, "ledger_unavailable", msg);
+        break;
+    case QG_ERANGE:
+        fail(s, r, nginx, 400, "out_of_range", msg);
         break;
     default:
         fail(s, r, nginx, 500, "internal_error", msg);
@@ -344,10 +340,17 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
 
     /* the weight */
     has_weight = header_str(r, "x-quotagate-weight", num, sizeof num);
-    if (has_weight < 0 || (has_weight > 0 && parse_milli(num, &weight) < 0)) {
-        fail(s, r, nginx, 400, "invalid_request",
-             "X-Quotagate-Weight must be a number >= 0 with at most 3 "
-             "decimals");
+    if (has_weight < 0 ||
+        (has_weight > 0 && (rc = parse_milli(num, &weight)) < 0)) {
+        if (has_weight > 0 && rc == -2)
+            fail(s, r, nginx, 400, "out_of_range",
+                 bound_msg(err, sizeof err, "X-Quotagate-Weight",
+                               QG_AMOUNT_MAX_MILLI / QG_MILLI, "one "
+                               "request's weight"));
+        else
+            fail(s, r, nginx, 400, "invalid_request",
+                 "X-Quotagate-Weight must be a number >= 0 with at most 3 "
+                 "decimals");
         return;
     }
     has_model = header_str(r, "x-quotagate-model", model, sizeof model);
@@ -364,15 +367,30 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
     }
     if (has_model > 0) {
         rc = header_str(r, "x-quotagate-input-tokens", num, sizeof num);
-        if (rc < 0 || (rc > 0 && parse_int(num, TOKENS_MAX, &in_tokens) < 0)) {
-            fail(s, r, nginx, 400, "invalid_request",
-                 "X-Quotagate-Input-Tokens must be an integer >= 0");
+        if (rc > 0)
+            rc = parse_int(num, QG_TOKENS_MAX, &in_tokens);
+        if (rc < 0) {
+            if (rc == -2)
+                fail(s, r, nginx, 400, "out_of_range",
+                     bound_msg(err, sizeof err, "X-Quotagate-Input-Tokens",
+                                   QG_TOKENS_MAX, "a token count"));
+            else
+                fail(s, r, nginx, 400, "invalid_request",
+                     "X-Quotagate-Input-Tokens must be an integer >= 0");
             return;
         }
         rc = header_str(r, "x-quotagate-max-output-tokens", num, sizeof num);
-        if (rc < 0 || (rc > 0 && parse_int(num, TOKENS_MAX, &max_out) < 0)) {
-            fail(s, r, nginx, 400, "invalid_request",
-                 "X-Quotagate-Max-Output-Tokens must be an integer >= 0");
+        if (rc > 0)
+            rc = parse_int(num, QG_TOKENS_MAX, &max_out);
+        if (rc < 0) {
+            if (rc == -2)
+                fail(s, r, nginx, 400, "out_of_range",
+                     bound_msg(err, sizeof err,
+                                   "X-Quotagate-Max-Output-Tokens",
+                                   QG_TOKENS_MAX, "a token count"));
+            else
+                fail(s, r, nginx, 400, "invalid_request",
+                     "X-Quotagate-Max-Output-Tokens must be an integer >= 0");
             return;
         }
     }

@@ -6,7 +6,12 @@
  * at once but answered only when its ledger row is durable: the ledger's
  * writer thread calls back, and the answer is posted back to the worker
  * that owns the connection.  Request ids the counters do not remember
- * are answered from the ledger (reqid.c). */
+ * are answered from the ledger (reqid.c).
+ *
+ * Numbers are bounded (quotagate.h, docs/decisions.md "Bounds"): token
+ * counts at most QG_TOKENS_MAX, weights at most QG_AMOUNT_MAX_MILLI; a
+ * number beyond its bound is 400 out_of_range naming the field and the
+ * bound. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +51,7 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     qg_ledger_row row, prior;       /* prior: a replay from the ledger */
     const qg_rules *rules;
     json_t *o;
-    int rc, has_weight;
+    int rc, has_weight = 0;
 
     (void)caller;
     if (!(o = qg_reqjson_parse(r->body, r->body_len, check_keys, err,
@@ -54,21 +59,23 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
         qg_reply_error(s, r, 400, "invalid_request", err);
         return;
     }
-    if (qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid, err,
-                       sizeof err) < 0 ||
-        qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
-                       sizeof err) < 0 ||
-        qg_reqjson_int(o, "input_tokens", 0, 0, INT64_C(1) << 40, &in_tokens,
-                       err, sizeof err) < 0 ||
-        qg_reqjson_int(o, "max_output_tokens", 0, 0, INT64_C(1) << 40,
-                       &max_out, err, sizeof err) < 0 ||
-        (has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
-                                       sizeof err)) < 0)
+    if ((rc = qg_reqjson_str(o, "subject", 1, 255, &subject, err,
+                             sizeof err)) < 0 ||
+        (rc = qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+                             err, sizeof err)) < 0 ||
+        (rc = qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+                             sizeof err)) < 0 ||
+        (rc = qg_reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX,
+                             &in_tokens, err, sizeof err)) < 0 ||
+        (rc = qg_reqjson_int(o, "max_output_tokens", 0, 0, QG_TOKENS_MAX,
+                             &max_out, err, sizeof err)) < 0 ||
+        (rc = has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+                                            sizeof err)) < 0)
         goto bad;
     if (!model == !has_weight) {
         snprintf(err, sizeof err, "give either model (with input_tokens and "
                  "max_output_tokens) or weight");
+        rc = -1;
         goto bad;
     }
     if (ledger_full(s)) {
@@ -103,7 +110,8 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
                   qg_json_check(d, rid, rules->unit), hb.h, hb.n);
     goto out;
 bad:
-    qg_reply_error(s, r, 400, "invalid_request", err);
+    qg_reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
+                   err);
 out:
     json_decref(o);
 }
@@ -183,7 +191,11 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
             snprintf(err, cap, "unknown model \"%s\"", model);
             return QG_EMODEL;
         }
+        /* tokens within the bound (parsed so); a weight over the bound is
+         * charged at the bound, as every settle is (engine.c) */
         w = qg_weight_milli(&rules->models[mi], in_t, out_t);
+        if (w > QG_AMOUNT_MAX_MILLI)
+            w = QG_AMOUNT_MAX_MILLI;
     } else if (!has_weight) {
         snprintf(err, cap, "no reservation for request_id \"%s\": a settle "
                  "that records a lost reservation needs model and tokens, "
@@ -242,18 +254,20 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         qg_reply_error(s, r, 400, "invalid_request", err);
         return;
     }
-    if (qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid, err,
-                       sizeof err) < 0 ||
-        qg_reqjson_str(o, "status", 1, 16, &status, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "subject", 0, 255, &subject, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
-                       sizeof err) < 0 ||
-        qg_reqjson_int(o, "input_tokens", 0, 0, INT64_C(1) << 40, &in_t, err,
-                       sizeof err) < 0 ||
-        qg_reqjson_int(o, "output_tokens", 0, 0, INT64_C(1) << 40, &out_t,
-                       err, sizeof err) < 0 ||
-        (has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
-                                       sizeof err)) < 0)
+    if ((rc = qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+                             err, sizeof err)) < 0 ||
+        (rc = qg_reqjson_str(o, "status", 1, 16, &status, err,
+                             sizeof err)) < 0 ||
+        (rc = qg_reqjson_str(o, "subject", 0, 255, &subject, err,
+                             sizeof err)) < 0 ||
+        (rc = qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+                             sizeof err)) < 0 ||
+        (rc = qg_reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX, &in_t,
+                             err, sizeof err)) < 0 ||
+        (rc = qg_reqjson_int(o, "output_tokens", 0, 0, QG_TOKENS_MAX, &out_t,
+                             err, sizeof err)) < 0 ||
+        (rc = has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+                                            sizeof err)) < 0)
         goto bad;
     for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
         if (strcmp(statuses[i].name, status) == 0)
@@ -261,6 +275,7 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     if (status_i < 0) {
         snprintf(err, sizeof err, "status must be completed, cancelled or "
                  "failed");
+        rc = -1;
         goto bad;
     }
     if (ledger_full(s)) {
@@ -338,7 +353,8 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     }
     goto out;
 bad:
-    qg_reply_error(s, r, 400, "invalid_request", err);
+    qg_reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
+                   err);
 out:
     json_decref(o);
 }

@@ -21,7 +21,10 @@
  *      settled when it ends.
  * The unhappy paths each have one rule (docs/proxy.md), all settled
  * through px_settle: the ledger row's status and estimated flag say
- * which rule applied.
+ * which rule applied.  Usage the upstream reports beyond what the request
+ * allowed (output above max_tokens) or beyond the token bound is never
+ * charged as reported (px_tokens): the row's detail, a log line and a
+ * metric say what was charged instead, and the settle always happens.
  *
  * A caller who leaves is handled from a zero timer (px_abort_cb), never
  * from inside the upstream client's callbacks. */
@@ -222,30 +225,93 @@ static void px_cancel_upstream(px *p)
 
 /* ------------------------------------------------------------ settle */
 
-/* Tokens to charge from what the response showed: reported counts when
- * present, else the input estimate and ceil(content bytes / 4); a
- * stream's output counts as reported only when its final usage came. */
-static void px_tokens(const px *p, int64_t *in, int64_t *out, int *est)
+/* What px_tokens charged instead of the upstream's report: the ledger
+ * row's detail (empty when the report was charged as it came). */
+typedef struct px_charge {
+    int64_t in, out;
+    int est;
+    char detail[sizeof ((qg_ledger_row *)0)->detail];
+} px_charge;
+
+/* Note an anomaly: the row's detail, a log line, the metric. */
+static void px_anomaly(const px *p, px_charge *c, qg_metrics_anomaly kind,
+                       const char *what)
+{
+    size_t n = strlen(c->detail);
+    if (n + 2 < sizeof c->detail)
+        snprintf(c->detail + n, sizeof c->detail - n, "%s%s", n ? "; " : "",
+                 what);
+    fprintf(stderr, "quotagate: proxy: request %s: %s\n", p->rid, what);
+    qg_metrics_usage_anomaly(p->s->metrics, kind);
+}
+
+/* Tokens to charge from what the response showed (docs/proxy.md):
+ * reported counts when present, else the input estimate and ceil(content
+ * bytes / 4); a stream's output counts as reported only when its final
+ * usage came.  Then the limits of what a caller can be charged:
+ *  - output never above the request's max_tokens (max_completion_tokens)
+ *    when it set one: a report above it is charged at the cap;
+ *  - a reported count above QG_TOKENS_MAX is no report at all: it is
+ *    replaced by the estimate (output then within the cap too).
+ * So the settle can never fail on the numbers. */
+static void px_tokens(const px *p, px_charge *c)
 {
     int64_t by_bytes = (p->content_bytes + 3) / 4;
-    *est = 0;
-    if (p->u.have_input) {
-        *in = p->u.input_tokens;
+    int64_t cap = p->info.max_output_tokens;   /* -1: none asked */
+    char what[128];
+    c->est = 0;
+    c->detail[0] = '\0';
+    if (p->u.have_input && p->u.input_tokens <= QG_TOKENS_MAX) {
+        c->in = p->u.input_tokens;
     } else {
-        *in = p->in_est;
-        *est = 1;
+        c->in = p->in_est;
+        c->est = 1;
+        if (p->u.have_input) {
+            snprintf(what, sizeof what, "input_tokens %lld reported, above "
+                     "the bound: charged the estimate %lld",
+                     (long long)p->u.input_tokens, (long long)c->in);
+            px_anomaly(p, c, QG_ANOMALY_INPUT_OVER_BOUND, what);
+        }
     }
-    if (p->final_usage && p->u.have_output) {
-        *out = p->u.output_tokens;
+    if (p->final_usage && p->u.have_output &&
+        (p->u.output_tokens <= QG_TOKENS_MAX || cap >= 0)) {
+        c->out = p->u.output_tokens;
+        if (cap >= 0 && c->out > cap) {
+            c->out = cap;
+            snprintf(what, sizeof what, "output_tokens %lld reported, above "
+                     "max_tokens: charged max_tokens %lld",
+                     (long long)p->u.output_tokens, (long long)cap);
+            px_anomaly(p, c, QG_ANOMALY_OUTPUT_OVER_CAP, what);
+        }
     } else {
         int64_t seen = p->u.have_output ? p->u.output_tokens : 0;
-        *out = seen > by_bytes ? seen : by_bytes;
-        *est = 1;
+        if (seen > QG_TOKENS_MAX) {
+            snprintf(what, sizeof what, "output_tokens %lld reported, above "
+                     "the bound: charged the estimate %lld",
+                     (long long)seen,
+                     (long long)(cap >= 0 && by_bytes > cap ? cap : by_bytes));
+            px_anomaly(p, c, QG_ANOMALY_OUTPUT_OVER_BOUND, what);
+            seen = 0;
+        }
+        c->out = seen > by_bytes ? seen : by_bytes;
+        if (cap >= 0 && c->out > cap)
+            c->out = cap;      /* an estimate never passes the cap either */
+        if (c->out > QG_TOKENS_MAX)
+            c->out = QG_TOKENS_MAX;
+        c->est = 1;
     }
 }
 
+static void px_settle_with(px *p, qg_settle_status st, const px_charge *c);
+
 static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
                       int estimated)
+{
+    px_charge c = {.in = in, .out = out, .est = estimated};
+    px_settle_with(p, st, &c);
+}
+
+static void px_settle_with(px *p, qg_settle_status st, const px_charge *c)
 {
     static const int row_status[] = {0, QG_ROW_COMPLETED, QG_ROW_CANCELLED,
                                      QG_ROW_FAILED};
@@ -260,7 +326,7 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
     p->settled = 1;
     now = qg_server_now(p->s);
     req = (qg_settle_req){.request_id = p->rid, .status = st,
-                          .input_tokens = in, .output_tokens = out,
+                          .input_tokens = c->in, .output_tokens = c->out,
                           .weight_milli = -1, .no_charge = p->no_charge};
     if (qg_engine_settle(p->s->engine, &req, now, &res, err, sizeof err) !=
         QG_OK) {
@@ -268,9 +334,10 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
         return;
     }
     qg_metrics_settle(p->s->metrics, &res);
-    qg_row_of_settle(&row, p->rid, p->subject, row_status[st], in, out,
-                     &res, now);
-    row.estimated = estimated;
+    qg_row_of_settle(&row, p->rid, p->subject, row_status[st], c->in,
+                     c->out, &res, now);
+    row.estimated = c->est;
+    qg_row_copy(row.detail, sizeof row.detail, c->detail);
     if (qg_ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the settle of "
                 "request %s was not queued\n", p->rid);
@@ -279,10 +346,11 @@ static void px_settle(px *p, qg_settle_status st, int64_t in, int64_t out,
 /* Settle with what was seen so far (status cancelled). */
 static void px_settle_partial(px *p)
 {
-    int64_t in, out;
-    int est;
-    px_tokens(p, &in, &out, &est);
-    px_settle(p, QG_SETTLE_CANCELLED, in, out, est);
+    px_charge c;
+    if (p->settled)
+        return;
+    px_tokens(p, &c);
+    px_settle_with(p, QG_SETTLE_CANCELLED, &c);
 }
 
 /* ----------------------------------------------------------- replies */
@@ -511,15 +579,17 @@ static void px_finish_buffered(px *p)
         int rc = p->shape == QG_SHAPE_OPENAI
                      ? qg_usage_openai_json(body, len, &p->u)
                      : qg_usage_anthropic_json(body, len, &p->u);
-        int64_t in, out;
-        int est;
+        px_charge c;
         if (rc != 1)
             memset(&p->u, 0, sizeof p->u);
         p->final_usage = rc == 1;
-        if (!(p->final_usage && p->u.have_output))  /* else unused */
+        if (!(p->final_usage && p->u.have_output &&
+              p->u.output_tokens <= QG_TOKENS_MAX))  /* else unused */
             p->content_bytes = qg_content_bytes_json(body, len, p->shape);
-        px_tokens(p, &in, &out, &est);
-        px_settle(p, ok, in, out, est);
+        if (!p->settled) {
+            px_tokens(p, &c);
+            px_settle_with(p, ok, &c);
+        }
     }
     px_reply(p, p->status, p->ctype[0] ? p->ctype : NULL, body, len, 0);
 }
@@ -570,12 +640,11 @@ static void up_done(void *arg, int uerr)
         px_flush(p);
     }
     qg_sse_finish(p->sse);
-    {
-        int64_t in, out;
-        int est;
-        px_tokens(p, &in, &out, &est);
-        px_settle(p, p->client_gone ? QG_SETTLE_CANCELLED
-                                    : QG_SETTLE_COMPLETED, in, out, est);
+    if (!p->settled) {
+        px_charge c;
+        px_tokens(p, &c);
+        px_settle_with(p, p->client_gone ? QG_SETTLE_CANCELLED
+                                         : QG_SETTLE_COMPLETED, &c);
     }
     qg_http_on_close(p->r, NULL, NULL);
     qg_http_stream_on_drain(p->r, NULL, NULL);
@@ -917,6 +986,11 @@ static void px_admit(px *p)
                           .input_tokens = info->input_tokens_estimate,
                           .max_output_tokens = info->max_output_tokens};
     rc = qg_server_check(s, &creq, now, d, &prior, err, sizeof err);
+    if (rc == QG_ERANGE && info->max_output_tokens > QG_TOKENS_MAX)
+        snprintf(err, sizeof err, "%s must be at most %lld (the bound on a "
+                 "token count)", p->shape == QG_SHAPE_OPENAI
+                     ? "max_tokens (or max_completion_tokens)" : "max_tokens",
+                 (long long)QG_TOKENS_MAX);
     if (rc != QG_OK) {
         px_discard(p);
         qg_reply_engine_error(s, r, rc, err);

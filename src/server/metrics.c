@@ -65,6 +65,7 @@ struct qg_metrics {
     int nblocks, capblocks;
     _Atomic uint64_t settles[4];   /* by qg_settle_status */
     _Atomic uint64_t mismatch[2];  /* over, under */
+    _Atomic uint64_t anomaly[QG_ANOMALY_COUNT];
     _Atomic uint64_t mismatch_milli[2];
     _Atomic uint64_t overage_milli;   /* payg, final at settle */
     _Atomic uint64_t overage_micro;
@@ -376,6 +377,23 @@ void qg_metrics_record(qg_metrics *m, const qg_decision *d)
     qg_metrics_decision(m, p, wid, outcome);
 }
 
+/* *c += v, saturated at UINT64_MAX (weights are bounded, their sums over
+ * a process's life are not). */
+static void add_sat(_Atomic uint64_t *c, uint64_t v)
+{
+    uint64_t old = atomic_load_explicit(c, memory_order_relaxed), n;
+    do {
+        n = old > UINT64_MAX - v ? UINT64_MAX : old + v;
+    } while (!atomic_compare_exchange_weak_explicit(
+        c, &old, n, memory_order_relaxed, memory_order_relaxed));
+}
+
+void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind)
+{
+    if ((unsigned)kind < QG_ANOMALY_COUNT)
+        atomic_fetch_add_explicit(&m->anomaly[kind], 1, memory_order_relaxed);
+}
+
 void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
 {
     if (s->replayed)
@@ -390,16 +408,11 @@ void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
                            : (uint64_t)s->actual_milli - (uint64_t)s->reserved_milli;
         atomic_fetch_add_explicit(&m->mismatch[under], 1,
                                   memory_order_relaxed);
-        atomic_fetch_add_explicit(&m->mismatch_milli[under], gap,
-                                  memory_order_relaxed);
+        add_sat(&m->mismatch_milli[under], gap);
     }
     if (s->overage_milli > 0) {
-        atomic_fetch_add_explicit(&m->overage_milli,
-                                  (uint64_t)s->overage_milli,
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(&m->overage_micro,
-                                  (uint64_t)s->overage_cost_micro,
-                                  memory_order_relaxed);
+        add_sat(&m->overage_milli, (uint64_t)s->overage_milli);
+        add_sat(&m->overage_micro, (uint64_t)s->overage_cost_micro);
     }
 }
 
@@ -480,6 +493,9 @@ static void render_decisions(qg_metrics *m, FILE *f, uint64_t *total,
     }
 }
 
+static const char *const anomaly_kind[QG_ANOMALY_COUNT] = {
+    "output_over_max_tokens", "output_over_bound", "input_over_bound"};
+
 static void render_settles(qg_metrics *m, FILE *f)
 {
     static const char *const st[4] = {"", "completed", "cancelled", "failed"};
@@ -505,6 +521,13 @@ static void render_settles(qg_metrics *m, FILE *f)
         put_scaled(f, load(&m->mismatch_milli[i]), 3);
         fputc('\n', f);
     }
+    family(f, "quotagate_proxy_usage_anomalies_total", "counter",
+           "Proxied calls charged other than the upstream reported: output "
+           "above max_tokens, or a count above the bound.");
+    for (int i = 0; i < QG_ANOMALY_COUNT; i++)
+        fprintf(f, "quotagate_proxy_usage_anomalies_total{kind=\"%s\"} "
+                "%llu\n", anomaly_kind[i],
+                (unsigned long long)load(&m->anomaly[i]));
     family(f, "quotagate_overage_weight_total", "counter",
            "Weight points admitted beyond the limits under payg, as "
            "settled.");
@@ -591,6 +614,13 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     fputc('\n', f);
     gauge_u(f, "quotagate_rebuild_rows", "gauge",
             "Ledger rows replayed by the last rebuild.", g->rebuild_rows);
+    family(f, "quotagate_rebuild_rows_out_of_bounds", "gauge",
+           "Rows of the last rebuild with amounts beyond the bounds: "
+           "clamped to them, or skipped.");
+    fprintf(f, "quotagate_rebuild_rows_out_of_bounds{action=\"clamped\"} "
+            "%llu\n", (unsigned long long)g->rebuild_clamped);
+    fprintf(f, "quotagate_rebuild_rows_out_of_bounds{action=\"skipped\"} "
+            "%llu\n", (unsigned long long)g->rebuild_skipped);
     gauge_u(f, "quotagate_store_subjects", "gauge",
             "Members and organisations with counter state.",
             g->store_subjects);

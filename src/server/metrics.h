@@ -9,6 +9,9 @@
  *   quotagate_settle_mismatch_total{direction="over"|"under"}  settles whose
  *       actual weight was above / below the reservation
  *   quotagate_settle_mismatch_weight_total{direction}  points of those gaps
+ *   quotagate_proxy_usage_anomalies_total{kind}  proxied calls charged
+ *       other than the upstream reported (docs/proxy.md): kind
+ *       output_over_max_tokens | output_over_bound | input_over_bound
  *   quotagate_http_requests_total{route,code}
  *   quotagate_refusal_ratio  refusals / decisions since start
  *   quotagate_ledger_queue_depth, quotagate_ledger_commits_total,
@@ -18,6 +21,7 @@
  *   quotagate_ledger_rows_refused_total (a reused request id),
  *   quotagate_ledger_up (0 while writes fail),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
+ *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_up,
  *   quotagate_rules_info{rules_version,weights_version}
  *   quotagate_http_connections_open, quotagate_http_connections_max,
@@ -95,6 +99,8 @@ typedef struct qg_metrics_gauges {
     int ledger_up;                  /* the last transaction succeeded */
     int64_t rebuild_ms;             /* how long the last rebuild took */
     uint64_t rebuild_rows;          /* rows it replayed */
+    uint64_t rebuild_clamped;       /* rows with amounts over the bounds */
+    uint64_t rebuild_skipped;       /* rows it could not use */
     uint64_t store_subjects;
     uint64_t store_bytes;
     const qg_http_stats *http;      /* connections; NULL: not shown */
@@ -129,6 +135,16 @@ void qg_metrics_record(qg_metrics *m, const qg_decision *d);
 /* Count a settle: its status and any gap between reserved and actual.
  * Replayed settles are not counted again. */
 void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s);
+
+/* The proxy charged other than the upstream reported (docs/proxy.md,
+ * "Usage beyond what was allowed"). */
+typedef enum qg_metrics_anomaly {
+    QG_ANOMALY_OUTPUT_OVER_CAP = 0,   /* output above max_tokens */
+    QG_ANOMALY_OUTPUT_OVER_BOUND,     /* output above QG_TOKENS_MAX */
+    QG_ANOMALY_INPUT_OVER_BOUND,      /* input above QG_TOKENS_MAX */
+    QG_ANOMALY_COUNT
+} qg_metrics_anomaly;
+void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind);
 
 /* Count an HTTP response on route (qg_metrics_route) with status code. */
 void qg_metrics_http(qg_metrics *m, int route, int code);

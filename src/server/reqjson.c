@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "quotagate.h"
 #include "reqjson.h"
 
 /* Deepest nesting of [ and { outside strings. */
@@ -101,8 +102,11 @@ int qg_reqjson_int(json_t *o, const char *key, int required, int64_t min,
         }
         return 0;
     }
-    if (!json_is_integer(v) || json_integer_value(v) < min ||
-        json_integer_value(v) > max) {
+    if (json_is_integer(v) && json_integer_value(v) > max) {
+        snprintf(err, cap, "%s must be at most %lld", key, (long long)max);
+        return -2;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min) {
         snprintf(err, cap, "%s must be an integer from %lld to %lld", key,
                  (long long)min, (long long)max);
         return -1;
@@ -124,9 +128,15 @@ int qg_reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
     }
     if (json_is_integer(v)) {
         json_int_t i = json_integer_value(v);
-        if (i < 0 || i > INT64_MAX / 1000 / 4) {
+        if (i < 0) {
             snprintf(err, cap, "%s must be a number >= 0", key);
             return -1;
+        }
+        if (i > QG_AMOUNT_MAX_MILLI / 1000) {
+            snprintf(err, cap, "%s must be at most %lld (the bound on one "
+                     "request's weight)", key,
+                     (long long)(QG_AMOUNT_MAX_MILLI / 1000));
+            return -2;
         }
         *out = (int64_t)i * 1000;
         return 1;
@@ -136,7 +146,13 @@ int qg_reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
          * must be exact to the milli (at most 3 decimals). */
         double d = json_real_value(v), m = d * 1000.0;
         double r = nearbyint(m);
-        if (!(d >= 0) || d > 1e12 || fabs(m - r) > 1e-6 * (r > 1 ? r : 1)) {
+        if (d > 1e12) {
+            snprintf(err, cap, "%s with a fraction or exponent must be at "
+                     "most 1000000000000 (whole numbers up to %lld)", key,
+                     (long long)(QG_AMOUNT_MAX_MILLI / 1000));
+            return -2;
+        }
+        if (!(d >= 0) || fabs(m - r) > 1e-6 * (r > 1 ? r : 1)) {
             snprintf(err, cap, "%s must be a number >= 0 with at most 3 "
                      "decimals", key);
             return -1;

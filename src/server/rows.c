@@ -90,7 +90,7 @@ void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
         {QG_ENOTFOUND, 404, "unknown_request"},
         {QG_EFULL, 503, "overloaded"},
         {QG_EINVAL, 400, "invalid_request"},
-        {QG_ERANGE, 400, "invalid_request"},
+        {QG_ERANGE, 400, "out_of_range"},
         {QG_EIO, 503, "ledger_unavailable"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

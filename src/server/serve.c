@@ -79,6 +79,8 @@ void qg_server_gauges(qg_server *s, const qg_store_stats *st,
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;
+    g->rebuild_clamped = s->rebuild_clamped;
+    g->rebuild_skipped = s->rebuild_skipped;
     g->store_subjects = st->subjects;
     g->store_bytes = st->bytes;
 }
@@ -127,11 +129,56 @@ static int put_subject(const char *subject, const char *plan,
     return 0;
 }
 
+/* Clamp *v into [lo, hi]; describe it in why (appending) when it moved. */
+static int clamp_field(int64_t *v, int64_t lo, int64_t hi, const char *name,
+                       char *why, size_t cap)
+{
+    int64_t old = *v;
+    size_t n = strlen(why);
+    if (old >= lo && old <= hi)
+        return 0;
+    *v = old < lo ? lo : hi;
+    if (n < cap)
+        snprintf(why + n, cap - n, "%s%s %lld -> %lld", n ? ", " : "", name,
+                 (long long)old, (long long)*v);
+    return 1;
+}
+
+/* A row against the bounds (quotagate.h, docs/operations.md "Rebuild"):
+ * rows written before the bounds existed may hold any amount.  Amounts
+ * are clamped into them: an amount over the bound becomes the bound
+ * (still at least any window's limit, so the subject is refused exactly
+ * as long as the row would have refused it: nobody gains allowance), a
+ * negative one 0 (nothing to charge, but the request id is remembered).
+ * A row whose instant is out of range cannot be placed in any window and
+ * is skipped.  Returns 0 as is, 1 clamped, -1 skip; why says what. */
+static int row_in_bounds(qg_restore_req *rr, char *why, size_t cap)
+{
+    int n = 0;
+    why[0] = '\0';
+    if (rr->decided_at_ms < 0 || rr->decided_at_ms > QG_TIME_MAX_MS) {
+        snprintf(why, cap, "created_ms %lld out of range",
+                 (long long)rr->decided_at_ms);
+        return -1;
+    }
+    n += clamp_field(&rr->reserved_milli, 0, QG_AMOUNT_MAX_MILLI,
+                     "reserved_milli", why, cap);
+    n += clamp_field(&rr->charged_milli, 0, QG_AMOUNT_MAX_MILLI,
+                     "weight_milli", why, cap);
+    n += clamp_field(&rr->headroom_milli, -1, QG_AMOUNT_MAX_MILLI,
+                     "headroom_milli", why, cap);
+    n += clamp_field(&rr->overage_price_micro, 0, QG_MONEY_MAX_MICRO,
+                     "overage_price_micro", why, cap);
+    n += clamp_field(&rr->overage_cost_micro, 0, QG_MONEY_MAX_MICRO,
+                     "overage_cost_micro", why, cap);
+    return n > 0;
+}
+
 static int restore_row(const qg_ledger_row *row, void *ud)
 {
     qg_server *s = ud;
-    char err[256];
-    int settled = row->status != QG_ROW_RESERVED;
+    char err[256], why[256];
+    int settled = row->status != QG_ROW_RESERVED, b;
     qg_restore_req rr = {
         .subject = row->subject,
         .request_id = row->request_id,
@@ -147,9 +194,23 @@ static int restore_row(const qg_ledger_row *row, void *ud)
         .overage_price_micro = row->overage_price_micro,
         .overage_cost_micro = row->overage_cost_micro,
     };
-    if (qg_engine_restore(s->engine, &rr, err, sizeof err) != QG_OK)
+    if ((b = row_in_bounds(&rr, why, sizeof why)) < 0) {
+        fprintf(stderr, "quotagate: rebuild: request %s (subject %s): %s: "
+                "skipped\n", row->request_id, row->subject, why);
+        s->rebuild_skipped++;
+        return 0;
+    }
+    if (b > 0) {
+        fprintf(stderr, "quotagate: rebuild: request %s (subject %s): "
+                "amounts beyond the bounds (%s): clamped to them\n",
+                row->request_id, row->subject, why);
+        s->rebuild_clamped++;
+    }
+    if (qg_engine_restore(s->engine, &rr, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate: rebuild: request %s: %s\n",
                 row->request_id, err);
+        s->rebuild_skipped++;
+    }
     s->rebuild_rows++;
     return 0;
 }

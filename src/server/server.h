@@ -51,6 +51,8 @@ typedef struct qg_server {
     int64_t mono0_ms;            /* CLOCK_MONOTONIC at start */
     int64_t rebuild_ms;          /* how long the rebuild took */
     uint64_t rebuild_rows;
+    uint64_t rebuild_clamped;    /* rows with amounts beyond the bounds */
+    uint64_t rebuild_skipped;    /* rows that could not be replayed */
     _Atomic uint64_t reloads, reload_failures;
 } qg_server;
 

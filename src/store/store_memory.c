@@ -15,11 +15,18 @@
  *
  * Memory per subject: one entity block (header plus 32 bytes per window)
  * and a table slot; rolling logs and lease arrays grow on demand within
- * their caps (window.h). */
+ * their caps (window.h).
+ *
+ * Bounds (quotagate.h): the engine hands in amounts within them; a
+ * settle's weight from tokens is charged at most QG_AMOUNT_MAX_MILLI, the
+ * windows saturate (window.h), spent amounts saturate at
+ * QG_MONEY_MAX_MICRO (and keep the bound against refunds, like the
+ * windows), and lease expiries saturate. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "decide.h"
+#include "fixed.h"
 #include "store.h"
 #include "weights.h"
 #include <xxhash.h>
@@ -454,15 +461,28 @@ static void payg_setup(qg_decide_in *din, entity *m, const qg_store_check *in)
     din->spent_micro = spent_in(m, in->cap_start_ms);
 }
 
-/* Settle or restore: move the member's spent amount by delta when it is
- * still the period the charge was made in. */
+/* Settle or restore: move the member's spent amount by delta (within
+ * +-QG_MONEY_MAX_MICRO) when it is still the period the charge was made
+ * in.  It saturates at the bound and then stays there against refunds. */
 static void spent_adjust(entity *m, int64_t start_ms, int64_t delta)
 {
-    if (delta != 0 && m->spent_start_ms == start_ms) {
-        m->spent_micro += delta;
+    if (delta == 0 || m->spent_start_ms != start_ms)
+        return;
+    if (delta > 0) {
+        m->spent_micro = qg_money_add(m->spent_micro, delta);
+    } else if (m->spent_micro < QG_MONEY_MAX_MICRO) {
+        m->spent_micro += delta < -QG_MONEY_MAX_MICRO ? -QG_MONEY_MAX_MICRO
+                                                       : delta;
         if (m->spent_micro < 0)
             m->spent_micro = 0;
     }
+}
+
+/* When a reservation made at t0 stops holding its lease. */
+static int64_t expiry(int64_t t0, const qg_plan *p)
+{
+    int64_t ttl = lease_ttl(p);
+    return t0 > INT64_MAX - ttl ? INT64_MAX : t0 + ttl;
 }
 
 static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
@@ -549,8 +569,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         r->org = o;
         r->shard = (uint16_t)esi;
         r->t0_ms = din.ctx[0].now_ms;
-        r->expires_ms = r->t0_ms +
-                        lease_ttl(in->plan);
+        r->expires_ms = expiry(r->t0_ms, in->plan);
         r->reserved_milli = r->charged_milli = in->weight_milli;
         r->anchor_ms = in->anchor_ms;
         r->model = in->model;
@@ -604,8 +623,12 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     if (in->no_charge) {
         actual = 0;
     } else if (r->model_spec) {
+        /* tokens within the bound (the engine checked): a weight over the
+         * bound is charged at the bound */
         actual = qg_weight_milli(r->model_spec, in->input_tokens,
                                  in->output_tokens);
+        if (actual > QG_AMOUNT_MAX_MILLI)
+            actual = QG_AMOUNT_MAX_MILLI;
     } else {
         actual = in->weight_milli >= 0 ? in->weight_milli : r->reserved_milli;
     }
@@ -711,8 +734,7 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
         r->org = o;
         r->shard = (uint16_t)esi;
         r->t0_ms = din.ctx[0].now_ms;
-        r->expires_ms = r->t0_ms +
-                        lease_ttl(in->plan);
+        r->expires_ms = expiry(r->t0_ms, in->plan);
         r->reserved_milli = in->reserved_milli;
         r->charged_milli = in->charged_milli;
         r->anchor_ms = in->anchor_ms;

@@ -205,9 +205,13 @@ static int64_t burst_of(const qg_window_spec *s)
     return s->burst_milli > 0 ? s->burst_milli : s->limit_milli;
 }
 
-static int64_t rolling_used(const wref *w, int64_t T)
+/* Sums are exact in 128 bits, whatever was charged (the engine's bounds,
+ * quotagate.h, are not the reference's: it answers what the unbounded
+ * arithmetic would); only a view is clamped to the bound, as the
+ * engine's. */
+static i128 rolling_used(const wref *w, int64_t T)
 {
-    int64_t used = 0;
+    i128 used = 0;
     for (size_t i = 0; i < w->log->n; i++)
         if (w->log->v[i].t > T - w->s->length_ms)
             used += w->log->v[i].amount;
@@ -215,7 +219,7 @@ static int64_t rolling_used(const wref *w, int64_t T)
 }
 
 /* -1 when the period cannot be computed (the window then never admits). */
-static int calendar_used(const wref *w, int64_t T, int64_t *used,
+static int calendar_used(const wref *w, int64_t T, i128 *used,
                          int64_t *end)
 {
     int64_t start, e;
@@ -233,9 +237,10 @@ static int calendar_used(const wref *w, int64_t T, int64_t *used,
 
 /* Walk the log for the last session; *open_end = its end when T is inside
  * it (0 otherwise); returns the usage of the open session. */
-static int64_t session_used(const wref *w, int64_t T, int64_t *open_end)
+static i128 session_used(const wref *w, int64_t T, int64_t *open_end)
 {
-    int64_t start = 0, used = 0;
+    int64_t start = 0;
+    i128 used = 0;
     int have = 0;
     for (size_t i = 0; i < w->log->n; i++) {
         const ref_charge *c = &w->log->v[i];
@@ -305,7 +310,8 @@ static int64_t conc_count(const ref_model *m, const wref *w, int64_t T)
 static int fits(const ref_model *m, const wref *w, int64_t a, int64_t T)
 {
     const qg_window_spec *s = w->s;
-    int64_t used, end;
+    int64_t end;
+    i128 used;
 
     if (s->type == QG_WIN_CONCURRENCY)
         return conc_count(m, w, T) < s->limit_milli / 1000;
@@ -330,21 +336,27 @@ static int fits(const ref_model *m, const wref *w, int64_t a, int64_t T)
     }
 }
 
-/* Used amount as the engine's view reports it. */
+static int64_t view_clamp(i128 v)
+{
+    return v > QG_AMOUNT_MAX_MILLI ? QG_AMOUNT_MAX_MILLI : (int64_t)v;
+}
+
+/* Used amount as the engine's view reports it (at most the bound). */
 static int64_t used_view(const ref_model *m, const wref *w, int64_t T)
 {
-    int64_t used = 0, end;
+    int64_t end;
+    i128 used = 0;
     switch (w->s->type) {
     case QG_WIN_ROLLING:
-        return rolling_used(w, T);
+        return view_clamp(rolling_used(w, T));
     case QG_WIN_CALENDAR:
-        return calendar_used(w, T, &used, NULL) == 0 ? used : 0;
+        return calendar_used(w, T, &used, NULL) == 0 ? view_clamp(used) : 0;
     case QG_WIN_SESSION:
-        return session_used(w, T, &end);
+        return view_clamp(session_used(w, T, &end));
     case QG_WIN_RATE:
         if (w->s->limit_milli <= 0 || w->s->length_ms <= 0)
             return 0;
-        return ceil_div_i128(rate_level(w, T), w->s->length_ms);
+        return view_clamp(ceil_div_i128(rate_level(w, T), w->s->length_ms));
     case QG_WIN_CONCURRENCY:
         return conc_count(m, w, T) * 1000;
     default:
@@ -367,7 +379,8 @@ static void cand_push(ref_model *m, int64_t t)
 static void candidates(ref_model *m, const wref *w, int64_t a, int64_t now)
 {
     const qg_window_spec *s = w->s;
-    int64_t used, end;
+    int64_t end;
+    i128 used;
     switch (s->type) {
     case QG_WIN_ROLLING:
         for (size_t i = 0; i < w->log->n; i++)

@@ -17,6 +17,12 @@
  *    refuse more but must never admit what the reference refuses, and its
  *    retry instant is never earlier than the reference's.  The reference is
  *    charged only with what the engine admitted, so both see one history.
+ *  - at the bounds (quotagate.h): limits, weights and settles near
+ *    QG_AMOUNT_MAX_MILLI and token counts up to QG_TOKENS_MAX, so that
+ *    window sums pass the bound and saturate; compared as in bounded mode
+ *    with the reference's exact 128-bit sums (a saturated counter may only
+ *    refuse more), settles exactly, and a check whose tokens weigh more
+ *    than the bound must be refused with QG_ERANGE.
  *
  * The stream length can be overridden with QG_RANDOM_OPS; under
  * AddressSanitizer the default is shorter (the reference is quadratic). */
@@ -50,6 +56,7 @@
 static uint64_t rng_state;
 static int trace;                     /* QG_RANDOM_TRACE=1: print each op */
 static int nozero;                    /* QG_RANDOM_NOZERO=1: no 0 weights */
+static int huge;                      /* amounts at the bounds (huge_rules) */
 
 static uint64_t rnd(void)             /* splitmix64 */
 {
@@ -166,6 +173,43 @@ static const char precision_rules[] =
     "  globex:\n"
     "    windows:\n"
     "      - { name: org_burst, type: rolling, length: 1h, limit: 70, precision: 1m }\n"
+    "default_plan: basic\n";
+
+/* Limits at and near the bound; the model "large" weighs up to 1.3e15
+ * points at the token bound, past the weight bound. */
+static const char huge_rules[] =
+    "version: \"rand-huge\"\n"
+    "unit: \"weight points\"\n"
+    "weights:\n"
+    "  version: \"w1\"\n"
+    "  calibrated: \"2026-01-01\"\n"
+    "  models:\n"
+    "    light: { per_request: 1, input_per_1k: 0.25, output_per_1k: 1 }\n"
+    "    large: { per_request: 2, input_per_1k: 500000, output_per_1k: 800000 }\n"
+    "plans:\n"
+    "  basic:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 1000000000000000, max_entries: 1000000 }\n"
+    "      - { name: daily, type: calendar, every: day, at: \"00:00\", tz: \"UTC\", limit: 600000000000000 }\n"
+    "      - { name: sess, type: session, length: 2h, limit: 900000000000000 }\n"
+    "      - { name: rpm, type: rate, per: 1m, limit: 4, burst: 6, unit: requests }\n"
+    "      - { name: wrate, type: rate, per: 1h, limit: 1000000000000000 }\n"
+    "    concurrency: 3\n"
+    "    lease_ttl: 10m\n"
+    "  pro:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 1h, limit: 700000000000000, max_entries: 1000000 }\n"
+    "      - { name: weekly, type: calendar, every: week, at: \"MON 09:30\", tz: \"Europe/Berlin\", limit: 1000000000000000 }\n"
+    "      - { name: sess, type: session, length: 30m, limit: 500000000000000, models: [large] }\n"
+    "    concurrency: 2\n"
+    "orgs:\n"
+    "  acme:\n"
+    "    windows:\n"
+    "      - { name: org_burst, type: rolling, length: 3h, limit: 1000000000000000, max_entries: 1000000 }\n"
+    "    concurrency: 5\n"
+    "  globex:\n"
+    "    windows:\n"
+    "      - { name: org_daily, type: calendar, every: day, at: \"06:00\", tz: \"America/New_York\", limit: 1000000000000000 }\n"
     "default_plan: basic\n";
 
 /* ------------------------------------------------------------ harness */
@@ -326,11 +370,17 @@ static void do_check(harness *h, long op, int64_t now)
         int64_t small = rnd_range(1, 8000);
         weight = r < 30 ? (nozero ? small : 0)
                  : r < 40 ? rnd_range(41000, 400000) : small;
+        if (huge && r >= 30)
+            weight = r < 100 ? QG_AMOUNT_MAX_MILLI
+                     : r < 700 ? rnd_range(QG_AMOUNT_MAX_MILLI / 20,
+                                           QG_AMOUNT_MAX_MILLI)
+                               : small;
         req.weight_milli = weight;
     } else {
         model = (int)(rnd() % 2);
-        in = rnd_range(0, 3000);
-        out_est = chance(100) ? -1 : rnd_range(0, 1500);
+        in = huge ? rnd_range(0, QG_TOKENS_MAX) : rnd_range(0, 3000);
+        out_est = chance(100) ? -1
+                  : huge ? rnd_range(0, QG_TOKENS_MAX) : rnd_range(0, 1500);
         req.model = h->rules->models[model].name;
         req.input_tokens = in;
         req.max_output_tokens = out_est;
@@ -344,6 +394,13 @@ static void do_check(harness *h, long op, int64_t now)
     if (trace)
         printf("# check %s -> rc %d outcome %d replayed %d retry %lld\n",
                what, rc, d.outcome, d.replayed, (long long)d.retry_after_ms);
+    if (weight > QG_AMOUNT_MAX_MILLI) {
+        /* tokens that weigh more than the bound: refused, nothing charged */
+        if (rc != QG_ERANGE)
+            fail_msg("%s: engine rc %d for a weight over the bound", what, rc);
+        h->st.einval++;
+        return;
+    }
     if (h->exact) {
         ref_check(h->ref, subject, rid, model, weight, now, &rd);
     } else {
@@ -524,16 +581,21 @@ static void do_settle(harness *h, long op, int64_t now)
     if (p.model < 0) {
         actual = how == 0 ? (p.reserved ? rnd_range(0, p.reserved - 1) : 0)
                  : how == 1 ? p.reserved
-                 : how == 2 ? p.reserved + rnd_range(1, 20000) : -1;
+                 : how == 2 ? (huge ? rnd_range(p.reserved, QG_AMOUNT_MAX_MILLI)
+                                    : p.reserved + rnd_range(1, 20000))
+                 : -1;
         sr.weight_milli = actual;
     } else {
         int64_t out = how == 0 ? (p.out_est ? rnd_range(0, p.out_est - 1) : 0)
                       : how == 1 ? p.out_est
-                                 : p.out_est + rnd_range(1, 4000);
+                      : huge ? rnd_range(p.out_est, QG_TOKENS_MAX)
+                             : p.out_est + rnd_range(1, 4000);
         sr.input_tokens = p.in_tokens;
         sr.output_tokens = out;
         sr.weight_milli = -1;
         actual = qg_weight_milli(&h->rules->models[p.model], p.in_tokens, out);
+        if (actual > QG_AMOUNT_MAX_MILLI)
+            actual = QG_AMOUNT_MAX_MILLI;   /* a settle charges the bound */
     }
     snprintf(what, sizeof what, "op %ld: settle %s reserved %lld actual %lld "
              "now %lld", op, p.rid, (long long)p.reserved, (long long)actual,
@@ -657,12 +719,22 @@ static void test_random_bounded_precision(void **state)
                DEFAULT_OPS / 2);
 }
 
+static void test_random_at_the_bounds(void **state)
+{
+    (void)state;
+    huge = 1;
+    run_stream(huge_rules, 0, 0x5eed0004ULL, "at the bounds",
+               DEFAULT_OPS / 4);
+    huge = 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_random_exact, teardown),
         cmocka_unit_test_teardown(test_random_bounded_entries, teardown),
         cmocka_unit_test_teardown(test_random_bounded_precision, teardown),
+        cmocka_unit_test_teardown(test_random_at_the_bounds, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,6 +46,11 @@
  *   close-after=N    send N stream events, then close the connection
  *                    cleanly (FIN) without the terminating chunk
  *   no-usage         no usage anywhere (JSON body, stream events)
+ *   usage-in=N       report N input (prompt) tokens wherever usage is
+ *                    reported, whatever was sent (0..INT64_MAX)
+ *   usage-out=N      report N output (completion) tokens likewise (the
+ *                    content is still the max_tokens words; Anthropic's
+ *                    message_start keeps its output count of 1)
  *   status=CODE      answer CODE (400..599) with the API's error body;
  *                    429 also carries Retry-After: 2
  *   hang             never answer
@@ -75,6 +80,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +111,8 @@ typedef struct mode {
     int status;                /* 0: answer normally */
     int hang;
     int flood;                 /* content events of a flood, 0: none */
+    long long usage_in;        /* reported counts: -1 = the real ones */
+    long long usage_out;
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -190,6 +198,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
     m->slow_ms = DBL_DEFAULT_SLOW_MS;
     m->reset_after = -1;
     m->no_usage = m->status = m->hang = m->flood = 0;
+    m->usage_in = m->usage_out = -1;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -228,6 +237,10 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->hang = 1;
         else if (!strcmp(tok, "flood") && eq && v >= 1 && v <= DBL_MAX_FLOOD)
             m->flood = (int)v;
+        else if (!strcmp(tok, "usage-in") && eq)
+            m->usage_in = v;
+        else if (!strcmp(tok, "usage-out") && eq)
+            m->usage_out = v;
         else if (*tok || eq)
             rc = -1;
         if (rc)
@@ -328,6 +341,23 @@ static json_t *word(int i)
     return json_string(s);
 }
 
+/* The counts to report (usage-in / usage-out), and their sum saturated. */
+static json_int_t rep_in(const mode *m, int p)
+{
+    return m->usage_in >= 0 ? (json_int_t)m->usage_in : p;
+}
+
+static json_int_t rep_out(const mode *m, int n)
+{
+    return m->usage_out >= 0 ? (json_int_t)m->usage_out : n;
+}
+
+static json_int_t rep_total(const mode *m, int p, int n)
+{
+    json_int_t a = rep_in(m, p), b = rep_out(m, n);
+    return a > INT64_MAX - b ? INT64_MAX : a + b;
+}
+
 static json_t *openai_body(dbl *d, const char *model, int p, int n,
                            const mode *m)
 {
@@ -340,9 +370,10 @@ static json_t *openai_body(dbl *d, const char *model, int p, int n,
         words(n), "logprobs", "finish_reason", "stop");
     if (!m->no_usage)
         json_object_set_new(b, "usage",
-                            json_pack("{s:i, s:i, s:i}", "prompt_tokens", p,
-                                      "completion_tokens", n, "total_tokens",
-                                      p + n));
+                            json_pack("{s:I, s:I, s:I}", "prompt_tokens",
+                                      rep_in(m, p), "completion_tokens",
+                                      rep_out(m, n), "total_tokens",
+                                      rep_total(m, p, n)));
     return b;
 }
 
@@ -357,8 +388,9 @@ static json_t *anthropic_body(dbl *d, const char *model, int p, int n,
         "text", "text", words(n), "stop_reason", "end_turn",
         "stop_sequence");
     if (!m->no_usage)
-        json_object_set_new(b, "usage", json_pack("{s:i, s:i}", "input_tokens",
-                                                  p, "output_tokens", n));
+        json_object_set_new(b, "usage", json_pack("{s:I, s:I}", "input_tokens",
+                                                  rep_in(m, p), "output_tokens",
+                                                  rep_out(m, n)));
     return b;
 }
 
@@ -413,8 +445,9 @@ static void openai_events(dbl *d, stream *s, const char *model, int p, int n,
     if (include_usage && !m->no_usage) {
         json_t *c = chunk(id, model, json_array(), m, 0);
         json_object_set_new(c, "usage", json_pack(
-            "{s:i, s:i, s:i}", "prompt_tokens", p, "completion_tokens", n,
-            "total_tokens", p + n));
+            "{s:I, s:I, s:I}", "prompt_tokens", rep_in(m, p),
+            "completion_tokens", rep_out(m, n), "total_tokens",
+            rep_total(m, p, n)));
         add_event(s, NULL, c, NULL);
     }
     add_event(s, NULL, NULL, "[DONE]");
@@ -432,7 +465,7 @@ static void anthropic_events(dbl *d, stream *s, const char *model, int p,
         "stop_sequence");
     if (!m->no_usage)
         json_object_set_new(msg, "usage", json_pack(
-            "{s:i, s:i}", "input_tokens", p, "output_tokens", 1));
+            "{s:I, s:i}", "input_tokens", rep_in(m, p), "output_tokens", 1));
     add_event(s, "message_start", json_pack("{s:s, s:o}", "type",
               "message_start", "message", msg), NULL);
     add_event(s, "content_block_start", json_pack(
@@ -449,8 +482,8 @@ static void anthropic_events(dbl *d, stream *s, const char *model, int p,
                            "delta", "stop_reason", "end_turn",
                            "stop_sequence");
     if (!m->no_usage)
-        json_object_set_new(md, "usage", json_pack("{s:i}", "output_tokens",
-                                                   n));
+        json_object_set_new(md, "usage", json_pack("{s:I}", "output_tokens",
+                                                   rep_out(m, n)));
     add_event(s, "message_delta", md, NULL);
     add_event(s, "message_stop", json_pack("{s:s}", "type", "message_stop"),
               NULL);
