@@ -181,6 +181,9 @@ static const char *const EDGES[] = {
     "{\"model\":\"m\",\"max_tokens\":1}\v",
     "{\"model\":\"m\",\"max_tokens\":1}/**/",
     "{'model':\"m\",\"max_tokens\":1}",
+    /* an unterminated string after the object (found by fuzz_reqscan) */
+    "{\"model\":\"m\",\"max_tokens\":1}\"",
+    "{\"model\":\"m\",\"max_tokens\":1}\":1E+2}",
 };
 
 static void test_samples_agree(void **state)
