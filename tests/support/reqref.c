@@ -54,6 +54,10 @@ int tst_ref_request_fields(const char *body, size_t len, int shape,
     if (stream && !json_is_boolean(stream) && !json_is_null(stream))
         goto done;
     out->stream = json_is_true(stream);
+    json_t *so = json_object_get(root, "stream_options");
+    if (shape == QG_SHAPE_OPENAI && so && !json_is_object(so) &&
+        !json_is_null(so))
+        goto done;
     int have;
     if (shape == QG_SHAPE_OPENAI)
         have = tst_jref_count2(root, "max_completion_tokens", "max_tokens",

@@ -181,6 +181,13 @@ static const char *const EDGES[] = {
     "{\"model\":\"m\",\"max_tokens\":1}\v",
     "{\"model\":\"m\",\"max_tokens\":1}/**/",
     "{'model':\"m\",\"max_tokens\":1}",
+    /* stream_options: an object or null for OpenAI, anything for
+     * Anthropic */
+    "{\"model\":\"m\",\"max_tokens\":1,\"stream\":true,\"stream_options\":50}",
+    "{\"model\":\"m\",\"max_tokens\":1,\"stream_options\":\"x\"}",
+    "{\"model\":\"m\",\"max_tokens\":1,\"stream_options\":null}",
+    "{\"model\":\"m\",\"max_tokens\":1,\"stream_options\":{\"a\":[]}}",
+    "{\"model\":\"m\",\"max_tokens\":1,\"x\":{\"stream_options\":1}}",
     /* an unterminated string after the object (found by fuzz_reqscan) */
     "{\"model\":\"m\",\"max_tokens\":1}\"",
     "{\"model\":\"m\",\"max_tokens\":1}\":1E+2}",
