@@ -67,7 +67,7 @@ typedef struct jscan {
     const qg__json_ops *ops;
     void *ctx;
     int depth;                      /* containers open */
-    yajl_handle h;
+    yajl_handle h;                  /* NULL: end is not kept */
     size_t end;                     /* bytes up to the top value's end */
     arena mem;
 } jscan;
@@ -384,7 +384,7 @@ static int on_end(void *ctx)
 {
     jscan *js = ctx;
     int ok = js->ops->end ? js->ops->end(js->ctx, js->depth) : 1;
-    if (--js->depth == 0)
+    if (--js->depth == 0 && js->h)
         js->end = yajl_get_bytes_consumed(js->h);
     return ok;
 }

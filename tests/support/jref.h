@@ -38,6 +38,8 @@ int tst_ref_anthropic_event_bytes(const char *event, size_t elen,
                                   const char *data, size_t dlen,
                                   qg_usage_counts *acc,
                                   int64_t *content_bytes);
+/* Print "what differs on n bytes: <s escaped, at most 400 bytes>". */
+void tst_show(const char *what, const char *s, size_t n);
 /* Counts, flags and error type equal. */
 int tst_same_counts(const qg_usage_counts *a, const qg_usage_counts *b);
 /* Every response reader of usage.h and proxy.h on s[0..n) against its

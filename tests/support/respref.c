@@ -292,7 +292,7 @@ done:
 
 /* ------------------------------------------------------ comparisons */
 
-static void show(const char *what, const char *s, size_t n)
+void tst_show(const char *what, const char *s, size_t n)
 {
     fprintf(stderr, "%s differs on %zu bytes: \"", what, n);
     for (size_t i = 0; i < n && i < 400; i++) {
@@ -345,13 +345,13 @@ int tst_resp_agree(const char *s, size_t n)
     ra = qg_usage_openai_json(s, n, &a);
     rb = ref_openai_json(s, n, &b);
     if (ra != rb || !tst_same_counts(&a, &b)) {
-        show("qg_usage_openai_json", s, n);
+        tst_show("qg_usage_openai_json", s, n);
         return 0;
     }
     ra = qg_usage_anthropic_json(s, n, &a);
     rb = ref_anthropic_json(s, n, &b);
     if (ra != rb || !tst_same_counts(&a, &b)) {
-        show("qg_usage_anthropic_json", s, n);
+        tst_show("qg_usage_anthropic_json", s, n);
         return 0;
     }
     earlier(&a);
@@ -359,7 +359,7 @@ int tst_resp_agree(const char *s, size_t n)
     ra = qg_usage_openai_chunk_bytes(s, n, &a, &oa, &ca);
     rb = tst_ref_openai_chunk_bytes(s, n, &b, &ob, &cb);
     if (ra != rb || oa != ob || ca != cb || !tst_same_counts(&a, &b)) {
-        show("qg_usage_openai_chunk_bytes", s, n);
+        tst_show("qg_usage_openai_chunk_bytes", s, n);
         return 0;
     }
     for (size_t e = 0; e < sizeof EVENTS / sizeof EVENTS[0]; e++) {
@@ -370,13 +370,13 @@ int tst_resp_agree(const char *s, size_t n)
         ra = qg_usage_anthropic_event_bytes(ev, elen, s, n, &a, &ca);
         rb = tst_ref_anthropic_event_bytes(ev, elen, s, n, &b, &cb);
         if (ra != rb || ca != cb || !tst_same_counts(&a, &b)) {
-            show(ev ? ev : "qg_usage_anthropic_event_bytes", s, n);
+            tst_show(ev ? ev : "qg_usage_anthropic_event_bytes", s, n);
             return 0;
         }
     }
     if (qg_content_bytes_openai_chunk(s, n) != ref_bytes(s, n, 0) ||
         qg_content_bytes_anthropic_event(s, n) != ref_bytes(s, n, 1)) {
-        show("qg_content_bytes_*", s, n);
+        tst_show("qg_content_bytes_*", s, n);
         return 0;
     }
     return 1;

@@ -23,7 +23,11 @@
 #include "jref.h"
 
 /* The reference reader and the comparison live in tests/support
- * (jref.h: tst_req_agree), shared with the fuzz harness. */
+ * (jref.h), shared with the fuzz harness; here under a short name. */
+static int agree(const char *s, size_t n)
+{
+    return tst_req_agree(s, n);
+}
 
 /* ---------------------------------------------------------- samples */
 
@@ -197,12 +201,12 @@ static void test_samples_agree(void **state)
 {
     (void)state;
     for (size_t i = 0; i < sizeof SAMPLES / sizeof SAMPLES[0]; i++)
-        assert_true(tst_req_agree(SAMPLES[i], strlen(SAMPLES[i])));
+        assert_true(agree(SAMPLES[i], strlen(SAMPLES[i])));
     for (size_t i = 0; i < sizeof EDGES / sizeof EDGES[0]; i++)
-        assert_true(tst_req_agree(EDGES[i], strlen(EDGES[i])));
+        assert_true(agree(EDGES[i], strlen(EDGES[i])));
     /* a NUL byte in the text itself */
-    assert_true(tst_req_agree("{\"model\":\"\0\",\"max_tokens\":1}", 28));
-    assert_true(tst_req_agree(NULL, 0));
+    assert_true(agree("{\"model\":\"\0\",\"max_tokens\":1}", 28));
+    assert_true(agree(NULL, 0));
 }
 
 /* Pinned answers, so that the reference itself is checked. */
@@ -266,7 +270,7 @@ static void test_pinned(void **state)
         snprintf(b, sizeof b, "{\"model\":\"%0*d\",\"max_tokens\":1}", n, 0);
         assert_int_equal(FIELDS(b, QG_SHAPE_OPENAI),
                          n < QG_REQUEST_MODEL_MAX ? 0 : QG_EINVAL);
-        assert_true(tst_req_agree(b, strlen(b)));
+        assert_true(agree(b, strlen(b)));
     }
     /* 255 bytes once decoded, more as written */
     char b[2000];
@@ -299,7 +303,7 @@ static void test_depth_agrees(void **state)
         for (int i = k - 1; i >= 1; i--)
             n += (size_t)sprintf(s + n, i % 2 ? "]" : "}");
         n += (size_t)sprintf(s + n, "}");
-        assert_true(tst_req_agree(s, n));
+        assert_true(agree(s, n));
         free(s);
     }
 }
@@ -328,7 +332,7 @@ static void test_many_keys_agree(void **state)
             if (dup == 2)       /* the same key in another object: fine */
                 n += (size_t)sprintf(s + n, ",\"k\":{\"k1\":0}");
             n += (size_t)sprintf(s + n, "}}");
-            assert_true(tst_req_agree(s, n));
+            assert_true(agree(s, n));
             qg_request_info ri;
             assert_int_equal(qg_request_fields(s, n, QG_SHAPE_OPENAI, &ri),
                              dup == 1 ? QG_EINVAL : 0);
@@ -346,7 +350,7 @@ static void test_mutations_agree(void **state)
         'u', '\0', 0x0B, (char)0x80, (char)0xC3, (char)0xED, 'x', 't'};
     (void)state;
     tst_mutations_agree(SAMPLES, sizeof SAMPLES / sizeof SAMPLES[0], bytes,
-                        sizeof bytes, tst_req_agree);
+                        sizeof bytes, agree);
 }
 
 int main(void)

@@ -25,7 +25,22 @@
 #include "jref.h"
 
 /* The reference readers and the comparison live in tests/support
- * (jref.h: tst_resp_agree), shared with the fuzz harnesses. */
+ * (jref.h), shared with the fuzz harnesses; here under short names. */
+static int agree(const char *s, size_t n)
+{
+    return tst_resp_agree(s, n);
+}
+
+static inline int same_counts(const qg_usage_counts *a,
+                              const qg_usage_counts *b)
+{
+    return tst_same_counts(a, b);
+}
+
+static inline void show(const char *what, const char *s, size_t n)
+{
+    tst_show(what, s, n);
+}
 
 /* ---------------------------------------------------------- samples */
 
@@ -183,12 +198,12 @@ static void test_samples_agree(void **state)
 {
     (void)state;
     for (size_t i = 0; i < sizeof SAMPLES / sizeof SAMPLES[0]; i++)
-        assert_true(tst_resp_agree(SAMPLES[i], strlen(SAMPLES[i])));
+        assert_true(agree(SAMPLES[i], strlen(SAMPLES[i])));
     for (size_t i = 0; i < sizeof EDGES / sizeof EDGES[0]; i++)
-        assert_true(tst_resp_agree(EDGES[i], strlen(EDGES[i])));
+        assert_true(agree(EDGES[i], strlen(EDGES[i])));
     /* a NUL byte in the text itself */
-    assert_true(tst_resp_agree("{\"a\":\"\0\"}", 8));
-    assert_true(tst_resp_agree("{\"a\":1}\0", 8));
+    assert_true(agree("{\"a\":\"\0\"}", 8));
+    assert_true(agree("{\"a\":1}\0", 8));
 }
 
 /* Nesting: jansson allows values 2048 deep, scalars included. */
@@ -209,7 +224,7 @@ static void test_depth_agrees(void **state)
         for (int i = k - 1; i >= 1; i--)
             n += (size_t)sprintf(s + n, i % 2 ? "]" : "}");
         n += (size_t)sprintf(s + n, "}");
-        assert_true(tst_resp_agree(s, n));
+        assert_true(agree(s, n));
         qg_usage_counts u;
         /* the innermost 1 is k + 1 deep */
         assert_int_equal(qg_usage_openai_json(s, n, &u), k < 2048 ? 1 : -1);
@@ -233,7 +248,7 @@ static void test_long_text_agrees(void **state)
             n += 10;
         }
         n += (size_t)sprintf(s + n, "\"}}]}");
-        assert_true(tst_resp_agree(s, n));
+        assert_true(agree(s, n));
         assert_int_equal(qg_content_bytes_openai_chunk(s, n),
                          (int64_t)reps * 6);
         free(s);
@@ -249,7 +264,7 @@ static void test_mutations_agree(void **state)
         'u', '\0', 0x0B, (char)0x80, (char)0xC3, (char)0xED, 'x'};
     (void)state;
     tst_mutations_agree(SAMPLES, sizeof SAMPLES / sizeof SAMPLES[0], bytes,
-                        sizeof bytes, tst_resp_agree);
+                        sizeof bytes, agree);
 }
 
 int main(void)
