@@ -91,9 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_openai_rewrite(s, size, &info, NULL, data, size);
             check_openai_rewrite(s, size, &info, NEW_MODEL, data, size);
         }
-        check_rewrite(qg_request_replace_model(s, size, NEW_MODEL, &out,
-                                               &outlen),
-                      out, outlen, shape, &info, NEW_MODEL, data, size);
+        int rc = qg_request_replace_model(s, size, NEW_MODEL, &out, &outlen);
+        check_rewrite(rc, out, outlen, shape, &info, NEW_MODEL, data, size);
     }
     return 0;
 }
