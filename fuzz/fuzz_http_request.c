@@ -325,6 +325,10 @@ static int rb_headers_done(http_parser *p)
     refp *f = p->data;
     int chunked = (p->flags & F_CHUNKED) != 0;
     f->in_headers = 0;
+    /* decided by the head: a Connection field among chunked trailers is
+     * ignored, as trailers may not carry one (RFC 9110, 6.5.1) */
+    f->cur.keep = http_should_keep_alive(p) && p->http_major == 1 &&
+                  p->http_minor >= 1 && !p->upgrade;
     if (!chunked && p->content_length != ULLONG_MAX &&
         p->content_length > MAX_BODY) {
         f->err_status = 413;
@@ -390,8 +394,6 @@ static int rb_done(http_parser *p)
                                 m->h[i].value[m->h[i].vlen - 1] == '\t'))
             m->h[i].value[--m->h[i].vlen] = '\0';
     }
-    m->keep = http_should_keep_alive(p) && p->http_major == 1 &&
-              p->http_minor >= 1 && !p->upgrade;
     if (!m->keep) {
         f->stop = 1;
         return -1;                  /* nothing after it is read */
