@@ -49,6 +49,13 @@ $(2)/obj/%.o: %.c
 	@mkdir -p $$(dir $$@)
 	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -c $$< -o $$@
 
+# a harness gets libFuzzer's prototypes from fuzz/fuzz.h even if it does
+# not include it (-Wmissing-prototypes)
+$(2)/obj/fuzz/%.o: fuzz/%.c
+	@mkdir -p $$(dir $$@)
+	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -include fuzz/fuzz.h \
+	    -c $$< -o $$@
+
 $(2)/libquotagate.a: $$($(1)_LIBOBJ)
 	@rm -f $$@
 	ar rcs $$@ $$^
