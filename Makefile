@@ -9,10 +9,12 @@
 #                 (tests/soak/soak.sh; SOAK_MINUTES to change; not in test)
 #   make attack   the slow-upload attack of issue 8 at full size against
 #                 both builds, with a healthy client (minutes; not in test)
+#   make fuzz     build the libFuzzer harnesses (fuzz/fuzz_*.c) with clang
+#                 and run each for FUZZ_TIME seconds (docs/fuzzing.md)
 #
 # Objects of the optimised build go to build/obj, sanitizer ones to
-# build/asan/obj; the library is built once per flavour and linked into
-# the CLI and every test.
+# build/asan/obj, clang's fuzzing ones to build/fuzz/obj; the library is
+# built once per flavour and linked into the CLI and every test.
 
 CC      ?= cc
 PKGS    := yaml-0.1 jansson yajl libxxhash libevent libevent_pthreads \
@@ -33,9 +35,10 @@ CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 
-# flavour-specific lists
+# flavour-specific lists; $(4) is the compiler when not $(CC)
 define flavour
 $(1)_DIR   := $(2)
+$(1)_CC    := $(or $(4),$(CC))
 $(1)_FLAGS := $(CFLAGS_COMMON) $(3)
 $(1)_LIBOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(LIB_SRC))
 $(1)_CLIOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(CLI_SRC))
@@ -44,27 +47,68 @@ $(1)_TESTS := $$(patsubst tests/unit/%.c,$(2)/tests/%,$$(TEST_SRC))
 
 $(2)/obj/%.o: %.c
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -c $$< -o $$@
+	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -c $$< -o $$@
+
+# a harness gets libFuzzer's prototypes from fuzz/fuzz.h even if it does
+# not include it (-Wmissing-prototypes)
+$(2)/obj/fuzz/%.o: fuzz/%.c
+	@mkdir -p $$(dir $$@)
+	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -include fuzz/fuzz.h \
+	    -c $$< -o $$@
 
 $(2)/libquotagate.a: $$($(1)_LIBOBJ)
 	@rm -f $$@
 	ar rcs $$@ $$^
 
 $(2)/quotagate: $$($(1)_CLIOBJ) $(2)/libquotagate.a
-	$$(CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS)
+	$$($(1)_CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS)
 
 $(2)/tests/%: $(2)/obj/tests/unit/%.o $$($(1)_SUPOBJ) $(2)/libquotagate.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS) -lcmocka
+	$$($(1)_CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS) -lcmocka
+
+# a fuzz harness's corpus replayed as a cmocka test (fuzz/replay.c)
+$(1)_FUZZOBJ := $$(patsubst %.c,$(2)/obj/%.o,$$(FUZZ_SUPPORT))
+$(2)/tests/test_fuzz_%: $(2)/obj/fuzz/fuzz_%.o $(2)/obj/fuzz/replay.o \
+                        $$($(1)_FUZZOBJ) $(2)/libquotagate.a
+	@mkdir -p $$(dir $$@)
+	$$($(1)_CC) $$($(1)_FLAGS) -o $$@ $$^ $(LIBS) -lcmocka
 
 -include $$($(1)_LIBOBJ:.o=.d) $$($(1)_CLIOBJ:.o=.d) $$($(1)_SUPOBJ:.o=.d) \
-         $$(patsubst %.c,$(2)/obj/%.d,$$(TEST_SRC))
+         $$(patsubst %.c,$(2)/obj/%.d,$$(TEST_SRC) $$(FUZZ_SRC) fuzz/replay.c)
 endef
+
+# Fuzzing (docs/fuzzing.md): every fuzz/fuzz_NAME.c is a libFuzzer harness
+# with its corpus in fuzz/corpus/NAME/.  make test replays each corpus
+# through fuzz/replay.c in both gcc flavours (test_fuzz_NAME); make fuzz
+# builds the harnesses with clang (libFuzzer, ASan, UBSan) and runs them.
+FUZZ_SRC     := $(wildcard fuzz/fuzz_*.c)
+FUZZ_NAMES   := $(patsubst fuzz/fuzz_%.c,%,$(FUZZ_SRC))
+# the reference readers the differential harnesses compare with
+FUZZ_SUPPORT := $(wildcard tests/support/jref.c tests/support/respref.c \
+                  tests/support/reqref.c)
+FUZZ_CC      := clang
+FUZZ_FLAGS   := -O1 -fsanitize=fuzzer-no-link,address,undefined \
+                -fno-omit-frame-pointer -fno-sanitize-recover=all
+FUZZ_TIME    ?= 60
 
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))
+$(eval $(call flavour,FUZZB,build/fuzz,$(FUZZ_FLAGS),$(FUZZ_CC)))
 
-.PHONY: all deps deps-test deps-bench run test test-build bench soak attack clean
+OPTB_TESTS  += $(patsubst %,build/tests/test_fuzz_%,$(FUZZ_NAMES))
+ASANB_TESTS += $(patsubst %,build/asan/tests/test_fuzz_%,$(FUZZ_NAMES))
+FUZZ_BINS   := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_NAMES))
+
+# kept although only pattern rules name them
+.SECONDARY: $(foreach d,build build/asan build/fuzz,$(patsubst %.c,$(d)/obj/%.o,\
+              $(FUZZ_SRC) fuzz/replay.c $(FUZZ_SUPPORT)))
+
+build/fuzz/fuzz_%: build/fuzz/obj/fuzz/fuzz_%.o $(FUZZB_FUZZOBJ) build/fuzz/libquotagate.a
+	$(FUZZ_CC) $(FUZZB_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LIBS)
+
+.PHONY: all deps deps-test deps-bench deps-fuzz run test test-build bench \
+        soak attack fuzz fuzz-build clean
 .DEFAULT_GOAL := all
 
 all: deps build/quotagate
@@ -111,6 +155,17 @@ build/soak_chaos: tests/soak/chaos.c
 
 deps-bench:
 	@scripts/deps.sh bench
+
+deps-fuzz:
+	@scripts/deps.sh fuzz
+
+# make fuzz [FUZZ_TIME=seconds per harness] [FUZZ=name]: new inputs go to
+# build/fuzz/work/NAME, never into fuzz/corpus (docs/fuzzing.md)
+fuzz: deps-fuzz
+	@$(MAKE) --no-print-directory fuzz-build
+	@scripts/fuzz.sh $(FUZZ_TIME) $(or $(FUZZ),$(FUZZ_NAMES))
+
+fuzz-build: $(FUZZ_BINS)
 
 build/bench_engine: bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a $(LIBS)

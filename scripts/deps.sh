@@ -1,6 +1,8 @@
 #!/bin/sh
 # deps.sh - install the Debian packages quotagate needs, only those missing.
-# Usage: scripts/deps.sh [build|test|bench]
+# Usage: scripts/deps.sh [build|test|bench|fuzz]
+# (fuzz: clang and libFuzzer for make fuzz only; make test replays the
+# fuzz corpora with gcc and needs neither)
 set -e
 want="gcc make pkg-config libyaml-dev libjansson-dev libyajl-dev libxxhash-dev tzdata \
       libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev"
@@ -9,6 +11,7 @@ case "${1:-build}" in
          # tests/sdk: the openai npm package under node --test
          { command -v node && command -v npm; } >/dev/null || want="$want nodejs npm" ;;
   bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3" ;;
+  fuzz)  want="$want clang libfuzzer-14-dev" ;;
 esac
 missing=""
 for p in $want; do

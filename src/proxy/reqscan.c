@@ -20,8 +20,8 @@ enum {
 #define NODE_DEPTH 7        /* root .messages [i] .content [j] .content [k] */
 
 enum {
-    K_OTHER, K_MODEL, K_STREAM, K_MCT, K_MT, K_MESSAGES, K_SYSTEM,
-    K_CONTENT, K_TEXT
+    K_OTHER, K_MODEL, K_STREAM, K_STREAM_OPTIONS, K_MCT, K_MT, K_MESSAGES,
+    K_SYSTEM, K_CONTENT, K_TEXT
 };
 
 /* A key seen: its hash, its object's serial, its bytes in the store. */
@@ -167,6 +167,9 @@ static int req_value(void *ctx, int depth, int vt, const unsigned char *s,
             r->stream = vt;
             r->stream_true = vt == QG__V_BOOL && iv;
             break;
+        case K_STREAM_OPTIONS:
+            r->stream_options = vt;
+            break;
         case K_MCT:
             set_count(&r->max_completion_tokens, vt, iv);
             break;
@@ -258,6 +261,7 @@ static int req_key(void *ctx, int depth, const unsigned char *s, size_t l)
         k = key_is(s, l, "model")                   ? K_MODEL
             : key_is(s, l, "messages")              ? K_MESSAGES
             : key_is(s, l, "stream")                ? K_STREAM
+            : key_is(s, l, "stream_options")        ? K_STREAM_OPTIONS
             : key_is(s, l, "max_tokens")            ? K_MT
             : key_is(s, l, "max_completion_tokens") ? K_MCT
             : key_is(s, l, "system")                ? K_SYSTEM
@@ -289,7 +293,7 @@ int qg__req_scan(const char *text, size_t len, qg__req *out)
     rscan sc;
     int rc;
     memset(out, 0, sizeof *out);
-    out->stream = -1;
+    out->stream = out->stream_options = -1;
     sc.r = out;
     sc.key = K_OTHER;
     sc.part_text = sc.part_inner = 0;
@@ -310,7 +314,7 @@ int qg__req_scan(const char *text, size_t len, qg__req *out)
         free(sc.bytes);
     if (rc != 0) {
         memset(out, 0, sizeof *out);
-        out->stream = -1;
+        out->stream = out->stream_options = -1;
         return sc.enomem ? -2 : -1;
     }
     return 0;

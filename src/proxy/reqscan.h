@@ -25,6 +25,7 @@ typedef struct qg__req {
                                         model_len < QG__REQ_MODEL_MAX */
     int stream;             /* .stream: -1 absent, else a QG__V_* */
     int stream_true;        /* .stream is true */
+    int stream_options;     /* .stream_options: -1 absent, else a QG__V_* */
     qg__count max_completion_tokens, max_tokens;
     int messages;           /* .messages: 0 absent or null, 1 an array,
                                -1 other */

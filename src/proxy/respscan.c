@@ -67,6 +67,8 @@ typedef struct jscan {
     const qg__json_ops *ops;
     void *ctx;
     int depth;                      /* containers open */
+    yajl_handle h;                  /* NULL: end is not kept */
+    size_t end;                     /* bytes up to the top value's end */
     arena mem;
 } jscan;
 
@@ -382,7 +384,8 @@ static int on_end(void *ctx)
 {
     jscan *js = ctx;
     int ok = js->ops->end ? js->ops->end(js->ctx, js->depth) : 1;
-    js->depth--;
+    if (--js->depth == 0 && js->h)
+        js->end = yajl_get_bytes_consumed(js->h);
     return ok;
 }
 
@@ -625,11 +628,19 @@ int qg__json_scan(const char *text, size_t len, const qg__json_ops *ops,
 #endif
     if (!h)
         return -1;
+    js.h = h;
+    js.end = 0;
     /* UTF-8 was checked (more strictly) by the pre-pass */
     yajl_config(h, yajl_dont_validate_strings, 1);
     ok = yajl_parse(h, (const unsigned char *)text, len) == yajl_status_ok &&
          yajl_complete_parse(h) == yajl_status_ok;
     yajl_free(h);
+    /* yajl's end of text (a space it feeds itself) leaves a string that
+     * was opened after the top value unfinished rather than refused:
+     * only JSON whitespace may follow the top value. */
+    for (size_t i = js.end; ok && i < len; i++)
+        ok = text[i] == ' ' || text[i] == '\t' || text[i] == '\n' ||
+             text[i] == '\r';
     return ok ? 0 : -1;
 }
 

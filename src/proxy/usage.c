@@ -283,6 +283,10 @@ int qg_request_fields(const char *body, size_t len, int shape,
         return QG_EINVAL;
     if (r.stream >= 0 && r.stream != QG__V_BOOL && r.stream != QG__V_NULL)
         return QG_EINVAL;
+    /* what qg_request_rewrite_openai needs to add include_usage */
+    if (shape == QG_SHAPE_OPENAI && r.stream_options >= 0 &&
+        r.stream_options != QG__V_MAP && r.stream_options != QG__V_NULL)
+        return QG_EINVAL;
     if (r.messages < 0)
         return QG_EINVAL;
     if (shape == QG_SHAPE_OPENAI) {

@@ -119,8 +119,11 @@ typedef struct qg_request_info {
  * Returns 0; QG_EINVAL when the body is not a JSON object, "model" is
  * missing, not a string or longer than QG_REQUEST_MODEL_MAX - 1 bytes,
  * "stream" is not a boolean or null, a token cap is not a non-negative
- * integer, "messages" is present but not an array, or (Anthropic)
- * max_tokens is absent; QG_ENOMEM. */
+ * integer, "messages" is present but not an array, (OpenAI)
+ * "stream_options" is present but neither an object nor null (the rewrite
+ * below could not ask for the usage chunk), or (Anthropic) max_tokens is
+ * absent; QG_ENOMEM.  So the rewrites below, run on a body accepted
+ * here, fail only for lack of memory. */
 int qg_request_fields(const char *body, size_t len, int shape,
                       qg_request_info *out);
 

@@ -143,16 +143,20 @@ int qg_reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
     }
     if (json_is_real(v)) {
         /* The input boundary: a decimal from JSON into milli-units; it
-         * must be exact to the milli (at most 3 decimals). */
-        double d = json_real_value(v), m = d * 1000.0;
-        double r = nearbyint(m);
+         * must be exact to the milli (at most 3 decimals).  r is the
+         * nearest milli count (below 2^53: exact); r / 1000 is the
+         * double nearest that 3-decimal value, and the text's own double
+         * equals it only when the text is that value: two decimals of at
+         * most 15 significant digits never share a double.  (A test
+         * relative to the value let 999.9999 through as 1000.) */
+        double d = json_real_value(v), r = nearbyint(d * 1000.0);
         if (d > 1e12) {
             snprintf(err, cap, "%s with a fraction or exponent must be at "
                      "most 1000000000000 (whole numbers up to %lld)", key,
                      (long long)(QG_AMOUNT_MAX_MILLI / 1000));
             return -2;
         }
-        if (!(d >= 0) || fabs(m - r) > 1e-6 * (r > 1 ? r : 1)) {
+        if (!(d >= 0) || r / 1000.0 != d) {
             snprintf(err, cap, "%s must be a number >= 0 with at most 3 "
                      "decimals", key);
             return -1;

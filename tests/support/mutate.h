@@ -10,8 +10,7 @@
 /* For each sample (NUL-terminated, under 1024 bytes): agree() on every
  * prefix, on the sample with each byte deleted, and with each byte
  * replaced by each of bytes[0..nbytes) (skipping a replacement by the
- * same byte, and a NUL right after an alphanumeric byte: jansson skips a
- * NUL after a number or literal, a difference on purpose, respscan.h).
+ * same byte).
  * Fails the test at the first disagreement. */
 void tst_mutations_agree(const char *const *samples, size_t nsamples,
                          const char *bytes, size_t nbytes,

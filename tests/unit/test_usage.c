@@ -592,12 +592,21 @@ static void test_request_fields(void **state)
         "{\"model\":\"m\",\"messages\":{}}",
         "{\"model\":\"m\",\"model\":\"n\"}",          /* duplicate keys */
         "{\"model\":\"a\\u0000b\"}",
+        /* stream_options neither an object nor null: the rewrite could
+         * not add include_usage (found by fuzz_reqscan: admitted, then a
+         * downgrade answered 500) */
+        "{\"model\":\"m\",\"stream\":true,\"stream_options\":50}",
+        "{\"model\":\"m\",\"stream_options\":[]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(qg_request_fields(bad[i], strlen(bad[i]),
                                            QG_SHAPE_OPENAI, &ri), QG_EINVAL);
         assert_string_equal(ri.model, "");
     }
+    /* not a member of the Anthropic shape: ignored there */
+    s = "{\"model\":\"m\",\"max_tokens\":1,\"stream_options\":50}";
+    assert_int_equal(qg_request_fields(s, strlen(s), QG_SHAPE_ANTHROPIC, &ri),
+                     0);
     char big[400];
     int n = snprintf(big, sizeof big, "{\"model\":\"%0300d\"}", 0);
     assert_int_equal(qg_request_fields(big, (size_t)n, QG_SHAPE_OPENAI, &ri),
