@@ -10,7 +10,8 @@
 #   make attack   the slow-upload attack of issue 8 at full size against
 #                 both builds, with a healthy client (minutes; not in test)
 #   make fuzz     build the libFuzzer harnesses (fuzz/fuzz_*.c) with clang
-#                 and run each for FUZZ_TIME seconds (docs/fuzzing.md)
+#                 and run each for FUZZ_TIME seconds, or FUZZ_RUNS
+#                 executions (docs/fuzzing.md)
 #
 # Objects of the optimised build go to build/obj, sanitizer ones to
 # build/asan/obj, clang's fuzzing ones to build/fuzz/obj; the library is

@@ -6,6 +6,10 @@
 #
 # Usage: scripts/fuzz.sh SECONDS NAME...
 #
+# With FUZZ_RUNS=N in the environment each harness stops after N
+# executions instead (SECONDS still bounds it; 0 means no time bound),
+# which is how a campaign of a given size is run (docs/fuzzing.md).
+#
 # New inputs go to build/fuzz/work/NAME (libFuzzer writes into its first
 # corpus directory only), never into the repository; crashes to
 # build/fuzz/artifacts/.  Logs: build/fuzz/logs/NAME.log.  Exit status 1
@@ -24,7 +28,10 @@ for name in "$@"; do
   dict=""
   [ -f "fuzz/$name.dict" ] && dict="-dict=fuzz/$name.dict"
   # shellcheck disable=SC2086
-  nice -n 19 "$bin" -max_total_time="$secs" -print_final_stats=1 \
+  runs_opt=""
+  [ -n "${FUZZ_RUNS:-}" ] && runs_opt="-runs=$FUZZ_RUNS"
+  # shellcheck disable=SC2086
+  nice -n 19 "$bin" -max_total_time="$secs" $runs_opt -print_final_stats=1 \
     -artifact_prefix="build/fuzz/artifacts/$name-" $dict \
     "$work" "fuzz/corpus/$name" >"$log" 2>&1
   rc=$?
