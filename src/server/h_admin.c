@@ -103,17 +103,12 @@ void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
     json_decref(o);
 }
 
+/* Answered by the reloader (reload.c) on this worker once the file is
+ * loaded: this thread goes on serving meanwhile. */
 void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
 {
-    char err[1024];
     (void)caller;
-    if (qg_server_reload(s, err, sizeof err) != QG_OK) {
-        qg_reply_error(s, r, 400, "invalid_rules", err);
-        return;
-    }
-    qg_reply_json(s, r, 200,
-                  qg_json_dump_steal(json_pack(
-                      "{s:s, s:s}", "status", "reloaded", "rules_version",
-                      qg_rules_version(qg_engine_rules(s->engine)))),
-                  NULL, 0);
+    if (qg_reloader_request(s->reloader, r) != QG_OK)
+        qg_reply_error(s, r, 503, "overloaded",
+                       "out of memory: the reload was not started");
 }

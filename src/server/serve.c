@@ -85,30 +85,6 @@ void qg_server_gauges(qg_server *s, const qg_store_stats *st,
     g->store_bytes = st->bytes;
 }
 
-/* -------------------------------------------------------------- reload */
-
-int qg_server_reload(qg_server *s, char *err, size_t errcap)
-{
-    qg_rules *nr = NULL;
-    int rc;
-
-    pthread_mutex_lock(&s->reload_mu);
-    rc = qg_rules_load(s->opts.rules_path, &nr, err, errcap);
-    if (rc == QG_OK) {
-        rc = qg_engine_reload(s->engine, nr, err, errcap);
-        if (rc != QG_OK)
-            qg_rules_free(nr);
-        else
-            qg_metrics_rules(s->metrics, qg_engine_rules(s->engine));
-    }
-    pthread_mutex_unlock(&s->reload_mu);
-    if (rc == QG_OK)
-        atomic_fetch_add(&s->reloads, 1);
-    else
-        atomic_fetch_add(&s->reload_failures, 1);
-    return rc;
-}
-
 /* The ledger's reports (ledger.h, opts.log): one line on stderr each. */
 static void ledger_log(void *ud, const char *line)
 {
@@ -238,14 +214,8 @@ static void *signal_thread(void *arg)
         int sig = 0;
         if (sigwait(&c->set, &sig) != 0)
             continue;
-        if (sig == SIGHUP) {
-            char err[1024];
-            if (qg_server_reload(c->s, err, sizeof err) == QG_OK)
-                fprintf(stderr, "quotagate: rules reloaded (version %s)\n",
-                        qg_rules_version(qg_engine_rules(c->s->engine)));
-            else
-                fprintf(stderr, "quotagate: reload refused, old rules keep "
-                        "serving: %s\n", err);
+        if (sig == SIGHUP) {            /* loaded and logged there */
+            qg_reloader_request(c->s->reloader, NULL);
             continue;
         }
         if (sig == SIGUSR2)      /* our own wake-up at shutdown */
@@ -448,6 +418,10 @@ int qg_serve(const qg_serve_opts *opts)
         fprintf(stderr, "quotagate: listen %s: %s\n", s.opts.listen, err);
         goto done;
     }
+    if (!(s.reloader = qg_reloader_new(&s))) {
+        fprintf(stderr, "quotagate: cannot start the reloader thread\n");
+        goto done;
+    }
     sc.s = &s;
     if (pthread_create(&sigth, NULL, signal_thread, &sc) != 0)
         goto done;
@@ -477,6 +451,7 @@ done:
         pthread_kill(sigth, SIGUSR2);
         pthread_join(sigth, NULL);
     }
+    qg_reloader_free(s.reloader);      /* after run: no request comes */
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
     qg_proxy_stop(&s);

@@ -14,6 +14,7 @@
 typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
 typedef struct qg_proxy qg_proxy;   /* h_proxy.c */
+typedef struct qg_reloader qg_reloader;   /* reload.c */
 
 typedef struct qg_serve_opts {
     const char *rules_path;
@@ -46,6 +47,7 @@ typedef struct qg_server {
     qg_metrics *metrics;
     qg_auth *auth;
     qg_proxy *proxy;             /* NULL without --upstream */
+    qg_reloader *reloader;       /* loads rules off the workers */
     pthread_mutex_t reload_mu;   /* one reload at a time */
     int64_t wall0_ms;            /* CLOCK_REALTIME at start */
     int64_t mono0_ms;            /* CLOCK_MONOTONIC at start */
@@ -64,8 +66,23 @@ int qg_serve(const qg_serve_opts *opts);
 int64_t qg_server_now(const qg_server *s);
 
 /* Reload the rules file; on failure the old rules keep serving and err
- * says why (file:line:column).  Returns 0 or an error. */
+ * says why (file:line:column).  Returns 0 or an error.  Blocks for as
+ * long as the load takes: the serving threads use the reloader. */
 int qg_server_reload(qg_server *s, char *err, size_t errcap);
+
+/* The reloader (reload.c): a thread that runs qg_server_reload for the
+ * admin route and SIGHUP.  qg_reloader_new starts it (NULL: out of
+ * memory or no thread).  qg_reloader_request asks for a load: r, an admin
+ * request held until then, is answered on its worker with the outcome of
+ * a load that began after the call (200, 400 invalid_rules); r NULL (a
+ * SIGHUP) only logs it.  Returns 0, or QG_ENOMEM (r is not taken; answer
+ * it).  Thread-safe.  qg_reloader_free waits for a load in progress and
+ * stops the thread; call it after qg_http_server_run returned and before
+ * the engine goes.  Requests it never loaded for stay held (the HTTP
+ * server releases them). */
+qg_reloader *qg_reloader_new(qg_server *s);
+int qg_reloader_request(qg_reloader *rl, qg_http_req *r);
+void qg_reloader_free(qg_reloader *rl);
 
 /* The one dispatcher given to the HTTP layer (routes.c), and the metrics
  * route of a path. */
