@@ -6,7 +6,7 @@
  * numbers only (limit, used, remaining, reset, then the recovery points);
  * their names, types, units and org flags are the windows' own, in the
  * member-then-org order of the decision, as store_memory.c's gather
- * lists them.  Any reply of another shape decodes as QG__RS_BAD (the
+ * lists them, of the lists the reply names.  Any reply of another shape decodes as QG__RS_BAD (the
  * store answers QG_EIO): a script never crashes its caller. */
 #include <string.h>
 #include "redis_script.h"
@@ -63,29 +63,40 @@ static int common_kind(const qg__rs_item *it, int n, qg__rs_result *res)
     return 1;
 }
 
-/* Name the views after the windows and read their numbers. */
-static int read_views(rd *r, const qg_plan *plan, const qg_org_spec *org,
-                      qg_decision *out)
+/* The views: the lists the member's and the org's state follow (1-based
+ * in the script's LAYOUTS, 0 none), then per window its numbers; names,
+ * types, units and org flags come from those lists' windows. */
+static int read_views(rd *r, const qg__rs_version *v, qg_decision *out)
 {
-    int n = (int)geti(r);
-    int nm = plan->nwindows, no = org ? org->nwindows : 0;
-    if (r->bad || n != nm + no || n > QG_MAX_VIEWS)
+    int lm = (int)geti(r), lo = (int)geti(r), n = (int)geti(r);
+    const qg_window_spec *wm = NULL, *wo = NULL;
+    int nm = 0, no = 0;
+    if (r->bad || lm < 0 || lm > v->nall || lo < 0 || lo > v->nall)
+        return -1;
+    if (lm > 0) {
+        wm = v->list_w[lm - 1];
+        nm = v->list_n[lm - 1];
+    }
+    if (lo > 0) {
+        wo = v->list_w[lo - 1];
+        no = v->list_n[lo - 1];
+    }
+    if (n != nm + no || n > QG_MAX_VIEWS)
         return -1;
     out->nviews = n;
     for (int i = 0; i < n; i++) {
-        const qg_window_spec *s = i < nm ? &plan->windows[i]
-                                         : &org->windows[i - nm];
-        qg_window_view *v = &out->views[i];
+        const qg_window_spec *s = i < nm ? &wm[i] : &wo[i - nm];
+        qg_window_view *view = &out->views[i];
         int k;
-        v->name = s->name;
-        v->type = (int)s->type;
-        v->unit = s->type == QG_WIN_CONCURRENCY ? (int)QG_UNIT_REQUESTS
-                                                : (int)s->unit;
-        v->org = i >= nm;
-        v->limit_milli = geti(r);
-        v->used_milli = geti(r);
-        v->remaining_milli = geti(r);
-        v->reset_at_ms = geti(r);
+        view->name = s->name;
+        view->type = (int)s->type;
+        view->unit = s->type == QG_WIN_CONCURRENCY ? (int)QG_UNIT_REQUESTS
+                                                   : (int)s->unit;
+        view->org = i >= nm;
+        view->limit_milli = geti(r);
+        view->used_milli = geti(r);
+        view->remaining_milli = geti(r);
+        view->reset_at_ms = geti(r);
         k = (int)geti(r);
         if (r->bad || k < 0 || k > QG_MAX_RECOVERY)
             return -1;
@@ -119,8 +130,8 @@ static void read_undo(rd *r, qg__rs_result *res)
         }
 }
 
-void qg__rs_decode_check(const qg__rs_item *it, int n, const qg_plan *plan,
-                         const qg_org_spec *org, qg_decision *out,
+void qg__rs_decode_check(const qg__rs_item *it, int n,
+                         const qg__rs_version *v, qg_decision *out,
                          qg__rs_result *res)
 {
     rd r = {it, n, 1, 0};
@@ -143,7 +154,7 @@ void qg__rs_decode_check(const qg__rs_item *it, int n, const qg_plan *plan,
     out->overage_price_micro = geti(&r);
     out->cap_reached = (int)geti(&r);
     out->spent_micro = geti(&r);
-    if (r.bad || read_views(&r, plan, org, out) != 0 ||
+    if (r.bad || read_views(&r, v, out) != 0 ||
         out->outcome < QG_ALLOW || out->outcome > QG_REJECT_NEVER ||
         out->binding < -1 || out->binding >= out->nviews) {
         res->kind = QG__RS_BAD;
@@ -188,15 +199,15 @@ void qg__rs_decode_settle(const qg__rs_item *it, int n,
         res->kind = QG__RS_BAD;
 }
 
-void qg__rs_decode_usage(const qg__rs_item *it, int n, const qg_plan *plan,
-                         const qg_org_spec *org, qg_decision *out,
+void qg__rs_decode_usage(const qg__rs_item *it, int n,
+                         const qg__rs_version *v, qg_decision *out,
                          qg__rs_result *res)
 {
     rd r = {it, n, 1, 0};
     if (common_kind(it, n, res))
         return;
     out->spent_micro = geti(&r);
-    if (r.bad || read_views(&r, plan, org, out) != 0)
+    if (r.bad || read_views(&r, v, out) != 0)
         res->kind = QG__RS_BAD;
 }
 

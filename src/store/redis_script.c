@@ -22,6 +22,12 @@
  * A window's id (wid, its field in the entity's hash) is 8 hex digits of
  * its name's hash and its type digit.
  *
+ * A version built after others also carries their lists (after its own):
+ * an entity is read through the list its state follows until a check
+ * moves it to the current one, so a replay or a settle after a reload
+ * still finds its windows (at this instance; see docs/redis-store.md on
+ * instances with different rules).
+ *
  * The SHA1 of the text names the rules version (EVALSHA); a Redis that
  * lost its script cache answers NOSCRIPT and store_redis.c loads the text
  * again. */
@@ -356,8 +362,45 @@ static int64_t rid_ttl_of(const qg_rules *r)
     return t + 3600000;
 }
 
-qg__rs_version *qg__rs_version_new(const qg_rules *r, int *rc, char *err,
-                                   size_t errcap)
+/* Keep list `id` (its Lua text lua, copied) in v's preamble, unless it
+ * is there already. */
+static int keep_list(qg__rs_version *v, const char *id, const char *lua,
+                     size_t len, const qg_window_spec *w, int n)
+{
+    char **nl;
+    char (*ni)[17];
+    const qg_window_spec **nw;
+    int *nn;
+    size_t k = (size_t)v->nall + 1;
+    for (int i = 0; i < v->nall; i++)
+        if (strcmp(v->list_id[i], id) == 0)
+            return 0;
+    if (!(nl = realloc(v->list_lua, k * sizeof *nl)))
+        return -1;
+    v->list_lua = nl;
+    if (!(ni = realloc(v->list_id, k * sizeof *ni)))
+        return -1;
+    v->list_id = ni;
+    if (!(nw = realloc(v->list_w, k * sizeof *nw)))
+        return -1;
+    v->list_w = nw;
+    if (!(nn = realloc(v->list_n, k * sizeof *nn)))
+        return -1;
+    v->list_n = nn;
+    if (!(v->list_lua[v->nall] = malloc(len + 1)))
+        return -1;
+    memcpy(v->list_lua[v->nall], lua, len);
+    v->list_lua[v->nall][len] = 0;
+    memcpy(v->list_id[v->nall], id, 17);
+    v->list_w[v->nall] = w;
+    v->list_n[v->nall] = n;
+    v->nall++;
+    return 0;
+}
+
+qg__rs_version *qg__rs_version_new(const qg_rules *r,
+                                   const qg__rs_version *prev, int *rc,
+                                   char *err, size_t errcap)
 {
     qg__rs_version *v = NULL;
     list_ent *ents = NULL;
@@ -389,15 +432,31 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r, int *rc, char *err,
                                     r->orgs[i].nwindows, &failed);
     v->nlists = nents;
     v->rid_ttl_ms = rid_ttl_of(r);
+    /* the rules' own lists first (their indexes are plan_list's and
+     * org_list's), then those of earlier versions: entities still on an
+     * earlier list are read through it (a replay or a settle after a
+     * reload, as store_memory.c reads an entity through its own layout) */
+    for (int i = 0; i < nents && !failed; i++) {
+        sbuf l = {0};
+        list_lua(&l, ents[i].id, ents[i].w, ents[i].n);
+        failed = l.failed ||
+                 keep_list(v, ents[i].id, l.p, l.len, ents[i].w, ents[i].n) != 0;
+        free(l.p);
+    }
+    for (const qg__rs_version *p = prev; p && !failed; p = p->next)
+        for (int i = 0; i < p->nall && !failed; i++)
+            failed = keep_list(v, p->list_id[i], p->list_lua[i],
+                               strlen(p->list_lua[i]), p->list_w[i],
+                               p->list_n[i]) != 0;
     sb_printf(&b, "-- quotagate rules version %s\nlocal AMAX = %lld\n"
               "local MMAX = %lld\nlocal LAYOUTS = {\n",
               r->version ? r->version : "", (long long)QG_REDIS_AMOUNT_MAX,
               (long long)QG_REDIS_MONEY_MAX);
-    for (int i = 0; i < nents; i++)
-        list_lua(&b, ents[i].id, ents[i].w, ents[i].n);
+    for (int i = 0; i < v->nall; i++)
+        sb_str(&b, v->list_lua[i]);
     sb_str(&b, "}\nlocal LAYOUT_BY_ID = {");
-    for (int i = 0; i < nents; i++)
-        sb_printf(&b, "['%s'] = %d, ", ents[i].id, i + 1);
+    for (int i = 0; i < v->nall; i++)
+        sb_printf(&b, "['%s'] = %d, ", v->list_id[i], i + 1);
     sb_str(&b, "}\n");
     sb_add(&b, qg__redis_lua_lib, qg__redis_lua_lib_len);
     if (failed || b.failed)
@@ -424,5 +483,11 @@ void qg__rs_version_free(qg__rs_version *v)
     free(v->text);
     free(v->plan_list);
     free(v->org_list);
+    for (int i = 0; i < v->nall; i++)
+        free(v->list_lua[i]);
+    free(v->list_lua);
+    free(v->list_id);
+    free(v->list_w);
+    free(v->list_n);
     free(v);
 }

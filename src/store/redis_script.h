@@ -60,16 +60,26 @@ typedef struct qg__rs_version {
     char sha[41];              /* SHA1 of text, lowercase hex */
     int *plan_list;            /* per plan index: its 1-based list */
     int *org_list;             /* per org index */
-    int nlists;
+    int nlists;                /* the rules' own distinct lists */
+    int nall;                  /* lists in the preamble: own, then earlier
+                                  versions' (redis_script.c) */
+    char **list_lua;
+    char (*list_id)[17];
+    const qg_window_spec **list_w; /* each list's windows (in the rules of
+                                      its version, which the engine keeps
+                                      alive), for naming views */
+    int *list_n;
     int64_t rid_ttl_ms;        /* default request-id memory (see .c) */
     struct qg__rs_version *next;
 } qg__rs_version;
 
-/* Build the script of rules r (checked with qg_redis_rules_check first).
- * Returns a version the caller frees with qg__rs_version_free, or NULL
- * with QG_ERANGE / QG_ENOMEM in *rc and a message in err. */
-qg__rs_version *qg__rs_version_new(const qg_rules *r, int *rc, char *err,
-                                   size_t errcap);
+/* Build the script of rules r (checked with qg_redis_rules_check first),
+ * carrying the window lists of the versions chained from prev (may be
+ * NULL).  Returns a version the caller frees with qg__rs_version_free, or
+ * NULL with QG_ERANGE / QG_ENOMEM in *rc and a message in err. */
+qg__rs_version *qg__rs_version_new(const qg_rules *r,
+                                   const qg__rs_version *prev, int *rc,
+                                   char *err, size_t errcap);
 void qg__rs_version_free(qg__rs_version *v);
 
 /* The small compare-and-set script for a request id's index key. */
@@ -190,15 +200,16 @@ typedef struct qg__rs_result {
     const qg__rs_item *undo;       /* points into the items */
 } qg__rs_result;
 
-/* Decode a check, replay or lookup reply into out (views named from the
- * member's plan and the org's windows).  Returns the kind in res. */
-void qg__rs_decode_check(const qg__rs_item *it, int n, const qg_plan *plan,
-                         const qg_org_spec *org, qg_decision *out,
+/* Decode a check, replay or lookup reply of version v's script into out
+ * (views named after the windows of the lists the reply says the
+ * member's and the org's state follow).  Returns the kind in res. */
+void qg__rs_decode_check(const qg__rs_item *it, int n,
+                         const qg__rs_version *v, qg_decision *out,
                          qg__rs_result *res);
 void qg__rs_decode_settle(const qg__rs_item *it, int n,
                           qg_settle_result *out, qg__rs_result *res);
-void qg__rs_decode_usage(const qg__rs_item *it, int n, const qg_plan *plan,
-                         const qg_org_spec *org, qg_decision *out,
+void qg__rs_decode_usage(const qg__rs_item *it, int n,
+                         const qg__rs_version *v, qg_decision *out,
                          qg__rs_result *res);
 void qg__rs_decode_restore(const qg__rs_item *it, int n, qg__rs_result *res);
 

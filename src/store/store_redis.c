@@ -353,11 +353,16 @@ static int version_of(redis_store *s, const qg_rules *r, qg__rs_version **out)
 {
     qg__rs_version *v;
     int rc;
+    if (!r) {
+        set_err(s, "%s", "the Redis store needs the rules of each call");
+        return QG_EINVAL;
+    }
     for (v = s->versions; v; v = v->next)
         if (v->rules == r)
             break;
     if (!v) {
-        if (!(v = qg__rs_version_new(r, &rc, s->err, sizeof s->err)))
+        if (!(v = qg__rs_version_new(r, s->versions, &rc, s->err,
+                                     sizeof s->err)))
             return rc;
         v->next = s->versions;
         s->versions = v;
@@ -441,7 +446,7 @@ static int void_check(redis_store *s, const qg__rs_version *v,
 
 /* The id is claimed by another place q: what does its record say? */
 static int lookup_foreign(redis_store *s, const qg__rs_version *v,
-                          const qg_store_check *in, const qg__rs_place *p,
+                          const qg__rs_place *p,
                           const qg__rs_place *q, const char *rid,
                           int64_t now_arg, qg_decision *out, int *kind)
 {
@@ -458,8 +463,7 @@ static int lookup_foreign(redis_store *s, const qg__rs_version *v,
     if (rc != QG_OK || (rc = reply_take(s, r, &b)) != QG_OK)
         return rc;
     s->cnt.lookups++;
-    qg__rs_decode_check(b.it, b.n, in->plan, in->has_org ? in->orgspec : NULL,
-                        out, &res);
+    qg__rs_decode_check(b.it, b.n, v, out, &res);
     reply_free(&b);
     *kind = res.kind;
     if (res.kind == QG__RS_BAD) {
@@ -577,8 +581,7 @@ static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
         rep[2] = NULL;
         if (rc != QG_OK)
             goto out;
-        qg__rs_decode_check(b.it, b.n, in->plan,
-                            in->has_org ? in->orgspec : NULL, out, &res);
+        qg__rs_decode_check(b.it, b.n, v, out, &res);
         if (res.kind != QG__RS_PERIOD)
             break;
         /* a reset between C's instant and the script's: periods for the
@@ -632,7 +635,7 @@ static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
              * store would not have looked at these entities at all) */
             qg_decision other;
             int kind = QG__RS_BAD, lrc;
-            lrc = lookup_foreign(s, v, in, &p, &q, rid, ca.now_arg, &other,
+            lrc = lookup_foreign(s, v, &p, &q, rid, ca.now_arg, &other,
                                  &kind);
             if (lrc != QG_OK) {
                 void_check(s, v, &p, rid, &res);
@@ -838,8 +841,7 @@ static int r_usage(qg_store *st, const qg_store_usage *in, qg_decision *out)
         if ((rc = eval_pipe(s, &ap, 1, &r, v->text, v->len)) != QG_OK ||
             (rc = reply_take(s, r, &b)) != QG_OK)
             goto out;
-        qg__rs_decode_usage(b.it, b.n, in->plan,
-                            in->has_org ? in->orgspec : NULL, out, &res);
+        qg__rs_decode_usage(b.it, b.n, v, out, &res);
         reply_free(&b);
         if (res.kind == QG__RS_OK)
             goto ok;

@@ -41,6 +41,7 @@ local function layout(i)
   local l = LAYOUT_MEMO[i]
   if not l then
     l = LAYOUTS[i]()
+    l.index = i
     LAYOUT_MEMO[i] = l
   end
   return l

@@ -157,8 +157,27 @@ local function flush_all(m, o, now)
   return mv, ov
 end
 
+-- Append the views to reply r: the lists they follow, then per window
+-- its numbers and recovery points.
+local function put_views(r, m, o, views)
+  r[#r + 1] = m.lay and m.lay.index or 0
+  r[#r + 1] = o and o.lay and o.lay.index or 0
+  r[#r + 1] = #views
+  for _, v in ipairs(views) do
+    r[#r + 1] = v.limit
+    r[#r + 1] = v.used
+    r[#r + 1] = v.remaining
+    r[#r + 1] = v.reset
+    r[#r + 1] = #v.rec
+    for _, p in ipairs(v.rec) do
+      r[#r + 1] = p[1]
+      r[#r + 1] = p[2]
+    end
+  end
+end
+
 -- Append out's decision fields and views to reply r.
-local function put_decision(r, out, replayed, decided_at, spent)
+local function put_decision(r, out, replayed, decided_at, spent, m, o)
   local b = out.binding
   r[#r + 1] = out.outcome
   r[#r + 1] = replayed
@@ -172,18 +191,7 @@ local function put_decision(r, out, replayed, decided_at, spent)
   r[#r + 1] = out.price
   r[#r + 1] = out.cap_reached
   r[#r + 1] = spent
-  r[#r + 1] = #out.views
-  for _, v in ipairs(out.views) do
-    r[#r + 1] = v.limit
-    r[#r + 1] = v.used
-    r[#r + 1] = v.remaining
-    r[#r + 1] = v.reset
-    r[#r + 1] = #v.rec
-    for _, p in ipairs(v.rec) do
-      r[#r + 1] = p[1]
-      r[#r + 1] = p[2]
-    end
-  end
+  put_views(r, m, o, out.views)
 end
 
 -- A new decision's reply ends with what takes it back (void): the write
@@ -225,7 +233,7 @@ local function replay(r, raw_now, ml, ol, periods)
   local spent = tonumber(m.h.sp or '0')
   flush_all(m, o, now)
   local reply = {'ok'}
-  put_decision(reply, out, 1, r.t0, spent)
+  put_decision(reply, out, 1, r.t0, spent, m, o)
   return reply
 end
 
@@ -284,7 +292,7 @@ function OPS.check()
   local spent = tonumber(m.h.sp or '0')
   local mv, ov = flush_all(m, o, now)
   local reply = {'ok'}
-  put_decision(reply, out, 0, now, spent)
+  put_decision(reply, out, 0, now, spent, m, o)
   put_undo(reply, mv, ov)
   return reply
 end
@@ -376,18 +384,8 @@ function OPS.usage()
     spent = tonumber(m.h.sp or '0')
   end
   flush_all(m, o, now)
-  local reply = {'ok', spent, #out.views}
-  for _, v in ipairs(out.views) do
-    reply[#reply + 1] = v.limit
-    reply[#reply + 1] = v.used
-    reply[#reply + 1] = v.remaining
-    reply[#reply + 1] = v.reset
-    reply[#reply + 1] = #v.rec
-    for _, p in ipairs(v.rec) do
-      reply[#reply + 1] = p[1]
-      reply[#reply + 1] = p[2]
-    end
-  end
+  local reply = {'ok', spent}
+  put_views(reply, m, o, out.views)
   return reply
 end
 
