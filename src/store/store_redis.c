@@ -494,6 +494,72 @@ static void claim_cas(redis_store *s, const char *idx, const char *old,
     qg__rs_args_free(&a);
 }
 
+/* Extend the index key to the request-id TTL, or (val) rewrite it, with
+ * a command nobody waits for. */
+static void index_keep(redis_store *s, const char *idx, const char *val,
+                       int64_t ttl)
+{
+    qg__rs_args a;
+    qg__rs_args_init(&a);
+    qg__rs_adds(&a, val ? "SET" : "PEXPIRE");
+    qg__rs_adds(&a, idx);
+    if (val) {
+        qg__rs_adds(&a, val);
+        qg__rs_adds(&a, "PX");
+    }
+    qg__rs_addi(&a, ttl);
+    defer(s, &a);
+    qg__rs_args_free(&a);
+}
+
+/* What the id's claim said (old: its previous value, NULL none) means for
+ * a check whose script answered rc (res, out; admitted: a new admission
+ * here).  Returns the check's final code. */
+static int resolve_claim(redis_store *s, const qg__rs_version *v,
+                         const qg__rs_place *p, const char *rid,
+                         const char *old, const char *val, int64_t now_arg,
+                         int rc, int admitted, const qg__rs_result *res,
+                         qg_decision *out)
+{
+    char idx[QG__RS_KEY_MAX];
+    qg__rs_place q;
+    qg__rs_key_index(rid, idx);
+    if (old && qg__rs_index_parse(old, 64, &q) == 0) {
+        if (strcmp(q.tag, p->tag) != 0 && res->has_undo) {
+            /* the id was claimed under another tag: its record decides,
+             * and what this check changed here is taken back (the memory
+             * store would not have looked at these entities at all) */
+            qg_decision other;
+            int kind = QG__RS_BAD, lrc;
+            lrc = lookup_foreign(s, v, p, &q, rid, now_arg, &other, &kind);
+            if (lrc != QG_OK) {
+                void_check(s, v, p, rid, res);
+                return lrc;
+            }
+            if (kind != QG__RS_ABSENT) {
+                if ((lrc = void_check(s, v, p, rid, res)) != QG_OK)
+                    return lrc;
+                if (kind == QG__RS_EINVAL)
+                    return QG_EINVAL;
+                *out = other;
+                return QG_OK;
+            }
+            /* a stale claim (a refusal's, or an expired record's) */
+            claim_cas(s, idx, old, val,
+                      admitted ? rid_ttl(s, v) : QG__RS_CLAIM_TTL_MS);
+            return rc;
+        }
+        if (admitted && strcmp(q.member, p->member) != 0) {
+            /* another member's stale claim in this tag: the id is ours */
+            index_keep(s, idx, val, rid_ttl(s, v));
+            return rc;
+        }
+    }
+    if (admitted)
+        index_keep(s, idx, NULL, rid_ttl(s, v));
+    return rc;
+}
+
 static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
 {
     redis_store *s = (redis_store *)st;
@@ -625,63 +691,8 @@ static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
                 "rebuild the counters, then accept the loss");
         goto out;
     }
-    if (have_old) {
-        qg__rs_place q;
-        if (qg__rs_index_parse(old, 64, &q) != 0) {
-            have_old = 0;
-        } else if (strcmp(q.tag, p.tag) != 0 && res.has_undo) {
-            /* the id was claimed under another tag: its record decides,
-             * and what this check changed here is taken back (the memory
-             * store would not have looked at these entities at all) */
-            qg_decision other;
-            int kind = QG__RS_BAD, lrc;
-            lrc = lookup_foreign(s, v, &p, &q, rid, ca.now_arg, &other,
-                                 &kind);
-            if (lrc != QG_OK) {
-                void_check(s, v, &p, rid, &res);
-                rc = lrc;
-                goto out;
-            }
-            if (kind == QG__RS_ABSENT) {
-                /* a stale claim (a refusal's, or an expired record's) */
-                claim_cas(s, idx, old, val,
-                          admitted ? rid_ttl(s, v) : QG__RS_CLAIM_TTL_MS);
-            } else {
-                if ((lrc = void_check(s, v, &p, rid, &res)) != QG_OK) {
-                    rc = lrc;
-                    goto out;
-                }
-                if (kind == QG__RS_EINVAL) {
-                    rc = QG_EINVAL;
-                } else {
-                    *out = other;
-                    rc = QG_OK;
-                }
-                goto out;
-            }
-        } else if (admitted && strcmp(q.member, p.member) != 0) {
-            /* another member's stale claim in this tag: the id is ours */
-            qg__rs_args a;
-            qg__rs_args_init(&a);
-            qg__rs_adds(&a, "SET");
-            qg__rs_adds(&a, idx);
-            qg__rs_adds(&a, val);
-            qg__rs_adds(&a, "PX");
-            qg__rs_addi(&a, rid_ttl(s, v));
-            defer(s, &a);
-            qg__rs_args_free(&a);
-            admitted = 0;
-        }
-    }
-    if (admitted) {
-        qg__rs_args a;
-        qg__rs_args_init(&a);
-        qg__rs_adds(&a, "PEXPIRE");
-        qg__rs_adds(&a, idx);
-        qg__rs_addi(&a, rid_ttl(s, v));
-        defer(s, &a);
-        qg__rs_args_free(&a);
-    }
+    rc = resolve_claim(s, v, &p, rid, have_old ? old : NULL, val, ca.now_arg,
+                       rc, admitted, &res, out);
 out:
     reply_free(&b);
     for (int i = 0; i < 3; i++)

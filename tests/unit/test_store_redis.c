@@ -1666,12 +1666,8 @@ static void run_diff(const char *text, const char *label, uint64_t seed,
         if (paranoid && (op % paranoid == 0 || op >= paranoid_from)) {
             /* QG_REDIS_DIFF_PARANOID: every subject's views after every
              * operation, to find where two states first part */
-            for (int i = 0; i <= NSUBJ; i++) {
-                char what[64];
-                snprintf(what, sizeof what, "after op %ld", op);
-                (void)what;
+            for (int i = 0; i <= NSUBJ; i++)
                 t_usage(&h.t, h.subj[i], now, NULL);
-            }
         }
     }
     g_op = -1;
