@@ -946,6 +946,61 @@ static void test_relayout(void **state)
     twin_close(&t);
 }
 
+/* At the bound: forced charges (a rebuild) take a window's usage past
+ * what the Redis store counts (10^12 points): it saturates there, refuses
+ * every positive amount as the memory store's does (whose own bound is
+ * larger), and finds the same retry instant from the exact sum of its
+ * entries; only the view shows the bound. */
+static void test_at_the_bound(void **state)
+{
+    static twin t;
+    static const char text[] =
+        "version: \"b1\"\n"
+        "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+        "  models:\n    m: { per_request: 1 }\n"
+        "plans:\n  big:\n    windows:\n"
+        "      - { name: burst, type: rolling, length: 1h, limit: 1000000000000 }\n"
+        "      - { name: daily, type: calendar, every: day, at: \"00:00\", tz: \"UTC\", limit: 1000000000000 }\n"
+        "subjects:\n  b: { plan: big }\n";
+    qg_restore_req q;
+    qg_check_req c = {.subject = "b", .request_id = "after", .weight_milli = 1};
+    qg_decision d1, d2;
+    (void)state;
+    twin_open(&t, text);
+    memset(&q, 0, sizeof q);
+    q.subject = "b";
+    q.headroom_milli = -1;
+    q.settled = 1;
+    q.status = QG_SETTLE_COMPLETED;
+    for (int i = 0; i < 3; i++) {
+        char rid[16];
+        snprintf(rid, sizeof rid, "old%d", i);
+        q.request_id = rid;
+        q.decided_at_ms = T0_MS + i * MIN_MS;
+        q.reserved_milli = q.charged_milli = 600000000000000LL;   /* 6e11 points */
+        assert_int_equal(t_restore(&t, &q), 0);
+    }
+    assert_int_equal(qg_engine_check(t.me, &c, T0_MS + 3 * MIN_MS, &d1, NULL, 0), 0);
+    assert_int_equal(qg_engine_check(t.re, &c, T0_MS + 3 * MIN_MS, &d2, NULL, 0), 0);
+    assert_int_equal(d1.outcome, QG_REJECT);
+    assert_int_equal(d2.outcome, QG_REJECT);
+    assert_int_equal(d1.binding, d2.binding);
+    assert_int_equal(d1.retry_after_ms, d2.retry_after_ms);
+    /* two entries must leave before 1 milli fits: at t0 + 1 min + 1 h...
+     * but the daily window holds all three until midnight */
+    assert_int_equal(d2.decided_at_ms + d2.retry_after_ms, T0_MS + DAY_MS);
+    assert_int_equal(d1.views[0].used_milli, 1800000000000000LL);
+    assert_int_equal(d2.views[0].used_milli, QG_REDIS_AMOUNT_MAX);
+    assert_int_equal(d2.views[1].used_milli, QG_REDIS_AMOUNT_MAX);
+    assert_int_equal(d1.nrecovery[0], d2.nrecovery[0]);
+    for (int k = 0; k < d1.nrecovery[0]; k++) {
+        assert_int_equal(d1.recovery[0][k].at_ms, d2.recovery[0][k].at_ms);
+        assert_int_equal(d1.recovery[0][k].remaining_milli,
+                         d2.recovery[0][k].remaining_milli);
+    }
+    twin_close(&t);
+}
+
 /* -------------------------------------------------- the transport edge */
 
 static void test_script_flush(void **state)
@@ -1933,6 +1988,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restore, teardown),
         cmocka_unit_test_teardown(test_relayout, teardown),
         cmocka_unit_test_teardown(test_domain_refused, teardown),
+        cmocka_unit_test_teardown(test_at_the_bound, teardown),
         cmocka_unit_test_teardown(test_script_flush, teardown),
         cmocka_unit_test_teardown(test_flushall, teardown),
         cmocka_unit_test_teardown(test_server_gone, teardown),
