@@ -1747,8 +1747,10 @@ static void run_diff(const char *text, const char *label, uint64_t seed,
     assert_true(h.allow > 0 && h.reject > 0 && h.never > 0 && h.replay > 0);
     if (getenv("QG_REDIS_DIFF_STATS")) {
         static char st[65536];
+        const char *e;
         redisproc_cmd(&srv, st, sizeof st, "INFO", "commandstats", NULL);
-        print_message("%s\n", st);
+        if ((e = strstr(st, "cmdstat_evalsha:")) != NULL)
+            print_message("%s: %.*s\n", label, (int)strcspn(e, "\r\n"), e);
         redisproc_cmd(&srv, st, sizeof st, "CONFIG", "RESETSTAT", NULL);
     }
     if (report_memory) {
