@@ -214,7 +214,8 @@ static void px_free(px *p)
     free(p);
 }
 
-/* Cancel the upstream request (not from inside its own callbacks). */
+/* Cancel the upstream request (also from inside its callbacks: the
+ * client closes the connection when its parser returns). */
 static void px_cancel_upstream(px *p)
 {
     if (p->call) {
@@ -537,17 +538,52 @@ static void up_head(void *arg, const qg_upresp *ur)
     }
 }
 
+/* A non-streamed answer that cannot be held whole to read its usage
+ * (docs/proxy.md, "Unhappy paths"): past MAX_BUFFERED_BODY it is 502
+ * upstream_response_too_large.  Never a 200 with a damaged body.  The
+ * upstream call is cancelled at once (its connection closed, never
+ * pooled) and the request settled once: a 2xx answer at its reservation
+ * in full, status cancelled (the usage is in the part never read, and the
+ * upstream produced at least that much), noted as an anomaly; an error
+ * answer by its status's own rule (failed; a 429 charges nothing).
+ * From up_body, inside the upstream client's callback: p is freed. */
+static void px_cut_buffered(px *p)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "the upstream's answer passed %u bytes "
+             "(64 MiB), the most a non-streamed answer may hold to read its "
+             "usage: it was cut off and not passed on", MAX_BUFFERED_BODY);
+    px_cancel_upstream(p);
+    if (p->status >= 200 && p->status <= 299) {
+        int64_t out = p->info.max_output_tokens;
+        px_charge c = {.in = p->in_est,
+                       .out = out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE : out,
+                       .est = 1};
+        char what[160];
+        snprintf(what, sizeof what, "the response body passed %u bytes: cut "
+                 "off, usage unread, charged the reservation",
+                 MAX_BUFFERED_BODY);
+        px_anomaly(p, &c, QG_ANOMALY_RESPONSE_TOO_LARGE, what);
+        px_settle_with(p, QG_SETTLE_CANCELLED, &c);
+    } else {
+        p->no_charge = p->status == 429;
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+    }
+    px_reply_error(p, 502, "upstream_response_too_large", msg);
+}
+
 /* A piece of the upstream's (de-chunked) body, as it arrives. */
 static void up_body(void *arg, const char *data, size_t n)
 {
     px *p = arg;
     if (n == 0)
         return;
-    if (p->streaming) {
+    if (p->streaming)
         px_stream_bytes(p, data, n);    /* written at up_read_end */
-    } else if (evbuffer_get_length(p->body) + n <= MAX_BUFFERED_BODY) {
+    else if (n > MAX_BUFFERED_BODY - evbuffer_get_length(p->body))
+        px_cut_buffered(p);             /* p is gone */
+    else
         evbuffer_add(p->body, data, n);
-    }
 }
 
 /* The upstream answered whole (non-stream). */

@@ -66,6 +66,12 @@
  *                    DBL_FLOOD_SNDBUF (the kernel doubles it) instead of
  *                    growing to net.ipv4.tcp_wmem's maximum, so that what
  *                    was written is close to what the reader's side took
+ *   big=MIB          (not streamed) the answer's text is MIB MiB of 'x'
+ *                    (1..1024), with Content-Length; the body is made as
+ *                    it goes, a batch whenever less than DBL_FLOOD_BATCH
+ *                    bytes wait in the double's output buffer, never held
+ *                    whole (the proxy's bound on a buffered answer)
+ *   big-chunked=MIB  the same in chunked transfer coding
  * An unknown mode is a 400, so a typo in a test fails loudly.
  *
  * SIGTERM/SIGINT stop the loop; everything is freed and the exit is 0.
@@ -99,6 +105,8 @@
 #define DBL_FLOOD_TEXT    1024
 #define DBL_FLOOD_BATCH   (64 * 1024)
 #define DBL_FLOOD_SNDBUF  (64 * 1024)
+#define DBL_MAX_BIG_MIB   1024
+#define DBL_BIG_MARK      "@@big@@"
 
 enum api { API_OPENAI, API_ANTHROPIC };
 
@@ -113,6 +121,8 @@ typedef struct mode {
     int flood;                 /* content events of a flood, 0: none */
     long long usage_in;        /* reported counts: -1 = the real ones */
     long long usage_out;
+    int big_mib;               /* big / big-chunked: MiB of text, 0: none */
+    int big_chunked;
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -127,6 +137,9 @@ typedef struct stream {
     int flood_i;               /* flood content events sent */
     int include_usage;         /* flood: chunks carry "usage": null */
     char id[64], model[128];   /* flood: of every chunk */
+    char *big_head, *big_tail; /* big: the JSON around the text */
+    long long big_left;        /* big: bytes of text still to send */
+    int big_phase;             /* big: 0 head, 1 text, 2 tail, 3 done */
     struct stream *prev, *nxt;
 } stream;
 
@@ -199,6 +212,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
     m->reset_after = -1;
     m->no_usage = m->status = m->hang = m->flood = 0;
     m->usage_in = m->usage_out = -1;
+    m->big_mib = m->big_chunked = 0;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -241,6 +255,11 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->usage_in = v;
         else if (!strcmp(tok, "usage-out") && eq)
             m->usage_out = v;
+        else if ((!strcmp(tok, "big") || !strcmp(tok, "big-chunked")) && eq &&
+                 v >= 1 && v <= DBL_MAX_BIG_MIB) {
+            m->big_mib = (int)v;
+            m->big_chunked = tok[3] == '-';
+        }
         else if (*tok || eq)
             rc = -1;
         if (rc)
@@ -501,6 +520,8 @@ static void stream_free(stream *s)
     for (int i = 0; i < s->nevents; i++)
         free(s->events[i]);
     free(s->events);
+    free(s->big_head);
+    free(s->big_tail);
     free(s);
 }
 
@@ -565,6 +586,48 @@ static void flood_tick(stream *s, struct evhttp_connection *evcon)
     evtimer_add(s->timer, &now);
 }
 
+/* The next piece of a big answer (the JSON before the text, the text a
+ * batch at a time, the JSON after it), added only while less than
+ * DBL_FLOOD_BATCH bytes wait in the double's output buffer, else looked
+ * at again in 1 ms; the reply ends after the last piece. */
+static void big_tick(stream *s, struct evhttp_connection *evcon)
+{
+    static char text[DBL_FLOOD_BATCH];
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    struct timeval later = { 0, 1000 }, now = { 0, 0 };
+    struct evbuffer *b;
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) >=
+        DBL_FLOOD_BATCH) {
+        evtimer_add(s->timer, &later);
+        return;
+    }
+    if (s->big_phase == 3) {
+        evhttp_send_reply_end(s->req);
+        stream_free(s);
+        return;
+    }
+    if (text[0] != 'x')
+        memset(text, 'x', sizeof text);
+    b = evbuffer_new();
+    if (s->big_phase == 0) {
+        evbuffer_add(b, s->big_head, strlen(s->big_head));
+        s->big_phase = s->big_left ? 1 : 2;
+    } else if (s->big_phase == 1) {
+        size_t k = s->big_left < (long long)sizeof text
+                       ? (size_t)s->big_left : sizeof text;
+        evbuffer_add(b, text, k);
+        s->big_left -= (long long)k;
+        if (s->big_left == 0)
+            s->big_phase = 2;
+    } else {
+        evbuffer_add(b, s->big_tail, strlen(s->big_tail));
+        s->big_phase = 3;
+    }
+    evhttp_send_reply_chunk(s->req, b);
+    evbuffer_free(b);
+    evtimer_add(s->timer, &now);
+}
+
 static void stream_tick(evutil_socket_t fd, short what, void *arg)
 {
     stream *s = arg;
@@ -574,6 +637,10 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
     if (!evcon) {                    /* the client went away */
         evhttp_send_reply_end(s->req);   /* frees a detached request */
         stream_free(s);
+        return;
+    }
+    if (s->m.big_mib) {
+        big_tick(s, evcon);
         return;
     }
     if (s->m.reset_after >= 0 && s->next >= s->m.reset_after) {
@@ -614,6 +681,48 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ routes */
 
+/* Start a big answer (big / big-chunked): the API's usual body, its text
+ * replaced by MIB MiB of 'x' sent as it is made (big_tick). */
+static void big_start(dbl *d, struct evhttp_request *req, enum api api,
+                      json_t *body, const mode *m)
+{
+    json_t *holder = api == API_OPENAI
+        ? json_object_get(json_array_get(json_object_get(body, "choices"), 0),
+                          "message")
+        : json_array_get(json_object_get(body, "content"), 0);
+    char *text, *mark;
+    stream *s = calloc(1, sizeof *s);
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
+    struct timeval now = { 0, 0 };
+    json_object_set_new(holder, api == API_OPENAI ? "content" : "text",
+                        json_string(DBL_BIG_MARK));
+    text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    mark = strstr(text, DBL_BIG_MARK);
+    *mark = '\0';
+    s->d = d;
+    s->req = req;
+    s->m = *m;
+    s->big_head = strdup(text);
+    s->big_tail = strdup(mark + strlen(DBL_BIG_MARK));
+    s->big_left = (long long)m->big_mib << 20;
+    free(text);
+    s->timer = evtimer_new(d->base, stream_tick, s);
+    s->nxt = d->streams;
+    if (d->streams)
+        d->streams->prev = s;
+    d->streams = s;
+    evhttp_add_header(oh, "Content-Type", "application/json");
+    if (!m->big_chunked) {
+        char cl[32];
+        snprintf(cl, sizeof cl, "%lld", (long long)strlen(s->big_head) +
+                 (long long)strlen(s->big_tail) + s->big_left);
+        evhttp_add_header(oh, "Content-Length", cl);
+    }
+    evhttp_send_reply_start(req, 200, "OK");
+    evtimer_add(s->timer, &now);
+}
+
 static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
@@ -643,13 +752,20 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
                            !json_is_true(json_object_get(j, "stream")))) {
         send_api_error(req, api, 400, "X-Double-Mode: flood needs an "
                        "OpenAI stream");
+    } else if (m.big_mib && json_is_true(json_object_get(j, "stream"))) {
+        send_api_error(req, api, 400, "X-Double-Mode: big is not for "
+                       "streams");
     } else {
         const char *model = json_string_value(json_object_get(j, "model"));
         int p = prompt_tokens(j),
             n = m.flood ? m.flood : completion_tokens(j);
         if (!model)
             model = "double";
-        if (!json_is_true(json_object_get(j, "stream"))) {
+        if (m.big_mib && !json_is_true(json_object_get(j, "stream"))) {
+            big_start(d, req, api, api == API_OPENAI
+                      ? openai_body(d, model, p, n, &m)
+                      : anthropic_body(d, model, p, n, &m), &m);
+        } else if (!json_is_true(json_object_get(j, "stream"))) {
             send_json(req, 200, api == API_OPENAI
                       ? openai_body(d, model, p, n, &m)
                       : anthropic_body(d, model, p, n, &m));
