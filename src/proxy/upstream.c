@@ -411,10 +411,13 @@ static int hp_body(http_parser *hp, const char *at, size_t len)
     return c->cb ? 0 : -1;
 }
 
+/* The end of the response: stop the parser here, so that nothing after
+ * it (a second response in the same read) reaches the caller. */
 static int hp_message_complete(http_parser *hp)
 {
     qg_upcall *c = hp->data;
-    c->done = 1;                        /* bytes after it: not kept */
+    c->done = 1;
+    http_parser_pause(hp, 1);
     return 0;
 }
 
@@ -550,6 +553,15 @@ static void call_send(qg_upcall *c)
     }
 }
 
+/* 1 when fd has bytes (or an end of file) waiting: a read that filled
+ * the whole buffer may have left some behind. */
+static int bytes_waiting(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
 /* Response bytes (or EOF: data NULL) for c.  Returns 1 while c still
  * carries its call; 0 when c was freed or went back to the pool. */
 static int conn_feed(qg_upcall *c, const char *data, size_t len)
@@ -583,8 +595,17 @@ static int conn_feed(qg_upcall *c, const char *data, size_t len)
         return 0;
     }
     if (c->done) {
-        call_end(c, QG_UP_OK, data && used == len && e == HPE_OK &&
-                                  http_should_keep_alive(&c->hp));
+        /* bytes after the end of the response (in this read, in the TLS
+         * input, or waiting behind a full read): an upstream that sends
+         * what nobody asked for is broken, and its connection is closed,
+         * never pooled, so the next call cannot take them for its answer */
+        int keep = data && used == len && e == HPE_PAUSED &&
+                   http_should_keep_alive(&c->hp);
+        if (keep && c->bev)
+            keep = evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+        else if (keep && len == READ_CHUNK)
+            keep = !bytes_waiting(c->fd);
+        call_end(c, QG_UP_OK, keep);
         return 0;
     }
     if (!data)                          /* EOF before the end */

@@ -762,6 +762,91 @@ static void test_body_too_large(void **state)
          "after the 65 MiB chunked answer");
 }
 
+/* The port the double saw the last API request come from (its
+ * connection from the gateway). */
+static int double_last_port(void)
+{
+    return (int)tst_jnum(double_last(), "peer_port", "last");
+}
+
+/* The text of an OpenAI answer's first choice. */
+static const char *choice_text(const http_resp *r, const char *what)
+{
+    json_t *j = tst_jparse(r, what);
+    return tst_jstr(json_object_get(json_array_get(json_object_get(j,
+                        "choices"), 0), "message"), "content", what);
+}
+
+/* Issue 8: two upstream responses in one write reached the caller joined
+ * (the parser went on into the second).  The double's twice mode writes
+ * its answer and then a second complete response in the same write.  The
+ * caller must get exactly the first (its body, valid JSON, its
+ * Content-Length) and be charged its usage, not the second's; the
+ * connection must be closed, not pooled: the next call goes out on
+ * another connection (the double sees another client port) and gets a
+ * fresh, correct answer, not the stale second response. */
+static void test_two_responses_one_write(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("twice");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: twice", NULL};
+    http_resp *r;
+    lrow row;
+    int port;
+    (void)state;
+    for (int shape = 0; shape < 2; shape++) {
+        rid = tst_uid("twice");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+            WANT(r, 200, "twice");
+            assert_string_equal(choice_text(r, "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        } else {
+            h[0] = tst_fmt("x-api-key: %s", key);
+            r = post("/v1/messages", h, anthropic_body(0, 7));
+            WANT(r, 200, "twice, anthropic");
+            assert_string_equal(tst_jstr(json_array_get(json_object_get(
+                                    tst_jparse(r, "twice"), "content"), 0),
+                                    "text", "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        }
+        assert_null(strstr(r->body, "stale"));
+        assert_int_equal(strlen(r->body), r->body_len);
+        assert_int_equal(atol(hdr(r, "Content-Length", "twice")),
+                         (long)r->body_len);
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 7);
+        port = double_last_port();
+        /* the next call on that worker's pool: a fresh connection */
+        rid = tst_uid("after");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        h[2] = NULL;
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 3, NULL));
+            WANT(r, 200, "after twice");
+            assert_string_equal(choice_text(r, "after twice"),
+                                "tok0 tok1 tok2");
+        } else {
+            r = post("/v1/messages", h, anthropic_body(0, 3));
+            WANT(r, 200, "after twice, anthropic");
+            assert_null(strstr(r->body, "stale"));
+        }
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 3);
+        if (double_last_port() == port)
+            fail_msg("the connection that carried a second response was "
+                     "reused (port %d)", port);
+        h[2] = "X-Double-Mode: twice";
+    }
+}
+
 static void test_refusal(void **state)
 {
     const char *s = new_subject("tiny"), *key = new_key(s);
@@ -1726,6 +1811,7 @@ int main(void)
         cmocka_unit_test_teardown(test_upstream_500, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_timeout, gc_teardown),
         cmocka_unit_test_teardown(test_body_too_large, gc_teardown),
+        cmocka_unit_test_teardown(test_two_responses_one_write, gc_teardown),
         cmocka_unit_test_teardown(test_refusal, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),

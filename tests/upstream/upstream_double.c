@@ -11,7 +11,9 @@
  *                               {"method","path","headers":{lowercased
  *                               name: value, repeats joined by ", "},
  *                               "body": raw text, "body_json": parsed or
- *                               null}; 404 before the first one
+ *                               null, "peer_port": the client's port, which
+ *                               names its connection}; 404 before the
+ *                               first one
  *   GET  /_double/count         {"count": API requests received}
  *   GET  /_double/stats         {"flood_bytes": body bytes of flood
  *                               streams handed to the socket so far (at
@@ -72,6 +74,12 @@
  *                    bytes wait in the double's output buffer, never held
  *                    whole (the proxy's bound on a buffered answer)
  *   big-chunked=MIB  the same in chunked transfer coding
+ *   twice            (not streamed) the answer, then at once a second
+ *                    complete response nobody asked for (200, Content-Length,
+ *                    its text "stale second response", usage 999 and 999),
+ *                    both in one write: the answer's Content-Length is its
+ *                    own, and the second rides as the bytes after it.  The
+ *                    connection then serves the next request normally
  * An unknown mode is a 400, so a typo in a test fails loudly.
  *
  * SIGTERM/SIGINT stop the loop; everything is freed and the exit is 0.
@@ -123,6 +131,7 @@ typedef struct mode {
     long long usage_out;
     int big_mib;               /* big / big-chunked: MiB of text, 0: none */
     int big_chunked;
+    int twice;                 /* a second response after the answer */
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -212,7 +221,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
     m->reset_after = -1;
     m->no_usage = m->status = m->hang = m->flood = 0;
     m->usage_in = m->usage_out = -1;
-    m->big_mib = m->big_chunked = 0;
+    m->big_mib = m->big_chunked = m->twice = 0;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -249,6 +258,8 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->no_usage = 1;
         else if (!strcmp(tok, "hang") && !eq)
             m->hang = 1;
+        else if (!strcmp(tok, "twice") && !eq)
+            m->twice = 1;
         else if (!strcmp(tok, "flood") && eq && v >= 1 && v <= DBL_MAX_FLOOD)
             m->flood = (int)v;
         else if (!strcmp(tok, "usage-in") && eq)
@@ -332,10 +343,16 @@ static void record(dbl *d, struct evhttp_request *req, const char *body,
     }
     json_t *parsed = json_loadb(body, len, 0, NULL);
     json_decref(d->last);
-    d->last = json_pack("{s:s, s:s, s:o, s:s%, s:o}", "method", "POST",
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    char *peer = NULL;
+    ev_uint16_t peer_port = 0;
+    if (evcon)
+        evhttp_connection_get_peer(evcon, &peer, &peer_port);
+    d->last = json_pack("{s:s, s:s, s:o, s:s%, s:o, s:i}", "method", "POST",
                         "path", evhttp_request_get_uri(req), "headers", h,
                         "body", body, len,
-                        "body_json", parsed ? parsed : json_null());
+                        "body_json", parsed ? parsed : json_null(),
+                        "peer_port", (int)peer_port);
     d->count++;
 }
 
@@ -681,6 +698,46 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ routes */
 
+/* twice: the answer with its own Content-Length, and after it, in the
+ * same buffer (evhttp writes head and body in one go), a second complete
+ * response: the one write a broken keep-alive upstream makes. */
+static void send_twice(struct evhttp_request *req, json_t *body, enum api api)
+{
+    json_t *stale = json_deep_copy(body);
+    json_t *holder = api == API_OPENAI
+        ? json_object_get(json_array_get(json_object_get(stale, "choices"), 0),
+                          "message")
+        : json_array_get(json_object_get(stale, "content"), 0);
+    json_t *u = json_object_get(stale, "usage");
+    char *a = json_dumps(body, JSON_COMPACT), *b, cl[32];
+    struct evbuffer *out = evbuffer_new();
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
+    json_object_set_new(holder, api == API_OPENAI ? "content" : "text",
+                        json_string("stale second response"));
+    if (u) {
+        json_object_set_new(u, api == API_OPENAI ? "prompt_tokens"
+                                                 : "input_tokens",
+                            json_integer(999));
+        json_object_set_new(u, api == API_OPENAI ? "completion_tokens"
+                                                 : "output_tokens",
+                            json_integer(999));
+    }
+    b = json_dumps(stale, JSON_COMPACT);
+    evbuffer_add(out, a, strlen(a));
+    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\nContent-Type: "
+                        "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                        strlen(b), b);
+    snprintf(cl, sizeof cl, "%zu", strlen(a));
+    evhttp_add_header(oh, "Content-Type", "application/json");
+    evhttp_add_header(oh, "Content-Length", cl);
+    evhttp_send_reply(req, 200, NULL, out);
+    evbuffer_free(out);
+    free(a);
+    free(b);
+    json_decref(stale);
+    json_decref(body);
+}
+
 /* Start a big answer (big / big-chunked): the API's usual body, its text
  * replaced by MIB MiB of 'x' sent as it is made (big_tick). */
 static void big_start(dbl *d, struct evhttp_request *req, enum api api,
@@ -752,9 +809,10 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
                            !json_is_true(json_object_get(j, "stream")))) {
         send_api_error(req, api, 400, "X-Double-Mode: flood needs an "
                        "OpenAI stream");
-    } else if (m.big_mib && json_is_true(json_object_get(j, "stream"))) {
-        send_api_error(req, api, 400, "X-Double-Mode: big is not for "
-                       "streams");
+    } else if ((m.big_mib || m.twice) &&
+               json_is_true(json_object_get(j, "stream"))) {
+        send_api_error(req, api, 400, "X-Double-Mode: big and twice are "
+                       "not for streams");
     } else {
         const char *model = json_string_value(json_object_get(j, "model"));
         int p = prompt_tokens(j),
@@ -765,6 +823,10 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
             big_start(d, req, api, api == API_OPENAI
                       ? openai_body(d, model, p, n, &m)
                       : anthropic_body(d, model, p, n, &m), &m);
+        } else if (m.twice && !json_is_true(json_object_get(j, "stream"))) {
+            send_twice(req, api == API_OPENAI
+                       ? openai_body(d, model, p, n, &m)
+                       : anthropic_body(d, model, p, n, &m), api);
         } else if (!json_is_true(json_object_get(j, "stream"))) {
             send_json(req, 200, api == API_OPENAI
                       ? openai_body(d, model, p, n, &m)
