@@ -78,6 +78,7 @@ struct qg_upcall {
     int pending_err;           /* to deliver from tmo */
     int paused;
     int done;                  /* the response is complete */
+    int interim;               /* reading a 1xx (skipped) */
     int depth;                 /* inside http_parser_execute */
     int cancelled;             /* cancelled inside a parser callback */
     http_parser hp;
@@ -346,6 +347,19 @@ static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
 
 /* ------------------------------------------------------------- parser */
 
+/* A response begins: the answer, or an interim (1xx) one before it,
+ * whose headers must not reach the answer's. */
+static int hp_message_begin(http_parser *hp)
+{
+    qg_upcall *c = hp->data;
+    memset(&c->resp, 0, sizeof c->resp);
+    c->hname_len = 0;
+    c->hname_long = 0;
+    c->in_value = 0;
+    c->hdst = NULL;
+    return 0;
+}
+
 static int hp_header_field(http_parser *hp, const char *at, size_t len)
 {
     qg_upcall *c = hp->data;
@@ -394,9 +408,19 @@ static int hp_header_value(http_parser *hp, const char *at, size_t len)
     return 0;
 }
 
+/* The head is read.  An interim response (1xx but 101, RFC 9110 15.2:
+ * 100 Continue, 103 Early Hints, ...) is skipped, head and body (it has
+ * none: 1 tells http-parser so), and the answer follows it.  A 101 is
+ * refused: the proxy never asks to switch protocols. */
 static int hp_headers_complete(http_parser *hp)
 {
     qg_upcall *c = hp->data;
+    if (hp->status_code == 101)
+        return -1;
+    if (hp->status_code / 100 == 1) {
+        c->interim = 1;
+        return 1;
+    }
     c->resp.status = hp->status_code;
     if (c->cb)
         c->cb->on_head(c->ud, &c->resp);
@@ -416,12 +440,17 @@ static int hp_body(http_parser *hp, const char *at, size_t len)
 static int hp_message_complete(http_parser *hp)
 {
     qg_upcall *c = hp->data;
+    if (c->interim) {                   /* the answer is still to come */
+        c->interim = 0;
+        return 0;
+    }
     c->done = 1;
     http_parser_pause(hp, 1);
     return 0;
 }
 
 static const http_parser_settings hp_settings = {
+    .on_message_begin = hp_message_begin,
     .on_header_field = hp_header_field,
     .on_header_value = hp_header_value,
     .on_headers_complete = hp_headers_complete,
@@ -484,12 +513,8 @@ static void call_begin(qg_upcall *c, const qg_upcall_cbs *cb, void *ud,
     c->req_len = len;
     c->req_off = 0;
     c->resent = resent;
-    c->got = c->done = c->cancelled = c->paused = 0;
+    c->got = c->done = c->cancelled = c->paused = c->interim = 0;
     memset(&c->resp, 0, sizeof c->resp);
-    c->hname_len = 0;
-    c->hname_long = 0;
-    c->in_value = 0;
-    c->hdst = NULL;
     http_parser_init(&c->hp, HTTP_RESPONSE);
     c->hp.data = c;
     if (c->pending_err) {

@@ -19,9 +19,11 @@
  * dropped.  The parser stops at the end of the response: bytes after it
  * (a second response in the same read) never reach the caller, and they
  * close the connection instead of returning it to the pool (an upstream
- * that sends what was not asked for is broken).  A call that fails on a
- * reused connection before any response byte arrived (the upstream
- * closed it as we reused it) is sent again once on a fresh connection.
+ * that sends what was not asked for is broken).  Interim responses (1xx)
+ * before the answer are skipped; a 101 is refused (QG_UP_EPROTO).  A
+ * call that fails on a reused connection before any response byte
+ * arrived (the upstream closed it as we reused it) is sent again once on
+ * a fresh connection.
  *
  * Threading: a call and its callbacks live on one worker's thread (the
  * one whose base was given); new/free on any thread while no worker runs. */
