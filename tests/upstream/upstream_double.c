@@ -74,6 +74,8 @@
  *                    bytes wait in the double's output buffer, never held
  *                    whole (the proxy's bound on a buffered answer)
  *   big-chunked=MIB  the same in chunked transfer coding
+ *   close            answer with Connection: close (the connection ends
+ *                    after the answer: the proxy cannot pool it)
  *   twice            (not streamed) the answer, then at once a second
  *                    complete response nobody asked for (200, Content-Length,
  *                    its text "stale second response", usage 999 and 999),
@@ -132,6 +134,7 @@ typedef struct mode {
     int big_mib;               /* big / big-chunked: MiB of text, 0: none */
     int big_chunked;
     int twice;                 /* a second response after the answer */
+    int close;                 /* Connection: close */
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -221,7 +224,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
     m->reset_after = -1;
     m->no_usage = m->status = m->hang = m->flood = 0;
     m->usage_in = m->usage_out = -1;
-    m->big_mib = m->big_chunked = m->twice = 0;
+    m->big_mib = m->big_chunked = m->twice = m->close = 0;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -260,6 +263,8 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->hang = 1;
         else if (!strcmp(tok, "twice") && !eq)
             m->twice = 1;
+        else if (!strcmp(tok, "close") && !eq)
+            m->close = 1;
         else if (!strcmp(tok, "flood") && eq && v >= 1 && v <= DBL_MAX_FLOOD)
             m->flood = (int)v;
         else if (!strcmp(tok, "usage-in") && eq)
@@ -791,8 +796,13 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
     record(d, req, body, len);
     json_t *j = json_loadb(body, len, 0, NULL);
     free(body);
-    if (parse_mode(evhttp_find_header(evhttp_request_get_input_headers(req),
-                                      "X-Double-Mode"), &m, msg, sizeof msg)) {
+    int bad = parse_mode(evhttp_find_header(
+        evhttp_request_get_input_headers(req), "X-Double-Mode"), &m, msg,
+        sizeof msg);
+    if (!bad && m.close)
+        evhttp_add_header(evhttp_request_get_output_headers(req),
+                          "Connection", "close");
+    if (bad) {
         send_api_error(req, api, 400, msg);
     } else if (m.hang) {
         held *h = calloc(1, sizeof *h);
