@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include "fault.h"
 #include "upstream.h"
 #include "url.h"
 
@@ -276,12 +277,13 @@ static int conn_connect(qg_upcall *c)
     int one = 1, ok = resolve(u, &sa, &salen) == 0;
 
     if (u->tls) {
-        SSL *ssl = tls_new(u);
+        SSL *ssl = qg__alloc_fails("upstream tls") ? NULL : tls_new(u);
         if (!ssl)
             return -1;
-        c->bev = bufferevent_openssl_socket_new(
-            c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-            BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        c->bev = qg__alloc_fails("upstream tls bufferevent") ? NULL
+                 : bufferevent_openssl_socket_new(
+                       c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                       BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
         if (!c->bev) {
             SSL_free(ssl);
             return -1;
@@ -311,8 +313,10 @@ static int conn_connect(qg_upcall *c)
     /* the request goes in one write, but our small answers to a
      * streaming caller and the upstream's are not held back by Nagle */
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!(c->rev = event_new(c->base, c->fd, EV_READ | EV_PERSIST, on_read,
+    if (qg__alloc_fails("upstream read event") ||
+        !(c->rev = event_new(c->base, c->fd, EV_READ | EV_PERSIST, on_read,
                              c)) ||
+        qg__alloc_fails("upstream write event") ||
         !(c->wev = event_new(c->base, c->fd, EV_WRITE, on_write, c)))
         return -1;
     if (connect(c->fd, (struct sockaddr *)&sa, salen) == 0) {
@@ -330,7 +334,8 @@ static int conn_connect(qg_upcall *c)
 /* A new connection on pl's worker, or NULL when out of memory. */
 static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
 {
-    qg_upcall *c = calloc(1, sizeof *c);
+    qg_upcall *c = qg__alloc_fails("upstream connection")
+                       ? NULL : calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->u = u;
@@ -338,7 +343,8 @@ static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
     c->base = base;
     c->fd = -1;
     atomic_fetch_add(&u->open, 1);
-    if (!(c->tmo = evtimer_new(base, on_timer, c)) || conn_connect(c) < 0) {
+    if (qg__alloc_fails("upstream timer") ||
+        !(c->tmo = evtimer_new(base, on_timer, c)) || conn_connect(c) < 0) {
         conn_close(c);
         return NULL;
     }
@@ -755,7 +761,8 @@ qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
     if (worker < 0 || worker >= u->nworkers)
         return NULL;
     pl = &u->pools[worker];
-    if (!(req = malloc(head_len + body_len + 1)))
+    if (qg__alloc_fails("upstream request") ||
+        !(req = malloc(head_len + body_len + 1)))
         return NULL;
     memcpy(req, head, head_len);
     if (body_len)
@@ -797,7 +804,8 @@ void qg_upcall_pause(qg_upcall *c, int pause)
             /* bytes already decrypted wait in the input buffer: no new
              * read callback comes for them, so read them from the loop */
             if (evbuffer_get_length(bufferevent_get_input(c->bev)) &&
-                (c->kick || (c->kick = evtimer_new(c->base, on_kick, c))))
+                (c->kick || (!qg__alloc_fails("upstream kick timer") &&
+                             (c->kick = evtimer_new(c->base, on_kick, c)))))
                 evtimer_add(c->kick, &zero);
         }
     } else if (pause) {

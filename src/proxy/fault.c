@@ -1,0 +1,5 @@
+/* fault.c - see fault.h: the hook that allocation fault injection
+ * installs (tests only); NULL, so nothing fails, everywhere else. */
+#include "fault.h"
+
+_Atomic(qg__alloc_hook) qg__alloc_fail_hook = NULL;
