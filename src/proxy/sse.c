@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "quotagate.h"
 #include "sse.h"
 
@@ -50,7 +51,7 @@ static int buf_put(sse_buf *b, const char *src, size_t n, size_t limit)
             cap *= 2;
         if (cap > limit + 1)
             cap = limit + 1;
-        char *np = realloc(b->p, cap);
+        char *np = qg__alloc_fails("sse buffer") ? NULL : realloc(b->p, cap);
         if (!np)
             return QG_ENOMEM;
         b->p = np;
@@ -65,7 +66,7 @@ static int buf_put(sse_buf *b, const char *src, size_t n, size_t limit)
 
 qg_sse *qg_sse_new(size_t max_event_bytes)
 {
-    qg_sse *p = calloc(1, sizeof *p);
+    qg_sse *p = qg__alloc_fails("sse parser") ? NULL : calloc(1, sizeof *p);
     if (!p)
         return NULL;
     p->max_event = max_event_bytes ? max_event_bytes : 1;

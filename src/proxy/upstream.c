@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include "fault.h"
 #include "upstream.h"
 #include "url.h"
 
@@ -78,6 +79,7 @@ struct qg_upcall {
     int pending_err;           /* to deliver from tmo */
     int paused;
     int done;                  /* the response is complete */
+    int interim;               /* reading a 1xx (skipped) */
     int depth;                 /* inside http_parser_execute */
     int cancelled;             /* cancelled inside a parser callback */
     http_parser hp;
@@ -275,12 +277,13 @@ static int conn_connect(qg_upcall *c)
     int one = 1, ok = resolve(u, &sa, &salen) == 0;
 
     if (u->tls) {
-        SSL *ssl = tls_new(u);
+        SSL *ssl = qg__alloc_fails("upstream tls") ? NULL : tls_new(u);
         if (!ssl)
             return -1;
-        c->bev = bufferevent_openssl_socket_new(
-            c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-            BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        c->bev = qg__alloc_fails("upstream tls bufferevent") ? NULL
+                 : bufferevent_openssl_socket_new(
+                       c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                       BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
         if (!c->bev) {
             SSL_free(ssl);
             return -1;
@@ -310,8 +313,10 @@ static int conn_connect(qg_upcall *c)
     /* the request goes in one write, but our small answers to a
      * streaming caller and the upstream's are not held back by Nagle */
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!(c->rev = event_new(c->base, c->fd, EV_READ | EV_PERSIST, on_read,
+    if (qg__alloc_fails("upstream read event") ||
+        !(c->rev = event_new(c->base, c->fd, EV_READ | EV_PERSIST, on_read,
                              c)) ||
+        qg__alloc_fails("upstream write event") ||
         !(c->wev = event_new(c->base, c->fd, EV_WRITE, on_write, c)))
         return -1;
     if (connect(c->fd, (struct sockaddr *)&sa, salen) == 0) {
@@ -329,7 +334,8 @@ static int conn_connect(qg_upcall *c)
 /* A new connection on pl's worker, or NULL when out of memory. */
 static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
 {
-    qg_upcall *c = calloc(1, sizeof *c);
+    qg_upcall *c = qg__alloc_fails("upstream connection")
+                       ? NULL : calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->u = u;
@@ -337,7 +343,8 @@ static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
     c->base = base;
     c->fd = -1;
     atomic_fetch_add(&u->open, 1);
-    if (!(c->tmo = evtimer_new(base, on_timer, c)) || conn_connect(c) < 0) {
+    if (qg__alloc_fails("upstream timer") ||
+        !(c->tmo = evtimer_new(base, on_timer, c)) || conn_connect(c) < 0) {
         conn_close(c);
         return NULL;
     }
@@ -345,6 +352,19 @@ static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
 }
 
 /* ------------------------------------------------------------- parser */
+
+/* A response begins: the answer, or an interim (1xx) one before it,
+ * whose headers must not reach the answer's. */
+static int hp_message_begin(http_parser *hp)
+{
+    qg_upcall *c = hp->data;
+    memset(&c->resp, 0, sizeof c->resp);
+    c->hname_len = 0;
+    c->hname_long = 0;
+    c->in_value = 0;
+    c->hdst = NULL;
+    return 0;
+}
 
 static int hp_header_field(http_parser *hp, const char *at, size_t len)
 {
@@ -394,9 +414,19 @@ static int hp_header_value(http_parser *hp, const char *at, size_t len)
     return 0;
 }
 
+/* The head is read.  An interim response (1xx but 101, RFC 9110 15.2:
+ * 100 Continue, 103 Early Hints, ...) is skipped, head and body (it has
+ * none: 1 tells http-parser so), and the answer follows it.  A 101 is
+ * refused: the proxy never asks to switch protocols. */
 static int hp_headers_complete(http_parser *hp)
 {
     qg_upcall *c = hp->data;
+    if (hp->status_code == 101)
+        return -1;
+    if (hp->status_code / 100 == 1) {
+        c->interim = 1;
+        return 1;
+    }
     c->resp.status = hp->status_code;
     if (c->cb)
         c->cb->on_head(c->ud, &c->resp);
@@ -411,14 +441,22 @@ static int hp_body(http_parser *hp, const char *at, size_t len)
     return c->cb ? 0 : -1;
 }
 
+/* The end of the response: stop the parser here, so that nothing after
+ * it (a second response in the same read) reaches the caller. */
 static int hp_message_complete(http_parser *hp)
 {
     qg_upcall *c = hp->data;
-    c->done = 1;                        /* bytes after it: not kept */
+    if (c->interim) {                   /* the answer is still to come */
+        c->interim = 0;
+        return 0;
+    }
+    c->done = 1;
+    http_parser_pause(hp, 1);
     return 0;
 }
 
 static const http_parser_settings hp_settings = {
+    .on_message_begin = hp_message_begin,
     .on_header_field = hp_header_field,
     .on_header_value = hp_header_value,
     .on_headers_complete = hp_headers_complete,
@@ -481,12 +519,8 @@ static void call_begin(qg_upcall *c, const qg_upcall_cbs *cb, void *ud,
     c->req_len = len;
     c->req_off = 0;
     c->resent = resent;
-    c->got = c->done = c->cancelled = c->paused = 0;
+    c->got = c->done = c->cancelled = c->paused = c->interim = 0;
     memset(&c->resp, 0, sizeof c->resp);
-    c->hname_len = 0;
-    c->hname_long = 0;
-    c->in_value = 0;
-    c->hdst = NULL;
     http_parser_init(&c->hp, HTTP_RESPONSE);
     c->hp.data = c;
     if (c->pending_err) {
@@ -550,6 +584,15 @@ static void call_send(qg_upcall *c)
     }
 }
 
+/* 1 when fd has bytes (or an end of file) waiting: a read that filled
+ * the whole buffer may have left some behind. */
+static int bytes_waiting(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
 /* Response bytes (or EOF: data NULL) for c.  Returns 1 while c still
  * carries its call; 0 when c was freed or went back to the pool. */
 static int conn_feed(qg_upcall *c, const char *data, size_t len)
@@ -583,8 +626,17 @@ static int conn_feed(qg_upcall *c, const char *data, size_t len)
         return 0;
     }
     if (c->done) {
-        call_end(c, QG_UP_OK, data && used == len && e == HPE_OK &&
-                                  http_should_keep_alive(&c->hp));
+        /* bytes after the end of the response (in this read, in the TLS
+         * input, or waiting behind a full read): an upstream that sends
+         * what nobody asked for is broken, and its connection is closed,
+         * never pooled, so the next call cannot take them for its answer */
+        int keep = data && used == len && e == HPE_PAUSED &&
+                   http_should_keep_alive(&c->hp);
+        if (keep && c->bev)
+            keep = evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+        else if (keep && len == READ_CHUNK)
+            keep = !bytes_waiting(c->fd);
+        call_end(c, QG_UP_OK, keep);
         return 0;
     }
     if (!data)                          /* EOF before the end */
@@ -709,7 +761,8 @@ qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
     if (worker < 0 || worker >= u->nworkers)
         return NULL;
     pl = &u->pools[worker];
-    if (!(req = malloc(head_len + body_len + 1)))
+    if (qg__alloc_fails("upstream request") ||
+        !(req = malloc(head_len + body_len + 1)))
         return NULL;
     memcpy(req, head, head_len);
     if (body_len)
@@ -751,7 +804,8 @@ void qg_upcall_pause(qg_upcall *c, int pause)
             /* bytes already decrypted wait in the input buffer: no new
              * read callback comes for them, so read them from the loop */
             if (evbuffer_get_length(bufferevent_get_input(c->bev)) &&
-                (c->kick || (c->kick = evtimer_new(c->base, on_kick, c))))
+                (c->kick || (!qg__alloc_fails("upstream kick timer") &&
+                             (c->kick = evtimer_new(c->base, on_kick, c)))))
                 evtimer_add(c->kick, &zero);
         }
     } else if (pause) {

@@ -16,9 +16,14 @@
  * both sides keep the connection alive, it goes back to its worker's idle
  * list (at most QG_UPSTREAM_MAX_CONNS idle per worker; more are closed);
  * an idle connection the upstream closes is noticed by its read event and
- * dropped.  A call that fails on a reused connection before any response
- * byte arrived (the upstream closed it as we reused it) is sent again
- * once on a fresh connection.
+ * dropped.  The parser stops at the end of the response: bytes after it
+ * (a second response in the same read) never reach the caller, and they
+ * close the connection instead of returning it to the pool (an upstream
+ * that sends what was not asked for is broken).  Interim responses (1xx)
+ * before the answer are skipped; a 101 is refused (QG_UP_EPROTO).  A
+ * call that fails on a reused connection before any response byte
+ * arrived (the upstream closed it as we reused it) is sent again once on
+ * a fresh connection.
  *
  * Threading: a call and its callbacks live on one worker's thread (the
  * one whose base was given); new/free on any thread while no worker runs. */

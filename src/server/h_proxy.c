@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include "fault.h"
 #include "headers.h"
 #include "json_out.h"
 #include "metrics.h"
@@ -169,6 +170,32 @@ struct px {
 
 static _Atomic uint64_t px_counter;
 
+/* ------------------------------------------------- allocations of a call */
+
+/* Each allocation of a call asks fault.h first, so that a test can fail
+ * any of them (docs/fault-injection.md); site names the point. */
+
+static struct evbuffer *px_evbuffer(const char *site)
+{
+    return qg__alloc_fails(site) ? NULL : evbuffer_new();
+}
+
+/* evbuffer_add: 0, or -1 out of memory. */
+static int px_add(struct evbuffer *b, const void *data, size_t len,
+                  const char *site)
+{
+    return qg__alloc_fails(site) || evbuffer_add(b, data, len) != 0 ? -1 : 0;
+}
+
+/* b's bytes in one piece ("" when empty), or NULL out of memory. */
+static const char *px_pullup(struct evbuffer *b, const char *site)
+{
+    if (evbuffer_get_length(b) == 0)
+        return "";
+    return qg__alloc_fails(site) ? NULL
+                                 : (const char *)evbuffer_pullup(b, -1);
+}
+
 
 /* -------------------------------------------------------- lifecycle */
 
@@ -214,7 +241,8 @@ static void px_free(px *p)
     free(p);
 }
 
-/* Cancel the upstream request (not from inside its own callbacks). */
+/* Cancel the upstream request (also from inside its callbacks: the
+ * client closes the connection when its parser returns). */
 static void px_cancel_upstream(px *p)
 {
     if (p->call) {
@@ -390,7 +418,8 @@ static void px_reply(px *p, int status, const char *ctype, const char *body,
 static void px_reply_error(px *p, int status, const char *type,
                            const char *msg)
 {
-    char *body = qg_json_error(type, msg);
+    char *body = qg__alloc_fails("error body") ? NULL
+                                               : qg_json_error(type, msg);
     px_reply(p, status, "application/json", body ? body : "{}",
              body ? strlen(body) : 2, 0);
     free(body);
@@ -417,7 +446,7 @@ static void px_write(px *p, const char *data, size_t len)
 {
     if (p->client_gone || len == 0)
         return;
-    if (evbuffer_add(p->outq, data, len) != 0)
+    if (px_add(p->outq, data, len, "stream output") != 0)
         px_schedule_abort(p);
 }
 
@@ -428,6 +457,7 @@ static void px_drained(void *arg);
 static void px_flush(px *p)
 {
     size_t n = evbuffer_get_length(p->outq);
+    const char *out;
     int rc;
     if (n == 0)
         return;
@@ -435,8 +465,8 @@ static void px_flush(px *p)
         evbuffer_drain(p->outq, n);
         return;
     }
-    rc = qg_http_stream_write(p->r, (const char *)evbuffer_pullup(p->outq, -1),
-                              n);
+    out = px_pullup(p->outq, "stream output pullup");
+    rc = out ? qg_http_stream_write(p->r, out, n) : -1;
     evbuffer_drain(p->outq, n);
     if (rc < 0) {
         px_schedule_abort(p);
@@ -484,28 +514,40 @@ static int on_event(const char *event, size_t elen, const char *data,
     return 0;
 }
 
-/* Pass stream bytes on (event by event in filter mode) and read them. */
+/* Pass stream bytes on (event by event in filter mode) and read them.
+ * Out of memory the stream is cut like a caller who left (px_abort_cb):
+ * never an event lost or two joined in a stream that goes on; in filter
+ * mode nothing more is split once the caller is gone. */
 static void px_stream_bytes(px *p, const char *data, size_t n)
 {
     if (!p->filter) {
-        qg_sse_feed(p->sse, data, n, on_event, p);
+        if (qg_sse_feed(p->sse, data, n, on_event, p) == QG_ENOMEM)
+            px_schedule_abort(p);       /* its usage can no longer be read */
         px_write(p, data, n);
         return;
     }
-    while (n > 0) {
+    while (n > 0 && !p->client_gone) {
         size_t k = qg_sse_split_next(&p->split, data, n);
-        if (k == 0) {
-            evbuffer_add(p->pend, data, n);
+        if (px_add(p->pend, data, k ? k : n, "stream event") != 0) {
+            px_schedule_abort(p);
             return;
         }
-        evbuffer_add(p->pend, data, k);
+        if (k == 0)
+            return;                     /* the event goes on */
         data += k;
         n -= k;
         {
             size_t elen = evbuffer_get_length(p->pend);
-            const char *ev = (const char *)evbuffer_pullup(p->pend, -1);
+            const char *ev = px_pullup(p->pend, "stream event pullup");
+            if (!ev) {
+                px_schedule_abort(p);
+                return;
+            }
             p->drop = 0;
-            qg_sse_feed(p->sse, ev, elen, on_event, p);
+            if (qg_sse_feed(p->sse, ev, elen, on_event, p) == QG_ENOMEM) {
+                px_schedule_abort(p);   /* the usage chunk is not known */
+                return;
+            }
             if (!p->drop)
                 px_write(p, ev, elen);
             evbuffer_drain(p->pend, elen);
@@ -537,27 +579,78 @@ static void up_head(void *arg, const qg_upresp *ur)
     }
 }
 
+/* A non-streamed answer that cannot be held whole to read its usage
+ * (docs/proxy.md, "Answers too large to hold"): past MAX_BUFFERED_BODY it
+ * is 502 upstream_response_too_large, out of memory 500.  Never a 200
+ * with a damaged body.  The upstream call is cancelled at once (its
+ * connection closed, never pooled) and the request settled once: a 2xx
+ * answer at its reservation in full, status cancelled (the usage is in
+ * the part never read, and the upstream produced at least that much),
+ * with a detail (and, too large, the anomaly metric); an error answer by
+ * its status's own rule (failed; a 429 charges nothing).  From up_body,
+ * inside the upstream client's callback: p is freed. */
+static void px_cut_buffered(px *p, int oom)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "the upstream's answer passed %u bytes "
+             "(64 MiB), the most a non-streamed answer may hold to read its "
+             "usage: it was cut off and not passed on", MAX_BUFFERED_BODY);
+    px_cancel_upstream(p);
+    if (p->status >= 200 && p->status <= 299) {
+        int64_t out = p->info.max_output_tokens;
+        px_charge c = {.in = p->in_est,
+                       .out = out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE : out,
+                       .est = 1};
+        char what[160];
+        if (oom)
+            snprintf(what, sizeof what, "out of memory holding the "
+                     "response body: cut off, usage unread, charged the "
+                     "reservation");
+        else
+            snprintf(what, sizeof what, "the response body passed %u "
+                     "bytes: cut off, usage unread, charged the reservation",
+                     MAX_BUFFERED_BODY);
+        /* QG_ANOMALY_COUNT: the detail and the log line, no metric */
+        px_anomaly(p, &c, oom ? QG_ANOMALY_COUNT
+                              : QG_ANOMALY_RESPONSE_TOO_LARGE, what);
+        px_settle_with(p, QG_SETTLE_CANCELLED, &c);
+    } else {
+        p->no_charge = p->status == 429;
+        px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
+    }
+    if (oom)
+        px_reply_error(p, 500, "internal_error", "out of memory");
+    else
+        px_reply_error(p, 502, "upstream_response_too_large", msg);
+}
+
 /* A piece of the upstream's (de-chunked) body, as it arrives. */
 static void up_body(void *arg, const char *data, size_t n)
 {
     px *p = arg;
     if (n == 0)
         return;
-    if (p->streaming) {
+    if (p->streaming)
         px_stream_bytes(p, data, n);    /* written at up_read_end */
-    } else if (evbuffer_get_length(p->body) + n <= MAX_BUFFERED_BODY) {
-        evbuffer_add(p->body, data, n);
-    }
+    else if (n > MAX_BUFFERED_BODY - evbuffer_get_length(p->body))
+        px_cut_buffered(p, 0);          /* p is gone */
+    else if (px_add(p->body, data, n, "answer body") != 0)
+        px_cut_buffered(p, 1);          /* p is gone */
 }
 
 /* The upstream answered whole (non-stream). */
 static void px_finish_buffered(px *p)
 {
     size_t len = evbuffer_get_length(p->body);
-    const char *body = len ? (const char *)evbuffer_pullup(p->body, -1) : "";
+    const char *body = px_pullup(p->body, "answer body pullup");
     qg_settle_status ok = p->client_gone ? QG_SETTLE_CANCELLED
                                          : QG_SETTLE_COMPLETED;
     char msg[160];
+
+    if (!body) {                        /* out of memory: unreadable */
+        px_cut_buffered(p, 1);
+        return;
+    }
 
     if (p->status >= 500) {
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
@@ -635,7 +728,11 @@ static void up_done(void *arg, int uerr)
     /* a stream that ended: flush a last partial event, settle, end */
     if (p->filter && evbuffer_get_length(p->pend)) {
         size_t n = evbuffer_get_length(p->pend);
-        px_write(p, (const char *)evbuffer_pullup(p->pend, -1), n);
+        const char *ev = px_pullup(p->pend, "stream event pullup");
+        if (ev)
+            px_write(p, ev, n);
+        else
+            px_schedule_abort(p);       /* cut, not passed on short */
         evbuffer_drain(p->pend, n);
         px_flush(p);
     }
@@ -734,14 +831,16 @@ static int has_eol(const char *s, size_t n)
 /* The request line and headers sent upstream, into out: the caller's
  * headers that go upstream (those longer than the old evhttp-based
  * client's limits are dropped, as before), then the proxy's own.
- * Returns 0, or -1 when a header cannot be forwarded. */
+ * Returns 0, QG_EINVAL when a header cannot be forwarded (a CR or LF in
+ * it), or QG_ENOMEM. */
 static int up_headers(px *p, struct evbuffer *out, size_t body_len)
 {
     const qg_http_req *r = p->r;
     const char *key = getenv("QUOTAGATE_UPSTREAM_KEY");
     int have_ctype = 0, rc = 0;
 
-    rc |= evbuffer_add_printf(out, "POST %s%s HTTP/1.1\r\nHost: %s\r\n",
+    rc |= qg__alloc_fails("request head") ||
+          evbuffer_add_printf(out, "POST %s%s HTTP/1.1\r\nHost: %s\r\n",
                               qg_upstream_prefix(p->up), r->path,
                               qg_upstream_host(p->up)) < 0;
     for (int i = 0; i < r->nheaders; i++) {
@@ -750,29 +849,32 @@ static int up_headers(px *p, struct evbuffer *out, size_t body_len)
             h->name_len >= 256 || h->value_len >= 8192)
             continue;
         if (has_eol(h->name, h->name_len) || has_eol(h->value, h->value_len))
-            return -1;
+            return QG_EINVAL;
         if (h->name_len == 12 && strncasecmp(h->name, "content-type", 12) == 0)
             have_ctype = 1;
-        rc |= evbuffer_add(out, h->name, h->name_len);
-        rc |= evbuffer_add(out, ": ", 2);
-        rc |= evbuffer_add(out, h->value, h->value_len);
-        rc |= evbuffer_add(out, "\r\n", 2);
+        rc |= px_add(out, h->name, h->name_len, "request head");
+        rc |= px_add(out, ": ", 2, "request head");
+        rc |= px_add(out, h->value, h->value_len, "request head");
+        rc |= px_add(out, "\r\n", 2, "request head");
     }
-    rc |= evbuffer_add_printf(out, "Content-Length: %zu\r\nX-Request-Id: "
+    rc |= qg__alloc_fails("request head") ||
+          evbuffer_add_printf(out, "Content-Length: %zu\r\nX-Request-Id: "
                               "%s\r\n%s", body_len, p->rid,
                               have_ctype ? "" : "Content-Type: "
                                                 "application/json\r\n") < 0;
     if (key && *key) {
         if (has_eol(key, strlen(key)))
-            return -1;
+            return QG_EINVAL;
         if (p->shape == QG_SHAPE_OPENAI)
-            rc |= evbuffer_add_printf(out, "Authorization: Bearer %s\r\n",
+            rc |= qg__alloc_fails("request head") ||
+                  evbuffer_add_printf(out, "Authorization: Bearer %s\r\n",
                                       key) < 0;
         else
-            rc |= evbuffer_add_printf(out, "x-api-key: %s\r\n", key) < 0;
+            rc |= qg__alloc_fails("request head") ||
+                  evbuffer_add_printf(out, "x-api-key: %s\r\n", key) < 0;
     }
-    rc |= evbuffer_add(out, "\r\n", 2);
-    return rc ? -1 : 0;
+    rc |= px_add(out, "\r\n", 2, "request head");
+    return rc ? QG_ENOMEM : QG_OK;
 }
 
 /* The upstream client's callbacks (upstream.h). */
@@ -909,7 +1011,7 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
                                  "an integer max_tokens)");
         return;
     }
-    if (!(p = calloc(1, sizeof *p))) {
+    if (qg__alloc_fails("px") || !(p = calloc(1, sizeof *p))) {
         qg_reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
@@ -956,7 +1058,7 @@ static void px_admit(px *p)
     const qg_rules *rules;
     const qg_overage *ov = NULL;
     char *nbody = NULL;
-    const char *body = r->body;
+    const char *body = r->body, *head;
     size_t blen = r->body_len, nlen;
     int added = 0, rewrite_failed = 0, queue_full = 0, rc;
     int64_t now;
@@ -1093,7 +1195,8 @@ static void px_admit(px *p)
     p->in_est = info->input_tokens_estimate;
     p->caller_stream = info->stream;
     if (p->shape == QG_SHAPE_OPENAI && (info->stream || p->dg_from[0])) {
-        if (qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
+        if (!qg__alloc_fails("rewritten body") &&
+            qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
                                       &added,
                                       p->dg_from[0] ? p->dg_model : NULL) ==
             QG_OK) {
@@ -1104,7 +1207,8 @@ static void px_admit(px *p)
             rewrite_failed = 1;
         }
     } else if (p->dg_from[0]) {
-        if (qg_request_replace_model(r->body, r->body_len, p->dg_model,
+        if (!qg__alloc_fails("rewritten body") &&
+            qg_request_replace_model(r->body, r->body_len, p->dg_model,
                                      &nbody, &nlen) == QG_OK) {
             body = nbody;
             blen = nlen;
@@ -1113,9 +1217,11 @@ static void px_admit(px *p)
         }
     }
     px_link(p);
-    if (!(p->body = evbuffer_new()) || !(p->pend = evbuffer_new()) ||
-        !(p->outq = evbuffer_new()) ||
+    if (!(p->body = px_evbuffer("answer buffer")) ||
+        !(p->pend = px_evbuffer("event buffer")) ||
+        !(p->outq = px_evbuffer("output buffer")) ||
         !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
+        qg__alloc_fails("abort timer") ||
         !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p))) {
         free(nbody);
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
@@ -1130,17 +1236,21 @@ static void px_admit(px *p)
         return;
     }
     /* the request head is built in p->pend (empty until the stream) */
-    if (up_headers(p, p->pend, blen) < 0) {
+    if ((rc = up_headers(p, p->pend, blen)) != QG_OK) {
         free(nbody);
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
-        px_reply_error(p, 400, "invalid_request",
-                       "a request header cannot be forwarded");
+        if (rc == QG_ENOMEM)
+            px_reply_error(p, 500, "internal_error", "out of memory");
+        else
+            px_reply_error(p, 400, "invalid_request",
+                           "a request header cannot be forwarded");
         return;
     }
-    p->call = qg_upstream_send(p->up, p->worker, p->base,
-                               (const char *)evbuffer_pullup(p->pend, -1),
-                               evbuffer_get_length(p->pend), body, blen,
-                               &up_cbs, p);
+    head = px_pullup(p->pend, "request head pullup");
+    if (head)
+        p->call = qg_upstream_send(p->up, p->worker, p->base, head,
+                                   evbuffer_get_length(p->pend), body, blen,
+                                   &up_cbs, p);
     evbuffer_drain(p->pend, evbuffer_get_length(p->pend));
     free(nbody);
     if (!p->call) {

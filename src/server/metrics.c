@@ -494,7 +494,8 @@ static void render_decisions(qg_metrics *m, FILE *f, uint64_t *total,
 }
 
 static const char *const anomaly_kind[QG_ANOMALY_COUNT] = {
-    "output_over_max_tokens", "output_over_bound", "input_over_bound"};
+    "output_over_max_tokens", "output_over_bound", "input_over_bound",
+    "response_too_large"};
 
 static void render_settles(qg_metrics *m, FILE *f)
 {

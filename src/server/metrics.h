@@ -11,7 +11,8 @@
  *   quotagate_settle_mismatch_weight_total{direction}  points of those gaps
  *   quotagate_proxy_usage_anomalies_total{kind}  proxied calls charged
  *       other than the upstream reported (docs/proxy.md): kind
- *       output_over_max_tokens | output_over_bound | input_over_bound
+ *       output_over_max_tokens | output_over_bound | input_over_bound |
+ *       response_too_large (usage unread: charged the reservation)
  *   quotagate_http_requests_total{route,code}
  *   quotagate_refusal_ratio  refusals / decisions since start
  *   quotagate_ledger_queue_depth, quotagate_ledger_commits_total,
@@ -142,6 +143,7 @@ typedef enum qg_metrics_anomaly {
     QG_ANOMALY_OUTPUT_OVER_CAP = 0,   /* output above max_tokens */
     QG_ANOMALY_OUTPUT_OVER_BOUND,     /* output above QG_TOKENS_MAX */
     QG_ANOMALY_INPUT_OVER_BOUND,      /* input above QG_TOKENS_MAX */
+    QG_ANOMALY_RESPONSE_TOO_LARGE,    /* a buffered answer over 64 MiB */
     QG_ANOMALY_COUNT
 } qg_metrics_anomaly;
 void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind);

@@ -686,6 +686,167 @@ static void test_upstream_timeout(void **state)
     assert_int_equal(row.out, 1);               /* message_start's count */
 }
 
+/* Issue 8, failure 5: a non-streamed answer over the 64 MiB the proxy
+ * holds to read its usage was passed on cut (200, a damaged body).  Now:
+ * 502 upstream_response_too_large as soon as it passes the bound, the
+ * upstream call cancelled, one settle at the reservation (cancelled,
+ * estimated), the slot freed (plan single: concurrency 1, so the next
+ * call is admitted only if it was) and the server serving.  The double's
+ * big=MIB makes the body as it goes (Content-Length; big-chunked: chunked
+ * coding), for both API shapes. */
+static void test_body_too_large(void **state)
+{
+    const char *s = new_subject("single"), *key = new_key(s);
+    const char *rid = tst_uid("big"), *detail;
+    const char *h[5] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: big=1", NULL};
+    http_resp *r;
+    json_t *j;
+    lrow row;
+    (void)state;
+    /* under the bound: passed on whole (1 MiB of text, valid JSON) */
+    r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+    WANT(r, 200, "a 1 MiB answer");
+    j = tst_jparse(r, "1 MiB");
+    assert_int_equal(strlen(tst_jstr(json_object_get(json_array_get(
+                         json_object_get(j, "choices"), 0), "message"),
+                         "content", "1 MiB")), 1u << 20);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    /* over it, with Content-Length */
+    rid = tst_uid("big");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = "X-Double-Mode: big=65";
+    r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+    WANT(r, 502, "a 65 MiB answer");
+    assert_string_equal(tst_error_type(r, "65 MiB"),
+                        "upstream_response_too_large");
+    assert_non_null(strstr(r->body, "67108864 bytes"));
+    assert_string_equal(hdr(r, "X-Request-Id", "65 MiB"), rid);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);            /* cancelled */
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);                /* the reservation: */
+    assert_int_equal(row.out, 7);               /* input estimate, max_tokens */
+    assert_int_equal(row.weight_milli, 1012);
+    detail = tst_ledger_cols(P.data, rid, "detail", 1, 1)[0];
+    if (!strstr(detail, "passed 67108864 bytes"))
+        fail_msg("detail: %s", detail);
+    /* the slot was freed and the server serves */
+    WANT(post("/v1/chat/completions",
+              (const char *const[]){h[0], NULL}, openai_body(0, 2, NULL)),
+         200, "after the 65 MiB answer");
+    assert_true(NEAR(used_in(s), 1.0 + 12 / 1000.0 + 1.0 + 12 / 1000.0 +
+                                     1.0 + 7 / 1000.0));
+    /* Anthropic, chunked; no max_tokens cut of the text changes that */
+    rid = tst_uid("bigc");
+    h[0] = tst_fmt("x-api-key: %s", key);
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = "X-Double-Mode: big-chunked=65";
+    h[3] = "anthropic-version: 2023-06-01";
+    r = post("/v1/messages", h, anthropic_body(0, 9));
+    WANT(r, 502, "a 65 MiB chunked answer");
+    assert_string_equal(tst_error_type(r, "65 MiB chunked"),
+                        "upstream_response_too_large");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 9);
+    assert_int_equal(row.weight_milli, 1014);
+    h[1] = "anthropic-version: 2023-06-01";
+    h[2] = NULL;
+    WANT(post("/v1/messages", h, anthropic_body(0, 2)), 200,
+         "after the 65 MiB chunked answer");
+}
+
+/* The port the double saw the last API request come from (its
+ * connection from the gateway). */
+static int double_last_port(void)
+{
+    return (int)tst_jnum(double_last(), "peer_port", "last");
+}
+
+/* The text of an OpenAI answer's first choice. */
+static const char *choice_text(const http_resp *r, const char *what)
+{
+    json_t *j = tst_jparse(r, what);
+    return tst_jstr(json_object_get(json_array_get(json_object_get(j,
+                        "choices"), 0), "message"), "content", what);
+}
+
+/* Issue 8: two upstream responses in one write reached the caller joined
+ * (the parser went on into the second).  The double's twice mode writes
+ * its answer and then a second complete response in the same write.  The
+ * caller must get exactly the first (its body, valid JSON, its
+ * Content-Length) and be charged its usage, not the second's; the
+ * connection must be closed, not pooled: the next call goes out on
+ * another connection (the double sees another client port) and gets a
+ * fresh, correct answer, not the stale second response. */
+static void test_two_responses_one_write(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("twice");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: twice", NULL};
+    http_resp *r;
+    lrow row;
+    int port;
+    (void)state;
+    for (int shape = 0; shape < 2; shape++) {
+        rid = tst_uid("twice");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+            WANT(r, 200, "twice");
+            assert_string_equal(choice_text(r, "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        } else {
+            h[0] = tst_fmt("x-api-key: %s", key);
+            r = post("/v1/messages", h, anthropic_body(0, 7));
+            WANT(r, 200, "twice, anthropic");
+            assert_string_equal(tst_jstr(json_array_get(json_object_get(
+                                    tst_jparse(r, "twice"), "content"), 0),
+                                    "text", "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        }
+        assert_null(strstr(r->body, "stale"));
+        assert_int_equal(strlen(r->body), r->body_len);
+        assert_int_equal(atol(hdr(r, "Content-Length", "twice")),
+                         (long)r->body_len);
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 7);
+        port = double_last_port();
+        /* the next call on that worker's pool: a fresh connection */
+        rid = tst_uid("after");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        h[2] = NULL;
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 3, NULL));
+            WANT(r, 200, "after twice");
+            assert_string_equal(choice_text(r, "after twice"),
+                                "tok0 tok1 tok2");
+        } else {
+            r = post("/v1/messages", h, anthropic_body(0, 3));
+            WANT(r, 200, "after twice, anthropic");
+            assert_null(strstr(r->body, "stale"));
+        }
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 3);
+        if (double_last_port() == port)
+            fail_msg("the connection that carried a second response was "
+                     "reused (port %d)", port);
+        h[2] = "X-Double-Mode: twice";
+    }
+}
+
 static void test_refusal(void **state)
 {
     const char *s = new_subject("tiny"), *key = new_key(s);
@@ -1649,6 +1810,8 @@ int main(void)
         cmocka_unit_test_teardown(test_upstream_429, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_500, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_timeout, gc_teardown),
+        cmocka_unit_test_teardown(test_body_too_large, gc_teardown),
+        cmocka_unit_test_teardown(test_two_responses_one_write, gc_teardown),
         cmocka_unit_test_teardown(test_refusal, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),
@@ -1665,5 +1828,7 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_waits_again, gc_teardown),
         cmocka_unit_test_teardown(test_backpressure_events, gc_teardown),
     };
+    if (getenv("QG_TEST_FILTER"))           /* e.g. "*too_large*" */
+        cmocka_set_test_filter(getenv("QG_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
