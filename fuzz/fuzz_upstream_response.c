@@ -1,5 +1,5 @@
 /* fuzz_upstream_response.c - the proxy's upstream response reader (our
- * HTTP/1.1 client, src/proxy/upstream.c: qg_upstream_send, its parser
+ * HTTP/1.1 client, src/proxy/upstream.c: qg__upstream_send, its parser
  * callbacks, the end of a response, the keep-alive pool) fed arbitrary
  * bytes as an upstream's answer over a real loopback connection, in this
  * thread.
@@ -309,7 +309,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         listen(lfd, 16) != 0)
         abort();
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port_of(lfd));
-    if (!(up = qg_upstream_new(url, 1, 600000000, NULL, err, sizeof err))) {
+    if (!(up = qg__upstream_new(url, 1, 600000000, NULL, err, sizeof err))) {
         fprintf(stderr, "fuzz_upstream_response: %s\n", err);
         abort();
     }
@@ -408,7 +408,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     G.blen = 0;
     memset(&G.head, 0, sizeof G.head);
 
-    call = qg_upstream_send(up, 0, base, REQ_HEAD, sizeof REQ_HEAD - 1,
+    call = qg__upstream_send(up, 0, base, REQ_HEAD, sizeof REQ_HEAD - 1,
                             REQ_BODY, sizeof REQ_BODY - 1, &cbs, NULL);
     if (!call)
         abort();
@@ -441,11 +441,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     pump();
     peer_closed |= drain(sfd, &req_got);
-    pooled = G.dones ? qg_upstream_connections(up) : 0;
+    pooled = G.dones ? qg__upstream_connections(up) : 0;
     /* the close: every call ends, no connection is left */
     shutdown(sfd, SHUT_WR);
     turns = 0;
-    while (!G.dones || qg_upstream_connections(up) > 0) {
+    while (!G.dones || qg__upstream_connections(up) > 0) {
         pump();
         if (++turns > PUMP_LIMIT)
             FAIL(G.dones ? "a connection outlived the upstream's close"

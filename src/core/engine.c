@@ -227,7 +227,7 @@ static int64_t window_reach(const qg_window_spec *w, int n)
             /* a full bucket drains in burst/limit periods */
             int64_t b = w[i].burst_milli > 0 ? w[i].burst_milli
                                              : w[i].limit_milli;
-            r = sat_mul(w[i].length_ms, qg_ceil_div(b, w[i].limit_milli));
+            r = sat_mul(w[i].length_ms, qg__ceil_div(b, w[i].limit_milli));
             break;
         }
         case QG_WIN_CONCURRENCY:
@@ -295,7 +295,7 @@ qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
     if (!e)
         return NULL;
     e->store = store;
-    if (!(e->utc = qg_tz_utc())) {
+    if (!(e->utc = qg__tz_utc())) {
         free(e);
         return NULL;
     }
@@ -330,7 +330,7 @@ void qg_engine_free(qg_engine *e)
     }
     gen_free_chain(atomic_load(&e->cur));
     pthread_mutex_destroy(&e->reload_mu);
-    qg_tz_free(e->utc);
+    qg__tz_free(e->utc);
     free(e);
 }
 
@@ -364,11 +364,11 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
                 continue;
             pn = old->rules->plans[s->plan].name;
             on = s->org >= 0 ? old->rules->orgs[s->org].name : NULL;
-            if (qg_rules_find_plan(rules, pn) < 0) {
+            if (qg__rules_find_plan(rules, pn) < 0) {
                 qg__errf(err, errcap, "the new rules drop plan \"%s\", which "
                        "subjects use", pn);
                 rc = QG_EINVAL;
-            } else if (on && qg_rules_find_org(rules, on) < 0) {
+            } else if (on && qg__rules_find_org(rules, on) < 0) {
                 qg__errf(err, errcap, "the new rules drop org \"%s\", which "
                        "subjects use", on);
                 rc = QG_EINVAL;
@@ -380,10 +380,10 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
                 subject *s = &e->reg[i].slots[j];
                 if (!s->name)
                     continue;
-                s->plan = qg_rules_find_plan(rules,
+                s->plan = qg__rules_find_plan(rules,
                                              old->rules->plans[s->plan].name);
                 if (s->org >= 0)
-                    s->org = qg_rules_find_org(rules,
+                    s->org = qg__rules_find_org(rules,
                                                old->rules->orgs[s->org].name);
             }
         g->prev = old;
@@ -411,11 +411,11 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
     }
     const qg_rules *r = cur_gen(e)->rules;
 
-    if (!plan || (p = qg_rules_find_plan(r, plan)) < 0) {
+    if (!plan || (p = qg__rules_find_plan(r, plan)) < 0) {
         qg__errf(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
         return QG_EINVAL;
     }
-    if (org && *org && (o = qg_rules_find_org(r, org)) < 0) {
+    if (org && *org && (o = qg__rules_find_org(r, org)) < 0) {
         qg__errf(err, errcap, "unknown org \"%s\"", org);
         return QG_EINVAL;
     }
@@ -496,7 +496,7 @@ static void cap_period(const qg_engine *e, int64_t anchor_ms, int64_t at_ms,
                        int64_t *start, int64_t *end)
 {
     qg_calendar_spec c = {QG_EVERY_MONTH, 0, 1, 0, 1, e->utc};
-    if (qg_calendar_period(&c, anchor_ms, at_ms, start, end) != 0) {
+    if (qg__calendar_period(&c, anchor_ms, at_ms, start, end) != 0) {
         *start = 0;
         *end = INT64_MAX;
     }
@@ -577,7 +577,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                             errcap)) != QG_OK)
             return rc;
         in.model_spec = &r->models[in.model];
-        in.weight_milli = qg_weight_milli(in.model_spec, req->input_tokens,
+        in.weight_milli = qg__weight_milli(in.model_spec, req->input_tokens,
                                           out_tokens);
         if (in.weight_milli > QG_AMOUNT_MAX_MILLI) {
             qg__errf(err, errcap, "the weight of input_tokens and "

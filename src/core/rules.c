@@ -55,7 +55,7 @@ void qg_rules_free(qg_rules *r)
         free(r->subjects[i].name);
     free(r->subjects);
     for (i = 0; r->zones && i < r->nzones; i++)
-        qg_tz_free(r->zones[i]);
+        qg__tz_free(r->zones[i]);
     free(r->zones);
     free(r->path);
     free(r->version);
@@ -64,7 +64,7 @@ void qg_rules_free(qg_rules *r)
     free(r);
 }
 
-void qg_diag_format(const qg_diag *d, char *buf, size_t cap)
+void qg__diag_format(const qg_diag *d, char *buf, size_t cap)
 {
     if (!buf || cap == 0)
         return;
@@ -128,7 +128,7 @@ void qg__rules_payg(qg_rules *r)
 
 /* Each array holds structs whose first field is not always the name, so
  * one small loop per kind keeps the types honest. */
-int qg_rules_find_plan(const qg_rules *r, const char *name)
+int qg__rules_find_plan(const qg_rules *r, const char *name)
 {
     int i;
     for (i = 0; r && name && i < r->nplans; i++)
@@ -217,7 +217,7 @@ int qg__rules_index_subjects(qg_rules *r)
                     offsetof(qg_subject_spec, name), r->nsubjects);
 }
 
-int qg_rules_find_org(const qg_rules *r, const char *name)
+int qg__rules_find_org(const qg_rules *r, const char *name)
 {
     int i;
     if (r && name &&
@@ -244,7 +244,27 @@ int qg_rules_find_subject(const qg_rules *r, const char *name)
     return -1;
 }
 
-const qg_window_spec *qg_plan_find_window(const qg_plan *p, const char *name)
+int qg_rules_admits_subject(const qg_rules *r, const char *name)
+{
+    return r->default_plan >= 0 || qg_rules_find_subject(r, name) >= 0;
+}
+
+const char *qg_rules_version(const qg_rules *r)
+{
+    return r->version;
+}
+
+const char *qg_rules_path(const qg_rules *r)
+{
+    return r->path;
+}
+
+const char *qg_rules_unit(const qg_rules *r)
+{
+    return r->unit;
+}
+
+const qg_window_spec *qg__plan_find_window(const qg_plan *p, const char *name)
 {
     int i;
     for (i = 0; p && name && i < p->nwindows; i++)

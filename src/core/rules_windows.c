@@ -36,7 +36,7 @@ static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
     if (c->tzr)
         z = c->tzr(name, c->tzud, err, sizeof err);
     else
-        z = strcmp(name, "UTC") == 0 ? qg_tz_utc() : NULL;
+        z = strcmp(name, "UTC") == 0 ? qg__tz_utc() : NULL;
     if (!z)
         return qg__y_fail(&c->y, n, path, "unknown time zone \"%s\"%s%s", name,
                           err[0] ? ": " : "", err);
@@ -49,7 +49,7 @@ static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
         c->zone_names = names;
     if (!copy || !zones || !names) {
         free(copy);
-        qg_tz_free(z);
+        qg__tz_free(z);
         return qg__y_oom(&c->y, n);
     }
     c->r->zones[c->r->nzones] = z;

@@ -14,10 +14,10 @@
  * current one is answered (and its response fully handed to the kernel:
  * that is the backpressure on a client that does not read).
  *
- * Lifetime: code reached from an event callback or qg_http_respond only
+ * Lifetime: code reached from an event callback or qg__http_respond only
  * marks a connection want_close; the outermost entry point (nest == 0)
  * closes it in conn_end.  While the handler holds the request (busy) the
- * object outlives its socket, and qg_http_respond frees it.  Closing a
+ * object outlives its socket, and qg__http_respond frees it.  Closing a
  * held request's socket (the client's EOF or reset, a failed write, a
  * write stuck past idle_timeout_ms) marks it gone and runs the owner's
  * on_close hook from notify_ev, a per-connection event activated by hand
@@ -760,7 +760,7 @@ static void req_release(qg__conn *c)
     event_del(&c->notify_ev);
 }
 
-/* A started stream released by qg_http_respond: send what is queued,
+/* A started stream released by qg__http_respond: send what is queued,
  * then close without the terminating chunk (a truncated response). */
 static void stream_abort(qg__conn *c)
 {
@@ -777,7 +777,7 @@ static void stream_abort(qg__conn *c)
     conn_end(c);
 }
 
-void qg_http_respond(qg_http_req *r, int status,
+void qg__http_respond(qg_http_req *r, int status,
                      const qg_http_out_header *headers, int nheaders,
                      const char *content_type, const char *body, size_t len)
 {
@@ -811,7 +811,7 @@ void qg_http_respond(qg_http_req *r, int status,
     conn_end(c);
 }
 
-int qg_http_stream_start(qg_http_req *r, int status,
+int qg__http_stream_start(qg_http_req *r, int status,
                          const qg_http_out_header *headers, int nheaders,
                          const char *content_type)
 {
@@ -841,7 +841,7 @@ int qg_http_stream_start(qg_http_req *r, int status,
     return rc;
 }
 
-int qg_http_stream_write(qg_http_req *r, const char *data, size_t len)
+int qg__http_stream_write(qg_http_req *r, const char *data, size_t len)
 {
     qg__conn *c = r ? r->priv : NULL;
     size_t hw;
@@ -870,7 +870,7 @@ int qg_http_stream_write(qg_http_req *r, const char *data, size_t len)
     return rc;
 }
 
-void qg_http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg)
+void qg__http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg)
 {
     qg__conn *c = r ? r->priv : NULL;
     if (!c || !c->busy)
@@ -881,7 +881,7 @@ void qg_http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg)
         notify_kick(c);
 }
 
-void qg_http_stream_end(qg_http_req *r)
+void qg__http_stream_end(qg_http_req *r)
 {
     qg__conn *c = r ? r->priv : NULL;
     int started, chunked;
@@ -906,7 +906,7 @@ void qg_http_stream_end(qg_http_req *r)
     conn_end(c);
 }
 
-void qg_http_on_close(qg_http_req *r, void (*fn)(void *), void *arg)
+void qg__http_on_close(qg_http_req *r, void (*fn)(void *), void *arg)
 {
     qg__conn *c = r ? r->priv : NULL;
     if (!c || !c->busy)
@@ -917,7 +917,7 @@ void qg_http_on_close(qg_http_req *r, void (*fn)(void *), void *arg)
         notify_kick(c);
 }
 
-struct event_base *qg_http_req_base(qg_http_req *r)
+struct event_base *qg__http_req_base(qg_http_req *r)
 {
     qg__conn *c = r ? r->priv : NULL;
     return c ? c->w->base : NULL;

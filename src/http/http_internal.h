@@ -83,7 +83,7 @@ typedef struct qg__worker {
     time_t date_sec;           /* Date header cache, per second */
     char date[40];
 
-    /* Counters, written by the worker, read by qg_http_server_stats. */
+    /* Counters, written by the worker, read by qg__http_server_stats. */
     _Alignas(64) _Atomic uint64_t st_open;
     _Atomic uint64_t st_total, st_requests, st_errors;
     _Atomic uint64_t st_drops[QG_HTTP_DROP_COUNT];
@@ -216,7 +216,7 @@ void qg__conns_begin_stop(qg__worker *w);
 /* Connections the stopping worker still waits for (unwritten output). */
 int qg__conns_draining(const qg__worker *w);
 /* Close every socket; free connections unless a handler still holds
- * their request (final: free those too, at qg_http_server_free). */
+ * their request (final: free those too, at qg__http_server_free). */
 void qg__conns_release(qg__worker *w, int final);
 
 /* server.c */

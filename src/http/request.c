@@ -361,7 +361,7 @@ void qg__conn_dispatch(qg__conn *c)
     w->srv->handler(r, w->srv->ud);
 }
 
-const char *qg_http_header_get(const qg_http_req *r, const char *name,
+const char *qg__http_header_get(const qg_http_req *r, const char *name,
                                size_t *len)
 {
     size_t n = strlen(name);

@@ -3,7 +3,7 @@
  * Three connections to one file, each used by one thread at a time:
  *  - the writer's, owned by the writer thread: every request row goes
  *    through it, in batches, one transaction per batch (group commit);
- *  - the scan connection (scan_mu): qg_ledger_scan streams rows from it
+ *  - the scan connection (scan_mu): qg__ledger_scan streams rows from it
  *    while the writer goes on (WAL readers see a snapshot, never block);
  *  - the lookup connection (get_mu): single rows by request id (get),
  *    asked by the server for every request id its counters do not

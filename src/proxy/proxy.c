@@ -8,7 +8,7 @@
 #include "respscan.h"
 #include "usage.h"
 
-size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len)
+size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
         char c = buf[i];
@@ -51,13 +51,13 @@ static int64_t tool_call_bytes(json_t *calls)
     return n;
 }
 
-int64_t qg_content_bytes_openai_chunk(const char *data, size_t len)
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len)
 {
     qg__resp r;
     return qg__resp_scan(data, len, &r) == 0 ? r.openai_chunk_bytes : 0;
 }
 
-int64_t qg_content_bytes_anthropic_event(const char *data, size_t len)
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len)
 {
     qg__resp r;
     return qg__resp_scan(data, len, &r) == 0 ? r.anthropic_event_bytes : 0;
@@ -66,7 +66,7 @@ int64_t qg_content_bytes_anthropic_event(const char *data, size_t len)
 /* A whole body stays on jansson: Anthropic's tool_use input is counted as
  * its compact JSON text, which needs the tree (and this runs only when
  * the upstream reported no output count). */
-int64_t qg_content_bytes_json(const char *body, size_t len, int shape)
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape)
 {
     json_t *j = json_loadb(body, len, 0, NULL), *x;
     size_t i;
@@ -96,7 +96,7 @@ int64_t qg_content_bytes_json(const char *body, size_t len, int shape)
     return n;
 }
 
-int qg_proxy_forward_header(const char *name, size_t len)
+int qg__proxy_forward_header(const char *name, size_t len)
 {
     static const char *const drop[] = {
         "authorization", "x-api-key", "connection", "keep-alive", "te",

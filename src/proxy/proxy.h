@@ -24,7 +24,7 @@ typedef struct qg_sse_split {
  * covers all len bytes).  Call again on the rest after a boundary.  A
  * boundary that ends with a CR whose LF is in the next piece leaves that
  * LF to the next event (an empty line there, which dispatches nothing). */
-size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len);
+size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len);
 
 /* Bytes of generated text: an OpenAI chat.completion.chunk payload
  * (choices[].delta.content and tool call arguments), an Anthropic stream
@@ -35,9 +35,9 @@ size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len);
  * decoded UTF-8 text (an escape counts as the bytes it stands for; a
  * \u0000 counts 1 in a stream event).  0 when there is none or the text
  * is not JSON. */
-int64_t qg_content_bytes_openai_chunk(const char *data, size_t len);
-int64_t qg_content_bytes_anthropic_event(const char *data, size_t len);
-int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len);
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len);
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape);
 
 /* 1 when the caller's request header `name` is passed upstream: every
  * header except the caller's credentials (Authorization, x-api-key,
@@ -45,6 +45,6 @@ int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
  * Transfer-Encoding, Upgrade, Proxy-*), Host and Content-Length (set by
  * the proxy), Accept-Encoding (usage is read from the response, so it
  * must not be compressed) and X-Request-Id (set by the proxy). */
-int qg_proxy_forward_header(const char *name, size_t len);
+int qg__proxy_forward_header(const char *name, size_t len);
 
 #endif

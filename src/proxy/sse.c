@@ -64,7 +64,7 @@ static int buf_put(sse_buf *b, const char *src, size_t n, size_t limit)
     return 0;
 }
 
-qg_sse *qg_sse_new(size_t max_event_bytes)
+qg_sse *qg__sse_new(size_t max_event_bytes)
 {
     qg_sse *p = qg__alloc_fails("sse parser") ? NULL : calloc(1, sizeof *p);
     if (!p)
@@ -76,7 +76,7 @@ qg_sse *qg_sse_new(size_t max_event_bytes)
     return p;
 }
 
-void qg_sse_free(qg_sse *p)
+void qg__sse_free(qg_sse *p)
 {
     if (!p)
         return;
@@ -185,7 +185,7 @@ static int feed_lines(qg_sse *p, const char *buf, size_t len,
     return 0;
 }
 
-int qg_sse_feed(qg_sse *p, const char *buf, size_t len,
+int qg__sse_feed(qg_sse *p, const char *buf, size_t len,
                 qg_sse_event_cb on_event, void *ud)
 {
     int rc = 0;
@@ -212,7 +212,7 @@ int qg_sse_feed(qg_sse *p, const char *buf, size_t len,
     return rc;
 }
 
-int qg_sse_finish(qg_sse *p)
+int qg__sse_finish(qg_sse *p)
 {
     int rc = p->failed;
     if (rc == 0 && (p->line.len || p->in_comment || p->have_data ||

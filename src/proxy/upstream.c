@@ -92,7 +92,7 @@ struct qg_upcall {
     size_t hcap, hlen;
 };
 
-qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
+qg_upstream *qg__upstream_new(const char *url, int workers, int timeout_ms,
                              const char *ca_file, char *err, size_t errcap)
 {
     qg_upstream *u;
@@ -103,7 +103,7 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
         snprintf(err, errcap, "no upstream URL");
         return NULL;
     }
-    if (qg_url_parse(url, strlen(url), &pu, why, sizeof why) < 0) {
+    if (qg__url_parse(url, strlen(url), &pu, why, sizeof why) < 0) {
         snprintf(err, errcap, "upstream \"%s\": expected "
                  "http[s]://HOST[:PORT][/PREFIX]: %s", url, why);
         return NULL;
@@ -140,7 +140,7 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
             snprintf(err, errcap, "upstream \"%s\": cannot set up TLS%s%s",
                      url, ca_file && *ca_file ? ": cannot load CA file " : "",
                      ca_file && *ca_file ? ca_file : "");
-            qg_upstream_free(u);
+            qg__upstream_free(u);
             return NULL;
         }
         SSL_CTX_set_verify(u->ssl, SSL_VERIFY_PEER, NULL);
@@ -150,7 +150,7 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
 
 static void conn_close(qg_upcall *c);
 
-void qg_upstream_free(qg_upstream *u)
+void qg__upstream_free(qg_upstream *u)
 {
     if (!u)
         return;
@@ -163,10 +163,10 @@ void qg_upstream_free(qg_upstream *u)
     free(u);
 }
 
-const char *qg_upstream_host(const qg_upstream *u) { return u->host_hdr; }
-const char *qg_upstream_prefix(const qg_upstream *u) { return u->prefix; }
+const char *qg__upstream_host(const qg_upstream *u) { return u->host_hdr; }
+const char *qg__upstream_prefix(const qg_upstream *u) { return u->prefix; }
 
-size_t qg_upstream_connections(qg_upstream *u)
+size_t qg__upstream_connections(qg_upstream *u)
 {
     return atomic_load(&u->open);
 }
@@ -748,7 +748,7 @@ static void tls_event(struct bufferevent *bev, short what, void *arg)
 
 /* ------------------------------------------------------------- API */
 
-qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
+qg_upcall *qg__upstream_send(qg_upstream *u, int worker,
                             struct event_base *base, const char *head,
                             size_t head_len, const char *body,
                             size_t body_len, const qg_upcall_cbs *cb,
@@ -777,7 +777,7 @@ qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
     return c;                           /* errors come through on_done */
 }
 
-void qg_upcall_cancel(qg_upcall *c)
+void qg__upcall_cancel(qg_upcall *c)
 {
     if (!c || !c->cb)
         return;
@@ -789,7 +789,7 @@ void qg_upcall_cancel(qg_upcall *c)
         conn_close(c);
 }
 
-void qg_upcall_pause(qg_upcall *c, int pause)
+void qg__upcall_pause(qg_upcall *c, int pause)
 {
     struct timeval tv;
     if (!c || !c->cb || c->paused == !!pause)
@@ -838,7 +838,7 @@ struct qg_upstream_set {
     char *ca_file;
 };
 
-qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
+qg_upstream_set *qg__upstream_set_new(int workers, int timeout_ms,
                                      const char *ca_file)
 {
     qg_upstream_set *set = calloc(1, sizeof *set);
@@ -854,7 +854,7 @@ qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
     return set;
 }
 
-qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
+qg_upstream *qg__upstream_set_get(qg_upstream_set *set, const char *url,
                                  char *err, size_t errcap)
 {
     set_entry *e;
@@ -871,7 +871,7 @@ qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
         snprintf(err, errcap, "out of memory");
         goto out;
     }
-    if (!(e->up = qg_upstream_new(url, set->workers, set->timeout_ms,
+    if (!(e->up = qg__upstream_new(url, set->workers, set->timeout_ms,
                                   set->ca_file, err, errcap))) {
         free(e->url);
         free(e);
@@ -885,14 +885,14 @@ out:
     return u;
 }
 
-void qg_upstream_set_free(qg_upstream_set *set)
+void qg__upstream_set_free(qg_upstream_set *set)
 {
     if (!set)
         return;
     while (set->head) {
         set_entry *e = set->head;
         set->head = e->next;
-        qg_upstream_free(e->up);
+        qg__upstream_free(e->up);
         free(e->url);
         free(e);
     }

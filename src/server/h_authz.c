@@ -67,7 +67,7 @@ static int header_str(const qg_http_req *r, const char *name, char *buf,
                       size_t cap)
 {
     size_t n;
-    const char *v = qg_http_header_get(r, name, &n);
+    const char *v = qg__http_header_get(r, name, &n);
     if (!v)
         return 0;
     while (n && (*v == ' ' || *v == '\t')) {
@@ -98,7 +98,7 @@ static int client_key(const qg_http_req *r, char *buf, size_t cap)
             return 0;
         if (strlen(k) >= cap)
             return -1;
-        qg_row_copy(buf, cap, k);
+        qg__row_copy(buf, cap, k);
         return 1;
     }
     return header_str(r, "x-api-key", buf, cap);
@@ -194,14 +194,14 @@ static void answer(qg_server *s, qg_http_req *r, int nginx, int status,
             all[n++] = (qg_http_out_header){"X-Quotagate-Body", ascii};
         status = 403;
     }
-    qg_reply_json(s, r, status, json, all, n);
+    qg__reply_json(s, r, status, json, all, n);
     free(ascii);
 }
 
 static void fail(qg_server *s, qg_http_req *r, int nginx, int status,
                  const char *type, const char *message)
 {
-    answer(s, r, nginx, status, qg_json_error(type, message), NULL, 0);
+    answer(s, r, nginx, status, qg__json_error(type, message), NULL, 0);
 }
 
 static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
@@ -257,7 +257,7 @@ static void refresh_views(qg_server *s, const char *subject, int64_t now,
     free(u);
 }
 
-void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[ERRCAP], svc[1024], ckey[1024], subject[256], rid[256];
     char model[QG_NAME_MAX], num[64], wtext[64];
@@ -278,7 +278,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
              "mode must be nginx (or absent)");
         return;
     }
-    now = qg_server_now(s);
+    now = qg__server_now(s);
 
     /* the service key */
     has_subject = header_str(r, "x-quotagate-subject", subject,
@@ -296,7 +296,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
              "the service key is required: X-Quotagate-Key: KEY");
         return;
     }
-    role = qg_auth_identify(s->auth, svc, strlen(svc), now, NULL, 0);
+    role = qg__auth_identify(s->auth, svc, strlen(svc), now, NULL, 0);
     if (!is_service(role)) {
         fail(s, r, nginx, 401, "unauthorized",
              "the service key is not valid (X-Quotagate-Key)");
@@ -314,7 +314,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                  "X-Quotagate-Subject");
             return;
         }
-        role = qg_auth_identify(s->auth, ckey, strlen(ckey), now, who,
+        role = qg__auth_identify(s->auth, ckey, strlen(ckey), now, who,
                                 sizeof who);
         if (role != QG_ROLE_SUBJECT || !who[0]) {
             fail(s, r, nginx, 401, "unauthorized",
@@ -324,7 +324,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                      : "the client's API key is not a subject key");
             return;
         }
-        qg_row_copy(subject, sizeof subject, who);
+        qg__row_copy(subject, sizeof subject, who);
     }
 
     /* the request id */
@@ -394,7 +394,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
             return;
         }
     }
-    if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
+    if (qg__ledger_queued(s->ledger) + 1024 >= 65536) {
         fail(s, r, nginx, 503, "overloaded",
              "the ledger is behind; retry shortly");
         return;
@@ -406,20 +406,20 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
                          .input_tokens = in_tokens,
                          .max_output_tokens = max_out,
                          .weight_milli = has_model > 0 ? 0 : weight};
-    rc = qg_server_check(s, &req, now, d, &prior, err, sizeof err);
+    rc = qg__server_check(s, &req, now, d, &prior, err, sizeof err);
     if (rc != QG_OK) {
         fail_engine(s, r, nginx, rc, err);
         return;
     }
     rules = qg_engine_rules(s->engine);
-    qg_metrics_record(s->metrics, d);
+    qg__metrics_record(s->metrics, d);
     if (!d->replayed) {
-        qg_row_of_decision(&row, d, rid, subject, in_tokens,
+        qg__row_of_decision(&row, d, rid, subject, in_tokens,
                            has_model > 0
                                ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
                                               : max_out)
                                : 0);
-        if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+        if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
             fprintf(stderr, "quotagate: ledger queue full: the row of "
                     "request %s was not queued\n", rid);
         if (d->outcome == QG_ALLOW) {
@@ -433,12 +433,12 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
             if (qg_engine_settle(s->engine, &sr, now, &res, err,
                                  sizeof err) == QG_OK) {
                 qg_ledger_row srow;
-                qg_metrics_settle(s->metrics, &res);
-                qg_row_of_settle(&srow, rid, subject, QG_ROW_COMPLETED,
+                qg__metrics_settle(s->metrics, &res);
+                qg__row_of_settle(&srow, rid, subject, QG_ROW_COMPLETED,
                                  row.input_tokens, row.output_tokens, &res,
                                  now);
                 srow.estimated = has_model > 0;
-                if (qg_ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
+                if (qg__ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
                     fprintf(stderr, "quotagate: ledger queue full: the "
                             "settle of request %s was not queued\n", rid);
                 refresh_views(s, subject, now, d);
@@ -448,7 +448,7 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
             }
         }
     }
-    if (qg_headers_for_decision(d, rules, now, &hb) < 0)
+    if (qg__headers_for_decision(d, rules, now, &hb) < 0)
         hb.n = 0;
     n = 0;
     for (int i = 0; i < hb.n; i++)
@@ -468,5 +468,5 @@ void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
     extra[n++] = (qg_http_out_header){"X-Quotagate-Weight", wtext};
     extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", rid};
     answer(s, r, nginx, d->outcome == QG_ALLOW ? 200 : 429,
-           qg_json_check(d, rid, rules->unit), extra, n);
+           qg__json_check(d, rid, rules->unit), extra, n);
 }

@@ -31,7 +31,7 @@
  * written), checked on every check and settle. */
 static int ledger_full(qg_server *s)
 {
-    return qg_ledger_queued(s->ledger) + 1024 >= 65536;
+    return qg__ledger_queued(s->ledger) + 1024 >= 65536;
 }
 
 /* ---------------------------------------------------------------- check */
@@ -40,7 +40,7 @@ static const char *const check_keys[] = {
     "subject", "request_id", "model", "input_tokens", "max_output_tokens",
     "weight", NULL};
 
-void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_check(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[ERRCAP];
     const char *subject = NULL, *rid = NULL, *model = NULL;
@@ -54,22 +54,22 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
     int rc, has_weight = 0;
 
     (void)caller;
-    if (!(o = qg_reqjson_parse(r->body, r->body_len, check_keys, err,
+    if (!(o = qg__reqjson_parse(r->body, r->body_len, check_keys, err,
                                sizeof err))) {
-        qg_reply_error(s, r, 400, "invalid_request", err);
+        qg__reply_error(s, r, 400, "invalid_request", err);
         return;
     }
-    if ((rc = qg_reqjson_str(o, "subject", 1, 255, &subject, err,
+    if ((rc = qg__reqjson_str(o, "subject", 1, 255, &subject, err,
                              sizeof err)) < 0 ||
-        (rc = qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+        (rc = qg__reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
                              err, sizeof err)) < 0 ||
-        (rc = qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+        (rc = qg__reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
                              sizeof err)) < 0 ||
-        (rc = qg_reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX,
+        (rc = qg__reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX,
                              &in_tokens, err, sizeof err)) < 0 ||
-        (rc = qg_reqjson_int(o, "max_output_tokens", 0, 0, QG_TOKENS_MAX,
+        (rc = qg__reqjson_int(o, "max_output_tokens", 0, 0, QG_TOKENS_MAX,
                              &max_out, err, sizeof err)) < 0 ||
-        (rc = has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+        (rc = has_weight = qg__reqjson_milli(o, "weight", 0, &weight, err,
                                             sizeof err)) < 0)
         goto bad;
     if (!model == !has_weight) {
@@ -79,7 +79,7 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
         goto bad;
     }
     if (ledger_full(s)) {
-        qg_reply_error(s, r, 503, "overloaded",
+        qg__reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
         goto out;
     }
@@ -87,30 +87,30 @@ void qg_h_check(qg_server *s, qg_http_req *r, const char *caller)
                          .model = model, .input_tokens = in_tokens,
                          .max_output_tokens = max_out,
                          .weight_milli = weight};
-    now = qg_server_now(s);
-    rc = qg_server_check(s, &req, now, d, &prior, err, sizeof err);
+    now = qg__server_now(s);
+    rc = qg__server_check(s, &req, now, d, &prior, err, sizeof err);
     if (rc != QG_OK) {
-        qg_reply_engine_error(s, r, rc, err);
+        qg__reply_engine_error(s, r, rc, err);
         goto out;
     }
     rules = qg_engine_rules(s->engine);
-    qg_metrics_record(s->metrics, d);
+    qg__metrics_record(s->metrics, d);
     if (!d->replayed) {
-        qg_row_of_decision(&row, d, rid, subject, in_tokens,
+        qg__row_of_decision(&row, d, rid, subject, in_tokens,
                            model ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
                                                 : max_out)
                                  : 0);
-        if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+        if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
             fprintf(stderr, "quotagate: ledger queue full: the row of "
                     "request %s was not queued\n", rid);
     }
-    if (qg_headers_for_decision(d, rules, now, &hb) < 0)
+    if (qg__headers_for_decision(d, rules, now, &hb) < 0)
         hb.n = 0;
-    qg_reply_json(s, r, d->outcome == QG_ALLOW ? 200 : 429,
-                  qg_json_check(d, rid, rules->unit), hb.h, hb.n);
+    qg__reply_json(s, r, d->outcome == QG_ALLOW ? 200 : 429,
+                  qg__json_check(d, rid, rules->unit), hb.h, hb.n);
     goto out;
 bad:
-    qg_reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
+    qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
                    err);
 out:
     json_decref(o);
@@ -143,16 +143,16 @@ static void settle_finish(void *arg)
 {
     pending *p = arg;
     if (p->rc == QG_OK) {
-        qg_reply_json(p->s, p->r, 200, p->body, NULL, 0);
+        qg__reply_json(p->s, p->r, 200, p->body, NULL, 0);
     } else if (p->rc == QG_ESTATE) {
         /* the ledger's guard kept another request's row (reqid.c) */
         free(p->body);
-        qg_reply_error(p->s, p->r, 400, "invalid_request",
+        qg__reply_error(p->s, p->r, 400, "invalid_request",
                        "the ledger holds this request_id for another "
                        "request; the settle was not recorded");
     } else {
         free(p->body);
-        qg_reply_error(p->s, p->r, 503, "ledger_unavailable",
+        qg__reply_error(p->s, p->r, 503, "ledger_unavailable",
                        "the settle could not be made durable; retry it");
     }
     free(p);
@@ -163,7 +163,7 @@ static void settle_durable(void *arg, int rc)
 {
     pending *p = arg;
     p->rc = rc;
-    if (qg_http_post(p->s->http, p->r->worker, settle_finish, p) != 0) {
+    if (qg__http_post(p->s->http, p->r->worker, settle_finish, p) != 0) {
         /* Shutting down: the connection is being closed anyway. */
         free(p->body);
         free(p);
@@ -193,7 +193,7 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
         }
         /* tokens within the bound (parsed so); a weight over the bound is
          * charged at the bound, as every settle is (engine.c) */
-        w = qg_weight_milli(&rules->models[mi], in_t, out_t);
+        w = qg__weight_milli(&rules->models[mi], in_t, out_t);
         if (w > QG_AMOUNT_MAX_MILLI)
             w = QG_AMOUNT_MAX_MILLI;
     } else if (!has_weight) {
@@ -217,17 +217,17 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
     res->reserved_milli = res->actual_milli = res->charged_milli = w;
     res->decided_at_ms = now;
     res->status = statuses[status_i].status;
-    qg_row_copy(row->subject, sizeof row->subject, subject);
+    qg__row_copy(row->subject, sizeof row->subject, subject);
     if (rc == QG_OK) {
-        qg_row_copy(row->org, sizeof row->org, u->org);
-        qg_row_copy(row->plan, sizeof row->plan, u->plan);
-        qg_row_copy(row->rules_version, sizeof row->rules_version,
+        qg__row_copy(row->org, sizeof row->org, u->org);
+        qg__row_copy(row->plan, sizeof row->plan, u->plan);
+        qg__row_copy(row->rules_version, sizeof row->rules_version,
                  u->rules_version);
-        qg_row_copy(row->weights_version, sizeof row->weights_version,
+        qg__row_copy(row->weights_version, sizeof row->weights_version,
                  u->weights_version);
     }
     free(u);
-    qg_row_copy(row->model, sizeof row->model, model);
+    qg__row_copy(row->model, sizeof row->model, model);
     row->decision = QG_ALLOW;
     row->created_ms = now;
     row->reserved_milli = w;
@@ -235,7 +235,7 @@ static int settle_recover(qg_server *s, const char *rid, const char *subject,
     return QG_OK;
 }
 
-void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_settle(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[ERRCAP];
     const char *rid = NULL, *status = NULL, *subject = NULL, *model = NULL;
@@ -249,24 +249,24 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     char *body;
 
     (void)caller;
-    if (!(o = qg_reqjson_parse(r->body, r->body_len, settle_keys, err,
+    if (!(o = qg__reqjson_parse(r->body, r->body_len, settle_keys, err,
                                sizeof err))) {
-        qg_reply_error(s, r, 400, "invalid_request", err);
+        qg__reply_error(s, r, 400, "invalid_request", err);
         return;
     }
-    if ((rc = qg_reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+    if ((rc = qg__reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
                              err, sizeof err)) < 0 ||
-        (rc = qg_reqjson_str(o, "status", 1, 16, &status, err,
+        (rc = qg__reqjson_str(o, "status", 1, 16, &status, err,
                              sizeof err)) < 0 ||
-        (rc = qg_reqjson_str(o, "subject", 0, 255, &subject, err,
+        (rc = qg__reqjson_str(o, "subject", 0, 255, &subject, err,
                              sizeof err)) < 0 ||
-        (rc = qg_reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+        (rc = qg__reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
                              sizeof err)) < 0 ||
-        (rc = qg_reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX, &in_t,
+        (rc = qg__reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX, &in_t,
                              err, sizeof err)) < 0 ||
-        (rc = qg_reqjson_int(o, "output_tokens", 0, 0, QG_TOKENS_MAX, &out_t,
+        (rc = qg__reqjson_int(o, "output_tokens", 0, 0, QG_TOKENS_MAX, &out_t,
                              err, sizeof err)) < 0 ||
-        (rc = has_weight = qg_reqjson_milli(o, "weight", 0, &weight, err,
+        (rc = has_weight = qg__reqjson_milli(o, "weight", 0, &weight, err,
                                             sizeof err)) < 0)
         goto bad;
     for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
@@ -279,11 +279,11 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         goto bad;
     }
     if (ledger_full(s)) {
-        qg_reply_error(s, r, 503, "overloaded",
+        qg__reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
         goto out;
     }
-    now = qg_server_now(s);
+    now = qg__server_now(s);
     memset(&row, 0, sizeof row);
     row.headroom_milli = -1;
     req = (qg_settle_req){.request_id = rid,
@@ -295,7 +295,7 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
     if (rc == QG_ENOTFOUND) {
         /* the counters do not know it: the ledger may (reqid.c) */
         char lerr[ERRCAP];
-        int lrc = qg_server_settle_prior(s, &req, now, &res, &row, lerr,
+        int lrc = qg__server_settle_prior(s, &req, now, &res, &row, lerr,
                                          sizeof lerr);
         if (lrc != QG_ENOTFOUND) {
             rc = lrc;
@@ -310,26 +310,26 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         recovered = rc == QG_OK;
     }
     if (rc != QG_OK) {
-        qg_reply_engine_error(s, r, rc, err);
+        qg__reply_engine_error(s, r, rc, err);
         goto out;
     }
     if (from_ledger && res.replayed) {
         /* settled long ago: its original answer, durable already */
-        qg_reply_json(s, r, 200, qg_json_settle(&res, rid), NULL, 0);
+        qg__reply_json(s, r, 200, qg__json_settle(&res, rid), NULL, 0);
         goto out;
     }
-    qg_metrics_settle(s->metrics, &res);
+    qg__metrics_settle(s->metrics, &res);
     /* a recovered settle's row is whole (settle_recover), else only the
      * settle's columns change, of the row of the subject the settle named
      * (the engine checked it) or that the ledger holds */
     row.settle_only = !recovered;
     if (!recovered && !from_ledger)
-        qg_row_copy(row.subject, sizeof row.subject, subject);
-    qg_row_fill_settle(&row, rid, statuses[status_i].row_status, in_t, out_t,
+        qg__row_copy(row.subject, sizeof row.subject, subject);
+    qg__row_fill_settle(&row, rid, statuses[status_i].row_status, in_t, out_t,
                        &res, now);
-    if (!(body = qg_json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {
+    if (!(body = qg__json_settle(&res, rid)) || !(p = calloc(1, sizeof *p))) {
         free(body);
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        qg__reply_error(s, r, 500, "internal_error", "out of memory");
         goto out;
     }
     if (recovered) {
@@ -338,22 +338,22 @@ void qg_h_settle(qg_server *s, qg_http_req *r, const char *caller)
         if (j) {
             json_object_set_new(j, "recovered", json_true());
             free(body);
-            body = qg_json_dump_steal(j);
+            body = qg__json_dump_steal(j);
         }
     }
     p->s = s;
     p->r = r;
     p->body = body;
     /* Answered from settle_durable once the row is durable. */
-    if (qg_ledger_submit(s->ledger, &row, settle_durable, p) != QG_OK) {
+    if (qg__ledger_submit(s->ledger, &row, settle_durable, p) != QG_OK) {
         free(p->body);
         free(p);
-        qg_reply_error(s, r, 503, "overloaded",
+        qg__reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
     }
     goto out;
 bad:
-    qg_reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
+    qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
                    err);
 out:
     json_decref(o);

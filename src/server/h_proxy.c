@@ -4,7 +4,7 @@
  * One request, on the worker thread that read it:
  *   1. the caller's subject key names the subject (routes.c); the body
  *      gives the model, the input estimate and the output cap
- *      (qg_request_fields); qg_engine_check reserves, or the request is
+ *      (qg__request_fields); qg_engine_check reserves, or the request is
  *      refused like /v1/check (429, headers, JSON body) and the upstream
  *      is never called - unless the policy in force for the refusal is
  *      downgrade and the lighter model is admitted (docs/proxy.md,
@@ -135,7 +135,7 @@ struct px {
     int64_t in_est;                /* admission's input estimate */
     int caller_stream;             /* the caller asked "stream": true */
     int filter;                    /* drop the usage-only chunk */
-    int streaming;                 /* qg_http_stream_start done */
+    int streaming;                 /* qg__http_stream_start done */
     int client_gone;
     int settled;
     int no_charge;                 /* settle at 0 (upstream 429) */
@@ -228,7 +228,7 @@ static void px_free(px *p)
     if (p->queued)
         q_give(pr, p->q_plan);
     if (p->call)
-        qg_upcall_cancel(p->call);
+        qg__upcall_cancel(p->call);
     if (p->defer)
         event_free(p->defer);
     if (p->body)
@@ -237,7 +237,7 @@ static void px_free(px *p)
         evbuffer_free(p->pend);
     if (p->outq)
         evbuffer_free(p->outq);
-    qg_sse_free(p->sse);
+    qg__sse_free(p->sse);
     free(p);
 }
 
@@ -246,7 +246,7 @@ static void px_free(px *p)
 static void px_cancel_upstream(px *p)
 {
     if (p->call) {
-        qg_upcall_cancel(p->call);
+        qg__upcall_cancel(p->call);
         p->call = NULL;
     }
 }
@@ -270,7 +270,7 @@ static void px_anomaly(const px *p, px_charge *c, qg_metrics_anomaly kind,
         snprintf(c->detail + n, sizeof c->detail - n, "%s%s", n ? "; " : "",
                  what);
     fprintf(stderr, "quotagate: proxy: request %s: %s\n", p->rid, what);
-    qg_metrics_usage_anomaly(p->s->metrics, kind);
+    qg__metrics_usage_anomaly(p->s->metrics, kind);
 }
 
 /* Tokens to charge from what the response showed (docs/proxy.md):
@@ -352,7 +352,7 @@ static void px_settle_with(px *p, qg_settle_status st, const px_charge *c)
     if (p->settled)
         return;
     p->settled = 1;
-    now = qg_server_now(p->s);
+    now = qg__server_now(p->s);
     req = (qg_settle_req){.request_id = p->rid, .status = st,
                           .input_tokens = c->in, .output_tokens = c->out,
                           .weight_milli = -1, .no_charge = p->no_charge};
@@ -361,12 +361,12 @@ static void px_settle_with(px *p, qg_settle_status st, const px_charge *c)
         fprintf(stderr, "quotagate: proxy: settle of %s: %s\n", p->rid, err);
         return;
     }
-    qg_metrics_settle(p->s->metrics, &res);
-    qg_row_of_settle(&row, p->rid, p->subject, row_status[st], c->in,
+    qg__metrics_settle(p->s->metrics, &res);
+    qg__row_of_settle(&row, p->rid, p->subject, row_status[st], c->in,
                      c->out, &res, now);
     row.estimated = c->est;
-    qg_row_copy(row.detail, sizeof row.detail, c->detail);
-    if (qg_ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
+    qg__row_copy(row.detail, sizeof row.detail, c->detail);
+    if (qg__ledger_submit(p->s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the settle of "
                 "request %s was not queued\n", p->rid);
 }
@@ -409,9 +409,9 @@ static void px_reply(px *p, int status, const char *ctype, const char *body,
 {
     qg_http_out_header h[MAX_OUT_HDR];
     int n = px_headers(p, h, with_retry);
-    qg_metrics_http(p->s->metrics, p->route, status);
-    qg_http_on_close(p->r, NULL, NULL);
-    qg_http_respond(p->r, status, h, n, ctype, body, len);
+    qg__metrics_http(p->s->metrics, p->route, status);
+    qg__http_on_close(p->r, NULL, NULL);
+    qg__http_respond(p->r, status, h, n, ctype, body, len);
     px_free(p);
 }
 
@@ -419,7 +419,7 @@ static void px_reply_error(px *p, int status, const char *type,
                            const char *msg)
 {
     char *body = qg__alloc_fails("error body") ? NULL
-                                               : qg_json_error(type, msg);
+                                               : qg__json_error(type, msg);
     px_reply(p, status, "application/json", body ? body : "{}",
              body ? strlen(body) : 2, 0);
     free(body);
@@ -466,14 +466,14 @@ static void px_flush(px *p)
         return;
     }
     out = px_pullup(p->outq, "stream output pullup");
-    rc = out ? qg_http_stream_write(p->r, out, n) : -1;
+    rc = out ? qg__http_stream_write(p->r, out, n) : -1;
     evbuffer_drain(p->outq, n);
     if (rc < 0) {
         px_schedule_abort(p);
     } else if (rc == 1 && !p->paused && p->call) {
-        qg_upcall_pause(p->call, 1);
+        qg__upcall_pause(p->call, 1);
         p->paused = 1;
-        qg_http_stream_on_drain(p->r, px_drained, p);
+        qg__http_stream_on_drain(p->r, px_drained, p);
     }
 }
 
@@ -481,7 +481,7 @@ static void px_drained(void *arg)
 {
     px *p = arg;
     if (p->paused && p->call)
-        qg_upcall_pause(p->call, 0);
+        qg__upcall_pause(p->call, 0);
     p->paused = 0;
 }
 
@@ -494,7 +494,7 @@ static int on_event(const char *event, size_t elen, const char *data,
         if (dlen == 6 && memcmp(data, "[DONE]", 6) == 0)
             return 0;
         int64_t cb;
-        rc = qg_usage_openai_chunk_bytes(data, dlen, &p->u, &only, &cb);
+        rc = qg__usage_openai_chunk_bytes(data, dlen, &p->u, &only, &cb);
         if (rc == 1) {
             p->final_usage = 1;
             if (only && p->filter)
@@ -504,7 +504,7 @@ static int on_event(const char *event, size_t elen, const char *data,
             p->content_bytes += cb;
     } else {
         int64_t cb;
-        int rc = qg_usage_anthropic_event_bytes(event, elen, data, dlen,
+        int rc = qg__usage_anthropic_event_bytes(event, elen, data, dlen,
                                                 &p->u, &cb);
         if (rc == 1 && !memmem(data, dlen, "\"message_start\"", 15))
             p->final_usage = 1;          /* a message_delta's usage */
@@ -521,13 +521,13 @@ static int on_event(const char *event, size_t elen, const char *data,
 static void px_stream_bytes(px *p, const char *data, size_t n)
 {
     if (!p->filter) {
-        if (qg_sse_feed(p->sse, data, n, on_event, p) == QG_ENOMEM)
+        if (qg__sse_feed(p->sse, data, n, on_event, p) == QG_ENOMEM)
             px_schedule_abort(p);       /* its usage can no longer be read */
         px_write(p, data, n);
         return;
     }
     while (n > 0 && !p->client_gone) {
-        size_t k = qg_sse_split_next(&p->split, data, n);
+        size_t k = qg__sse_split_next(&p->split, data, n);
         if (px_add(p->pend, data, k ? k : n, "stream event") != 0) {
             px_schedule_abort(p);
             return;
@@ -544,7 +544,7 @@ static void px_stream_bytes(px *p, const char *data, size_t n)
                 return;
             }
             p->drop = 0;
-            if (qg_sse_feed(p->sse, ev, elen, on_event, p) == QG_ENOMEM) {
+            if (qg__sse_feed(p->sse, ev, elen, on_event, p) == QG_ENOMEM) {
                 px_schedule_abort(p);   /* the usage chunk is not known */
                 return;
             }
@@ -561,18 +561,18 @@ static void up_head(void *arg, const qg_upresp *ur)
 {
     px *p = arg;
     p->status = ur->status;
-    qg_row_copy(p->ctype, sizeof p->ctype, ur->ctype);
-    qg_row_copy(p->retry_after, sizeof p->retry_after, ur->retry_after);
+    qg__row_copy(p->ctype, sizeof p->ctype, ur->ctype);
+    qg__row_copy(p->retry_after, sizeof p->retry_after, ur->retry_after);
     if (p->caller_stream && p->status == 200 &&
         strncasecmp(p->ctype, "text/event-stream", 17) == 0 &&
         !p->client_gone) {
         qg_http_out_header h[MAX_OUT_HDR + 1];
         int n = px_headers(p, h, 0);
         h[n++] = (qg_http_out_header){"Cache-Control", "no-cache"};
-        if (qg_http_stream_start(p->r, 200, h, n, p->ctype) == 0) {
+        if (qg__http_stream_start(p->r, 200, h, n, p->ctype) == 0) {
             p->streaming = 1;
-            qg_http_stream_on_drain(p->r, NULL, NULL);
-            qg_metrics_http(p->s->metrics, p->route, 200);
+            qg__http_stream_on_drain(p->r, NULL, NULL);
+            qg__metrics_http(p->s->metrics, p->route, 200);
         } else {
             px_schedule_abort(p);
         }
@@ -670,15 +670,15 @@ static void px_finish_buffered(px *p)
     }
     {
         int rc = p->shape == QG_SHAPE_OPENAI
-                     ? qg_usage_openai_json(body, len, &p->u)
-                     : qg_usage_anthropic_json(body, len, &p->u);
+                     ? qg__usage_openai_json(body, len, &p->u)
+                     : qg__usage_anthropic_json(body, len, &p->u);
         px_charge c;
         if (rc != 1)
             memset(&p->u, 0, sizeof p->u);
         p->final_usage = rc == 1;
         if (!(p->final_usage && p->u.have_output &&
               p->u.output_tokens <= QG_TOKENS_MAX))  /* else unused */
-            p->content_bytes = qg_content_bytes_json(body, len, p->shape);
+            p->content_bytes = qg__content_bytes_json(body, len, p->shape);
         if (!p->settled) {
             px_tokens(p, &c);
             px_settle_with(p, ok, &c);
@@ -706,8 +706,8 @@ static void up_done(void *arg, int uerr)
         if (p->streaming) {
             /* mid-stream: charge what was produced, truncate */
             px_settle_partial(p);
-            qg_http_on_close(p->r, NULL, NULL);
-            qg_http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
+            qg__http_on_close(p->r, NULL, NULL);
+            qg__http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
             px_free(p);
         } else {
             px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
@@ -736,19 +736,19 @@ static void up_done(void *arg, int uerr)
         evbuffer_drain(p->pend, n);
         px_flush(p);
     }
-    qg_sse_finish(p->sse);
+    qg__sse_finish(p->sse);
     if (!p->settled) {
         px_charge c;
         px_tokens(p, &c);
         px_settle_with(p, p->client_gone ? QG_SETTLE_CANCELLED
                                          : QG_SETTLE_COMPLETED, &c);
     }
-    qg_http_on_close(p->r, NULL, NULL);
-    qg_http_stream_on_drain(p->r, NULL, NULL);
+    qg__http_on_close(p->r, NULL, NULL);
+    qg__http_stream_on_drain(p->r, NULL, NULL);
     if (p->client_gone)
-        qg_http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
+        qg__http_respond(p->r, 502, NULL, 0, NULL, NULL, 0);
     else
-        qg_http_stream_end(p->r);
+        qg__http_stream_end(p->r);
     px_free(p);
 }
 
@@ -765,9 +765,9 @@ static void px_abort_cb(evutil_socket_t fd, short what, void *arg)
         return;                         /* settled when the answer comes */
     px_cancel_upstream(p);
     px_settle_partial(p);
-    qg_http_on_close(p->r, NULL, NULL);
-    qg_http_stream_on_drain(p->r, NULL, NULL);
-    qg_http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
+    qg__http_on_close(p->r, NULL, NULL);
+    qg__http_stream_on_drain(p->r, NULL, NULL);
+    qg__http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
     px_free(p);
 }
 
@@ -786,7 +786,7 @@ static void px_on_close(void *arg)
 static const qg_overage *refusal_overage(const qg_rules *rules,
                                          const qg_decision *d)
 {
-    int pi = d->plan ? qg_rules_find_plan(rules, d->plan) : -1;
+    int pi = d->plan ? qg__rules_find_plan(rules, d->plan) : -1;
     const qg_plan *plan;
     const qg_window_spec *w = NULL;
     if (pi < 0)
@@ -795,7 +795,7 @@ static const qg_overage *refusal_overage(const qg_rules *rules,
     if (d->binding >= 0 && d->binding < d->nviews) {
         const qg_window_view *v = &d->views[d->binding];
         if (v->org) {
-            int oi = d->org ? qg_rules_find_org(rules, d->org) : -1;
+            int oi = d->org ? qg__rules_find_org(rules, d->org) : -1;
             if (oi >= 0) {
                 const qg_org_spec *o = &rules->orgs[oi];
                 for (int i = 0; i < o->nwindows; i++)
@@ -803,7 +803,7 @@ static const qg_overage *refusal_overage(const qg_rules *rules,
                         w = &o->windows[i];
             }
         } else if (v->name) {
-            w = qg_plan_find_window(plan, v->name);
+            w = qg__plan_find_window(plan, v->name);
         }
     }
     if (w && w->overage.policy != QG_POLICY_NONE)
@@ -815,7 +815,7 @@ static void check_row(qg_ledger_row *row, const qg_decision *d,
                       const char *rid, const char *subject,
                       const qg_request_info *info)
 {
-    qg_row_of_decision(row, d, rid, subject, info->input_tokens_estimate,
+    qg__row_of_decision(row, d, rid, subject, info->input_tokens_estimate,
                        info->max_output_tokens < 0
                            ? QG_DEFAULT_OUTPUT_ESTIMATE
                            : info->max_output_tokens);
@@ -841,11 +841,11 @@ static int up_headers(px *p, struct evbuffer *out, size_t body_len)
 
     rc |= qg__alloc_fails("request head") ||
           evbuffer_add_printf(out, "POST %s%s HTTP/1.1\r\nHost: %s\r\n",
-                              qg_upstream_prefix(p->up), r->path,
-                              qg_upstream_host(p->up)) < 0;
+                              qg__upstream_prefix(p->up), r->path,
+                              qg__upstream_host(p->up)) < 0;
     for (int i = 0; i < r->nheaders; i++) {
         const qg_http_header *h = &r->headers[i];
-        if (!qg_proxy_forward_header(h->name, h->name_len) ||
+        if (!qg__proxy_forward_header(h->name, h->name_len) ||
             h->name_len >= 256 || h->value_len >= 8192)
             continue;
         if (has_eol(h->name, h->name_len) || has_eol(h->value, h->value_len))
@@ -902,7 +902,7 @@ static qg_upstream *model_upstream(px *p, const qg_rules *rules, int m,
         c->rules = rules;
     }
     if (!c->m[m])
-        c->m[m] = qg_upstream_set_get(pr->set, url, err, errcap);
+        c->m[m] = qg__upstream_set_get(pr->set, url, err, errcap);
     return c->m[m];
 }
 
@@ -922,16 +922,16 @@ static void px_no_upstream(px *p, const char *model, const char *why)
                  "--upstream URL", model);
     px_discard(p);                      /* model may live in p */
     if (*why)
-        qg_reply_error(s, r, 502, "upstream_unavailable", msg);
+        qg__reply_error(s, r, 502, "upstream_unavailable", msg);
     else
-        qg_reply_error(s, r, 503, "no_upstream", msg);
+        qg__reply_error(s, r, 503, "no_upstream", msg);
 }
 
 /* Release a request that never reached the upstream (the reply is sent
  * by the caller, through r, after this). */
 static void px_discard(px *p)
 {
-    qg_http_on_close(p->r, NULL, NULL);
+    qg__http_on_close(p->r, NULL, NULL);
     px_free(p);
 }
 
@@ -939,8 +939,8 @@ static void px_discard(px *p)
 static void px_q_gone(void *arg)
 {
     px *p = arg;
-    qg_http_on_close(p->r, NULL, NULL);
-    qg_http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
+    qg__http_on_close(p->r, NULL, NULL);
+    qg__http_respond(p->r, 499, NULL, 0, NULL, NULL, 0);
     px_free(p);
 }
 
@@ -966,10 +966,10 @@ static int px_hold(px *p, const char *plan, int cap, int64_t ms,
             return 1;
         p->queued = 1;
         p->q_start_ms = now;
-        qg_row_copy(p->q_plan, sizeof p->q_plan, plan);
+        qg__row_copy(p->q_plan, sizeof p->q_plan, plan);
         p->settled = 1;                 /* nothing reserved while held */
         px_link(p);
-        qg_http_on_close(p->r, px_q_gone, p);
+        qg__http_on_close(p->r, px_q_gone, p);
     }
     if (evtimer_add(p->qtimer, &tv) != 0)
         return -1;
@@ -986,22 +986,22 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     px *p;
 
     if (!s->proxy) {
-        qg_reply_error(s, r, 503, "no_upstream",
+        qg__reply_error(s, r, 503, "no_upstream",
                        "this gateway has no upstream: start it with "
                        "--upstream URL");
         return;
     }
     if (!subject) {
-        qg_reply_error(s, r, 403, "forbidden",
+        qg__reply_error(s, r, 403, "forbidden",
                        "the proxy needs a subject key");
         return;
     }
-    rc = qg_request_fields(r->body, r->body_len, shape, &info);
+    rc = qg__request_fields(r->body, r->body_len, shape, &info);
     if (rc != QG_OK) {
         if (rc == QG_ENOMEM)
-            qg_reply_error(s, r, 500, "internal_error", "out of memory");
+            qg__reply_error(s, r, 500, "internal_error", "out of memory");
         else
-            qg_reply_error(s, r, 400, "invalid_request",
+            qg__reply_error(s, r, 400, "invalid_request",
                            shape == QG_SHAPE_OPENAI
                                ? "the body is not a valid chat completions "
                                  "request (JSON object with a model, "
@@ -1012,7 +1012,7 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
         return;
     }
     if (qg__alloc_fails("px") || !(p = calloc(1, sizeof *p))) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
     p->s = s;
@@ -1020,14 +1020,14 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
     p->worker = r->worker;
     p->shape = shape;
     p->route = shape == QG_SHAPE_OPENAI ? QG_ROUTE_CHAT : QG_ROUTE_MESSAGES;
-    p->base = qg_http_req_base(r);
+    p->base = qg__http_req_base(r);
     p->info = info;
-    qg_row_copy(p->subject, sizeof p->subject, subject);
-    v = qg_http_header_get(r, "x-request-id", &vlen);
+    qg__row_copy(p->subject, sizeof p->subject, subject);
+    v = qg__http_header_get(r, "x-request-id", &vlen);
     if (v && vlen > 0) {
         if (vlen > QG_REQUEST_ID_MAX) {
             free(p);
-            qg_reply_error(s, r, 400, "invalid_request",
+            qg__reply_error(s, r, 400, "invalid_request",
                            "X-Request-Id is longer than 255 bytes");
             return;
         }
@@ -1035,7 +1035,7 @@ static void proxy(qg_server *s, qg_http_req *r, const char *subject,
         p->rid[vlen] = '\0';
     } else {
         snprintf(p->rid, sizeof p->rid, "px-%lld-%d-%" PRIu64,
-                 (long long)qg_server_now(s), r->worker,
+                 (long long)qg__server_now(s), r->worker,
                  atomic_fetch_add(&px_counter, 1) + 1);
     }
     px_admit(p);
@@ -1063,9 +1063,9 @@ static void px_admit(px *p)
     int added = 0, rewrite_failed = 0, queue_full = 0, rc;
     int64_t now;
 
-    if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
+    if (qg__ledger_queued(s->ledger) + 1024 >= 65536) {
         px_discard(p);
-        qg_reply_error(s, r, 503, "overloaded",
+        qg__reply_error(s, r, 503, "overloaded",
                        "the ledger is behind; retry shortly");
         return;
     }
@@ -1082,12 +1082,12 @@ static void px_admit(px *p)
     }
 
     /* admission */
-    now = qg_server_now(s);
+    now = qg__server_now(s);
     creq = (qg_check_req){.subject = subject, .request_id = p->rid,
                           .model = info->model,
                           .input_tokens = info->input_tokens_estimate,
                           .max_output_tokens = info->max_output_tokens};
-    rc = qg_server_check(s, &creq, now, d, &prior, err, sizeof err);
+    rc = qg__server_check(s, &creq, now, d, &prior, err, sizeof err);
     if (rc == QG_ERANGE && info->max_output_tokens > QG_TOKENS_MAX)
         snprintf(err, sizeof err, "%s must be at most %lld (the bound on a "
                  "token count)", p->shape == QG_SHAPE_OPENAI
@@ -1095,13 +1095,13 @@ static void px_admit(px *p)
                  (long long)QG_TOKENS_MAX);
     if (rc != QG_OK) {
         px_discard(p);
-        qg_reply_engine_error(s, r, rc, err);
+        qg__reply_engine_error(s, r, rc, err);
         return;
     }
     rules = qg_engine_rules(s->engine);
     if (d->replayed) {
         px_discard(p);
-        qg_reply_error(s, r, 409, "duplicate_request_id",
+        qg__reply_error(s, r, 409, "duplicate_request_id",
                        "this X-Request-Id was already used; every proxied "
                        "call needs a fresh one");
         return;
@@ -1125,8 +1125,8 @@ static void px_admit(px *p)
         if (qg_engine_check(s->engine, &c2, now, &dg, NULL, 0) == QG_OK &&
             !dg.replayed && dg.outcome == QG_ALLOW) {
             p->up = to_up;
-            qg_row_copy(p->dg_from, sizeof p->dg_from, info->model);
-            qg_row_copy(p->dg_model, sizeof p->dg_model, to);
+            qg__row_copy(p->dg_from, sizeof p->dg_from, info->model);
+            qg__row_copy(p->dg_model, sizeof p->dg_model, to);
             if (d->binding >= 0)
                 snprintf(dg_window, sizeof dg_window, "downgraded:%s",
                          d->views[d->binding].name);
@@ -1157,14 +1157,14 @@ static void px_admit(px *p)
         p->queued = 0;
         p->settled = 0;
     }
-    qg_metrics_record(s->metrics, d);
+    qg__metrics_record(s->metrics, d);
     check_row(&row, d, p->rid, subject, info);
     if (p->dg_from[0])
-        qg_row_copy(row.window, sizeof row.window, dg_window);
-    if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+        qg__row_copy(row.window, sizeof row.window, dg_window);
+    if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the row of request "
                 "%s was not queued\n", p->rid);
-    if (qg_headers_for_decision(d, rules, now, &p->hb) < 0)
+    if (qg__headers_for_decision(d, rules, now, &p->hb) < 0)
         p->hb.n = 0;
     if (d->outcome != QG_ALLOW) {
         qg_http_out_header h[MAX_OUT_HDR];
@@ -1177,16 +1177,16 @@ static void px_admit(px *p)
                      "full (%d requests already waiting); retry after "
                      "Retry-After seconds", d->plan,
                      (int)ov->queue_size);
-            json = qg_json_error("queue_full", msg);
+            json = qg__json_error("queue_full", msg);
         } else {
-            json = qg_json_check(d, p->rid, rules->unit);
+            json = qg__json_check(d, p->rid, rules->unit);
         }
         for (int i = 0; i < p->hb.n; i++)
             h[n++] = p->hb.h[i];
         h[n++] = (qg_http_out_header){"X-Request-Id", p->rid};
         if (p->qms[0])
             h[n++] = (qg_http_out_header){"x-quotagate-queued-ms", p->qms};
-        qg_reply_json(s, r, 429, json, h, n);
+        qg__reply_json(s, r, 429, json, h, n);
         px_discard(p);
         return;
     }
@@ -1196,7 +1196,7 @@ static void px_admit(px *p)
     p->caller_stream = info->stream;
     if (p->shape == QG_SHAPE_OPENAI && (info->stream || p->dg_from[0])) {
         if (!qg__alloc_fails("rewritten body") &&
-            qg_request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
+            qg__request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
                                       &added,
                                       p->dg_from[0] ? p->dg_model : NULL) ==
             QG_OK) {
@@ -1208,7 +1208,7 @@ static void px_admit(px *p)
         }
     } else if (p->dg_from[0]) {
         if (!qg__alloc_fails("rewritten body") &&
-            qg_request_replace_model(r->body, r->body_len, p->dg_model,
+            qg__request_replace_model(r->body, r->body_len, p->dg_model,
                                      &nbody, &nlen) == QG_OK) {
             body = nbody;
             blen = nlen;
@@ -1220,7 +1220,7 @@ static void px_admit(px *p)
     if (!(p->body = px_evbuffer("answer buffer")) ||
         !(p->pend = px_evbuffer("event buffer")) ||
         !(p->outq = px_evbuffer("output buffer")) ||
-        !(p->sse = qg_sse_new(SSE_MAX_EVENT)) ||
+        !(p->sse = qg__sse_new(SSE_MAX_EVENT)) ||
         qg__alloc_fails("abort timer") ||
         !(p->defer = event_new(p->base, -1, 0, px_abort_cb, p))) {
         free(nbody);
@@ -1229,7 +1229,7 @@ static void px_admit(px *p)
         return;
     }
     if (rewrite_failed) {
-        /* a body that qg_request_fields accepted: only out of memory */
+        /* a body that qg__request_fields accepted: only out of memory */
         px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);
         px_reply_error(p, 500, "internal_error",
                        "the downgraded request could not be written");
@@ -1248,7 +1248,7 @@ static void px_admit(px *p)
     }
     head = px_pullup(p->pend, "request head pullup");
     if (head)
-        p->call = qg_upstream_send(p->up, p->worker, p->base, head,
+        p->call = qg__upstream_send(p->up, p->worker, p->base, head,
                                    evbuffer_get_length(p->pend), body, blen,
                                    &up_cbs, p);
     evbuffer_drain(p->pend, evbuffer_get_length(p->pend));
@@ -1258,22 +1258,22 @@ static void px_admit(px *p)
         px_reply_error(p, 500, "internal_error", "out of memory");
         return;
     }
-    qg_http_on_close(r, px_on_close, p);
+    qg__http_on_close(r, px_on_close, p);
 }
 
-void qg_h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject)
+void qg__h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject)
 {
     proxy(s, r, subject, QG_SHAPE_OPENAI);
 }
 
-void qg_h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject)
+void qg__h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject)
 {
     proxy(s, r, subject, QG_SHAPE_ANTHROPIC);
 }
 
 /* ------------------------------------------------------ start / stop */
 
-int qg_proxy_start(qg_server *s, char *err, size_t errcap)
+int qg__proxy_start(qg_server *s, char *err, size_t errcap)
 {
     qg_proxy *pr;
     const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
@@ -1285,7 +1285,7 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
     if (!(pr = calloc(1, sizeof *pr)) ||
         !(pr->live = calloc((size_t)workers, sizeof *pr->live)) ||
         !(pr->cache = calloc((size_t)workers, sizeof *pr->cache)) ||
-        !(pr->set = qg_upstream_set_new(workers, timeout,
+        !(pr->set = qg__upstream_set_new(workers, timeout,
                                         getenv("QUOTAGATE_UPSTREAM_CA")))) {
         if (pr) {
             free(pr->live);
@@ -1298,9 +1298,9 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
     pr->nworkers = workers;
     pthread_mutex_init(&pr->qlock, NULL);
     if (s->opts.upstream && *s->opts.upstream &&
-        !(pr->up = qg_upstream_set_get(pr->set, s->opts.upstream, err,
+        !(pr->up = qg__upstream_set_get(pr->set, s->opts.upstream, err,
                                        errcap))) {
-        qg_upstream_set_free(pr->set);
+        qg__upstream_set_free(pr->set);
         pthread_mutex_destroy(&pr->qlock);
         free(pr->cache);
         free(pr->live);
@@ -1311,7 +1311,7 @@ int qg_proxy_start(qg_server *s, char *err, size_t errcap)
     return 0;
 }
 
-void qg_proxy_stop(qg_server *s)
+void qg__proxy_stop(qg_server *s)
 {
     qg_proxy *pr = s->proxy;
     if (!pr)
@@ -1321,10 +1321,10 @@ void qg_proxy_stop(qg_server *s)
             px *p = pr->live[w];
             px_cancel_upstream(p);
             px_settle_partial(p);
-            qg_http_respond(p->r, 503, NULL, 0, NULL, NULL, 0);
+            qg__http_respond(p->r, 503, NULL, 0, NULL, NULL, 0);
             px_free(p);
         }
-    qg_upstream_set_free(pr->set);
+    qg__upstream_set_free(pr->set);
     pthread_mutex_destroy(&pr->qlock);
     free(pr->cache);
     free(pr->qs);

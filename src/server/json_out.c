@@ -5,7 +5,7 @@
  * setters, so one json_decref of the root releases everything; a failed
  * allocation anywhere yields NULL at the root (jansson's setters accept a
  * NULL value and fail, and every body checks its final tree).  The only
- * floating point in quotagate lives in qg_json_scaled, at the output
+ * floating point in quotagate lives in qg__json_scaled, at the output
  * boundary, where an exact integer-scaled value becomes a JSON number. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +17,7 @@
 
 /* --------------------------------------------------------------- atoms */
 
-json_t *qg_json_scaled(int64_t v, int scale_digits)
+json_t *qg__json_scaled(int64_t v, int scale_digits)
 {
     int64_t p = 1;
     for (int i = 0; i < scale_digits; i++)
@@ -28,12 +28,12 @@ json_t *qg_json_scaled(int64_t v, int scale_digits)
     return json_real((double)v / (double)p);
 }
 
-json_t *qg_json_milli(int64_t v)
+json_t *qg__json_milli(int64_t v)
 {
-    return qg_json_scaled(v, 3);
+    return qg__json_scaled(v, 3);
 }
 
-json_t *qg_json_time(int64_t ms)
+json_t *qg__json_time(int64_t ms)
 {
     char buf[40];
     if (ms == 0)
@@ -48,7 +48,7 @@ static json_t *str_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
-char *qg_json_dump_steal(json_t *j)
+char *qg__json_dump_steal(json_t *j)
 {
     char *s;
     if (!j)
@@ -58,21 +58,21 @@ char *qg_json_dump_steal(json_t *j)
     return s;
 }
 
-const char *qg_json_win_type_name(int type)
+const char *qg__json_win_type_name(int type)
 {
     static const char *const names[] = {"?", "rolling", "calendar", "session",
                                         "rate", "concurrency"};
     return type >= 1 && type <= QG_WIN_CONCURRENCY ? names[type] : "?";
 }
 
-const char *qg_json_settle_status_name(int status)
+const char *qg__json_settle_status_name(int status)
 {
     static const char *const names[] = {"?", "completed", "cancelled",
                                         "failed"};
     return status >= 1 && status <= QG_SETTLE_FAILED ? names[status] : "?";
 }
 
-const char *qg_json_policy_name(int policy)
+const char *qg__json_policy_name(int policy)
 {
     /* A plan without an explicit policy rejects. */
     static const char *const names[] = {"reject", "reject", "queue",
@@ -204,7 +204,7 @@ static void jb_real(jb *b, double v)
     jb_raw(b, buf, length);
 }
 
-/* As qg_json_scaled dumps. */
+/* As qg__json_scaled dumps. */
 static void jb_scaled(jb *b, int64_t v, int scale_digits)
 {
     int64_t p = 1;
@@ -326,7 +326,7 @@ static char *two(char *o, int v)
     return o + 2;
 }
 
-/* qg_json_time: the ISO 8601 string of ms, or null when ms is 0. */
+/* qg__json_time: the ISO 8601 string of ms, or null when ms is 0. */
 static void jb_time(jb *b, int64_t ms)
 {
     qg_civil c;
@@ -335,7 +335,7 @@ static void jb_time(jb *b, int64_t ms)
         JB_LIT(b, "null");
         return;
     }
-    qg_ms_to_civil(ms, &c);
+    qg__ms_to_civil(ms, &c);
     if (c.year < 0 || c.year > 9999) {
         qg_iso8601_format(ms, buf, (int)sizeof buf);
         jb_str(b, buf);
@@ -377,7 +377,7 @@ static char *jb_finish(jb *b)
 
 /* ------------------------------------------------------------- windows */
 
-json_t *qg_json_window(const qg_window_view *v, const char *unit_name)
+json_t *qg__json_window(const qg_window_view *v, const char *unit_name)
 {
     json_t *o = json_object();
     if (!o)
@@ -386,13 +386,13 @@ json_t *qg_json_window(const qg_window_view *v, const char *unit_name)
         json_object_set_new(o, "scope",
                             json_string(v->org ? "org" : "member")) ||
         json_object_set_new(o, "type",
-                            json_string(qg_json_win_type_name(v->type))) ||
+                            json_string(qg__json_win_type_name(v->type))) ||
         json_object_set_new(o, "unit", json_string(unit_of(v, unit_name))) ||
-        json_object_set_new(o, "limit", qg_json_milli(v->limit_milli)) ||
-        json_object_set_new(o, "used", qg_json_milli(v->used_milli)) ||
+        json_object_set_new(o, "limit", qg__json_milli(v->limit_milli)) ||
+        json_object_set_new(o, "used", qg__json_milli(v->used_milli)) ||
         json_object_set_new(o, "remaining",
-                            qg_json_milli(v->remaining_milli)) ||
-        json_object_set_new(o, "reset_at", qg_json_time(v->reset_at_ms))) {
+                            qg__json_milli(v->remaining_milli)) ||
+        json_object_set_new(o, "reset_at", qg__json_time(v->reset_at_ms))) {
         json_decref(o);
         return NULL;
     }
@@ -408,10 +408,10 @@ static json_t *recovery_point(const char *name, const qg_recovery_point *p,
     if (!o)
         return NULL;
     if ((name && json_object_set_new(o, "window", json_string(name))) ||
-        json_object_set_new(o, "at", qg_json_time(p->at_ms)) ||
-        json_object_set_new(o, "in_s", qg_json_milli(in)) ||
+        json_object_set_new(o, "at", qg__json_time(p->at_ms)) ||
+        json_object_set_new(o, "in_s", qg__json_milli(in)) ||
         json_object_set_new(o, "remaining",
-                            qg_json_milli(p->remaining_milli))) {
+                            qg__json_milli(p->remaining_milli))) {
         json_decref(o);
         return NULL;
     }
@@ -542,7 +542,7 @@ static void jb_overage(jb *b, const qg_decision *d)
     JB_LIT(b, "}");
 }
 
-/* qg_json_window's object. */
+/* qg__json_window's object. */
 static void jb_window(jb *b, const qg_window_view *v, const char *unit_name)
 {
     JB_LIT(b, "{\"name\":");
@@ -551,7 +551,7 @@ static void jb_window(jb *b, const qg_window_view *v, const char *unit_name)
         JB_LIT(b, ",\"scope\":\"org\",\"type\":");
     else
         JB_LIT(b, ",\"scope\":\"member\",\"type\":");
-    jb_str(b, qg_json_win_type_name(v->type));
+    jb_str(b, qg__json_win_type_name(v->type));
     JB_LIT(b, ",\"unit\":");
     jb_str(b, unit_of(v, unit_name));
     JB_LIT(b, ",\"limit\":");
@@ -598,7 +598,7 @@ static void jb_recovers(jb *b, const qg_decision *d, int64_t now_ms)
     JB_LIT(b, "]");
 }
 
-char *qg_json_check(const qg_decision *d, const char *request_id,
+char *qg__json_check(const qg_decision *d, const char *request_id,
                     const char *unit_name)
 {
     int refused = d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER;
@@ -674,7 +674,7 @@ char *qg_json_check(const qg_decision *d, const char *request_id,
 
 /* -------------------------------------------------------------- settle */
 
-char *qg_json_settle(const qg_settle_result *s, const char *request_id)
+char *qg__json_settle(const qg_settle_result *s, const char *request_id)
 {
     jb b;
     if (jb_init(&b, 256) < 0)
@@ -682,7 +682,7 @@ char *qg_json_settle(const qg_settle_result *s, const char *request_id)
     JB_LIT(&b, "{\"request_id\":");
     jb_str(&b, request_id);
     JB_LIT(&b, ",\"status\":");
-    jb_str(&b, qg_json_settle_status_name(s->status));
+    jb_str(&b, qg__json_settle_status_name(s->status));
     JB_LIT(&b, ",\"reserved\":");
     jb_milli(&b, s->reserved_milli);
     JB_LIT(&b, ",\"actual\":");
@@ -721,15 +721,15 @@ static json_t *forecast_of(const qg_decision *d, int i)
     if (n > 0) {
         json_decref(next);
         next = json_pack("{s:o,s:o}", "at",
-                         qg_json_time(d->recovery[i][0].at_ms), "remaining",
-                         qg_json_milli(d->recovery[i][0].remaining_milli));
+                         qg__json_time(d->recovery[i][0].at_ms), "remaining",
+                         qg__json_milli(d->recovery[i][0].remaining_milli));
     }
     /* json_pack steals the "o" references, also when it fails. */
     return json_pack("{s:o,s:o,s:o}", "name", str_or_null(v->name),
-                     "full_at", qg_json_time(full_at), "next_recovery", next);
+                     "full_at", qg__json_time(full_at), "next_recovery", next);
 }
 
-char *qg_json_usage(const qg_decision *d, const char *subject,
+char *qg__json_usage(const qg_decision *d, const char *subject,
                     int64_t now_ms, const char *unit_name)
 {
     json_t *o = json_object(), *wins = json_array(), *fc = json_array();
@@ -746,7 +746,7 @@ char *qg_json_usage(const qg_decision *d, const char *subject,
         json_object_set_new(o, "forecast", json_incref(fc)))
         goto fail;
     for (int i = 0; i < d->nviews; i++) {
-        json_t *w = qg_json_window(&d->views[i], unit_name);
+        json_t *w = qg__json_window(&d->views[i], unit_name);
         if (json_array_append_new(wins, w) ||
             json_object_set_new(w, "recovers", recovers_array(d, i, now_ms)) ||
             json_array_append_new(fc, forecast_of(d, i)))
@@ -758,20 +758,20 @@ char *qg_json_usage(const qg_decision *d, const char *subject,
         if (json_object_set_new(o, "overage", p ? p : json_null()) || !p ||
             json_object_set_new(p, "policy", json_string("payg")) ||
             json_object_set_new(p, "price_per_unit_usd",
-                                qg_json_scaled(d->overage_price_micro, 6)) ||
+                                qg__json_scaled(d->overage_price_micro, 6)) ||
             json_object_set_new(p, "spent_usd",
-                                qg_json_scaled(d->spent_micro, 6)) ||
+                                qg__json_scaled(d->spent_micro, 6)) ||
             json_object_set_new(p, "spending_cap_usd",
                                 d->spending_cap_micro > 0
-                                    ? qg_json_scaled(d->spending_cap_micro, 6)
+                                    ? qg__json_scaled(d->spending_cap_micro, 6)
                                     : json_null()) ||
             json_object_set_new(p, "cap_resets_at",
-                                qg_json_time(d->cap_period_end_ms)))
+                                qg__json_time(d->cap_period_end_ms)))
             goto fail;
     }
     json_decref(wins);
     json_decref(fc);
-    return qg_json_dump_steal(o);
+    return qg__json_dump_steal(o);
 fail:
     json_decref(wins);
     json_decref(fc);
@@ -785,13 +785,13 @@ static json_t *overage_of(const qg_rules *r, const qg_overage *ov)
 {
     json_t *o = json_object();
     if (!o || json_object_set_new(o, "policy",
-                                  json_string(qg_json_policy_name(
+                                  json_string(qg__json_policy_name(
                                       ov->policy))))
         goto fail;
     switch (ov->policy) {
     case QG_POLICY_QUEUE:
         if (json_object_set_new(o, "max_wait_s",
-                                qg_json_milli(ov->max_wait_ms)) ||
+                                qg__json_milli(ov->max_wait_ms)) ||
             json_object_set_new(o, "queue_size",
                                 json_integer(ov->queue_size)))
             goto fail;
@@ -806,10 +806,10 @@ static json_t *overage_of(const qg_rules *r, const qg_overage *ov)
         break;
     case QG_POLICY_PAYG:
         if (json_object_set_new(o, "price_per_unit_usd",
-                                qg_json_scaled(ov->price_per_unit_micro, 6)) ||
+                                qg__json_scaled(ov->price_per_unit_micro, 6)) ||
             json_object_set_new(o, "spending_cap_usd_month",
                                 ov->spending_cap_micro > 0
-                                    ? qg_json_scaled(ov->spending_cap_micro, 6)
+                                    ? qg__json_scaled(ov->spending_cap_micro, 6)
                                     : json_null()))
             goto fail;
         break;
@@ -847,8 +847,8 @@ static json_t *window_spec(const qg_rules *r, const qg_window_spec *w)
         return NULL;
     rc |= json_object_set_new(o, "name", json_string(w->name));
     rc |= json_object_set_new(o, "type",
-                              json_string(qg_json_win_type_name(w->type)));
-    rc |= json_object_set_new(o, "limit", qg_json_milli(w->limit_milli));
+                              json_string(qg__json_win_type_name(w->type)));
+    rc |= json_object_set_new(o, "limit", qg__json_milli(w->limit_milli));
     rc |= json_object_set_new(o, "unit",
                               json_string(w->unit == QG_UNIT_REQUESTS
                                               ? "requests"
@@ -857,7 +857,7 @@ static json_t *window_spec(const qg_rules *r, const qg_window_spec *w)
     switch (w->type) {
     case QG_WIN_ROLLING:
     case QG_WIN_SESSION:
-        rc |= json_object_set_new(o, "length_s", qg_json_milli(w->length_ms));
+        rc |= json_object_set_new(o, "length_s", qg__json_milli(w->length_ms));
         break;
     case QG_WIN_CALENDAR:
         rc |= json_object_set_new(
@@ -872,15 +872,15 @@ static json_t *window_spec(const qg_rules *r, const qg_window_spec *w)
             rc |= json_object_set_new(o, "at", json_string(at));
         }
         rc |= json_object_set_new(
-            o, "tz", str_or_null(w->cal.tz ? qg_tz_name(w->cal.tz) : NULL));
+            o, "tz", str_or_null(w->cal.tz ? qg__tz_name(w->cal.tz) : NULL));
         break;
     case QG_WIN_RATE:
-        rc |= json_object_set_new(o, "per_s", qg_json_milli(w->length_ms));
-        rc |= json_object_set_new(o, "burst", qg_json_milli(w->burst_milli));
+        rc |= json_object_set_new(o, "per_s", qg__json_milli(w->length_ms));
+        rc |= json_object_set_new(o, "burst", qg__json_milli(w->burst_milli));
         break;
     case QG_WIN_CONCURRENCY:
         rc |= json_object_set_new(o, "lease_ttl_s",
-                                  qg_json_milli(w->lease_ttl_ms));
+                                  qg__json_milli(w->lease_ttl_ms));
         break;
     }
     if (w->model_mask) {
@@ -930,7 +930,7 @@ static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
     rc |= json_object_set_new(o, "name", json_string(p->name));
     rc |= json_object_set_new(o, "price_usd_month",
                               p->price_micro >= 0
-                                  ? qg_json_scaled(p->price_micro, 6)
+                                  ? qg__json_scaled(p->price_micro, 6)
                                   : json_null());
     rc |= json_object_set_new(o, "windows",
                               specs_array(r, p->windows, p->nwindows, &conc));
@@ -964,7 +964,7 @@ static json_t *org_obj(const qg_rules *r, const qg_org_spec *g)
     return o;
 }
 
-char *qg_json_plans(const qg_rules *r)
+char *qg__json_plans(const qg_rules *r)
 {
     json_t *o = json_object(), *plans = json_array(), *orgs = json_array();
     int rc = 0;
@@ -984,7 +984,7 @@ char *qg_json_plans(const qg_rules *r)
         json_decref(o);
         return NULL;
     }
-    return qg_json_dump_steal(o);
+    return qg__json_dump_steal(o);
 }
 
 /* A calibration instant: its date when at midnight UTC, as rules write
@@ -1000,7 +1000,7 @@ static json_t *date_of(int64_t ms)
     return json_string(buf);
 }
 
-char *qg_json_weights(const qg_rules *r)
+char *qg__json_weights(const qg_rules *r)
 {
     json_t *o = json_object(), *models = json_array();
     int rc = 0;
@@ -1018,20 +1018,20 @@ char *qg_json_weights(const qg_rules *r)
             break;
         rc |= json_object_set_new(e, "name", json_string(m->name));
         rc |= json_object_set_new(e, "per_request",
-                                  qg_json_milli(m->per_request_milli));
+                                  qg__json_milli(m->per_request_milli));
         rc |= json_object_set_new(e, "input_per_1k",
-                                  qg_json_scaled(m->input_per_1k_micro, 6));
+                                  qg__json_scaled(m->input_per_1k_micro, 6));
         rc |= json_object_set_new(e, "output_per_1k",
-                                  qg_json_scaled(m->output_per_1k_micro, 6));
+                                  qg__json_scaled(m->output_per_1k_micro, 6));
     }
     if (rc) {
         json_decref(o);
         return NULL;
     }
-    return qg_json_dump_steal(o);
+    return qg__json_dump_steal(o);
 }
 
-char *qg_json_error(const char *type, const char *message)
+char *qg__json_error(const char *type, const char *message)
 {
     jb b;
     if (jb_init(&b, 128 + (message ? strlen(message) : 0)) < 0)

@@ -2,7 +2,7 @@
  *
  * One function per body, each returning a NUL-terminated compact JSON text
  * the caller releases with free(); NULL means out of memory.  The json_t
- * builders (qg_json_window, qg_json_milli) return a new reference the caller
+ * builders (qg__json_window, qg__json_milli) return a new reference the caller
  * owns (json_decref).  No function keeps a pointer to its arguments.
  *
  * Numbers: quantities are int64 milli-units everywhere inside quotagate;
@@ -59,38 +59,38 @@
 
 /* v / 10^scale as a JSON number: an integer when whole, else a real whose
  * 15-digit dump is exactly the decimal.  New reference, NULL on ENOMEM. */
-json_t *qg_json_scaled(int64_t v, int scale_digits);
-/* qg_json_scaled(v, 3): milli-units as units. */
-json_t *qg_json_milli(int64_t v);
+json_t *qg__json_scaled(int64_t v, int scale_digits);
+/* qg__json_scaled(v, 3): milli-units as units. */
+json_t *qg__json_milli(int64_t v);
 /* ISO 8601 string of ms, or JSON null when ms is 0. */
-json_t *qg_json_time(int64_t ms);
+json_t *qg__json_time(int64_t ms);
 
 /* One window object (see above).  unit_name is the rules' unit, NULL for
  * "weight points".  New reference, NULL on ENOMEM. */
-json_t *qg_json_window(const qg_window_view *v, const char *unit_name);
+json_t *qg__json_window(const qg_window_view *v, const char *unit_name);
 
 /* Dump j with QG_JSON_DUMP_FLAGS and release it (steals the reference;
  * j may be NULL).  Returns malloc'd text or NULL. */
-char *qg_json_dump_steal(json_t *j);
+char *qg__json_dump_steal(json_t *j);
 
 /* /v1/check body for d, allowed or refused; request_id as sent. */
-char *qg_json_check(const qg_decision *d, const char *request_id,
+char *qg__json_check(const qg_decision *d, const char *request_id,
                     const char *unit_name);
 /* /v1/settle body. */
-char *qg_json_settle(const qg_settle_result *s, const char *request_id);
+char *qg__json_settle(const qg_settle_result *s, const char *request_id);
 /* /v1/usage body of subject, from qg_engine_usage() at now_ms. */
-char *qg_json_usage(const qg_decision *d, const char *subject,
+char *qg__json_usage(const qg_decision *d, const char *subject,
                     int64_t now_ms, const char *unit_name);
 /* /v1/plans and /v1/weights from the rules. */
-char *qg_json_plans(const qg_rules *r);
-char *qg_json_weights(const qg_rules *r);
+char *qg__json_plans(const qg_rules *r);
+char *qg__json_weights(const qg_rules *r);
 /* {"error":{"type","message"}}. */
-char *qg_json_error(const char *type, const char *message);
+char *qg__json_error(const char *type, const char *message);
 
 /* Static names used in bodies: "rolling".., "member"/"org",
  * "completed".., "reject".. ("?" when unknown). */
-const char *qg_json_win_type_name(int type);
-const char *qg_json_settle_status_name(int status);
-const char *qg_json_policy_name(int policy);
+const char *qg__json_win_type_name(int type);
+const char *qg__json_settle_status_name(int status);
+const char *qg__json_policy_name(int policy);
 
 #endif

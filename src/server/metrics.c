@@ -7,7 +7,7 @@
  * rules version, they map (plan index, window id) to a series pointer in
  * one array lookup.  A reload builds a new table over the same series
  * (found by name), publishes it with an atomic store and retires the old
- * one (kept until qg_metrics_free, so a concurrent reader is never left
+ * one (kept until qg__metrics_free, so a concurrent reader is never left
  * with freed memory).  See metrics.h for the exported families. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -251,7 +251,7 @@ static void mark_base(qg_metrics *m, const table *t)
     }
 }
 
-qg_metrics *qg_metrics_new(const qg_rules *r)
+qg_metrics *qg__metrics_new(const qg_rules *r)
 {
     qg_metrics *m = calloc(1, sizeof *m);
     table *t;
@@ -260,7 +260,7 @@ qg_metrics *qg_metrics_new(const qg_rules *r)
         return NULL;
     pthread_mutex_init(&m->lock, NULL);
     if (!(t = table_build(m, r))) {
-        qg_metrics_free(m);
+        qg__metrics_free(m);
         return NULL;
     }
     mark_base(m, t);
@@ -268,7 +268,7 @@ qg_metrics *qg_metrics_new(const qg_rules *r)
     return m;
 }
 
-void qg_metrics_free(qg_metrics *m)
+void qg__metrics_free(qg_metrics *m)
 {
     if (!m)
         return;
@@ -292,7 +292,7 @@ void qg_metrics_free(qg_metrics *m)
     free(m);
 }
 
-int qg_metrics_rules(qg_metrics *m, const qg_rules *r)
+int qg__metrics_rules(qg_metrics *m, const qg_rules *r)
 {
     table *t;
 
@@ -310,7 +310,7 @@ int qg_metrics_rules(qg_metrics *m, const qg_rules *r)
 
 /* ------------------------------------------------------------ counting */
 
-int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
+int qg__metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
                            int view)
 {
     const table *t = atomic_load_explicit(
@@ -326,7 +326,7 @@ int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
     return t->ids[t->org_first[org_index] + view];
 }
 
-void qg_metrics_decision(qg_metrics *m, int plan_index, int window_id,
+void qg__metrics_decision(qg_metrics *m, int plan_index, int window_id,
                          int outcome)
 {
     const table *t = atomic_load_explicit(&m->cur, memory_order_acquire);
@@ -357,7 +357,7 @@ static int find_name(const char *const *ptr, char *const *copy, int n,
     return -1;
 }
 
-void qg_metrics_record(qg_metrics *m, const qg_decision *d)
+void qg__metrics_record(qg_metrics *m, const qg_decision *d)
 {
     const table *t = atomic_load_explicit(&m->cur, memory_order_acquire);
     int p, o, wid = -1, outcome;
@@ -373,8 +373,8 @@ void qg_metrics_record(qg_metrics *m, const qg_decision *d)
         return;
     o = find_name(t->org_ptr, t->org_name, t->norgs, d->org);
     if (outcome != QG_M_ALLOW && d->binding >= 0)
-        wid = qg_metrics_view_window(m, p, o, d->binding);
-    qg_metrics_decision(m, p, wid, outcome);
+        wid = qg__metrics_view_window(m, p, o, d->binding);
+    qg__metrics_decision(m, p, wid, outcome);
 }
 
 /* *c += v, saturated at UINT64_MAX (weights are bounded, their sums over
@@ -388,13 +388,13 @@ static void add_sat(_Atomic uint64_t *c, uint64_t v)
         c, &old, n, memory_order_relaxed, memory_order_relaxed));
 }
 
-void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind)
+void qg__metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind)
 {
     if ((unsigned)kind < QG_ANOMALY_COUNT)
         atomic_fetch_add_explicit(&m->anomaly[kind], 1, memory_order_relaxed);
 }
 
-void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
+void qg__metrics_settle(qg_metrics *m, const qg_settle_result *s)
 {
     if (s->replayed)
         return;
@@ -416,7 +416,7 @@ void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
     }
 }
 
-void qg_metrics_http(qg_metrics *m, int route, int code)
+void qg__metrics_http(qg_metrics *m, int route, int code)
 {
     int c = NCODES;
 
@@ -667,7 +667,7 @@ static void render_connections(FILE *f, const qg_http_stats *h)
     }
 }
 
-char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
+char *qg__metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
 {
     char *text = NULL;
     size_t len = 0;

@@ -29,39 +29,39 @@ static int64_t clock_ms(clockid_t id)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int64_t qg_server_now(const qg_server *s)
+int64_t qg__server_now(const qg_server *s)
 {
     return s->wall0_ms + (clock_ms(CLOCK_MONOTONIC) - s->mono0_ms);
 }
 
 /* ------------------------------------------------------------- replies */
 
-void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
+void qg__reply_json(qg_server *s, qg_http_req *r, int status, char *json,
                    const qg_http_out_header *h, int nh)
 {
     if (!json) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
-    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
-    qg_http_respond(r, status, h, nh, "application/json", json, strlen(json));
+    qg__metrics_http(s->metrics, qg__server_route(r->path), status);
+    qg__http_respond(r, status, h, nh, "application/json", json, strlen(json));
     free(json);
 }
 
-void qg_reply_error(qg_server *s, qg_http_req *r, int status,
+void qg__reply_error(qg_server *s, qg_http_req *r, int status,
                     const char *type, const char *message)
 {
-    char *body = qg_json_error(type, message);
-    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
+    char *body = qg__json_error(type, message);
+    qg__metrics_http(s->metrics, qg__server_route(r->path), status);
     if (!body)
-        qg_http_respond(r, 500, NULL, 0, "application/json", "{}", 2);
+        qg__http_respond(r, 500, NULL, 0, "application/json", "{}", 2);
     else
-        qg_http_respond(r, status, NULL, 0, "application/json", body,
+        qg__http_respond(r, status, NULL, 0, "application/json", body,
                         strlen(body));
     free(body);
 }
 
-void qg_server_gauges(qg_server *s, const qg_store_stats *st,
+void qg__server_gauges(qg_server *s, const qg_store_stats *st,
                       const qg_ledger_stats *ls, const qg_http_stats *hs,
                       qg_metrics_gauges *g)
 {
@@ -194,8 +194,8 @@ static int restore_row(const qg_ledger_row *row, void *ud)
 static int rebuild(qg_server *s)
 {
     int64_t t0 = clock_ms(CLOCK_MONOTONIC);
-    int64_t since = qg_server_now(s) - qg_engine_reach_ms(s->engine);
-    int rc = qg_ledger_scan(s->ledger, since, restore_row, s);
+    int64_t since = qg__server_now(s) - qg_engine_reach_ms(s->engine);
+    int rc = qg__ledger_scan(s->ledger, since, restore_row, s);
     s->rebuild_ms = clock_ms(CLOCK_MONOTONIC) - t0;
     return rc;
 }
@@ -215,14 +215,14 @@ static void *signal_thread(void *arg)
         if (sigwait(&c->set, &sig) != 0)
             continue;
         if (sig == SIGHUP) {            /* loaded and logged there */
-            qg_reloader_request(c->s->reloader, NULL);
+            qg__reloader_request(c->s->reloader, NULL);
             continue;
         }
         if (sig == SIGUSR2)      /* our own wake-up at shutdown */
             return NULL;
         fprintf(stderr, "quotagate: %s: shutting down\n",
                 sig == SIGINT ? "SIGINT" : "SIGTERM");
-        qg_http_server_stop(c->s->http);
+        qg__http_server_stop(c->s->http);
     }
 }
 
@@ -318,13 +318,13 @@ int qg_serve(const qg_serve_opts *opts)
     }
     nofile = raise_nofile();
     if (s.opts.max_connections >
-        qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2)) {
+        qg__http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2)) {
         fprintf(stderr, "quotagate: --max-connections %d: only %d file "
                 "descriptors are left for connections (ulimit -n %ld, less "
                 "64 + 4 per worker for the ledger, logs and event loops); "
                 "raise the hard limit (ulimit -Hn, LimitNOFILE=)\n",
                 s.opts.max_connections,
-                qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2),
+                qg__http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2),
                 nofile);
         qg_rules_free(rules);
         return 2;
@@ -354,14 +354,14 @@ int qg_serve(const qg_serve_opts *opts)
     lo.flush_ms = s.opts.ledger_flush_ms;
     lo.log = ledger_log;
     lo.id_filter = 1;            /* every new request id is looked up */
-    if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
+    if (!(s.ledger = qg__ledger_open(s.opts.ledger_url, &lo, err,
                                     sizeof err))) {
         fprintf(stderr, "quotagate: ledger: %s\n", err);
         goto done;
     }
-    if (!(s.auth = qg_auth_new(s.ledger, getenv("QUOTAGATE_ADMIN_KEY"),
+    if (!(s.auth = qg__auth_new(s.ledger, getenv("QUOTAGATE_ADMIN_KEY"),
                                getenv("QUOTAGATE_SERVICE_KEY"))) ||
-        qg_auth_bootstrap(s.auth, qg_server_now(&s), stdout) != QG_OK) {
+        qg__auth_bootstrap(s.auth, qg__server_now(&s), stdout) != QG_OK) {
         fprintf(stderr, "quotagate: cannot set up the API keys\n");
         goto done;
     }
@@ -371,25 +371,25 @@ int qg_serve(const qg_serve_opts *opts)
     }
     if (!s.store ||
         !(s.engine = qg_engine_new(rules, s.store)) ||
-        !(s.metrics = qg_metrics_new(rules))) {
+        !(s.metrics = qg__metrics_new(rules))) {
         fprintf(stderr, "quotagate: out of memory\n");
         goto done;
     }
     rules = NULL;                /* the engine owns them */
-    if (qg_proxy_start(&s, err, sizeof err) != 0) {
+    if (qg__proxy_start(&s, err, sizeof err) != 0) {
         fprintf(stderr, "quotagate: --upstream: %s\n", err);
         goto done;
     }
     {
         const char *what = "the subjects created through the admin API";
-        int lrc = qg_ledger_scan_subjects(s.ledger, put_subject, &s);
+        int lrc = qg__ledger_scan_subjects(s.ledger, put_subject, &s);
         if (lrc == QG_OK) {
             what = "the request rows to rebuild the counters";
             lrc = rebuild(&s);
         }
         if (lrc != QG_OK) {
             qg_ledger_stats ls;
-            qg_ledger_stats_get(s.ledger, &ls);
+            qg__ledger_stats_get(s.ledger, &ls);
             fprintf(stderr, "quotagate: ledger %s: cannot read %s: %s; "
                     "nothing is served on a ledger that cannot be read "
                     "(docs/operations.md, \"A damaged ledger\")\n",
@@ -413,12 +413,12 @@ int qg_serve(const qg_serve_opts *opts)
     ho.max_connections = s.opts.max_connections;
     ho.max_conns_per_client = s.opts.max_conns_per_client;
     ho.max_body_bytes = s.opts.max_body_bytes;
-    if (!(s.http = qg_http_server_new(&ho, qg_server_handle, &s, err,
+    if (!(s.http = qg__http_server_new(&ho, qg__server_handle, &s, err,
                                       sizeof err))) {
         fprintf(stderr, "quotagate: listen %s: %s\n", s.opts.listen, err);
         goto done;
     }
-    if (!(s.reloader = qg_reloader_new(&s))) {
+    if (!(s.reloader = qg__reloader_new(&s))) {
         fprintf(stderr, "quotagate: cannot start the reloader thread\n");
         goto done;
     }
@@ -426,8 +426,8 @@ int qg_serve(const qg_serve_opts *opts)
     if (pthread_create(&sigth, NULL, signal_thread, &sc) != 0)
         goto done;
     sig_started = 1;
-    port = qg_http_server_port(s.http);
-    qg_http_server_stats(s.http, &hs);
+    port = qg__http_server_port(s.http);
+    qg__http_server_stats(s.http, &hs);
     if (hs.max_conns_per_client)
         snprintf(err, sizeof err, "%llu",
                  (unsigned long long)hs.max_conns_per_client);
@@ -445,22 +445,22 @@ int qg_serve(const qg_serve_opts *opts)
             s.opts.rules_path, qg_rules_version(qg_engine_rules(s.engine)),
             s.opts.ledger_url, host, port, host, port);
     fflush(stdout);
-    rc = qg_http_server_run(s.http) == 0 ? 0 : 1;
+    rc = qg__http_server_run(s.http) == 0 ? 0 : 1;
 done:
     if (sig_started) {
         pthread_kill(sigth, SIGUSR2);
         pthread_join(sigth, NULL);
     }
-    qg_reloader_free(s.reloader);      /* after run: no request comes */
+    qg__reloader_free(s.reloader);      /* after run: no request comes */
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
-    qg_proxy_stop(&s);
-    qg_ledger_close(s.ledger);
-    qg_http_server_free(s.http);
-    qg_metrics_free(s.metrics);
+    qg__proxy_stop(&s);
+    qg__ledger_close(s.ledger);
+    qg__http_server_free(s.http);
+    qg__metrics_free(s.metrics);
     qg_engine_free(s.engine);
     qg_store_free(s.store);
-    qg_auth_free(s.auth);
+    qg__auth_free(s.auth);
     qg_rules_free(rules);
     pthread_mutex_destroy(&s.reload_mu);
     if (rc == 0)

@@ -190,7 +190,7 @@ static entity *entity_new(qg_key key, const layout *lay)
 static void entity_free(entity *e)
 {
     for (uint32_t i = 0; i < e->lay->n; i++)
-        qg_win_free_type((qg_win_type)e->lay->type[i], &e->win[i]);
+        qg__win_free_type((qg_win_type)e->lay->type[i], &e->win[i]);
     if (e->separate)
         free(e->win);
     free(e);
@@ -213,7 +213,7 @@ static int entity_relayout(entity *e, const layout *nl)
                 break;
             }
     for (uint32_t j = 0; j < ol->n; j++)
-        qg_win_free_type((qg_win_type)ol->type[j], &e->win[j]);
+        qg__win_free_type((qg_win_type)ol->type[j], &e->win[j]);
     if (e->separate)
         free(e->win);
     e->win = nw;
@@ -401,7 +401,7 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     din->ctx[0].anchor_ms = anchor;
     din->ctx[1].anchor_ms = 0;
     din->ctx[0].rid = din->ctx[1].rid = rid.lo;
-    /* qg_decide_add inlined (get_entities checked the total fits). */
+    /* qg__decide_add inlined (get_entities checked the total fits). */
     int n = 0;
     for (uint32_t i = 0; i < m->lay->n; i++, n++) {
         din->spec[n] = &m->lay->specs[i];
@@ -469,7 +469,7 @@ static void spent_adjust(entity *m, int64_t start_ms, int64_t delta)
     if (delta == 0 || m->spent_start_ms != start_ms)
         return;
     if (delta > 0) {
-        m->spent_micro = qg_money_add(m->spent_micro, delta);
+        m->spent_micro = qg__money_add(m->spent_micro, delta);
     } else if (m->spent_micro < QG_MONEY_MAX_MICRO) {
         m->spent_micro += delta < -QG_MONEY_MAX_MICRO ? -QG_MONEY_MAX_MICRO
                                                        : delta;
@@ -524,14 +524,14 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         pthread_mutex_lock(&ms->ents[r->shard].mu);
         gather(&din, r->member, r->org, r->model, r->reserved_milli,
                in->now_ms, r->anchor_ms, in->rid);
-        qg_decide_views(&din, out, 0);
+        qg__decide_views(&din, out, 0);
         pthread_mutex_unlock(&ms->ents[r->shard].mu);
         out->outcome = QG_ALLOW;
         out->replayed = 1;
         out->weight_milli = r->reserved_milli;
         out->headroom_milli = r->headroom_milli;
         out->overage_price_micro = r->price_micro;
-        out->overage_milli = qg_overage_of(r->reserved_milli,
+        out->overage_milli = qg__overage_of(r->reserved_milli,
                                            r->headroom_milli);
         out->overage_cost_micro = r->cost_micro;
         out->cap_reached = 0;
@@ -555,7 +555,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
                in->anchor_ms, in->rid);
         if (in->payg_mask)
             payg_setup(&din, m, in);
-        rc = qg_decide(&din, out);
+        rc = qg__decide(&din, out);
         out->spent_micro = m->spent_micro;
     }
     pthread_mutex_unlock(&es->mu);
@@ -593,7 +593,7 @@ static void settle_result(const resv *r, int replayed, qg_settle_result *out)
     out->charged_milli = r->charged_milli;
     out->decided_at_ms = r->t0_ms;
     out->status = (qg_settle_status)r->status;
-    out->overage_milli = qg_overage_of(r->charged_milli, r->headroom_milli);
+    out->overage_milli = qg__overage_of(r->charged_milli, r->headroom_milli);
     out->overage_cost_micro = r->cost_micro;
 }
 
@@ -625,7 +625,7 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     } else if (r->model_spec) {
         /* tokens within the bound (the engine checked): a weight over the
          * bound is charged at the bound */
-        actual = qg_weight_milli(r->model_spec, in->input_tokens,
+        actual = qg__weight_milli(r->model_spec, in->input_tokens,
                                  in->output_tokens);
         if (actual > QG_AMOUNT_MAX_MILLI)
             actual = QG_AMOUNT_MAX_MILLI;
@@ -641,13 +641,13 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     /* A reservation whose lease expired is final: never refunded. */
     if (r->late && delta < 0)
         delta = 0;
-    int64_t cost = qg_overage_cost(
-        qg_overage_of(r->reserved_milli + delta, r->headroom_milli),
+    int64_t cost = qg__overage_cost(
+        qg__overage_of(r->reserved_milli + delta, r->headroom_milli),
         r->price_micro);
     pthread_mutex_lock(&ms->ents[r->shard].mu);
     gather(&din, r->member, r->org, r->model, r->reserved_milli, in->now_ms,
            r->anchor_ms, in->rid);
-    qg_decide_settle(&din, r->t0_ms, delta);
+    qg__decide_settle(&din, r->t0_ms, delta);
     spent_adjust(r->member, r->cap_start_ms, cost - r->cost_micro);
     pthread_mutex_unlock(&ms->ents[r->shard].mu);
     r->cost_micro = cost;
@@ -676,7 +676,7 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
                       in->orgspec, NULL, &m, &o);
     if (rc == QG_OK) {
         gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
-        qg_decide_views(&din, out, 1);
+        qg__decide_views(&din, out, 1);
         if (in->cap_start_ms >= 0 && m->spent_start_ms == in->cap_start_ms)
             out->spent_micro = m->spent_micro;
     }
@@ -714,13 +714,13 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
                in->anchor_ms, rid);
         for (int i = 0; i < din.n && rc == QG_OK; i++) {
             const qg_window_spec *w = din.spec[i];
-            if (!qg_window_applies(w, in->model))
+            if (!qg__window_applies(w, in->model))
                 continue;
             /* A settled request no longer holds a concurrency slot. */
             if (w->type == QG_WIN_CONCURRENCY && in->settled)
                 continue;
-            rc = qg_win_charge(w, din.state[i], &din.ctx[din.org[i]],
-                               qg_win_amount(w, in->charged_milli));
+            rc = qg__win_charge(w, din.state[i], &din.ctx[din.org[i]],
+                               qg__win_amount(w, in->charged_milli));
         }
         if (rc == QG_OK && in->cost_micro > 0) {
             spent_in(m, in->cap_start_ms);
@@ -772,7 +772,7 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
             if (key_zero(es->slots[j].key))
                 continue;
             for (uint32_t w = 0; w < e->lay->n; w++)
-                out->bytes += qg_win_bytes_type((qg_win_type)e->lay->type[w],
+                out->bytes += qg__win_bytes_type((qg_win_type)e->lay->type[w],
                                                 &e->win[w]);
         }
         pthread_mutex_unlock(&es->mu);

@@ -985,7 +985,7 @@ static void test_downgrade_stream(void **state)
     assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
 }
 
-/* The Anthropic shape downgrades the same way (qg_request_replace_model). */
+/* The Anthropic shape downgrades the same way (qg__request_replace_model). */
 static void test_downgrade_anthropic(void **state)
 {
     const char *s = new_subject("dg"), *key = new_key(s);
@@ -1462,7 +1462,7 @@ static long long tcp_mem_max(const char *name, long long dflt)
  * net.ipv4.tcp_rmem's maximum (measured under load: 9.07 MB left the
  * double in all, more than a bound without this term); plus 3 MiB for
  * the rest: the gateway's pending output (the 256 KiB high-water mark of
- * qg_http_stream_write plus one upstream read) and the double's pinned
+ * qg__http_stream_write plus one upstream read) and the double's pinned
  * 64 KiB send buffer (doubled by the kernel) and 64 KiB batch.  Without
  * backpressure the whole stream leaves the double. */
 static long long in_flight_bound(void)
@@ -1482,7 +1482,7 @@ static int flood_events(void)
 }
 
 /* A caller that stops reading a long stream (flood_events()): the gateway must pause
- * reading from the upstream (qg_http_stream_write returns 1 above the
+ * reading from the upstream (qg__http_stream_write returns 1 above the
  * high-water mark; h_proxy.c then disables the upstream bufferevent's
  * reads until the drain callback), so the double, which writes only as
  * fast as its socket takes bytes (flood mode), stops far short of the

@@ -67,7 +67,7 @@ static void s_done(void *ud, int err)
     (void)ud;
     if (S.dones++ == 0) {
         S.err = err;
-        S.conns_at_done = qg_upstream_connections(up);
+        S.conns_at_done = qg__upstream_connections(up);
     }
 }
 
@@ -89,7 +89,7 @@ static void answer(const char *text, size_t len)
     size_t req = 0, off = 0;
     int fd = -1, turns = 0;
     memset(&S, 0, sizeof S);
-    assert_non_null(qg_upstream_send(up, 0, base, REQ, sizeof REQ - 3,
+    assert_non_null(qg__upstream_send(up, 0, base, REQ, sizeof REQ - 3,
                                      REQ + sizeof REQ - 3, 2, &cbs, NULL));
     while (fd < 0 || req < sizeof REQ - 1) {
         ssize_t k;
@@ -110,7 +110,7 @@ static void answer(const char *text, size_t len)
     }
     pump();
     shutdown(fd, SHUT_WR);
-    for (turns = 0; !S.dones || qg_upstream_connections(up) > 0; turns++) {
+    for (turns = 0; !S.dones || qg__upstream_connections(up) > 0; turns++) {
         pump();
         assert_true(turns < PUMP_LIMIT);
     }
@@ -135,14 +135,14 @@ static int group_setup(void **state)
         listen(lfd, 16) || getsockname(lfd, (struct sockaddr *)&a, &len))
         return -1;
     snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
-    up = qg_upstream_new(url, 1, 600000, NULL, err, sizeof err);
+    up = qg__upstream_new(url, 1, 600000, NULL, err, sizeof err);
     return up ? 0 : -1;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    qg_upstream_free(up);
+    qg__upstream_free(up);
     close(lfd);
     event_base_free(base);
     return 0;
