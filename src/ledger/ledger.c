@@ -15,6 +15,7 @@
 struct qg_ledger {
     const qg__ledger_backend *be;
     void *b;
+    size_t max_queue;          /* opts.max_queue: submit refuses beyond */
 };
 
 qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
@@ -74,6 +75,7 @@ qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
         return NULL;
     }
     l->be = be;
+    l->max_queue = (size_t)o.max_queue;
     if (!(l->b = be->open(target, &o, err, errcap))) {
         free(l);
         return NULL;
@@ -171,6 +173,12 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
         l->be->stats_get(l->b, out);
         out->backend = l->be->name;
     }
+}
+
+int qg__ledger_behind(qg_ledger *l)
+{
+    size_t headroom = l ? l->max_queue / 64 : 0;
+    return l && qg__ledger_queued(l) + headroom >= l->max_queue;
 }
 
 size_t qg__ledger_queued(qg_ledger *l)

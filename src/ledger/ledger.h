@@ -208,6 +208,12 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
  * concurrent submit or commit by a moment. */
 size_t qg__ledger_queued(qg_ledger *l);
 
+/* 1 when the writer is so far behind that a new decision should wait: its
+ * backlog is within a sixty-fourth of opts.max_queue (1,024 rows of the
+ * default 65,536) of the bound, which is kept for the rows of decisions
+ * already admitted (their settles must still find room). */
+int qg__ledger_behind(qg_ledger *l);
+
 /* ------------------------------------------- backends (internal, qg__) */
 
 /* One backend: ledger.c picks it by the URL's scheme and forwards every

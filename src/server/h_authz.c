@@ -53,7 +53,7 @@
 #include "json_out.h"
 #include "metrics.h"
 #include "rules.h"
-#include "server.h"
+#include "gate.h"
 
 #define ERRCAP 320
 #define NEXTRA 6
@@ -263,10 +263,9 @@ void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
     char model[QG_NAME_MAX], num[64], wtext[64];
     int64_t in_tokens = 0, max_out = -1, weight = 1000, now;
     int nginx, rc, role, has_subject, has_svc, has_model, has_weight;
-    qg_check_req req;
-    qg_decision dbuf, *d = &dbuf;
+    qg__admit *a = NULL;
+    qg_decision *d;
     qg_hdr_buf hb;
-    qg_ledger_row row, prior;     /* prior: a replay from the ledger */
     qg_http_out_header extra[QG_HDR_MAX + NEXTRA];
     const qg_rules *rules;
     int n;
@@ -394,62 +393,46 @@ void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
             return;
         }
     }
-    if (qg__ledger_queued(s->ledger) + 1024 >= 65536) {
-        fail(s, r, nginx, 503, "overloaded",
-             "the ledger is behind; retry shortly");
+    /* decide, and when admitted settle at once (one phase) */
+    if (!(a = malloc(sizeof *a))) {
+        fail(s, r, nginx, 503, "overloaded", "out of memory");
         return;
     }
-
-    /* decide */
-    req = (qg_check_req){.subject = subject, .request_id = rid,
-                         .model = has_model > 0 ? model : NULL,
-                         .input_tokens = in_tokens,
-                         .max_output_tokens = max_out,
-                         .weight_milli = has_model > 0 ? 0 : weight};
-    rc = qg__server_check(s, &req, now, d, &prior, err, sizeof err);
-    if (rc != QG_OK) {
-        fail_engine(s, r, nginx, rc, err);
-        return;
+    d = &a->d;
+    a->req = (qg_check_req){.subject = subject, .request_id = rid,
+                            .model = has_model > 0 ? model : NULL,
+                            .input_tokens = in_tokens,
+                            .max_output_tokens = max_out,
+                            .weight_milli = has_model > 0 ? 0 : weight};
+    a->row_output_tokens = has_model > 0 ? (max_out < 0
+                                                ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                                : max_out)
+                                         : 0;
+    a->estimated = 0;
+    qg__gate_decide(s, a);
+    if (a->rc != QG_OK) {
+        fail_engine(s, r, nginx, a->rc, a->err);
+        goto out;
+    }
+    qg__gate_record(s, a, NULL);
+    if (!d->replayed && d->outcome == QG_ALLOW) {
+        qg__settle st;
+        memset(&st, 0, sizeof st);
+        st.req = (qg_settle_req){.request_id = rid,
+                                 .status = QG_SETTLE_COMPLETED,
+                                 .input_tokens = in_tokens,
+                                 .output_tokens = a->row_output_tokens,
+                                 .weight_milli = -1};
+        st.row_subject = subject;
+        st.estimated = has_model > 0;
+        if (qg__gate_settle(s, &st, r->worker, NULL, NULL) == QG_OK)
+            refresh_views(s, subject, a->now_ms, d);
+        else
+            fprintf(stderr, "quotagate: authz: settle of %s: %s\n", rid,
+                    st.err);
     }
     rules = qg_engine_rules(s->engine);
-    qg__metrics_record(s->metrics, d);
-    if (!d->replayed) {
-        qg__row_of_decision(&row, d, rid, subject, in_tokens,
-                           has_model > 0
-                               ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
-                                              : max_out)
-                               : 0);
-        if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
-            fprintf(stderr, "quotagate: ledger queue full: the row of "
-                    "request %s was not queued\n", rid);
-        if (d->outcome == QG_ALLOW) {
-            /* one phase: settle at once at the reserved weight */
-            qg_settle_result res;
-            qg_settle_req sr = {.request_id = rid,
-                                .status = QG_SETTLE_COMPLETED,
-                                .input_tokens = row.input_tokens,
-                                .output_tokens = row.output_tokens,
-                                .weight_milli = -1};
-            if (qg_engine_settle(s->engine, &sr, now, &res, err,
-                                 sizeof err) == QG_OK) {
-                qg_ledger_row srow;
-                qg__metrics_settle(s->metrics, &res);
-                qg__row_of_settle(&srow, rid, subject, QG_ROW_COMPLETED,
-                                 row.input_tokens, row.output_tokens, &res,
-                                 now);
-                srow.estimated = has_model > 0;
-                if (qg__ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
-                    fprintf(stderr, "quotagate: ledger queue full: the "
-                            "settle of request %s was not queued\n", rid);
-                refresh_views(s, subject, now, d);
-            } else {
-                fprintf(stderr, "quotagate: authz: settle of %s: %s\n", rid,
-                        err);
-            }
-        }
-    }
-    if (qg__headers_for_decision(d, rules, now, &hb) < 0)
-        hb.n = 0;
+    qg__gate_headers(s, a, &hb);
     n = 0;
     for (int i = 0; i < hb.n; i++)
         extra[n++] = hb.h[i];
@@ -469,4 +452,6 @@ void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
     extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", rid};
     answer(s, r, nginx, d->outcome == QG_ALLOW ? 200 : 429,
            qg__json_check(d, rid, rules->unit), extra, n);
+out:
+    free(a);
 }
