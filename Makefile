@@ -35,7 +35,7 @@ INC_io       := $(INC_core) -Isrc/io
 INC_analysis := $(INC_core) -Isrc/analysis
 INC_http     := -Iinclude -Isrc/http
 INC_ledger   := -Iinclude -Isrc/ledger
-INC_proxy    := $(INC_core) -Isrc/proxy
+INC_proxy    := $(INC_core) -Isrc/http -Isrc/proxy
 INC_server   := $(INC_core) -Isrc/store -Isrc/io -Isrc/http -Isrc/ledger \
                 -Isrc/proxy -Isrc/server
 INC_cli      := -Iinclude -Isrc/analysis -Isrc/cli

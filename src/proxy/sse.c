@@ -224,3 +224,32 @@ int qg__sse_finish(qg_sse *p)
     p->failed = 0;
     return rc;
 }
+
+/* ------------------------------------------------------------ splitter */
+
+size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        char c = buf[i];
+        if (c == '\n' && s->cr) {       /* the LF of a CRLF */
+            s->cr = 0;
+            continue;
+        }
+        if (c == '\r' || c == '\n') {
+            s->cr = c == '\r';
+            if (s->at_eol) {
+                s->at_eol = 0;
+                if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') {
+                    s->cr = 0;          /* keep the CRLF whole */
+                    return i + 2;
+                }
+                return i + 1;
+            }
+            s->at_eol = 1;
+        } else {
+            s->at_eol = 0;
+            s->cr = 0;
+        }
+    }
+    return 0;
+}

@@ -14,7 +14,11 @@
  * the parser fail with QG_ERANGE.  Comment lines are discarded as they
  * stream and are never buffered, so they have no cap.
  *
- * A handle is not thread-safe; use one per stream. */
+ * A handle is not thread-safe; use one per stream.
+ *
+ * The splitter (qg__sse_split_next) finds where one event ends in a byte
+ * stream without parsing it, so that a stream can be passed on event by
+ * event (stream.c's filter mode). */
 #ifndef QG_SSE_H
 #define QG_SSE_H
 
@@ -53,5 +57,20 @@ int qg__sse_finish(qg_sse *p);
 
 /* Release the parser; NULL is ignored. */
 void qg__sse_free(qg_sse *p);
+
+/* Event boundaries of a text/event-stream: an event ends with a blank
+ * line (two line ends in a row; a line ends with CR, LF or CRLF).  Zero
+ * the state before a stream. */
+typedef struct qg_sse_split {
+    int at_eol;                /* the last byte ended a line */
+    int cr;                    /* the last byte was CR */
+} qg_sse_split;
+
+/* Scan buf[0..len): returns the offset just past the first event
+ * boundary in it (1..len), or 0 when it holds none (the state then
+ * covers all len bytes).  Call again on the rest after a boundary.  A
+ * boundary that ends with a CR whose LF is in the next piece leaves that
+ * LF to the next event (an empty line there, which dispatches nothing). */
+size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len);
 
 #endif

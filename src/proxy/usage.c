@@ -390,3 +390,66 @@ done:
     json_decref(root);
     return rc;
 }
+
+/* --------------------------------------------------- generated content */
+
+static int64_t str_len(json_t *v)
+{
+    return json_is_string(v) ? (int64_t)json_string_length(v) : 0;
+}
+
+static int64_t tool_call_bytes(json_t *calls)
+{
+    size_t i;
+    json_t *c;
+    int64_t n = 0;
+    json_array_foreach(calls, i, c)
+        n += str_len(json_object_get(json_object_get(c, "function"),
+                                     "arguments"));
+    return n;
+}
+
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len)
+{
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.openai_chunk_bytes : 0;
+}
+
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len)
+{
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.anthropic_event_bytes : 0;
+}
+
+/* A whole body stays on jansson: Anthropic's tool_use input is counted as
+ * its compact JSON text, which needs the tree (and this runs only when
+ * the upstream reported no output count). */
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape)
+{
+    json_t *j = json_loadb(body, len, 0, NULL), *x;
+    size_t i;
+    int64_t n = 0;
+    if (!j)
+        return 0;
+    if (shape == QG_SHAPE_OPENAI) {
+        json_array_foreach(json_object_get(j, "choices"), i, x) {
+            json_t *m = json_object_get(x, "message");
+            n += str_len(json_object_get(m, "content"));
+            n += tool_call_bytes(json_object_get(m, "tool_calls"));
+        }
+    } else {
+        json_array_foreach(json_object_get(j, "content"), i, x) {
+            json_t *in = json_object_get(x, "input");
+            n += str_len(json_object_get(x, "text")) +
+                 str_len(json_object_get(x, "thinking"));
+            if (in) {
+                char *t = json_dumps(in, JSON_COMPACT);
+                if (t)
+                    n += (int64_t)strlen(t);
+                free(t);
+            }
+        }
+    }
+    json_decref(j);
+    return n;
+}

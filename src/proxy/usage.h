@@ -147,4 +147,19 @@ int qg__request_replace_model(const char *body, size_t len,
                              const char *new_model, char **out,
                              size_t *outlen);
 
+/* ------------------------------------------------- generated content */
+
+/* Bytes of generated text: an OpenAI chat.completion.chunk payload
+ * (choices[].delta.content and tool call arguments), an Anthropic stream
+ * event's payload (content_block_delta: delta.text, partial_json,
+ * thinking), a whole non-streaming body of either shape (OpenAI:
+ * choices[].message.content and tool call arguments; Anthropic:
+ * content[].text / thinking, tool_use input as JSON).  Bytes of the
+ * decoded UTF-8 text (an escape counts as the bytes it stands for; a
+ * \u0000 counts 1 in a stream event).  0 when there is none or the text
+ * is not JSON. */
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len);
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len);
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape);
+
 #endif

@@ -98,7 +98,9 @@ struct qg__settle {
     void *ud;
 };
 
-/* Settle st->req now.  On QG_OK the row is queued: with done NULL nobody
+/* Settle st->req now (a caller who waits is refused with QG_EFULL while
+ * the ledger is behind; a settle nobody waits for never is).  On QG_OK
+ * the row is queued: with done NULL nobody
  * waits for it (the proxy and forward-auth; st may be freed at once),
  * else done(st, rc, ud) runs on `worker` once it is durable, and st must
  * live until then (/v1/settle answers only then).  done is never called

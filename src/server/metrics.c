@@ -388,7 +388,7 @@ static void add_sat(_Atomic uint64_t *c, uint64_t v)
         c, &old, n, memory_order_relaxed, memory_order_relaxed));
 }
 
-void qg__metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind)
+void qg__metrics_usage_anomaly(qg_metrics *m, qg__anomaly kind)
 {
     if ((unsigned)kind < QG_ANOMALY_COUNT)
         atomic_fetch_add_explicit(&m->anomaly[kind], 1, memory_order_relaxed);

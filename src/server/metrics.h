@@ -58,6 +58,7 @@
 
 #include <stdint.h>
 #include "http.h"
+#include "charge.h"
 #include "quotagate.h"
 #include "rules.h"
 
@@ -139,14 +140,8 @@ void qg__metrics_settle(qg_metrics *m, const qg_settle_result *s);
 
 /* The proxy charged other than the upstream reported (docs/proxy.md,
  * "Usage beyond what was allowed"). */
-typedef enum qg_metrics_anomaly {
-    QG_ANOMALY_OUTPUT_OVER_CAP = 0,   /* output above max_tokens */
-    QG_ANOMALY_OUTPUT_OVER_BOUND,     /* output above QG_TOKENS_MAX */
-    QG_ANOMALY_INPUT_OVER_BOUND,      /* input above QG_TOKENS_MAX */
-    QG_ANOMALY_RESPONSE_TOO_LARGE,    /* a buffered answer over 64 MiB */
-    QG_ANOMALY_COUNT
-} qg_metrics_anomaly;
-void qg__metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind);
+/* the kinds are the proxy's (charge.h) */
+void qg__metrics_usage_anomaly(qg_metrics *m, qg__anomaly kind);
 
 /* Count an HTTP response on route (qg_metrics_route) with status code. */
 void qg__metrics_http(qg_metrics *m, int route, int code);

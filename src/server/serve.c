@@ -20,6 +20,7 @@
 #include "auth.h"
 #include "json_out.h"
 #include "metrics.h"
+#include "proxy.h"
 #include "server.h"
 
 static int64_t clock_ms(clockid_t id)
@@ -376,9 +377,16 @@ int qg_serve(const qg_serve_opts *opts)
         goto done;
     }
     rules = NULL;                /* the engine owns them */
-    if (qg__proxy_start(&s, err, sizeof err) != 0) {
-        fprintf(stderr, "quotagate: --upstream: %s\n", err);
-        goto done;
+    {
+        const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
+        int workers = s.opts.workers > 0 ? s.opts.workers : 2;
+        if (!(s.proxy = qg__proxy_new(workers, s.opts.upstream,
+                                      t ? atoi(t) : 0,
+                                      getenv("QUOTAGATE_UPSTREAM_CA"), err,
+                                      sizeof err))) {
+            fprintf(stderr, "quotagate: --upstream: %s\n", err);
+            goto done;
+        }
     }
     {
         const char *what = "the subjects created through the admin API";
@@ -454,7 +462,7 @@ done:
     qg__reloader_free(s.reloader);      /* after run: no request comes */
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
-    qg__proxy_stop(&s);
+    qg__proxy_free(s.proxy);     /* ends calls in flight (settled) */
     qg__ledger_close(s.ledger);
     qg__http_server_free(s.http);
     qg__metrics_free(s.metrics);

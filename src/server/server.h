@@ -13,7 +13,7 @@
 
 typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
-typedef struct qg_proxy qg_proxy;   /* h_proxy.c */
+typedef struct qg__proxy qg__proxy; /* src/proxy/proxy.h */
 typedef struct qg_reloader qg_reloader;   /* reload.c */
 
 /* qg_serve_opts and qg_serve are public (quotagate.h). */
@@ -26,7 +26,8 @@ typedef struct qg_server {
     qg_http_server *http;
     qg_metrics *metrics;
     qg_auth *auth;
-    qg_proxy *proxy;             /* NULL without --upstream */
+    qg__proxy *proxy;            /* the metering proxy (always set up:
+                                    models may name their own upstream) */
     qg_reloader *reloader;       /* loads rules off the workers */
     pthread_mutex_t reload_mu;   /* one reload at a time */
     int64_t wall0_ms;            /* CLOCK_REALTIME at start */
@@ -146,10 +147,5 @@ void qg__h_authz(qg_server *s, qg_http_req *r, const char *subject);
  * and POST /v1/messages with a subject key. */
 void qg__h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject);
-/* Set up the proxy when opts.upstream is set (0, or -1 with err: a bad
- * URL); stop it after qg__http_server_run returned and before the ledger
- * closes (cancels requests in flight, settles them cancelled). */
-int qg__proxy_start(qg_server *s, char *err, size_t errcap);
-void qg__proxy_stop(qg_server *s);
 
 #endif

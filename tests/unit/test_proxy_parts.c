@@ -10,6 +10,7 @@
 
 #include <string.h>
 #include "proxy.h"
+#include "sse.h"
 #include "usage.h"
 
 /* Feed text in pieces of `step` bytes; record each event's end offset. */
