@@ -50,11 +50,6 @@ static const int codes[] = {200, 201, 204, 304, 400, 401, 403, 404, 405,
                             502, 503, 504};
 #define NCODES ((int)(sizeof codes / sizeof codes[0]))
 
-static const char *const route_names[QG_ROUTE_COUNT] = {
-    "check",   "settle", "usage",   "plans",   "weights",
-    "authz",   "chat_completions",  "messages", "admin",
-    "metrics", "healthz", "console", "other"};
-
 static const char *const outcome_names[NOUT] = {"allow", "reject",
                                                 "reject_never"};
 
@@ -552,7 +547,7 @@ static void render_http(qg_metrics *m, FILE *f)
             if (!v)
                 continue;
             fprintf(f, "quotagate_http_requests_total{route=\"%s\",code=\"",
-                    route_names[r]);
+                    qg__route_label(r));
             if (c < NCODES)
                 fprintf(f, "%d", codes[c]);
             else

@@ -60,29 +60,14 @@
 #include "http.h"
 #include "charge.h"
 #include "quotagate.h"
+#include "routes.h"
 #include "rules.h"
 
 typedef struct qg_metrics qg_metrics;
 
 enum { QG_M_ALLOW = 0, QG_M_REJECT = 1, QG_M_REJECT_NEVER = 2 };
 
-/* Routes, for quotagate_http_requests_total{route}. */
-typedef enum qg_metrics_route {
-    QG_ROUTE_CHECK = 0,
-    QG_ROUTE_SETTLE,
-    QG_ROUTE_USAGE,
-    QG_ROUTE_PLANS,
-    QG_ROUTE_WEIGHTS,
-    QG_ROUTE_AUTHZ,
-    QG_ROUTE_CHAT,         /* /v1/chat/completions */
-    QG_ROUTE_MESSAGES,     /* /v1/messages */
-    QG_ROUTE_ADMIN,
-    QG_ROUTE_METRICS,
-    QG_ROUTE_HEALTHZ,
-    QG_ROUTE_CONSOLE,
-    QG_ROUTE_OTHER,        /* unknown paths */
-    QG_ROUTE_COUNT
-} qg_metrics_route;
+/* Routes: the groups of routes.h. */
 
 /* Values read at scrape time from the ledger, the store and the last
  * rebuild.  Histogram buckets are cumulative counts of commits that took

@@ -20,6 +20,7 @@
 #include "auth.h"
 #include "json_out.h"
 #include "metrics.h"
+#include "routes.h"
 #include "proxy.h"
 #include "server.h"
 

@@ -66,7 +66,6 @@ void qg__reloader_free(qg_reloader *rl);
 /* The one dispatcher given to the HTTP layer (routes.c), and the metrics
  * route of a path. */
 void qg__server_handle(qg_http_req *r, void *ud);
-int qg__server_route(const char *path);
 
 /* Scrape-time gauges from the parts' statistics (serve.c). */
 struct qg_metrics_gauges;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "metrics.h"
+#include "routes.h"
 #include "quotagate.h"
 #include "rules.h"
 #include "tzfile.h"
