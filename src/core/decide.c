@@ -112,21 +112,6 @@ static void rollback(qg_decide_in *in, int upto)
     }
 }
 
-int64_t qg__overage_cost(int64_t overage_milli, int64_t price_micro)
-{
-    if (overage_milli <= 0 || price_micro <= 0)
-        return 0;
-    __int128 c = ((__int128)overage_milli * price_micro + 999) / 1000;
-    return c > QG_MONEY_MAX_MICRO ? QG_MONEY_MAX_MICRO : (int64_t)c;
-}
-
-int64_t qg__overage_of(int64_t charged_milli, int64_t headroom_milli)
-{
-    if (headroom_milli < 0 || charged_milli <= headroom_milli)
-        return 0;
-    return charged_milli - headroom_milli;
-}
-
 static void no_overage(qg_decision *out)
 {
     out->overage_milli = out->overage_cost_micro = 0;

@@ -11,6 +11,7 @@
 #define QG_DECIDE_H
 
 #include "quotagate.h"
+#include "payg.h"
 #include "rules.h"
 #include "window.h"
 
@@ -43,12 +44,6 @@ int qg__decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
  * could not record the charge (then nothing is charged). */
 int qg__decide(qg_decide_in *in, qg_decision *out);
 
-/* Price of `overage_milli` points at price_micro per point, rounded up. */
-int64_t qg__overage_cost(int64_t overage_milli, int64_t price_micro);
-
-/* Overage of a charge given the room its lifted windows had: max(0,
- * charged - headroom); 0 when headroom < 0 (nothing lifted). */
-int64_t qg__overage_of(int64_t charged_milli, int64_t headroom_milli);
 
 /* Views (and recovery schedules when with_recovery) without deciding. */
 void qg__decide_views(qg_decide_in *in, qg_decision *out, int with_recovery);

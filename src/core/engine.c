@@ -33,6 +33,7 @@
 #include "civil.h"
 #include "error.h"
 #include "fixed.h"
+#include "payg.h"
 #include "rules.h"
 #include "store.h"
 #include "weights.h"
@@ -68,7 +69,7 @@ struct qg_engine {
     gen *_Atomic cur;
     qg_store *store;
     pthread_mutex_t reload_mu;
-    qg_tz *utc;                  /* cap periods (cap_period) */
+    qg_tz *utc;                  /* payg cap periods (payg.c) */
     reg_shard reg[REG_SHARDS];
 };
 
@@ -489,52 +490,6 @@ static void fill_names(const gen *g, const subject *s, int model,
     out->anchor_ms = s->anchor_ms;
 }
 
-/* The spending cap's period containing at_ms: the member's billing month
- * (its anchor's day and time of day, UTC, clamped to short months), or
- * the calendar month in UTC when it has no anchor. */
-static void cap_period(const qg_engine *e, int64_t anchor_ms, int64_t at_ms,
-                       int64_t *start, int64_t *end)
-{
-    qg_calendar_spec c = {QG_EVERY_MONTH, 0, 1, 0, 1, e->utc};
-    if (qg__calendar_period(&c, anchor_ms, at_ms, start, end) != 0) {
-        *start = 0;
-        *end = INT64_MAX;
-    }
-}
-
-/* payg: which windows of this member and org the policy lifts (the bit
- * order of the store's decision: member windows, then org windows), and
- * the policy whose price and cap apply.  0 when none. */
-static uint32_t payg_mask(const qg_plan *p, const qg_org_spec *o,
-                          const qg_overage **ov)
-{
-    uint32_t mask = p->payg_mask;
-    *ov = p->payg;
-    if (o) {
-        uint32_t om = o->payg_own_mask;
-        if (p->overage.policy == QG_POLICY_PAYG)
-            om |= o->payg_inherit_mask;
-        if (!*ov)
-            *ov = o->payg;
-        mask |= om << p->nwindows;
-    }
-    return *ov ? mask : 0;
-}
-
-static void payg_fill(const qg_engine *e, qg_store_check *in)
-{
-    const qg_overage *ov;
-    in->payg_mask = 0;
-    if (!in->plan->payg && !(in->orgspec && in->orgspec->payg))
-        return;
-    if (!(in->payg_mask = payg_mask(in->plan, in->orgspec, &ov)))
-        return;
-    in->price_micro = ov->price_per_unit_micro;
-    in->cap_micro = ov->spending_cap_micro;
-    cap_period(e, in->anchor_ms, in->now_ms, &in->cap_start_ms,
-               &in->cap_end_ms);
-}
-
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                     qg_decision *out, char *err, size_t errcap)
 {
@@ -599,7 +554,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
-    payg_fill(e, &in);
+    qg__payg_fill(e->utc, &in);
     {
         void *before = atomic_load_explicit(&s.hint, memory_order_relaxed);
         void *hint = before;
@@ -711,8 +666,9 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
         const qg_overage *ov;
         int64_t end = 0;
         in.cap_start_ms = -1;
-        if (payg_mask(in.plan, in.orgspec, &ov)) {
-            cap_period(e, in.anchor_ms, now_ms, &in.cap_start_ms, &end);
+        if (qg__payg_mask(in.plan, in.orgspec, &ov)) {
+            qg__payg_cap_period(e->utc, in.anchor_ms, now_ms,
+                                &in.cap_start_ms, &end);
             out->spending_cap_micro = ov->spending_cap_micro;
             out->overage_price_micro = ov->price_per_unit_micro;
             out->cap_period_end_ms = end;
@@ -789,7 +745,8 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.charge_only = req->charge_only;
     if (req->headroom_milli >= 0 || req->overage_cost_micro > 0) {
         int64_t end;
-        cap_period(e, in.anchor_ms, in.at_ms, &in.cap_start_ms, &end);
+        qg__payg_cap_period(e->utc, in.anchor_ms, in.at_ms,
+                            &in.cap_start_ms, &end);
     }
     rc = e->store->m->restore(e->store, &in);
     if (rc != QG_OK)

@@ -174,8 +174,7 @@ void qg_rules_free(qg_rules *r);
 int qg__rules_index_orgs(qg_rules *r);
 int qg__rules_index_subjects(qg_rules *r);
 
-/* Derive the payg masks of every plan and org (called by the parser). */
-void qg__rules_payg(qg_rules *r);
+/* qg__rules_payg: payg.h. */
 
 /* Formats "path:line:col: message" into buf. */
 void qg__diag_format(const qg_diag *d, char *buf, size_t cap);

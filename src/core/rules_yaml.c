@@ -10,8 +10,6 @@
  * "expected one of ..." text.  Every error names the dotted path, the
  * 1-based line and column of the offending node and what was expected.
  * No I/O happens here except through the caller's time-zone resolver. */
-#include "rules.h"
-
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +18,7 @@
 
 #include "civil.h"
 #include "fixed.h"
+#include "payg.h"
 #include "quotagate.h"
 #include "rules_compile.h"
 #include "url.h"

@@ -55,8 +55,7 @@ typedef struct entity {
     qg_win_state *win;            /* points into the block, or separate */
     uint16_t separate;            /* win allocated apart from the block */
     uint16_t shard;               /* entity shard it lives in */
-    int64_t spent_micro;          /* payg: spent in the cap period ... */
-    int64_t spent_start_ms;       /* ... starting here (0: none yet) */
+    qg__payg_spent spent;         /* payg: spent in the cap period */
     qg_win_state inline_win[];
 } entity;
 
@@ -441,41 +440,13 @@ static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
     return rc;
 }
 
-/* The member's spent amount in the cap period that starts at start_ms
- * (store.h): an amount of an earlier period is dropped. */
-static int64_t *spent_in(entity *m, int64_t start_ms)
-{
-    if (m->spent_start_ms != start_ms && start_ms >= m->spent_start_ms) {
-        m->spent_micro = 0;
-        m->spent_start_ms = start_ms;
-    }
-    return &m->spent_micro;
-}
-
 static void payg_setup(qg_decide_in *din, entity *m, const qg_store_check *in)
 {
     din->soft = in->payg_mask;
     din->price_micro = in->price_micro;
     din->cap_micro = in->cap_micro;
     din->cap_end_ms = in->cap_end_ms;
-    din->spent_micro = spent_in(m, in->cap_start_ms);
-}
-
-/* Settle or restore: move the member's spent amount by delta (within
- * +-QG_MONEY_MAX_MICRO) when it is still the period the charge was made
- * in.  It saturates at the bound and then stays there against refunds. */
-static void spent_adjust(entity *m, int64_t start_ms, int64_t delta)
-{
-    if (delta == 0 || m->spent_start_ms != start_ms)
-        return;
-    if (delta > 0) {
-        m->spent_micro = qg__money_add(m->spent_micro, delta);
-    } else if (m->spent_micro < QG_MONEY_MAX_MICRO) {
-        m->spent_micro += delta < -QG_MONEY_MAX_MICRO ? -QG_MONEY_MAX_MICRO
-                                                       : delta;
-        if (m->spent_micro < 0)
-            m->spent_micro = 0;
-    }
+    din->spent_micro = qg__payg_spent_in(&m->spent, in->cap_start_ms);
 }
 
 /* When a reservation made at t0 stops holding its lease. */
@@ -535,7 +506,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
                                            r->headroom_milli);
         out->overage_cost_micro = r->cost_micro;
         out->cap_reached = 0;
-        out->spent_micro = r->member->spent_micro;
+        out->spent_micro = r->member->spent.micro;
         out->decided_at_ms = r->t0_ms;
         out->retry_after_ms = 0;
         out->binding = -1;
@@ -556,7 +527,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         if (in->payg_mask)
             payg_setup(&din, m, in);
         rc = qg__decide(&din, out);
-        out->spent_micro = m->spent_micro;
+        out->spent_micro = m->spent.micro;
     }
     pthread_mutex_unlock(&es->mu);
     if (rc != QG_OK)
@@ -648,7 +619,8 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     gather(&din, r->member, r->org, r->model, r->reserved_milli, in->now_ms,
            r->anchor_ms, in->rid);
     qg__decide_settle(&din, r->t0_ms, delta);
-    spent_adjust(r->member, r->cap_start_ms, cost - r->cost_micro);
+    qg__payg_spent_adjust(&r->member->spent, r->cap_start_ms,
+                          cost - r->cost_micro);
     pthread_mutex_unlock(&ms->ents[r->shard].mu);
     r->cost_micro = cost;
     r->actual_milli = actual;
@@ -677,8 +649,8 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
     if (rc == QG_OK) {
         gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
         qg__decide_views(&din, out, 1);
-        if (in->cap_start_ms >= 0 && m->spent_start_ms == in->cap_start_ms)
-            out->spent_micro = m->spent_micro;
+        if (in->cap_start_ms >= 0 && m->spent.start_ms == in->cap_start_ms)
+            out->spent_micro = m->spent.micro;
     }
     pthread_mutex_unlock(&es->mu);
     out->outcome = QG_NONE;
@@ -723,8 +695,9 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
                                qg__win_amount(w, in->charged_milli));
         }
         if (rc == QG_OK && in->cost_micro > 0) {
-            spent_in(m, in->cap_start_ms);
-            spent_adjust(m, in->cap_start_ms, in->cost_micro);
+            qg__payg_spent_in(&m->spent, in->cap_start_ms);
+            qg__payg_spent_adjust(&m->spent, in->cap_start_ms,
+                                  in->cost_micro);
         }
     }
     pthread_mutex_unlock(&es->mu);
