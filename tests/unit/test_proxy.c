@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dblproc.h"
 #include "httpc.h"
 #include "srvtest.h"
 #include "qgproc.h"
@@ -47,25 +48,12 @@ static int dbl_port;
 
 /* ------------------------------------------------------------ garbage */
 
-
-
 static int gc_teardown(void **state)
 {
     (void)state;
     tst_gc_free_all();
     return 0;
 }
-
-
-
-
-
-
-
-
-
-
-
 
 static const char *hdr(const http_resp *r, const char *name, const char *what)
 {
@@ -249,46 +237,16 @@ static const char *raw_request(const char *path, const char *key,
 
 /* ------------------------------------------------------- the double */
 
+/* The double through dblproc (tests/support), its pid and port kept in
+ * this file's globals. */
 static int double_start(const char *bin)
 {
-    int out[2];
-    char line[256];
-    size_t n = 0;
-    long long t0;
-    if (pipe(out) < 0)
+    dblproc d = {0, 0};
+    if (dblproc_start(&d, bin) != 0)
         return -1;
-    dbl_pid = fork();
-    if (dbl_pid < 0)
-        return -1;
-    if (dbl_pid == 0) {
-        char *argv[] = {(char *)bin, "--listen", "127.0.0.1:0", NULL};
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execv(bin, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    t0 = qg_now_ms();
-    while (n < sizeof line - 1 && qg_now_ms() - t0 < 10000) {
-        struct pollfd pf = {out[0], POLLIN, 0};
-        ssize_t k;
-        if (poll(&pf, 1, 100) <= 0)
-            continue;
-        k = read(out[0], line + n, 1);
-        if (k <= 0)
-            break;
-        if (line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    {
-        const char *c = strrchr(line, ':');
-        dbl_port = c && strstr(line, "listening") ? atoi(c + 1) : 0;
-    }
-    return dbl_port > 0 ? 0 : -1;
+    dbl_pid = d.pid;
+    dbl_port = d.port;
+    return 0;
 }
 
 static void double_stop(void)

@@ -55,6 +55,7 @@
 #include "dblproc.h"
 #include "fault.h"
 #include "httpc.h"
+#include "ports.h"
 #include "qgproc.h"
 #include "server.h"
 #include "srvtest.h"
@@ -152,20 +153,6 @@ static void *server_main(void *arg)
     return NULL;
 }
 
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), p = -1;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        p = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return p;
-}
-
 static http_resp *call(const char *method, const char *path, const char *k,
                        const char *body)
 {
@@ -189,7 +176,7 @@ static int group_setup(void **state)
         return -1;
     }
     if (dblproc_start(&DBL, ub) < 0 || qgproc_init(&Q) < 0 ||
-        (port = free_port()) < 0) {
+        (port = tst_free_port()) < 0) {
         fprintf(stderr, "cannot start the double or make a directory\n");
         dblproc_stop(&DBL);
         return -1;
