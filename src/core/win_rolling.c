@@ -394,14 +394,11 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
 size_t qg__rolling_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
     (void)s;
-    if (st->u.roll.cap & QG_WIN_BORROWED)
-        return 0;              /* counted in the lender's block */
-    return (size_t)st->u.roll.cap * sizeof(qg_roll_entry);
+    return qg__lent_bytes(st->u.roll.cap, sizeof(qg_roll_entry));
 }
 
 void qg__rolling_free(qg_win_state *st)
 {
-    if (!(st->u.roll.cap & QG_WIN_BORROWED))
-        free(st->u.roll.ring);
+    qg__lent_free(st->u.roll.ring, st->u.roll.cap);
     memset(st, 0, sizeof *st);
 }

@@ -6,7 +6,9 @@
  * place means a store (or the engine) never needs to know the types, and a
  * spec with an unknown type fails the same way everywhere: it never admits,
  * never charges, and views as empty. */
+#include <stdlib.h>
 #include <string.h>
+#include "store.h"   /* QG_WIN_BORROWED */
 #include "window.h"
 
 typedef struct win_ops {
@@ -142,4 +144,17 @@ void qg__win_free(const qg_window_spec *s, qg_win_state *st)
         qg__win_free_type(s->type, st);
     else
         memset(st, 0, sizeof *st);
+}
+
+size_t qg__lent_bytes(uint32_t cap, size_t elem)
+{
+    if (cap & QG_WIN_BORROWED)
+        return 0;
+    return (size_t)cap * elem;
+}
+
+void qg__lent_free(void *p, uint32_t cap)
+{
+    if (!(cap & QG_WIN_BORROWED))
+        free(p);
 }

@@ -148,6 +148,11 @@ QG__WIN_OPS(concurrency)
 #undef QG__WIN_OPS
 int qg__concurrency_release(const qg_window_spec *, qg_win_state *,
                             const qg_win_ctx *);
+/* Heap bytes of an array of cap elements, 0 when the memory is lent by
+ * the store (QG_WIN_BORROWED: counted in the lender's block); and its
+ * release (lent memory is not the window's to free). */
+size_t qg__lent_bytes(uint32_t cap, size_t elem);
+void qg__lent_free(void *p, uint32_t cap);
 size_t qg__rolling_bytes(const qg_window_spec *, const qg_win_state *);
 void qg__rolling_free(qg_win_state *);
 size_t qg__concurrency_bytes(const qg_window_spec *, const qg_win_state *);

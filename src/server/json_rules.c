@@ -159,23 +159,30 @@ static json_t *specs_array(const qg_rules *r, const qg_window_spec *w, int n,
     return a;
 }
 
+/* name, windows and concurrency of a plan or an org; 0 or -1 (o keeps
+ * what was set: the caller releases it). */
+static int windows_members(json_t *o, const qg_rules *r, const char *name,
+                           const qg_window_spec *w, int n)
+{
+    int64_t conc = 0;
+    int rc = json_object_set_new(o, "name", json_string(name));
+    rc |= json_object_set_new(o, "windows", specs_array(r, w, n, &conc));
+    rc |= json_object_set_new(o, "concurrency",
+                              conc > 0 ? json_integer(conc) : json_null());
+    return rc ? -1 : 0;
+}
+
 static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
 {
     json_t *o = json_object();
-    int64_t conc = 0;
-    int rc = 0;
-
+    int rc;
     if (!o)
         return NULL;
-    rc |= json_object_set_new(o, "name", json_string(p->name));
+    rc = windows_members(o, r, p->name, p->windows, p->nwindows);
     rc |= json_object_set_new(o, "price_usd_month",
                               p->price_micro >= 0
                                   ? qg__json_scaled(p->price_micro, 6)
                                   : json_null());
-    rc |= json_object_set_new(o, "windows",
-                              specs_array(r, p->windows, p->nwindows, &conc));
-    rc |= json_object_set_new(o, "concurrency",
-                              conc > 0 ? json_integer(conc) : json_null());
     rc |= json_object_set_new(o, "overage", overage_of(r, &p->overage));
     if (rc) {
         json_decref(o);
@@ -187,17 +194,9 @@ static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
 static json_t *org_obj(const qg_rules *r, const qg_org_spec *g)
 {
     json_t *o = json_object();
-    int64_t conc = 0;
-    int rc = 0;
-
     if (!o)
         return NULL;
-    rc |= json_object_set_new(o, "name", json_string(g->name));
-    rc |= json_object_set_new(o, "windows",
-                              specs_array(r, g->windows, g->nwindows, &conc));
-    rc |= json_object_set_new(o, "concurrency",
-                              conc > 0 ? json_integer(conc) : json_null());
-    if (rc) {
+    if (windows_members(o, r, g->name, g->windows, g->nwindows) < 0) {
         json_decref(o);
         return NULL;
     }

@@ -69,21 +69,32 @@ struct qg_metrics {
 
 /* -------------------------------------------------------------- series */
 
+/* Room for one more pointer in a growable array (*items of *cap, n
+ * used).  0, or -1 out of memory. */
+static int ptr_room(void *items, int n, int *cap)
+{
+    void ***a = items;
+    if (n == *cap) {
+        int nc = *cap ? 2 * *cap : 8;
+        void **na = realloc(*a, (size_t)nc * sizeof *na);
+        if (!na)
+            return -1;
+        *a = na;
+        *cap = nc;
+    }
+    return 0;
+}
+
 static block *find_block(qg_metrics *m, const char *plan)
 {
+    block *b;
     for (int i = 0; i < m->nblocks; i++)
         if (strcmp(m->blocks[i]->plan, plan) == 0)
             return m->blocks[i];
-    if (m->nblocks == m->capblocks) {
-        int cap = m->capblocks ? 2 * m->capblocks : 8;
-        block **nb = realloc(m->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return NULL;
-        m->blocks = nb;
-        m->capblocks = cap;
-    }
-    block *b = calloc(1, sizeof *b);
-    if (!b || !(b->plan = strdup(plan))) {
+    if (ptr_room(&m->blocks, m->nblocks, &m->capblocks) < 0 ||
+        !(b = calloc(1, sizeof *b)))
+        return NULL;
+    if (!(b->plan = strdup(plan))) {
         free(b);
         return NULL;
     }
@@ -93,19 +104,13 @@ static block *find_block(qg_metrics *m, const char *plan)
 
 static series *find_series(block *b, const char *window)
 {
+    series *s;
     for (int i = 0; i < b->n; i++)
         if (strcmp(b->s[i]->window, window) == 0)
             return b->s[i];
-    if (b->n == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 8;
-        series **ns = realloc(b->s, (size_t)cap * sizeof *ns);
-        if (!ns)
-            return NULL;
-        b->s = ns;
-        b->cap = cap;
-    }
-    series *s = calloc(1, sizeof *s);
-    if (!s || !(s->window = strdup(window))) {
+    if (ptr_room(&b->s, b->n, &b->cap) < 0 || !(s = calloc(1, sizeof *s)))
+        return NULL;
+    if (!(s->window = strdup(window))) {
         free(s);
         return NULL;
     }
