@@ -73,7 +73,8 @@ typedef struct qg_http_header {
     size_t value_len;
 } qg_http_header;
 
-/* A request, valid until it is responded to.  Fields are read-only. */
+/* A request, valid until it is responded to.  Fields are read-only,
+ * except `tag`, which the handler may set for its own use (0 at first). */
 typedef struct qg_http_req {
     int method;
     const char *path;          /* NUL-terminated, without the query */
@@ -83,6 +84,7 @@ typedef struct qg_http_req {
     const char *body;          /* NUL-terminated (the NUL is not counted) */
     size_t body_len;
     int worker;                /* index of the worker thread */
+    int tag;                   /* the handler's (quotagate: the route group) */
     void *priv;                /* the server's */
 } qg_http_req;
 

@@ -355,6 +355,7 @@ void qg__conn_dispatch(qg__conn *c)
     }
     r->body_len = c->body_len;
     r->worker = w->idx;
+    r->tag = 0;
     r->priv = c;
     c->busy = 1;
     qg__stat_add(&w->st_requests, 1);

@@ -55,44 +55,6 @@
 
 /* ------------------------------------------------------------- schema */
 
-static const char *const migrations[] = {
-    /* 0 -> 1 */
-    "CREATE TABLE requests ("
-    " request_id TEXT PRIMARY KEY, subject TEXT NOT NULL, org TEXT,"
-    " plan TEXT, rules_version TEXT, weights_version TEXT, model TEXT,"
-    " \"window\" TEXT, decision INTEGER NOT NULL, status INTEGER NOT NULL,"
-    " estimated INTEGER NOT NULL DEFAULT 0,"
-    " input_tokens INTEGER NOT NULL DEFAULT 0,"
-    " output_tokens INTEGER NOT NULL DEFAULT 0,"
-    " reserved_milli INTEGER NOT NULL DEFAULT 0,"
-    " weight_milli INTEGER NOT NULL DEFAULT 0,"
-    " created_ms INTEGER NOT NULL, settled_ms INTEGER NOT NULL DEFAULT 0);"
-    "CREATE INDEX requests_created ON requests(created_ms);"
-    "CREATE TABLE subjects ("
-    " subject TEXT PRIMARY KEY, plan TEXT NOT NULL, org TEXT,"
-    " billing_anchor_ms INTEGER NOT NULL DEFAULT 0,"
-    " updated_ms INTEGER NOT NULL);"
-    "CREATE TABLE keys ("
-    " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
-    " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
-    " revoked_ms INTEGER NOT NULL DEFAULT 0);",
-    /* 1 -> 2: pay-as-you-go overage (ledger.h) */
-    "ALTER TABLE requests ADD COLUMN overage_milli INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN overage_price_micro INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN overage_cost_micro INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN headroom_milli INTEGER NOT NULL"
-    " DEFAULT -1;",
-    /* 2 -> 3: why a charge differs from the usage reported (ledger.h) */
-    "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
-};
-
-_Static_assert(sizeof migrations / sizeof migrations[0] ==
-                   QG_LEDGER_SCHEMA_VERSION,
-               "one migration per schema version");
-
 #define ROW_COLS \
     "request_id, subject, org, plan, rules_version, weights_version, model," \
     " \"window\", decision, status, estimated, input_tokens, output_tokens," \
@@ -223,34 +185,6 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
 
 /* ------------------------------------------------------ opening, schema */
 
-static int fail_db(sqlite3 *db, const char *path, const char *what,
-                   char *err, size_t errcap)
-{
-    snprintf(err, errcap, "ledger %s: %s: %s", path, what,
-             db ? sqlite3_errmsg(db) : "out of memory");
-    return QG_EIO;
-}
-
-static int user_version(sqlite3 *db, int *out)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        *out = sqlite3_column_int(st, 0);
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(st);
-    return rc;
-}
-
-static int too_new(int v, const char *path, char *err, size_t errcap)
-{
-    snprintf(err, errcap, "ledger %s: schema version %d is newer than this "
-             "build of quotagate knows (%d); use a newer quotagate",
-             path, v, QG_LEDGER_SCHEMA_VERSION);
-    return QG_ESTATE;
-}
-
 void qg__sq_log(const qg__sq *s, const char *fmt, ...)
 {
     char line[1536];
@@ -304,7 +238,7 @@ static int conn_open(const char *path, int busy_ms, int sync_full,
                                  SQLITE_OPEN_NOMUTEX,
                              NULL);
     if (rc != SQLITE_OK) {
-        fail_db(db, path, "cannot open", err, errcap);
+        qg__sq_fail_db(db, path, "cannot open", err, errcap);
         sqlite3_close(db);
         return QG_EIO;
     }
@@ -314,7 +248,7 @@ static int conn_open(const char *path, int busy_ms, int sync_full,
                      NULL, NULL, NULL) != SQLITE_OK ||
         sqlite3_exec(db, "PRAGMA foreign_keys=OFF", NULL, NULL, NULL) !=
             SQLITE_OK) {
-        fail_db(db, path, "cannot configure", err, errcap);
+        qg__sq_fail_db(db, path, "cannot configure", err, errcap);
         sqlite3_close(db);
         return QG_EIO;
     }
@@ -333,61 +267,12 @@ static int set_wal(sqlite3 *db, const char *path, char *err, size_t errcap)
         ok = m && sqlite3_stricmp(m, "wal") == 0;
     }
     if (!ok) {
-        fail_db(db, path, "cannot switch to WAL journal mode", err, errcap);
+        qg__sq_fail_db(db, path, "cannot switch to WAL journal mode", err, errcap);
         sqlite3_finalize(st);
         return QG_EIO;
     }
     sqlite3_finalize(st);
     return QG_OK;
-}
-
-/* Apply the pending migrations in one write transaction (another process
- * may be migrating the same file: the version is read again under the
- * lock). */
-static int migrate(sqlite3 *db, const char *path, char *err, size_t errcap)
-{
-    char sql[64];
-    int v = 0, rc;
-    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return fail_db(db, path, "cannot lock for migration", err, errcap);
-    if ((rc = user_version(db, &v)) != SQLITE_OK) {
-        rc = fail_db(db, path, "cannot read the schema version", err,
-                     errcap);
-        goto fail;
-    }
-    if (v > QG_LEDGER_SCHEMA_VERSION) {
-        rc = too_new(v, path, err, errcap);
-        goto fail;
-    }
-    if (v < 0) {
-        snprintf(err, errcap, "ledger %s: invalid schema version %d", path,
-                 v);
-        rc = QG_ESTATE;
-        goto fail;
-    }
-    if (v == QG_LEDGER_SCHEMA_VERSION) {
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return QG_OK;
-    }
-    for (; v < QG_LEDGER_SCHEMA_VERSION; v++)
-        if (sqlite3_exec(db, migrations[v], NULL, NULL, NULL) != SQLITE_OK) {
-            char what[64];
-            snprintf(what, sizeof what, "migration to schema version %d",
-                     v + 1);
-            rc = fail_db(db, path, what, err, errcap);
-            goto fail;
-        }
-    snprintf(sql, sizeof sql, "PRAGMA user_version=%d",
-             QG_LEDGER_SCHEMA_VERSION);
-    if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        rc = fail_db(db, path, "cannot commit the migration", err, errcap);
-        goto fail;
-    }
-    return QG_OK;
-fail:
-    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    return rc;
 }
 
 /* ------------------------------------------------------- open and close */
@@ -502,16 +387,16 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
         goto fail;
     /* refuse a newer schema before changing anything in the file */
-    if (user_version(s->wdb, &v) != SQLITE_OK) {
-        fail_db(s->wdb, path, "not a readable SQLite database", err, errcap);
+    if (qg__sq_user_version(s->wdb, &v) != SQLITE_OK) {
+        qg__sq_fail_db(s->wdb, path, "not a readable SQLite database", err, errcap);
         goto fail;
     }
     if (v > QG_LEDGER_SCHEMA_VERSION) {
-        too_new(v, path, err, errcap);
+        qg__sq_too_new(v, path, err, errcap);
         goto fail;
     }
     if (set_wal(s->wdb, path, err, errcap) ||
-        migrate(s->wdb, path, err, errcap))
+        qg__sq_migrate(s->wdb, path, err, errcap))
         goto fail;
     if (sqlite3_prepare_v3(s->wdb, sql_upsert, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->upsert, NULL) != SQLITE_OK ||
@@ -526,7 +411,7 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
                            &s->commit_st, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
                            &s->rollback_st, NULL) != SQLITE_OK) {
-        fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
+        qg__sq_fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
@@ -539,12 +424,12 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
      * 8, docs/benchmarks.md). */
     if (sqlite3_prepare_v3(s->sdb, sql_scan, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->scan_st, NULL) != SQLITE_OK) {
-        fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
+        qg__sq_fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
         goto fail;
     }
     if (sqlite3_prepare_v3(s->gdb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->get_st, NULL) != SQLITE_OK) {
-        fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
+        qg__sq_fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
     if (o->id_filter)

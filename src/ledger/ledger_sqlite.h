@@ -161,4 +161,14 @@ void *qg__sq_writer_main(void *arg);
 int qg__sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
                   void *arg);
 
+/* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
+ * err (QG_EIO); the file's schema version; the refusal of a version newer
+ * than this build (QG_ESTATE); the pending migrations, in one transaction
+ * (QG_OK, or the error with err). */
+int qg__sq_fail_db(sqlite3 *db, const char *path, const char *what,
+                   char *err, size_t errcap);
+int qg__sq_user_version(sqlite3 *db, int *out);
+int qg__sq_too_new(int v, const char *path, char *err, size_t errcap);
+int qg__sq_migrate(sqlite3 *db, const char *path, char *err, size_t errcap);
+
 #endif

@@ -100,6 +100,7 @@ void qg__server_handle(qg_http_req *r, void *ud)
             break;
         }
     }
+    r->tag = found ? found->group : qg__server_route(r->path);
     if (!found) {
         if (path_known)
             qg__reply_error(s, r, 405, "method_not_allowed",

@@ -24,45 +24,6 @@
 #include "proxy.h"
 #include "server.h"
 
-static int64_t clock_ms(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t qg__server_now(const qg_server *s)
-{
-    return s->wall0_ms + (clock_ms(CLOCK_MONOTONIC) - s->mono0_ms);
-}
-
-/* ------------------------------------------------------------- replies */
-
-void qg__reply_json(qg_server *s, qg_http_req *r, int status, char *json,
-                   const qg_http_out_header *h, int nh)
-{
-    if (!json) {
-        qg__reply_error(s, r, 500, "internal_error", "out of memory");
-        return;
-    }
-    qg__metrics_http(s->metrics, qg__server_route(r->path), status);
-    qg__http_respond(r, status, h, nh, "application/json", json, strlen(json));
-    free(json);
-}
-
-void qg__reply_error(qg_server *s, qg_http_req *r, int status,
-                    const char *type, const char *message)
-{
-    char *body = qg__json_error(type, message);
-    qg__metrics_http(s->metrics, qg__server_route(r->path), status);
-    if (!body)
-        qg__http_respond(r, 500, NULL, 0, "application/json", "{}", 2);
-    else
-        qg__http_respond(r, status, NULL, 0, "application/json", body,
-                        strlen(body));
-    free(body);
-}
-
 void qg__server_gauges(qg_server *s, const qg_store_stats *st,
                       const qg_ledger_stats *ls, const qg_http_stats *hs,
                       qg_metrics_gauges *g)
@@ -195,10 +156,10 @@ static int restore_row(const qg_ledger_row *row, void *ud)
 
 static int rebuild(qg_server *s)
 {
-    int64_t t0 = clock_ms(CLOCK_MONOTONIC);
+    int64_t t0 = qg__clock_ms(CLOCK_MONOTONIC);
     int64_t since = qg__server_now(s) - qg_engine_reach_ms(s->engine);
     int rc = qg__ledger_scan(s->ledger, since, restore_row, s);
-    s->rebuild_ms = clock_ms(CLOCK_MONOTONIC) - t0;
+    s->rebuild_ms = qg__clock_ms(CLOCK_MONOTONIC) - t0;
     return rc;
 }
 
@@ -293,8 +254,8 @@ int qg_serve(const qg_serve_opts *opts)
 
     memset(&s, 0, sizeof s);
     s.opts = *opts;
-    s.wall0_ms = clock_ms(CLOCK_REALTIME);
-    s.mono0_ms = clock_ms(CLOCK_MONOTONIC);
+    s.wall0_ms = qg__clock_ms(CLOCK_REALTIME);
+    s.mono0_ms = qg__clock_ms(CLOCK_MONOTONIC);
     pthread_mutex_init(&s.reload_mu, NULL);
     if (!s.opts.listen)
         s.opts.listen = "127.0.0.1:8080";

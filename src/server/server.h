@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 #include "http.h"
 #include "ledger.h"
 #include "quotagate.h"
@@ -43,6 +44,8 @@ typedef struct qg_server {
 /* Now, in ms since the epoch: the start's wall time advanced by the
  * monotonic clock (never jumps with wall-clock adjustments). */
 int64_t qg__server_now(const qg_server *s);
+/* A clock in ms (CLOCK_REALTIME, CLOCK_MONOTONIC). */
+int64_t qg__clock_ms(clockid_t id);
 
 /* Reload the rules file; on failure the old rules keep serving and err
  * says why (file:line:column).  Returns 0 or an error.  Blocks for as

@@ -1,4 +1,4 @@
-/* mem_entities.c - the memory store's entity tables (store_memory.h):
+/* mem_entities.c - the memory store's entity tables (mem_tables.h):
  * one block per member or org holding the states of its windows, found
  * by the 128-bit key in its shard's open-addressing table, and carried
  * over window by window (same name and type) when its plan's window list
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
-#include "store_memory.h"
+#include "mem_tables.h"
 
 /* ------------------------------------------------------------ entities */
 

@@ -1,10 +1,10 @@
-/* mem_reservations.c - the memory store's request ids (store_memory.h):
+/* mem_reservations.c - the memory store's request ids (mem_tables.h):
  * each reservation shard remembers at most max ids and forgets the oldest
  * settled (or expired) one to make room; when every remembered id is
  * still a live reservation, a new check is refused with QG_EFULL. */
 #include <stdlib.h>
 #include <string.h>
-#include "store_memory.h"
+#include "mem_tables.h"
 
 /* -------------------------------------------------------- reservations */
 

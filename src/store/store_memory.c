@@ -12,7 +12,7 @@
  *    expired) one to make room; when every remembered id is still an
  *    unexpired reservation the check is refused with QG_EFULL.
  * Lock order is always reservation shard, then entity shard.  The tables
- * are mem_entities.c and mem_reservations.c (store_memory.h); this file
+ * are mem_entities.c and mem_reservations.c (mem_tables.h); this file
  * holds the store's methods.
  *
  * Memory per subject: one entity block (header plus 32 bytes per window)
@@ -29,7 +29,7 @@
 #include <string.h>
 #include "decide.h"
 #include "fixed.h"
-#include "store_memory.h"
+#include "mem_tables.h"
 #include "weights.h"
 
 #define DEFAULT_SHARDS 64

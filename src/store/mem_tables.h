@@ -1,10 +1,10 @@
-/* store_memory.h - the memory store's tables, shared by its three files:
+/* mem_tables.h - the memory store's tables, shared by its three files:
  * entities (mem_entities.c: the window states of members and orgs),
  * reservations (mem_reservations.c: request ids and reservations awaiting
  * settle) and the store's methods (store_memory.c).  Internal to
  * src/store. */
-#ifndef QG_STORE_MEMORY_H
-#define QG_STORE_MEMORY_H
+#ifndef QG_MEM_TABLES_H
+#define QG_MEM_TABLES_H
 
 #include <pthread.h>
 #include <stdint.h>
