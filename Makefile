@@ -22,9 +22,26 @@ PKGS    := yaml-0.1 jansson yajl libxxhash libevent libevent_pthreads \
            libevent_openssl sqlite3 libssl libcrypto hiredis
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
-                 -Iinclude -Isrc/core -Isrc/store -Isrc/io -Isrc/analysis \
-                 -Isrc/http -Isrc/ledger -Isrc/server -Isrc/proxy \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE
+
+# The layers (docs/architecture.md), enforced: a folder of src/ sees only
+# the public header and the include folders of the layers it stands on,
+# so an include that climbs (the core reaching into a store, the CLI into
+# the server) does not compile.  Tests, fuzz harnesses and benchmarks see
+# everything.
+INC_core     := -Iinclude -Isrc/core
+INC_store    := $(INC_core) -Isrc/store
+INC_io       := $(INC_core) -Isrc/io
+INC_analysis := $(INC_core) -Isrc/analysis
+INC_http     := -Iinclude -Isrc/http
+INC_ledger   := -Iinclude -Isrc/ledger
+INC_proxy    := $(INC_core) -Isrc/http -Isrc/proxy
+INC_server   := $(INC_core) -Isrc/store -Isrc/io -Isrc/http -Isrc/ledger \
+                -Isrc/proxy -Isrc/server
+INC_cli      := -Iinclude -Isrc/analysis -Isrc/cli
+INC_all      := $(INC_server) -Isrc/analysis -Isrc/cli -Itests/support
+# include flags of a source file: its layer's, or all of them outside src/
+incs = $(if $(filter src/%,$(1)),$(INC_$(word 2,$(subst /, ,$(1)))),$(INC_all))
 LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser -lpthread -lm
 OPT     := -O2
 SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
@@ -54,13 +71,13 @@ $(1)_TESTS := $$(patsubst tests/unit/%.c,$(2)/tests/%,$$(TEST_SRC))
 
 $(2)/obj/%.o: %.c
 	@mkdir -p $$(dir $$@)
-	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -c $$< -o $$@
+	$$($(1)_CC) $$($(1)_FLAGS) $$(call incs,$$<) -MMD -MP -c $$< -o $$@
 
 # a harness gets libFuzzer's prototypes from fuzz/fuzz.h even if it does
 # not include it (-Wmissing-prototypes)
 $(2)/obj/fuzz/%.o: fuzz/%.c
 	@mkdir -p $$(dir $$@)
-	$$($(1)_CC) $$($(1)_FLAGS) -MMD -MP -Itests/support -include fuzz/fuzz.h \
+	$$($(1)_CC) $$($(1)_FLAGS) $$(INC_all) -MMD -MP -include fuzz/fuzz.h \
 	    -c $$< -o $$@
 
 $(2)/libquotagate.a: $$($(1)_LIBOBJ)
@@ -182,10 +199,10 @@ fuzz: deps-fuzz
 fuzz-build: $(FUZZ_BINS)
 
 build/bench_engine: bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a
-	$(CC) $(OPTB_FLAGS) -O3 -Itests/support -o $@ bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a $(LIBS)
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a $(LIBS)
 
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
-	$(CC) $(OPTB_FLAGS) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
 
 # 9,000 slow uploads against build/ then build/asan/ (docs/benchmarks.md)
 attack: deps-test build/quotagate build/asan/quotagate build/attack_slowloris

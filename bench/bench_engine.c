@@ -117,9 +117,9 @@ static qg_rules *parse_rules(const char *text)
     qg_rules *r = NULL;
     qg_diag diag;
     char err[400];
-    if (qg_rules_parse(text, strlen(text), "bench", qg_tz_load_system, NULL,
+    if (qg__rules_parse(text, strlen(text), "bench", qg__tz_load_system, NULL,
                        &r, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
+        qg__diag_format(&diag, err, sizeof err);
         fprintf(stderr, "bench: rules: %s\n", err);
         exit(1);
     }
@@ -273,11 +273,11 @@ static double run_ref(ref_model *m, const qg_rules *r, char (*names)[12],
         make_id(rid, 'a', (uint64_t)i * 64);
         now += 1;
         ref_check(m, names[x % (uint64_t)nsubj], rid, mi,
-                  qg_weight_milli(light, in, 512), now, &d);
+                  qg__weight_milli(light, in, 512), now, &d);
         if (d.outcome != QG_ALLOW)
             continue;
         (*allowed)++;
-        ref_settle(m, rid, qg_weight_milli(light, in, out), now, &sr);
+        ref_settle(m, rid, qg__weight_milli(light, in, out), now, &sr);
     }
     return now_s() - t0;
 }
@@ -363,7 +363,7 @@ static double heavy_ref(const char *text, long ops, long *allowed,
     int64_t now = T0_MS;
     uint64_t s = 12345;
     long k = 0;
-    int plan = qg_rules_find_plan(r, "heavy");
+    int plan = qg__rules_find_plan(r, "heavy");
 
     for (int i = 0; i < HEAVY_SUBJECTS; i++) {
         snprintf(name, sizeof name, "heavy%d", i);
@@ -481,8 +481,8 @@ int main(void)
     for (long i = 0; i < small_subj; i++) {
         char org[24];
         snprintf(org, sizeof org, "o%ld", i % (norgs < 1000 ? norgs : 1000));
-        ref_set_subject(ref, ws.names[i], qg_rules_find_plan(rr, "pro"),
-                        qg_rules_find_org(rr, org), 0);
+        ref_set_subject(ref, ws.names[i], qg__rules_find_plan(rr, "pro"),
+                        qg__rules_find_org(rr, org), 0);
     }
     long rallowed;
     double tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,

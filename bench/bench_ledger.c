@@ -7,7 +7,7 @@
  *     (submit refuses with QG_EFULL when the queue is full: it waits);
  *  3. the same in ASYNC mode;
  *  4. scan of 1M rows (the restart path that rebuilds counters): rows/s;
- *  5. on the same rows, qg_ledger_get of request ids the ledger does not
+ *  5. on the same rows, qg__ledger_get of request ids the ledger does not
  *     hold (what every check of a new id costs: the server looks an id
  *     the counters do not remember up, src/server/reqid.c), with the
  *     writer idle and with one row submitted per 8 lookups: us/lookup;
@@ -65,7 +65,7 @@ static void db_remove(const char *path)
 static qg_ledger *open_or_die(const char *path, const qg_ledger_opts *o)
 {
     char err[512];
-    qg_ledger *l = qg_ledger_open(path, o, err, sizeof err);
+    qg_ledger *l = qg__ledger_open(path, o, err, sizeof err);
     if (!l) {
         fprintf(stderr, "bench_ledger: %s\n", err);
         exit(1);
@@ -131,7 +131,7 @@ static void *waiter_main(void *arg)
     long i;
     for (i = 0; i < w->n; i++) {
         fill_row(&r, w->first + i, 1780000000000LL);
-        while (qg_ledger_submit(w->l, &r, post_done, w) == QG_EFULL)
+        while (qg__ledger_submit(w->l, &r, post_done, w) == QG_EFULL)
             usleep(100);
         while (sem_wait(&w->sem) != 0)
             ;
@@ -163,10 +163,10 @@ static void bench_waiters(int nthreads, long rows)
     for (i = 0; i < nthreads; i++)
         pthread_join(t[i], NULL);
     secs = now_s() - t0;
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     snprintf(what, sizeof what, "durable, %d threads wait each", nthreads);
     print_stats(what, (rows / nthreads) * nthreads, secs, &st);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     for (i = 0; i < nthreads; i++)
         sem_destroy(&w[i].sem);
     free(w);
@@ -203,24 +203,24 @@ static void bench_pipelined(qg_ledger_sync sync, long rows, const char *name,
     t0 = now_s();
     for (i = 0; i < rows; i++) {
         fill_row(&r, i, 1780000000000LL);
-        while (qg_ledger_submit(l, &r, count_done, NULL) == QG_EFULL)
+        while (qg__ledger_submit(l, &r, count_done, NULL) == QG_EFULL)
             usleep(200);
     }
     while (atomic_load(&g_done) < rows)
         usleep(200);
     if (sync == QG_LEDGER_ASYNC) {   /* wait for the rows to be written */
         do {
-            qg_ledger_stats_get(l, &st);
+            qg__ledger_stats_get(l, &st);
             if (st.rows_written < (uint64_t)rows)
                 usleep(200);
         } while (st.rows_written < (uint64_t)rows);
     }
     secs = now_s() - t0;
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     snprintf(what, sizeof what, "%s, 1 thread pipelined",
              sync == QG_LEDGER_DURABLE ? "durable" : "async");
     print_stats(what, rows, secs, &st);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     if (!keep)
         db_remove(path);
 }
@@ -255,7 +255,7 @@ static void bench_scan(long rows)
     for (rep = 0; rep < 3; rep++) {
         memset(&a, 0, sizeof a);
         t0 = now_s();
-        if (qg_ledger_scan(l, 0, scan_fn, &a) != 0) {
+        if (qg__ledger_scan(l, 0, scan_fn, &a) != 0) {
             fprintf(stderr, "bench_ledger: scan failed\n");
             exit(1);
         }
@@ -266,7 +266,7 @@ static void bench_scan(long rows)
     }
     memset(&a, 0, sizeof a);
     t0 = now_s();
-    qg_ledger_scan(l, 1780000000000LL + rows / 2, scan_fn, &a);
+    qg__ledger_scan(l, 1780000000000LL + rows / 2, scan_fn, &a);
     secs = now_s() - t0;
     printf("scan of the newer half: %ld rows, %.3f s, %.0f rows/s\n", a.n,
            secs, (double)a.n / secs);
@@ -276,7 +276,7 @@ static void bench_scan(long rows)
         char id[64];
         if (rep == 2) {          /* again, with the id filter */
             qg_ledger_opts fo = { .id_filter = 1 };
-            qg_ledger_close(l);
+            qg__ledger_close(l);
             t0 = now_s();
             l = open_or_die(path, &fo);
             printf("open reading %ld request ids into the filter: %.3f s\n",
@@ -286,10 +286,10 @@ static void bench_scan(long rows)
         for (long i = 0; i < k; i++) {
             if (rep % 2 == 1 && i % 8 == 0) {
                 fill_row(&w, rows + (rep / 2) * k + i, 1780000000000LL);
-                qg_ledger_submit(l, &w, NULL, NULL);
+                qg__ledger_submit(l, &w, NULL, NULL);
             }
             snprintf(id, sizeof id, "absent-%d-%ld", rep, i);
-            if (qg_ledger_get(l, id, &got) != QG_ENOTFOUND) {
+            if (qg__ledger_get(l, id, &got) != QG_ENOTFOUND) {
                 fprintf(stderr, "bench_ledger: lookup failed\n");
                 exit(1);
             }
@@ -300,7 +300,7 @@ static void bench_scan(long rows)
                rep % 2 ? "1 row written per 8 lookups" : "writer idle",
                secs / k * 1e6);
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     db_remove(path);
 }
 

@@ -2,7 +2,7 @@
  * reading, request.c's parser callbacks, pipelining, limits, responses)
  * fed arbitrary bytes over a real loopback connection, in this thread.
  *
- * One server (qg_http_server_new: one worker, port 0, small limits) is
+ * One server (qg__http_server_new: one worker, port 0, small limits) is
  * made once; its worker's event loop is not run on a thread but pumped
  * here (event_base_loop EVLOOP_NONBLOCK), so each input runs the same
  * way every time.  Per input: connect, send the bytes in pieces (pumping
@@ -138,14 +138,14 @@ static void answer(qg_http_req *r, int idx, int stream)
     char body[32];
     int n = snprintf(body, sizeof body, "r%d", idx);
     if (!stream) {
-        qg_http_respond(r, 200, NULL, 0, "text/plain", body, (size_t)n);
+        qg__http_respond(r, 200, NULL, 0, "text/plain", body, (size_t)n);
         return;
     }
-    if (qg_http_stream_start(r, 200, NULL, 0, "text/plain") == 0) {
-        qg_http_stream_write(r, body, (size_t)n);
-        qg_http_stream_write(r, "-s", 2);
+    if (qg__http_stream_start(r, 200, NULL, 0, "text/plain") == 0) {
+        qg__http_stream_write(r, body, (size_t)n);
+        qg__http_stream_write(r, "-s", 2);
     }
-    qg_http_stream_end(r);
+    qg__http_stream_end(r);
 }
 
 static void on_later(evutil_socket_t fd, short what, void *arg)
@@ -193,8 +193,8 @@ static void handler(qg_http_req *r, void *ud)
         } else {
             m->nh_over = 1;
         }
-        if (qg_http_header_get(r, h->name, NULL) == NULL)
-            fuzz_fail("qg_http_header_get misses a header", cur_data,
+        if (qg__http_header_get(r, h->name, NULL) == NULL)
+            fuzz_fail("qg__http_header_get misses a header", cur_data,
                       cur_size);
     }
     if (hbytes > MAX_HDR)
@@ -221,12 +221,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     signal(SIGPIPE, SIG_IGN);
-    srv = qg_http_server_new(&o, handler, NULL, err, sizeof err);
+    srv = qg__http_server_new(&o, handler, NULL, err, sizeof err);
     if (!srv) {
         fprintf(stderr, "fuzz_http_request: %s\n", err);
         abort();
     }
-    port = qg_http_server_port(srv);
+    port = qg__http_server_port(srv);
     base = srv->workers[0].base;
     later_ev = event_new(base, -1, 0, on_later, NULL);
     if (!later_ev)
@@ -567,7 +567,7 @@ static void check_answers(const char *out, size_t n, int want_err,
 static unsigned long open_conns(void)
 {
     qg_http_stats st;
-    qg_http_server_stats(srv, &st);
+    qg__http_server_stats(srv, &st);
     return (unsigned long)st.connections_open;
 }
 

@@ -6,17 +6,17 @@
  * The reference walks the same text with yajl (whose number callback
  * gives a number's raw text) once jansson accepted it, and says from the
  * text alone what each getter must answer:
- *  - qg_reqjson_parse: an object, at most QG_JSON_MAX_DEPTH deep, with
+ *  - qg__reqjson_parse: an object, at most QG_JSON_MAX_DEPTH deep, with
  *    only allowed keys;
- *  - qg_reqjson_int: an integer literal within the bounds, exactly;
- *  - qg_reqjson_milli: the decimal's exact value in milli-units: refused
+ *  - qg__reqjson_int: an integer literal within the bounds, exactly;
+ *  - qg__reqjson_milli: the decimal's exact value in milli-units: refused
  *    when negative or when it has digits beyond the third decimal;
  *    accepted, exactly, from 0 up to 10^12 points; above that the
  *    getter may refuse, and what it accepts must be exact.  Texts with
  *    more than 15 significant digits or an exponent beyond +-300 are
  *    not compared (a double holds 15 digits exactly; beyond, or past its
  *    range, the text and the double jansson reads differ);
- *  - qg_reqjson_str: a string of 1..maxlen bytes without NUL.
+ *  - qg__reqjson_str: a string of 1..maxlen bytes without NUL.
  * A refusal is any negative return (a range error may have its own).
  * A disagreement aborts. */
 #include <string.h>
@@ -227,26 +227,26 @@ static void check_str(const input *in, const char *key, int required,
 {
     char err[ERRCAP];
     const char *out = NULL;
-    int rc = qg_reqjson_str(in->o, key, required, maxlen, &out, err,
+    int rc = qg__reqjson_str(in->o, key, required, maxlen, &out, err,
                             sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     if (rc == 1 && (!out || strlen(out) == 0 || strlen(out) > maxlen))
-        fuzz_fail("qg_reqjson_str returned a bad string", in->data, in->size);
+        fuzz_fail("qg__reqjson_str returned a bad string", in->data, in->size);
     if (!in->f || !m || m->vt == 0)
         return;                     /* absent, null, or another type */
     if (m->vt == 2 && (rc == 1) != (m->slen >= 1 && m->slen <= maxlen &&
                                     !m->snul))
-        fuzz_fail("qg_reqjson_str differs from the reference", in->data,
+        fuzz_fail("qg__reqjson_str differs from the reference", in->data,
                   in->size);
     if (m->vt == 1 && rc >= 0)
-        fuzz_fail("qg_reqjson_str took a number", in->data, in->size);
+        fuzz_fail("qg__reqjson_str took a number", in->data, in->size);
 }
 
 static void check_int(const input *in, const char *key, int64_t max)
 {
     char err[ERRCAP];
     int64_t v = -7;
-    int rc = qg_reqjson_int(in->o, key, 0, 0, max, &v, err, sizeof err);
+    int rc = qg__reqjson_int(in->o, key, 0, 0, max, &v, err, sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     int neg, is_int;
     int64_t d, e;
@@ -255,17 +255,17 @@ static void check_int(const input *in, const char *key, int64_t max)
         return;
     if (!is_int) {
         if (rc >= 0)
-            fuzz_fail("qg_reqjson_int took a real", in->data, in->size);
+            fuzz_fail("qg__reqjson_int took a real", in->data, in->size);
         return;
     }
     for (; e > 0 && d <= max; e--)
         d *= 10;
     if ((neg && d != 0) || d > max) {
         if (rc >= 0)
-            fuzz_fail("qg_reqjson_int took an integer out of range",
+            fuzz_fail("qg__reqjson_int took an integer out of range",
                       in->data, in->size);
     } else if (rc != 1 || v != d) {
-        fuzz_fail("qg_reqjson_int differs from the reference", in->data,
+        fuzz_fail("qg__reqjson_int differs from the reference", in->data,
                   in->size);
     }
 }
@@ -274,24 +274,24 @@ static void check_milli(const input *in, const char *key)
 {
     char err[ERRCAP];
     int64_t v = -7, d, e;
-    int rc = qg_reqjson_milli(in->o, key, 0, &v, err, sizeof err);
+    int rc = qg__reqjson_milli(in->o, key, 0, &v, err, sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     int neg, is_int, big = 0;
     if (rc == 1 && v < 0)
-        fuzz_fail("qg_reqjson_milli returned a negative", in->data, in->size);
+        fuzz_fail("qg__reqjson_milli returned a negative", in->data, in->size);
     if (!m || m->vt != 1 || m->num_long ||
         !decimal_of(m->num, &neg, &d, &e, &is_int))
         return;
     e += 3;                         /* points to milli-points */
     if (d != 0 && neg) {
         if (rc >= 0)
-            fuzz_fail("qg_reqjson_milli took a negative number", in->data,
+            fuzz_fail("qg__reqjson_milli took a negative number", in->data,
                       in->size);
         return;
     }
     if (d != 0 && e < 0) {
         if (rc >= 0)
-            fuzz_fail("qg_reqjson_milli took more than 3 decimals",
+            fuzz_fail("qg__reqjson_milli took more than 3 decimals",
                       in->data, in->size);
         return;
     }
@@ -303,10 +303,10 @@ static void check_milli(const input *in, const char *key)
     }
     if (big || d > MILLI_SURE_MAX) {
         if (rc == 1 && (big || v != d))
-            fuzz_fail("qg_reqjson_milli took a large number inexactly",
+            fuzz_fail("qg__reqjson_milli took a large number inexactly",
                       in->data, in->size);
     } else if (rc != 1 || v != d) {
-        fuzz_fail("qg_reqjson_milli differs from the reference", in->data,
+        fuzz_fail("qg__reqjson_milli differs from the reference", in->data,
                   in->size);
     }
 }
@@ -316,10 +316,10 @@ static json_t *route(const uint8_t *data, size_t size, const ref *f,
                      const char *const *allowed)
 {
     char err[ERRCAP];
-    json_t *o = qg_reqjson_parse((const char *)data, size, allowed, err,
+    json_t *o = qg__reqjson_parse((const char *)data, size, allowed, err,
                                  sizeof err);
     if (!o && !err[0])
-        fuzz_fail("qg_reqjson_parse refused without a message", data, size);
+        fuzz_fail("qg__reqjson_parse refused without a message", data, size);
     if (f) {
         int ok = f->max_depth <= QG_JSON_MAX_DEPTH && f->nmem < MAXMEM;
         for (int i = 0; ok && i < f->nmem; i++) {
@@ -331,7 +331,7 @@ static json_t *route(const uint8_t *data, size_t size, const ref *f,
         }
         /* nmem == MAXMEM: keys beyond were not recorded; not compared */
         if (f->nmem < MAXMEM && !o != !ok)
-            fuzz_fail("qg_reqjson_parse differs from the reference", data,
+            fuzz_fail("qg__reqjson_parse differs from the reference", data,
                       size);
     }
     return o;

@@ -1,11 +1,11 @@
 /* fuzz_reqscan.c - the request JSON scanner (reqscan.c, one yajl pass
- * under qg_request_fields) differentially against the jansson reader it
+ * under qg__request_fields) differentially against the jansson reader it
  * replaced (tests/support/reqref.c): for both API shapes the same return
  * and, when accepted, the same model, stream flag, output cap and input
  * size; a disagreement aborts.
  *
  * Then the proxy's rewrites (usage.c, jansson) of an accepted body: the
- * proxy runs them only on a body qg_request_fields accepted and treats a
+ * proxy runs them only on a body qg__request_fields accepted and treats a
  * failure as out of memory, so they must succeed, and their output read
  * back must give the same fields (with the new model when one was set,
  * and stream_options.include_usage true when the rewrite says it added
@@ -43,7 +43,7 @@ static void check_rewrite(int rc, char *out, size_t outlen, int shape,
         fuzz_fail("an accepted body could not be rewritten", data, size);
     if (out[outlen] != '\0')
         fuzz_fail("a rewrite's output is not NUL-terminated", data, size);
-    if (qg_request_fields(out, outlen, shape, &back) != QG_OK)
+    if (qg__request_fields(out, outlen, shape, &back) != QG_OK)
         fuzz_fail("a rewritten body is refused", data, size);
     same_fields(in, &back, model, data, size);
     free(out);
@@ -57,7 +57,7 @@ static void check_openai_rewrite(const char *s, size_t n,
     char *out = NULL;
     size_t outlen = 0;
     int added = -1;
-    int rc = qg_request_rewrite_openai(s, n, &out, &outlen, &added, model);
+    int rc = qg__request_rewrite_openai(s, n, &out, &outlen, &added, model);
     if (rc == QG_OK) {
         json_error_t je;
         json_t *j = json_loadb(out, outlen, JSON_ALLOW_NUL, &je), *so;
@@ -85,13 +85,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int shape = QG_SHAPE_OPENAI; shape <= QG_SHAPE_ANTHROPIC; shape++) {
         char *out = NULL;
         size_t outlen = 0;
-        if (qg_request_fields(s, size, shape, &info) != QG_OK)
+        if (qg__request_fields(s, size, shape, &info) != QG_OK)
             continue;
         if (shape == QG_SHAPE_OPENAI) {
             check_openai_rewrite(s, size, &info, NULL, data, size);
             check_openai_rewrite(s, size, &info, NEW_MODEL, data, size);
         }
-        int rc = qg_request_replace_model(s, size, NEW_MODEL, &out, &outlen);
+        int rc = qg__request_replace_model(s, size, NEW_MODEL, &out, &outlen);
         check_rewrite(rc, out, outlen, shape, &info, NEW_MODEL, data, size);
     }
     return 0;

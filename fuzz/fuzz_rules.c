@@ -1,4 +1,4 @@
-/* fuzz_rules.c - the rules loader (qg_rules_parse, rules_yaml.c and
+/* fuzz_rules.c - the rules loader (qg__rules_parse, rules_yaml.c and
  * rules_windows.c over libyaml) on arbitrary bytes.
  *
  * The bytes are the whole rules file, passed as the exact buffer (no NUL
@@ -19,13 +19,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     qg_rules *r = NULL;
     qg_diag d;
     char msg[1024];
-    int rc = qg_rules_parse((const char *)data, size, "fuzz.yaml",
-                            qg_tz_load_system, NULL, &r, &d);
+    int rc = qg__rules_parse((const char *)data, size, "fuzz.yaml",
+                            qg__tz_load_system, NULL, &r, &d);
     if (rc == QG_OK) {
         if (!r || !qg_rules_version(r))
             fuzz_fail("accepted without a rule set", data, size);
         for (int i = 0; i < r->nplans; i++)
-            if (qg_rules_find_plan(r, r->plans[i].name) != i)
+            if (qg__rules_find_plan(r, r->plans[i].name) != i)
                 fuzz_fail("a plan not found by its name", data, size);
         for (int i = 0; i < r->nmodels; i++)
             if (qg_rules_find_model(r, r->models[i].name) != i)
@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (qg_rules_find_subject(r, r->subjects[i].name) != i)
                 fuzz_fail("a subject not found by its name", data, size);
         for (int i = 0; i < r->norgs; i++)
-            if (qg_rules_find_org(r, r->orgs[i].name) != i)
+            if (qg__rules_find_org(r, r->orgs[i].name) != i)
                 fuzz_fail("an org not found by its name", data, size);
         qg_rules_free(r);
         return 0;
@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_fail("refused with a rule set", data, size);
     if (rc != QG_ERULES && rc != QG_ENOMEM)
         fuzz_fail("an unexpected return code", data, size);
-    qg_diag_format(&d, msg, sizeof msg);
+    qg__diag_format(&d, msg, sizeof msg);
     if (!d.message[0])
         fuzz_fail("refused without a message", data, size);
     return 0;

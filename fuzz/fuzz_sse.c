@@ -1,5 +1,5 @@
 /* fuzz_sse.c - the SSE splitter and parser of the proxy's streams
- * (sse.c, qg_sse_split_next in proxy.c) and the usage read from each
+ * (sse.c, qg__sse_split_next in proxy.c) and the usage read from each
  * event (usage.c), as h_proxy.c uses them, against references.
  *
  * Input: byte 0 chooses the event cap (from 1 byte to the proxy's 1 MiB),
@@ -104,13 +104,13 @@ static void usage_of(rec *r, const char *t, size_t tl, const char *d,
         int oa = 9, ob = 9;
         if (dl == 6 && memcmp(d, "[DONE]", 6) == 0)
             return;
-        ra = qg_usage_openai_chunk_bytes(d, dl, &r->u, &oa, &ca);
+        ra = qg__usage_openai_chunk_bytes(d, dl, &r->u, &oa, &ca);
         rb = tst_ref_openai_chunk_bytes(d, dl, &r->ru, &ob, &cb);
         if (ra != rb || oa != ob || ca != cb)
             fuzz_fail("an OpenAI event's usage differs from the reference",
                       r->data, r->size);
     } else {
-        ra = qg_usage_anthropic_event_bytes(t, tl, d, dl, &r->u, &ca);
+        ra = qg__usage_anthropic_event_bytes(t, tl, d, dl, &r->u, &ca);
         rb = tst_ref_anthropic_event_bytes(t, tl, d, dl, &r->ru, &cb);
         if (ra != rb || ca != cb)
             fuzz_fail("an Anthropic event's usage differs from the "
@@ -252,7 +252,7 @@ static size_t next_cut(unsigned *seed)
 static int run_plain(const char *s, size_t n, size_t cap, unsigned seed,
                      int cut, rec *r, int *finish_rc)
 {
-    qg_sse *p = qg_sse_new(cap);
+    qg_sse *p = qg__sse_new(cap);
     size_t at = 0;
     int rc = 0;
     if (!p)
@@ -261,13 +261,13 @@ static int run_plain(const char *s, size_t n, size_t cap, unsigned seed,
         size_t k = cut ? next_cut(&seed) : n;
         if (k > n - at)
             k = n - at;
-        int frc = qg_sse_feed(p, s + at, k, on_event, r);
+        int frc = qg__sse_feed(p, s + at, k, on_event, r);
         if (frc && !rc)
             rc = frc;
         at += k;
     }
-    *finish_rc = qg_sse_finish(p);
-    qg_sse_free(p);
+    *finish_rc = qg__sse_finish(p);
+    qg__sse_free(p);
     return rc;
 }
 
@@ -276,7 +276,7 @@ static int run_plain(const char *s, size_t n, size_t cap, unsigned seed,
 static int run_filter(const char *s, size_t n, size_t cap, unsigned seed,
                       rec *r, const refres *ref, int *finish_rc)
 {
-    qg_sse *p = qg_sse_new(cap);
+    qg_sse *p = qg__sse_new(cap);
     qg_sse_split split = {0, 0};
     size_t at = 0, pend_start = 0;
     int rc = 0;
@@ -289,7 +289,7 @@ static int run_filter(const char *s, size_t n, size_t cap, unsigned seed,
         const char *d = s + at;
         size_t left = k;
         while (left > 0) {
-            size_t b = qg_sse_split_next(&split, d, left);
+            size_t b = qg__sse_split_next(&split, d, left);
             if (b == 0)
                 break;              /* the rest waits in pend */
             d += b;
@@ -299,7 +299,7 @@ static int run_filter(const char *s, size_t n, size_t cap, unsigned seed,
                 fuzz_fail("the splitter cut where no blank line ends",
                           r->data, r->size);
             r->piece_events = 0;
-            int frc = qg_sse_feed(p, s + pend_start, end - pend_start,
+            int frc = qg__sse_feed(p, s + pend_start, end - pend_start,
                                   on_event, r);
             if (frc && !rc)
                 rc = frc;
@@ -311,13 +311,13 @@ static int run_filter(const char *s, size_t n, size_t cap, unsigned seed,
         at += k;
     }
     if (pend_start < n) {           /* the stream ended inside an event */
-        int frc = qg_sse_feed(p, s + pend_start, n - pend_start, on_event,
+        int frc = qg__sse_feed(p, s + pend_start, n - pend_start, on_event,
                               r);
         if (frc && !rc)
             rc = frc;
     }
-    *finish_rc = qg_sse_finish(p);
-    qg_sse_free(p);
+    *finish_rc = qg__sse_finish(p);
+    qg__sse_free(p);
     return rc;
 }
 

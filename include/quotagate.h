@@ -68,6 +68,25 @@ typedef struct qg_engine qg_engine;
 #define QG_TIME_MAX_MS INT64_C(253402300799999)
 #define QG_DURATION_MAX_MS (INT64_C(36500) * 86400000)
 
+/* ---------------------------------------------------------------- names */
+
+#define QG_NAME_MAX 64          /* plan, window, model, org names (bytes,
+                                   with the terminating NUL) */
+#define QG_MAX_MODELS 64        /* models of a rules file */
+#define QG_MAX_PLAN_WINDOWS 16  /* windows per plan or org, incl.
+                                   concurrency */
+
+typedef enum qg_win_type {
+    QG_WIN_ROLLING = 1,
+    QG_WIN_CALENDAR,
+    QG_WIN_SESSION,
+    QG_WIN_RATE,
+    QG_WIN_CONCURRENCY
+} qg_win_type;
+
+/* What a window counts: weight points, or requests (1000 milli each). */
+typedef enum qg_unit { QG_UNIT_WEIGHT = 0, QG_UNIT_REQUESTS = 1 } qg_unit;
+
 /* ---------------------------------------------------------------- views */
 
 #define QG_MAX_VIEWS 32     /* member + org windows of one decision */
@@ -76,8 +95,8 @@ typedef struct qg_engine qg_engine;
 /* What a client sees of one window at one instant. */
 typedef struct qg_window_view {
     const char *name;         /* window name, owned by the rules */
-    int type;                 /* qg_win_type (rules.h) */
-    int unit;                 /* 0 weight, 1 requests */
+    qg_win_type type;
+    qg_unit unit;
     int org;                  /* 1 when the window is the organisation's */
     int64_t limit_milli;
     int64_t used_milli;
@@ -104,6 +123,38 @@ typedef struct qg_recovery_point {
 int qg_rules_load(const char *path, qg_rules **out, char *err, size_t errcap);
 void qg_rules_free(qg_rules *r);
 const char *qg_rules_version(const qg_rules *r);
+/* The file the rules came from, and the name of their weight unit
+ * ("weight points"): both owned by the rules. */
+const char *qg_rules_path(const qg_rules *r);
+const char *qg_rules_unit(const qg_rules *r);
+/* Index of a model or a subject listed in the rules; -1 when absent. */
+int qg_rules_find_model(const qg_rules *r, const char *name);
+int qg_rules_find_subject(const qg_rules *r, const char *name);
+/* 1 when a check for this subject would be decided with these rules: it is
+ * listed, or the rules have a default plan. */
+int qg_rules_admits_subject(const qg_rules *r, const char *name);
+
+/* ------------------------------------------------------ numbers and times */
+
+/* Decimal text ("12", "0.25"; no exponent) with at most scale_digits
+ * fractional digits into an integer scaled by 10^scale_digits: 0, -1 bad
+ * syntax, -2 too many fractional digits, -3 overflow.  A leading '-' is
+ * accepted (callers refuse negatives). */
+int qg_fixed_parse(const char *s, size_t len, int scale_digits, int64_t *out);
+/* A scaled integer as decimal text without trailing zeros ("2.5", "3");
+ * at most cap bytes with the NUL; returns the length written. */
+size_t qg_fixed_format(int64_t v, int scale_digits, char *buf, size_t cap);
+/* Durations as the rules write them ("90s", "30m", "5h", "7d", "250ms"):
+ * parse returns 0, -1 on bad syntax or -3 on overflow (zero is accepted);
+ * format writes the shortest exact form ("1h30m") and returns its
+ * length. */
+int qg_duration_parse(const char *s, size_t len, int64_t *out_ms);
+size_t qg_duration_format(int64_t ms, char *buf, size_t cap);
+/* ISO 8601 instants: parse "2026-01-31T09:00:00Z", "...+02:00" or
+ * "2026-01-31" (midnight UTC), fractions of a second accepted, returning 0
+ * or -1; format "2026-01-31T09:00:00Z" (".250Z" when ms != 0). */
+int qg_iso8601_parse(const char *s, int64_t *out_ms);
+void qg_iso8601_format(int64_t ms, char *buf, int cap);
 
 /* ---------------------------------------------------------------- store */
 
@@ -333,5 +384,79 @@ int qg_engine_remembers(qg_engine *e, const char *request_id);
  * schedules).  QG_ENOSUBJECT for an unknown subject. */
 int qg_engine_usage(qg_engine *e, const char *subject, int64_t now_ms,
                     qg_decision *out);
+
+/* ------------------------------------------------------------- API keys */
+
+/* API keys ("qgk_<id>_<secret>") are kept in the ledger's database as
+ * SHA-256 hashes only: a new key is shown once, by qg_keyring_create, and
+ * never again.  A keyring is the ledger's key store opened on its own
+ * (the CLI's `quotagate keys`); a running server may use the same
+ * database at the same time.  Not thread-safe: one thread per keyring. */
+typedef struct qg_keyring qg_keyring;
+
+#define QG_API_KEY_MAX 64       /* a key's length, with the NUL */
+
+typedef struct qg_key_info {
+    char id[32];                /* public part, e.g. "3f09a1c2b4d5" */
+    char role[16];              /* "subject", "admin" or "service" */
+    char subject[256];          /* "" for admin and service keys */
+    int64_t created_ms;
+    int64_t revoked_ms;         /* 0 while the key is valid */
+} qg_key_info;
+
+/* Open the key store of the ledger at url ("sqlite:PATH", or a path).
+ * log (may be NULL) receives the ledger's warnings, one line each.
+ * Returns NULL with the reason in err. */
+qg_keyring *qg_keyring_open(const char *ledger_url,
+                            void (*log)(void *ud, const char *line),
+                            void *log_ud, char *err, size_t errcap);
+void qg_keyring_close(qg_keyring *k);
+/* 1 when role is "subject", "admin" or "service". */
+int qg_keyring_role_valid(const char *role);
+/* Create a key for role and subject (required for "subject", NULL or ""
+ * for the others), durable on return; the key goes to key_out (cap at
+ * least QG_API_KEY_MAX), its description to *info.  Returns 0, QG_EINVAL
+ * (role, subject or cap), QG_EIO. */
+int qg_keyring_create(qg_keyring *k, const char *role, const char *subject,
+                      int64_t now_ms, char *key_out, size_t cap,
+                      qg_key_info *info);
+/* Every key in creation order; fn's non-zero return stops the listing and
+ * is returned. */
+int qg_keyring_list(qg_keyring *k,
+                    int (*fn)(const qg_key_info *key, void *ud), void *ud);
+/* Revoke the key with this id (the first revocation time stays); *info
+ * (may be NULL) describes it afterwards.  0 or QG_ENOTFOUND. */
+int qg_keyring_revoke(qg_keyring *k, const char *id, int64_t now_ms,
+                      qg_key_info *info);
+
+/* -------------------------------------------------------------- serve */
+
+/* `quotagate serve`: the gateway process (docs/operations.md). */
+typedef struct qg_serve_opts {
+    const char *rules_path;
+    qg_rules *rules;             /* already loaded from rules_path (owned
+                                    by qg_serve from the call), or NULL */
+    const char *listen;          /* HOST:PORT, default 127.0.0.1:8080 */
+    const char *data_dir;        /* default ./var */
+    const char *ledger_url;      /* default sqlite:DATA/ledger.db */
+    const char *store_url;       /* "memory" (default) */
+    const char *upstream;        /* the proxy's upstream URL, or NULL */
+    int workers;                 /* HTTP worker threads, default 2 */
+    int header_timeout_ms;
+    int idle_timeout_ms;
+    int min_body_rate;           /* bytes/s, 0: the HTTP layer's default */
+    int max_connections;         /* 0: from the file-descriptor limit */
+    int max_conns_per_client;    /* 0: half of max_connections, -1: none */
+    size_t max_body_bytes;
+    int ledger_async;            /* opt into asynchronous settles */
+    int ledger_flush_ms;
+    uint32_t request_ids;        /* ids the memory store remembers; 0 =
+                                    its default (store's max_reservations) */
+} qg_serve_opts;
+
+/* Run the gateway until SIGTERM/SIGINT (blocks).  Returns the process's
+ * exit status: 0 after a clean stop, 1 on a failure while serving, 2 for
+ * unusable options (with a message on stderr). */
+int qg_serve(const qg_serve_opts *opts);
 
 #endif

@@ -1,13 +1,13 @@
 /* analysis.h - what the rules promise, computed and proven (PRODUCT.md 6).
  *
  * Library code behind `quotagate analyze`, `lint` and `simulate`: no
- * printing and no clock.  qg_analyze() derives, for every plan against a
+ * printing and no clock.  qg__analyze() derives, for every plan against a
  * baseline plan over a period T, the per-window quota ratios, the
  * allowance a saturating client can redeem (bounded by every window at
  * once), the binding window and the effective multiplier; it then drives
  * the real engine on a virtual clock to measure the same figure, and
- * checks every claim.  qg_lint() turns the pre-release checklist into
- * findings.  qg_trace_parse() reads a usage trace (CSV) from a buffer.
+ * checks every claim.  qg__lint() turns the pre-release checklist into
+ * findings.  qg__trace_parse() reads a usage trace (CSV) from a buffer.
  * Every number is an integer: quantities and ratios in milli. */
 #ifndef QG_ANALYSIS_H
 #define QG_ANALYSIS_H
@@ -15,7 +15,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "quotagate.h"
-#include "rules.h"
 
 /* Fixed origin of simulations: 2026-01-05T00:00:00Z, a Monday 00:00 UTC. */
 #define QG_SIM_ORIGIN_MS 1767571200000LL
@@ -36,8 +35,8 @@ typedef struct qg_analyze_opts {
 
 typedef struct qg_an_window {
     const char *name;         /* owned by the rules */
-    int type;                 /* qg_win_type */
-    int unit;                 /* qg_unit */
+    qg_win_type type;
+    qg_unit unit;
     int64_t limit_milli;
     int64_t base_limit_milli; /* same-named baseline window; -1 none */
     int64_t ratio_milli;      /* limit / base limit; -1 when no ratio */
@@ -81,30 +80,31 @@ typedef struct qg_analysis {
     int64_t period_ms;
     int64_t weight_milli;     /* the reference request's weight */
     int model;                /* its model index, -1 weight-only */
+    int64_t hold_ms;          /* how long it holds a concurrency slot */
     int nplans;
     qg_an_plan *plans;
 } qg_analysis;
 
-/* Analyse every plan.  Returns 0 and *out (free with qg_analysis_free), or
+/* Analyse every plan.  Returns 0 and *out (free with qg__analysis_free), or
  * an error with a message in err (unknown baseline, simulation failure).
  * The analysis borrows names from `r`: it must not outlive the rules. */
-int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
+int qg__analyze(const qg_rules *r, const qg_analyze_opts *opts,
                qg_analysis **out, char *err, size_t errcap);
-void qg_analysis_free(qg_analysis *a);
+void qg__analysis_free(qg_analysis *a);
 
 /* The period used when neither the caller nor the rules set one: the
  * longest window of any plan (calendar day 1d, week 7d, month 30d). */
-int64_t qg_analysis_default_period(const qg_rules *r);
+int64_t qg__analysis_default_period(const qg_rules *r);
 
 /* The saturating-client simulation of one plan alone: admitted weight over
  * [t0, t0 + period) when driving an engine built on `rules` (ownership
  * passes).  Returns 0 or an error with a message in err. */
-int qg_simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
+int qg__simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
                      int64_t period_ms, int64_t *admitted_milli,
                      int64_t *decisions, char *err, size_t errcap);
 
 /* ratio in milli of a / b (b > 0), rounded down, saturating. */
-int64_t qg_ratio_milli(int64_t a, int64_t b);
+int64_t qg__ratio_milli(int64_t a, int64_t b);
 
 /* --------------------------------------------------------------- lint */
 
@@ -122,10 +122,10 @@ typedef struct qg_lint_result {
 
 /* Run the pre-release checklist on `r`; `previous` (may be NULL) is the
  * rule set currently in force, for the notice check on lowered limits.
- * Returns 0 with *out filled (free with qg_lint_free), or an error. */
-int qg_lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
+ * Returns 0 with *out filled (free with qg__lint_free), or an error. */
+int qg__lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
             char *err, size_t errcap);
-void qg_lint_free(qg_lint_result *res);
+void qg__lint_free(qg_lint_result *res);
 
 /* -------------------------------------------------------------- trace */
 
@@ -146,9 +146,9 @@ typedef struct qg_trace {
 
 /* Parse CSV text (header row first).  `name` is used in messages, which
  * read "name:line: column: what was expected".  Returns 0 and *out (free
- * with qg_trace_free), QG_EINVAL on malformed input, QG_ENOMEM. */
-int qg_trace_parse(const char *buf, size_t len, const char *name,
+ * with qg__trace_free), QG_EINVAL on malformed input, QG_ENOMEM. */
+int qg__trace_parse(const char *buf, size_t len, const char *name,
                    qg_trace **out, char *err, size_t errcap);
-void qg_trace_free(qg_trace *t);
+void qg__trace_free(qg_trace *t);
 
 #endif

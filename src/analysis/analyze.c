@@ -9,6 +9,7 @@
  * on a virtual clock, so that the enforcing code proves the arithmetic.
  * No printing: the CLI renders a qg_analysis. */
 #include "analysis.h"
+#include "rules.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static int64_t sat64(__int128 v)
     return v > INT64_MAX ? INT64_MAX : v < 0 ? 0 : (int64_t)v;
 }
 
-int64_t qg_ratio_milli(int64_t a, int64_t b)
+int64_t qg__ratio_milli(int64_t a, int64_t b)
 {
     if (b <= 0)
         return -1;
@@ -58,7 +59,7 @@ static int64_t win_span(const qg_window_spec *w)
     return w->length_ms;
 }
 
-int64_t qg_analysis_default_period(const qg_rules *r)
+int64_t qg__analysis_default_period(const qg_rules *r)
 {
     int64_t best = 0;
     int i, j;
@@ -98,7 +99,7 @@ static int64_t cap_calendar(const qg_window_spec *s, int64_t amount,
 {
     int64_t t = in->t0, end = in->t0 + in->T, n = 0, ps, pe;
     while (t < end) {
-        if (qg_calendar_period(&s->cal, 0, t, &ps, &pe) < 0 || pe <= t) {
+        if (qg__calendar_period(&s->cal, 0, t, &ps, &pe) < 0 || pe <= t) {
             n = ceil_div128(in->T, win_span(s) > 0 ? win_span(s) : in->T);
             break;
         }
@@ -143,8 +144,8 @@ static const cap_fn cap_fns[] = {
 static int64_t window_cap(const qg_window_spec *s, int model,
                           const cap_in *in)
 {
-    int64_t amount = qg_win_amount(s, in->w);
-    if (!qg_window_applies(s, model) ||
+    int64_t amount = qg__win_amount(s, in->w);
+    if (!qg__window_applies(s, model) ||
         (unsigned)s->type >= sizeof cap_fns / sizeof cap_fns[0] ||
         !cap_fns[s->type] || amount <= 0)
         return -1;
@@ -163,7 +164,7 @@ static int64_t plan_t0(const qg_plan *p)
             (!longest || win_span(&p->windows[i]) > win_span(longest)))
             longest = &p->windows[i];
     if (!longest ||
-        qg_calendar_period(&longest->cal, 0, QG_SIM_ORIGIN_MS, &ps, &pe) < 0)
+        qg__calendar_period(&longest->cal, 0, QG_SIM_ORIGIN_MS, &ps, &pe) < 0)
         return QG_SIM_ORIGIN_MS;
     return ps == QG_SIM_ORIGIN_MS ? ps : pe;
 }
@@ -295,7 +296,7 @@ static int sim_loop(sim *s, int64_t t0, int64_t T, int64_t *admitted,
     return rc;
 }
 
-int qg_simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
+int qg__simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
                      int64_t period_ms, int64_t *admitted_milli,
                      int64_t *decisions, char *err, size_t errcap)
 {
@@ -306,7 +307,7 @@ int qg_simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
     memset(&s, 0, sizeof s);
     *admitted_milli = 0;
     *decisions = 0;
-    pi = qg_rules_find_plan(rules, plan);
+    pi = qg__rules_find_plan(rules, plan);
     if (pi < 0) {
         snprintf(err, errcap, "unknown plan \"%s\"", plan);
         rc = QG_EINVAL;
@@ -317,7 +318,7 @@ int qg_simulate_plan(qg_rules *rules, const char *plan, int64_t t0_ms,
     s.has_slots = rules->plans[pi].concurrency > 0;
     s.model = rules->analysis.model >= 0
                   ? rules->models[rules->analysis.model].name : NULL;
-    s.w = s.model ? qg_weight_milli(&rules->models[rules->analysis.model],
+    s.w = s.model ? qg__weight_milli(&rules->models[rules->analysis.model],
                                     rules->analysis.input_tokens,
                                     rules->analysis.output_tokens)
                   : rules->analysis.weight_milli;
@@ -375,14 +376,14 @@ static void analyze_windows(const qg_plan *p,
                                                      : QG_MAX_PLAN_WINDOWS;
     for (j = 0; j < ap->nwindows; j++) {
         const qg_window_spec *s = &p->windows[j];
-        const qg_window_spec *b = qg_plan_find_window(base, s->name);
+        const qg_window_spec *b = qg__plan_find_window(base, s->name);
         qg_an_window *aw = &ap->windows[j];
         aw->name = s->name;
         aw->type = s->type;
         aw->unit = s->unit;
         aw->limit_milli = s->limit_milli;
         aw->base_limit_milli = b ? b->limit_milli : -1;
-        aw->ratio_milli = b ? qg_ratio_milli(s->limit_milli, b->limit_milli)
+        aw->ratio_milli = b ? qg__ratio_milli(s->limit_milli, b->limit_milli)
                             : -1;
         if (aw->ratio_milli >= 0 &&
             (ap->min_ratio_milli < 0 || aw->ratio_milli < ap->min_ratio_milli))
@@ -411,8 +412,8 @@ static void check_claim(const qg_rules *r, const qg_analysis *a,
                         const qg_plan *p, const qg_claim *c, qg_an_claim *ac)
 {
     const qg_plan *vs = &r->plans[c->vs_plan];
-    const qg_window_spec *wp = qg_plan_find_window(p, c->window);
-    const qg_window_spec *wv = qg_plan_find_window(vs, c->window);
+    const qg_window_spec *wp = qg__plan_find_window(p, c->window);
+    const qg_window_spec *wv = qg__plan_find_window(vs, c->window);
     const qg_an_plan *ap = &a->plans[p->index], *av = &a->plans[vs->index];
     char mult[32], ratio[32], lp[32], lv[32], eff[32], per[32];
     int64_t rt;
@@ -424,7 +425,7 @@ static void check_claim(const qg_rules *r, const qg_analysis *a,
     ac->vs = vs->name;
     ac->effective_milli =
         ap->redeemable_milli >= 0 && av->redeemable_milli > 0
-            ? qg_ratio_milli(ap->redeemable_milli, av->redeemable_milli) : -1;
+            ? qg__ratio_milli(ap->redeemable_milli, av->redeemable_milli) : -1;
     fmt_milli(c->multiplier_milli, mult, sizeof mult);
     if (!wp || !wv) {
         snprintf(ac->message, sizeof ac->message,
@@ -432,7 +433,7 @@ static void check_claim(const qg_rules *r, const qg_analysis *a,
                  mult, c->window, wp ? vs->name : p->name, c->window);
         return;
     }
-    rt = qg_ratio_milli(wp->limit_milli, wv->limit_milli);
+    rt = qg__ratio_milli(wp->limit_milli, wv->limit_milli);
     fmt_milli(rt, ratio, sizeof ratio);
     fmt_milli(wp->limit_milli, lp, sizeof lp);
     fmt_milli(wv->limit_milli, lv, sizeof lv);
@@ -477,7 +478,7 @@ static int reference_weight(const qg_rules *r, int64_t *w, char *err,
                             size_t errcap)
 {
     const qg_analysis_spec *an = &r->analysis;
-    *w = an->model >= 0 ? qg_weight_milli(&r->models[an->model],
+    *w = an->model >= 0 ? qg__weight_milli(&r->models[an->model],
                                           an->input_tokens, an->output_tokens)
                         : an->weight_milli;
     if (*w > QG_AMOUNT_MAX_MILLI) {
@@ -509,7 +510,7 @@ static int simulate_all(const qg_rules *r, const qg_analyze_opts *o,
             snprintf(err, errcap, "simulation of %s: %s", ap->name, why);
             return QG_ERULES;
         }
-        rc = qg_simulate_plan(copy, ap->name, ap->t0_ms, a->period_ms,
+        rc = qg__simulate_plan(copy, ap->name, ap->t0_ms, a->period_ms,
                               &ap->sim_redeemable_milli, &ap->sim_decisions,
                               why, sizeof why);
         if (rc != QG_OK)
@@ -520,13 +521,13 @@ static int simulate_all(const qg_rules *r, const qg_analyze_opts *o,
     for (i = 0; i < a->nplans && rc == QG_OK; i++)
         a->plans[i].sim_effective_milli =
             a->plans[a->baseline].sim_redeemable_milli > 0
-                ? qg_ratio_milli(a->plans[i].sim_redeemable_milli,
+                ? qg__ratio_milli(a->plans[i].sim_redeemable_milli,
                                  a->plans[a->baseline].sim_redeemable_milli)
                 : -1;
     return rc;
 }
 
-int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
+int qg__analyze(const qg_rules *r, const qg_analyze_opts *opts,
                qg_analysis **out, char *err, size_t errcap)
 {
     static const qg_analyze_opts defaults = { NULL, 0, 1, NULL, NULL };
@@ -546,7 +547,8 @@ int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
         goto fail;
     a->nplans = r->nplans;
     a->model = r->analysis.model;
-    a->baseline = o->baseline ? qg_rules_find_plan(r, o->baseline)
+    a->hold_ms = r->analysis.duration_ms;
+    a->baseline = o->baseline ? qg__rules_find_plan(r, o->baseline)
                               : default_baseline(r);
     if (a->baseline < 0) {
         snprintf(err, errcap, "unknown baseline plan \"%s\"", o->baseline);
@@ -555,7 +557,7 @@ int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
     }
     a->period_ms = o->period_ms > 0 ? o->period_ms
                    : r->analysis.period_ms > 0 ? r->analysis.period_ms
-                                               : qg_analysis_default_period(r);
+                                               : qg__analysis_default_period(r);
     if ((rc = reference_weight(r, &a->weight_milli, err, errcap)) != QG_OK)
         goto fail;
     rc = QG_ENOMEM;
@@ -576,7 +578,7 @@ int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
         const qg_an_plan *bp = &a->plans[a->baseline];
         ap->effective_milli =
             ap->redeemable_milli >= 0 && bp->redeemable_milli > 0
-                ? qg_ratio_milli(ap->redeemable_milli, bp->redeemable_milli)
+                ? qg__ratio_milli(ap->redeemable_milli, bp->redeemable_milli)
                 : -1;
         if (r->plans[i].nclaims > 0 &&
             !(ap->claims = calloc((size_t)r->plans[i].nclaims,
@@ -594,11 +596,11 @@ int qg_analyze(const qg_rules *r, const qg_analyze_opts *opts,
 fail:
     if (rc == QG_ENOMEM && err && !*err)
         snprintf(err, errcap, "out of memory");
-    qg_analysis_free(a);
+    qg__analysis_free(a);
     return rc;
 }
 
-void qg_analysis_free(qg_analysis *a)
+void qg__analysis_free(qg_analysis *a)
 {
     int i;
     if (!a)

@@ -10,6 +10,7 @@
  * change that lowers any limit is announced at least `notice` before it
  * takes effect.  No printing: the CLI renders the findings. */
 #include "analysis.h"
+#include "rules.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -152,7 +153,7 @@ static void check_claims(lint_ctx *c)
         const qg_plan *p = &c->r->plans[i];
         for (j = 0; j < p->nclaims; j++) {
             const qg_claim *cl = &p->claims[j];
-            const qg_window_spec *w = qg_plan_find_window(p, cl->window);
+            const qg_window_spec *w = qg__plan_find_window(p, cl->window);
             const qg_an_claim *ac =
                 c->a && j < c->a->plans[i].nclaims ? &c->a->plans[i].claims[j]
                                                    : NULL;
@@ -282,14 +283,14 @@ static void check_lowered(lint_ctx *c)
         return;
     for (i = 0; i < c->r->nplans; i++) {
         const qg_plan *p = &c->r->plans[i];
-        if ((k = qg_rules_find_plan(c->prev, p->name)) >= 0)
+        if ((k = qg__rules_find_plan(c->prev, p->name)) >= 0)
             compare_windows(c, "plan", p->name, p->windows, p->nwindows,
                             c->prev->plans[k].windows,
                             c->prev->plans[k].nwindows);
     }
     for (i = 0; i < c->r->norgs; i++) {
         const qg_org_spec *o = &c->r->orgs[i];
-        if ((k = qg_rules_find_org(c->prev, o->name)) >= 0)
+        if ((k = qg__rules_find_org(c->prev, o->name)) >= 0)
             compare_windows(c, "org", o->name, o->windows, o->nwindows,
                             c->prev->orgs[k].windows,
                             c->prev->orgs[k].nwindows);
@@ -338,7 +339,7 @@ static void (*const checks[])(lint_ctx *) = {
     check_lowered, check_payg,
 };
 
-int qg_lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
+int qg__lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
             char *err, size_t errcap)
 {
     qg_analyze_opts o = { NULL, 0, 0, NULL, NULL };
@@ -352,20 +353,20 @@ int qg_lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
     c.r = r;
     c.prev = previous;
     c.res = out;
-    if (qg_analyze(r, &o, &a, why, sizeof why) != QG_OK)
+    if (qg__analyze(r, &o, &a, why, sizeof why) != QG_OK)
         add(&c, "analysis-failed", NULL, NULL, "%s", why);
     c.a = a;
     for (i = 0; i < sizeof checks / sizeof checks[0] && !c.oom; i++)
         checks[i](&c);
-    qg_analysis_free(a);
+    qg__analysis_free(a);
     if (!c.oom)
         return QG_OK;
     snprintf(err, errcap, "out of memory");
-    qg_lint_free(out);
+    qg__lint_free(out);
     return QG_ENOMEM;
 }
 
-void qg_lint_free(qg_lint_result *res)
+void qg__lint_free(qg_lint_result *res)
 {
     if (!res)
         return;

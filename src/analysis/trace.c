@@ -10,6 +10,7 @@
  * No I/O: the caller reads the file; every error names the line and the
  * column and what was expected. */
 #include "analysis.h"
+#include "rules.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -260,7 +261,7 @@ static int read_row(cursor *c, const record *rec, const int pos[NCOLS],
     return 0;
 }
 
-int qg_trace_parse(const char *buf, size_t len, const char *name,
+int qg__trace_parse(const char *buf, size_t len, const char *name,
                    qg_trace **out, char *err, size_t errcap)
 {
     cursor c = { buf, buf + len, 1, name ? name : "trace", err, errcap };
@@ -308,12 +309,12 @@ int qg_trace_parse(const char *buf, size_t len, const char *name,
         t = NULL;
     }
 done:
-    qg_trace_free(t);
+    qg__trace_free(t);
     free(rec);
     return rc;
 }
 
-void qg_trace_free(qg_trace *t)
+void qg__trace_free(qg_trace *t)
 {
     int i;
     if (!t)

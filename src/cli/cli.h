@@ -54,7 +54,7 @@ qg_rules *qg__cli_load_rules(const char *path);
 
 /* A milli quantity as a JSON number: an integer when whole, else a real
  * (the only place a binary fraction appears, at the output boundary). */
-json_t *qg__json_milli(int64_t v);
+json_t *qg__cli_json_milli(int64_t v);
 
 /* Print a JSON value and a newline on stdout, then release it.  Returns 0,
  * or -1 (with a message on stderr) when it could not be encoded. */

@@ -11,8 +11,6 @@
 
 #include "analysis.h"
 #include "cli.h"
-#include "duration.h"
-#include "fixed.h"
 
 static const char *const type_names[] = {
     [QG_WIN_ROLLING] = "rolling",   [QG_WIN_CALENDAR] = "calendar",
@@ -52,7 +50,7 @@ static const char *win_unit(const qg_rules *r, const qg_an_window *w)
 {
     if (w->type == QG_WIN_CONCURRENCY)
         return "slots";
-    return w->unit == QG_UNIT_REQUESTS ? "requests" : r->unit;
+    return w->unit == QG_UNIT_REQUESTS ? "requests" : qg_rules_unit(r);
 }
 
 static void print_plan(const qg_rules *r, const qg_an_plan *p,
@@ -80,14 +78,14 @@ static void print_plan(const qg_rules *r, const qg_an_plan *p,
     }
     printf("  min window ratio: %s\n", fx(p->min_ratio_milli, b1, sizeof b1));
     printf("  redeemable over %s: %s %s (binding: %s)\n", per,
-           num(p->redeemable_milli, b1, sizeof b1), r->unit,
+           num(p->redeemable_milli, b1, sizeof b1), qg_rules_unit(r),
            p->binding >= 0 ? p->windows[p->binding].name : "none");
     printf("  effective multiplier: %s analytic", fx(p->effective_milli, b1,
                                                      sizeof b1));
     if (p->simulated)
         printf(", %s simulated (%s %s in %lld engine decisions)",
                fx(p->sim_effective_milli, b2, sizeof b2),
-               num(p->sim_redeemable_milli, b3, sizeof b3), r->unit,
+               num(p->sim_redeemable_milli, b3, sizeof b3), qg_rules_unit(r),
                (long long)p->sim_decisions);
     printf("\n");
     if (p->min_ratio_milli >= 0 && p->effective_milli >= 0 &&
@@ -98,7 +96,7 @@ static void print_plan(const qg_rules *r, const qg_an_plan *p,
     if (p->simulated && !p->agree)
         printf("  MISMATCH: analytic %s, simulated %s %s over %s\n",
                num(p->redeemable_milli, b1, sizeof b1),
-               num(p->sim_redeemable_milli, b2, sizeof b2), r->unit, per);
+               num(p->sim_redeemable_milli, b2, sizeof b2), qg_rules_unit(r), per);
     for (j = 0; j < p->nclaims; j++) {
         const qg_an_claim *c = &p->claims[j];
         printf("  claim %s vs %s on %s: %s: %s\n",
@@ -114,10 +112,10 @@ static int print_human(const qg_rules *r, const qg_analysis *a)
     char per[32], w[48], dur[32];
     int i;
     qg_duration_format(a->period_ms, per, sizeof per);
-    qg_duration_format(r->analysis.duration_ms, dur, sizeof dur);
+    qg_duration_format(a->hold_ms, dur, sizeof dur);
     printf("analyze %s: baseline %s, period %s, reference request %s %s "
-           "held %s\n", r->path, a->plans[a->baseline].name, per,
-           num(a->weight_milli, w, sizeof w), r->unit, dur);
+           "held %s\n", qg_rules_path(r), a->plans[a->baseline].name, per,
+           num(a->weight_milli, w, sizeof w), qg_rules_unit(r), dur);
     for (i = 0; i < a->nplans; i++)
         print_plan(r, &a->plans[i], per);
     return 0;
@@ -125,7 +123,7 @@ static int print_human(const qg_rules *r, const qg_analysis *a)
 
 static json_t *milli_or_null(int64_t v)
 {
-    return v >= 0 ? qg__json_milli(v) : json_null();
+    return v >= 0 ? qg__cli_json_milli(v) : json_null();
 }
 
 static json_t *plan_json(const qg_an_plan *p)
@@ -136,7 +134,7 @@ static json_t *plan_json(const qg_an_plan *p)
     for (j = 0; j < p->nwindows; j++) {
         const qg_an_window *w = &p->windows[j];
         json_t *o = json_pack("{s:s, s:o, s:o, s:o}", "name", w->name,
-                              "limit", qg__json_milli(w->limit_milli), "cap",
+                              "limit", qg__cli_json_milli(w->limit_milli), "cap",
                               milli_or_null(w->cap_milli), "ratio",
                               milli_or_null(w->ratio_milli));
         if (w->ratio_milli < 0)
@@ -148,7 +146,7 @@ static json_t *plan_json(const qg_an_plan *p)
         json_array_append_new(
             claims,
             json_pack("{s:o, s:s, s:s, s:s?, s:b, s:b, s:o, s:s}",
-                      "multiplier", qg__json_milli(c->multiplier_milli),
+                      "multiplier", qg__cli_json_milli(c->multiplier_milli),
                       "window", c->window, "vs", c->vs, "unit", c->unit,
                       "ok", c->ok, "needs_disclosure", c->needs_disclosure,
                       "effective_multiplier", milli_or_null(c->effective_milli),
@@ -160,7 +158,7 @@ static json_t *plan_json(const qg_an_plan *p)
         "min_ratio", milli_or_null(p->min_ratio_milli), "redeemable",
         milli_or_null(p->redeemable_milli), "effective_multiplier",
         milli_or_null(p->effective_milli), "simulated_redeemable",
-        p->simulated ? qg__json_milli(p->sim_redeemable_milli) : json_null(),
+        p->simulated ? qg__cli_json_milli(p->sim_redeemable_milli) : json_null(),
         "binding_window", p->binding >= 0 ? p->windows[p->binding].name : NULL,
         "simulated_multiplier",
         p->simulated ? milli_or_null(p->sim_effective_milli) : json_null(),
@@ -177,8 +175,8 @@ static int print_json(const qg_rules *r, const qg_analysis *a)
         json_array_append_new(plans, plan_json(&a->plans[i]));
     root = json_pack("{s:s, s:I, s:s, s:o, s:o}", "baseline",
                      a->plans[a->baseline].name, "period_s",
-                     (json_int_t)(a->period_ms / 1000), "unit", r->unit,
-                     "reference_weight", qg__json_milli(a->weight_milli),
+                     (json_int_t)(a->period_ms / 1000), "unit", qg_rules_unit(r),
+                     "reference_weight", qg__cli_json_milli(a->weight_milli),
                      "plans", plans);
     return qg__json_emit(root, 1);
 }
@@ -198,14 +196,14 @@ int qg__cmd_analyze(const qg_cli_args *args, qg_rules *r)
                 args->period);
         goto done;
     }
-    if (qg_analyze(r, &o, &a, err, sizeof err) != QG_OK) {
+    if (qg__analyze(r, &o, &a, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate analyze: %s\n", err);
         goto done;
     }
     if ((args->json ? print_json(r, a) : print_human(r, a)) == 0)
         rc = QG_EXIT_OK;
 done:
-    qg_analysis_free(a);
+    qg__analysis_free(a);
     qg_rules_free(r);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* cmd_keys.c - `quotagate keys create SUBJECT | list | revoke KEY_ID`.
  *
- * API keys live in the ledger database, as SHA-256 hashes only (keys.h).
+ * API keys live in the ledger database, as SHA-256 hashes only (the
+ * keyring of quotagate.h).
  * `create` shows the new key exactly once, alone on the last line of its
  * output so that scripts can take it with `tail -1`; `list` shows ids,
  * roles, subjects and times, never a key or a hash.  The ledger is
@@ -15,9 +16,6 @@
 #include <time.h>
 
 #include "cli.h"
-#include "civil.h"
-#include "keys.h"
-#include "ledger.h"
 
 static int64_t wall_ms(void)
 {
@@ -60,12 +58,11 @@ static void ledger_log(void *ud, const char *line)
     fprintf(stderr, "quotagate keys: %s\n", line);
 }
 
-static qg_ledger *open_ledger(const qg_cli_args *a)
+static qg_keyring *open_keyring(const qg_cli_args *a)
 {
     char url[4200], err[1024];
     const char *dir = a->data ? a->data : "./var";
-    qg_ledger_opts lo = {0};
-    qg_ledger *l;
+    qg_keyring *k;
     if (a->ledger) {
         snprintf(url, sizeof url, "%s", a->ledger);
     } else {
@@ -80,25 +77,21 @@ static qg_ledger *open_ledger(const qg_cli_args *a)
             return NULL;
         }
     }
-    lo.log = ledger_log;
-    if (!(l = qg_ledger_open(url, &lo, err, sizeof err)))
+    if (!(k = qg_keyring_open(url, ledger_log, NULL, err, sizeof err)))
         fprintf(stderr, "quotagate keys: %s\n", err);
-    return l;
+    return k;
 }
 
-static int do_create(const qg_cli_args *a, qg_ledger *l, const char *subject)
+static int do_create(const qg_cli_args *a, qg_keyring *kr,
+                     const char *subject)
 {
     const char *role = a->role ? a->role : "subject";
-    char key[QG_KEY_LEN + 1];
-    qg_key_rec rec;
-    int rc = qg_key_generate(role, subject, wall_ms(), key, sizeof key, &rec);
+    char key[QG_API_KEY_MAX];
+    qg_key_info rec;
+    int rc = qg_keyring_create(kr, role, subject, wall_ms(), key, sizeof key,
+                               &rec);
     if (rc != QG_OK) {
-        fprintf(stderr, "quotagate keys: cannot generate a key: %s\n",
-                qg_strerror(rc));
-        return QG_EXIT_USAGE;
-    }
-    if ((rc = qg_ledger_put_key(l, &rec)) != QG_OK) {
-        fprintf(stderr, "quotagate keys: cannot store the key: %s\n",
+        fprintf(stderr, "quotagate keys: cannot create the key: %s\n",
                 qg_strerror(rc));
         memset(key, 0, sizeof key);
         return QG_EXIT_USAGE;
@@ -120,7 +113,7 @@ typedef struct list_ctx {
     int n;
 } list_ctx;
 
-static int list_one(const qg_key_rec *k, void *ud)
+static int list_one(const qg_key_info *k, void *ud)
 {
     list_ctx *c = ud;
     char created[40], revoked[40];
@@ -147,13 +140,13 @@ static int list_one(const qg_key_rec *k, void *ud)
     return 0;
 }
 
-static int do_list(const qg_cli_args *a, qg_ledger *l)
+static int do_list(const qg_cli_args *a, qg_keyring *kr)
 {
     list_ctx c = { a->json, NULL, 0 };
     int rc;
     if (c.json && !(c.arr = json_array()))
         return QG_EXIT_USAGE;
-    rc = qg_ledger_list_keys(l, list_one, &c);
+    rc = qg_keyring_list(kr, list_one, &c);
     if (rc != QG_OK) {
         fprintf(stderr, "quotagate keys: cannot list keys: %s\n",
                 qg_strerror(rc));
@@ -167,17 +160,17 @@ static int do_list(const qg_cli_args *a, qg_ledger *l)
     return QG_EXIT_OK;
 }
 
-static int do_revoke(qg_ledger *l, const char *id)
+static int do_revoke(qg_keyring *kr, const char *id)
 {
-    qg_key_rec k;
+    qg_key_info k;
     char when[40];
-    int rc = qg_ledger_revoke_key(l, id, wall_ms());
+    int rc = qg_keyring_revoke(kr, id, wall_ms(), &k);
     if (rc == QG_ENOTFOUND) {
         fprintf(stderr, "quotagate keys: no key with id \"%s\" (see "
                 "quotagate keys list)\n", id);
         return QG_EXIT_FINDINGS;
     }
-    if (rc != QG_OK || (rc = qg_ledger_get_key(l, id, &k)) != QG_OK) {
+    if (rc != QG_OK) {
         fprintf(stderr, "quotagate keys: cannot revoke %s: %s\n", id,
                 qg_strerror(rc));
         return QG_EXIT_USAGE;
@@ -191,7 +184,7 @@ static int do_revoke(qg_ledger *l, const char *id)
 int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules)
 {
     const char *sub = a->nargs > 0 ? a->args[0] : NULL;
-    qg_ledger *l;
+    qg_keyring *kr;
     int rc;
     (void)rules;
 
@@ -202,14 +195,14 @@ int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules)
     if (strcmp(sub, "create") == 0) {
         const char *role = a->role ? a->role : "subject";
         int wants_subject = strcmp(role, "subject") == 0;
-        if (!qg_key_role_valid(role))
+        if (!qg_keyring_role_valid(role))
             return usage(a, "--role must be subject, admin or service");
         if (wants_subject && a->nargs != 2)
             return usage(a, "create needs the SUBJECT the key acts as");
         if (!wants_subject && a->nargs != 1)
             return usage(a, "admin and service keys have no SUBJECT");
         if (wants_subject && strlen(a->args[1]) >= sizeof(
-                                     ((qg_key_rec *)0)->subject))
+                                     ((qg_key_info *)0)->subject))
             return usage(a, "SUBJECT is too long");
         if (a->json)
             return usage(a, "--json is for list");
@@ -229,14 +222,14 @@ int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules)
         return usage(a, why);
     }
 
-    if (!(l = open_ledger(a)))
+    if (!(kr = open_keyring(a)))
         return QG_EXIT_USAGE;
     if (strcmp(sub, "create") == 0)
-        rc = do_create(a, l, a->nargs == 2 ? a->args[1] : NULL);
+        rc = do_create(a, kr, a->nargs == 2 ? a->args[1] : NULL);
     else if (strcmp(sub, "list") == 0)
-        rc = do_list(a, l);
+        rc = do_list(a, kr);
     else
-        rc = do_revoke(l, a->args[1]);
-    qg_ledger_close(l);
+        rc = do_revoke(kr, a->args[1]);
+    qg_keyring_close(kr);
     return rc;
 }

@@ -46,7 +46,7 @@ int qg__cmd_lint(const qg_cli_args *args, qg_rules *r)
 
     if (args->previous && !(prev = qg__cli_load_rules(args->previous)))
         goto done;
-    if (qg_lint(r, prev, &res, err, sizeof err) != QG_OK) {
+    if (qg__lint(r, prev, &res, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate lint: %s\n", err);
         goto done;
     }
@@ -54,7 +54,7 @@ int qg__cmd_lint(const qg_cli_args *args, qg_rules *r)
         goto done;
     rc = res.nfindings ? QG_EXIT_FINDINGS : QG_EXIT_OK;
 done:
-    qg_lint_free(&res);
+    qg__lint_free(&res);
     qg_rules_free(prev);
     qg_rules_free(r);
     return rc;

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "cli.h"
-#include "server.h"
 
 static int parse_int(const char *flag, const char *v, long min, long max,
                      long *out)

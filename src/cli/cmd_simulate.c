@@ -12,7 +12,6 @@
 #include <time.h>
 
 #include "analysis.h"
-#include "civil.h"
 #include "cli.h"
 
 #define TRACE_MAX_BYTES (256u << 20)
@@ -106,7 +105,7 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
         return -1;
     }
     qg_iso8601_format(now, at, sizeof at);
-    line = json_pack("{s:o, s:s, s:s, s:s}", "t", qg__json_milli(row->t_ms),
+    line = json_pack("{s:o, s:s, s:s, s:s}", "t", qg__cli_json_milli(row->t_ms),
                      "subject", row->subject, "request_id", req.request_id,
                      "decision", d.outcome == QG_ALLOW ? "allow" : "reject");
     if (d.outcome == QG_ALLOW) {
@@ -124,7 +123,7 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
             json_decref(line);
             return -1;
         }
-        json_object_set_new(line, "weight", qg__json_milli(sres.charged_milli));
+        json_object_set_new(line, "weight", qg__cli_json_milli(sres.charged_milli));
         /* sums of bounded weights, saturated at the bound (a summary) */
         ty->weight_milli =
             ty->weight_milli > QG_AMOUNT_MAX_MILLI - sres.charged_milli
@@ -138,10 +137,10 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
                                 json_string(d.views[d.binding].name));
         if (d.outcome == QG_REJECT)
             json_object_set_new(line, "retry_after_s",
-                                qg__json_milli(d.retry_after_ms));
+                                qg__cli_json_milli(d.retry_after_ms));
         else
             json_object_set_new(line, "retryable", json_false());
-        json_object_set_new(line, "weight", qg__json_milli(d.weight_milli));
+        json_object_set_new(line, "weight", qg__cli_json_milli(d.weight_milli));
         ty->refused++;
         rn->refused++;
     }
@@ -161,7 +160,7 @@ static int print_summary(run *rn)
             json_pack("{s:I, s:I, s:o}", "admitted",
                       (json_int_t)rn->tallies[i].admitted, "refused",
                       (json_int_t)rn->tallies[i].refused, "weight",
-                      qg__json_milli(rn->tallies[i].weight_milli)));
+                      qg__cli_json_milli(rn->tallies[i].weight_milli)));
     return qg__json_emit(
         json_pack("{s:{s:I, s:I, s:o}}", "summary", "admitted",
                   (json_int_t)rn->admitted, "refused",
@@ -180,7 +179,7 @@ static int check_names(const char *path, const qg_rules *r, const qg_trace *t)
                     row->line, row->model);
             return -1;
         }
-        if (r->default_plan < 0 && qg_rules_find_subject(r, row->subject) < 0) {
+        if (!qg_rules_admits_subject(r, row->subject)) {
             fprintf(stderr, "%s:%d: subject: unknown subject \"%s\" (the "
                     "rules have no default_plan)\n", path, row->line,
                     row->subject);
@@ -221,7 +220,7 @@ int qg__cmd_simulate(const qg_cli_args *args, qg_rules *rules)
                 "larger than %u bytes)\n", args->trace, TRACE_MAX_BYTES);
         goto done;
     }
-    if (qg_trace_parse(buf, len, args->trace, &t, err, sizeof err) != QG_OK) {
+    if (qg__trace_parse(buf, len, args->trace, &t, err, sizeof err) != QG_OK) {
         fprintf(stderr, "%s\n", err);
         goto done;
     }
@@ -246,7 +245,7 @@ done:
     qg_engine_free(rn.e);
     qg_store_free(store);
     qg_rules_free(rules);
-    qg_trace_free(t);
+    qg__trace_free(t);
     free(buf);
     return rc;
 }

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "rules.h"
 
 enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
@@ -189,7 +188,7 @@ qg_rules *qg__cli_load_rules(const char *path)
     return r;
 }
 
-json_t *qg__json_milli(int64_t v)
+json_t *qg__cli_json_milli(int64_t v)
 {
     if (v % 1000 == 0)
         return json_integer(v / 1000);

@@ -2,7 +2,7 @@
  *
  * Resets are local wall-clock times in the window's zone (daily HH:MM,
  * weekly weekday HH:MM, monthly day D HH:MM or the billing anchor), turned
- * into instants with qg_tz_local_to_utc, so DST makes some days 23 or 25
+ * into instants with qg__tz_local_to_utc, so DST makes some days 23 or 25
  * hours long and a reset inside a spring-forward gap happens when the clock
  * jumps past it.
  *
@@ -49,15 +49,15 @@ static int64_t reset_day(const cal *c, int64_t k)
         /* k counts months: k = year * 12 + (month - 1). */
         int y = (int)floor_div(k, 12);
         int m = (int)(k - (int64_t)y * 12) + 1;
-        int dim = qg_days_in_month(y, m);
-        return qg_days_from_civil(y, m, c->mday < dim ? c->mday : dim);
+        int dim = qg__days_in_month(y, m);
+        return qg__days_from_civil(y, m, c->mday < dim ? c->mday : dim);
     }
     }
 }
 
 static int64_t reset_at(const cal *c, int64_t k)
 {
-    return qg_tz_local_to_utc(c->tz, reset_day(c, k) * QG_MS_PER_DAY +
+    return qg__tz_local_to_utc(c->tz, reset_day(c, k) * QG_MS_PER_DAY +
                                          c->tod_ms);
 }
 
@@ -72,12 +72,12 @@ static int64_t index_of(const cal *c, int64_t day)
         return floor_div(day + 3, 7);
     case QG_EVERY_MONTH:
     default:
-        qg_civil_from_days(day, &y, &m, &d);
+        qg__civil_from_days(day, &y, &m, &d);
         return (int64_t)y * 12 + (m - 1);
     }
 }
 
-int qg_calendar_period(const qg_calendar_spec *spec, int64_t anchor_ms,
+int qg__calendar_period(const qg_calendar_spec *spec, int64_t anchor_ms,
                        int64_t now_ms, int64_t *start_ms, int64_t *end_ms)
 {
     cal c;
@@ -105,7 +105,7 @@ int qg_calendar_period(const qg_calendar_spec *spec, int64_t anchor_ms,
             qg_civil a;
             if (anchor_ms < CAL_MIN_MS || anchor_ms > CAL_MAX_MS)
                 return -1;
-            qg_ms_to_civil(qg_tz_utc_to_local(c.tz, anchor_ms), &a);
+            qg__ms_to_civil(qg__tz_utc_to_local(c.tz, anchor_ms), &a);
             c.mday = a.day;
             c.tod_ms = (((int64_t)a.hour * 60 + a.minute) * 60 + a.second) *
                            1000 + a.ms;
@@ -120,7 +120,7 @@ int qg_calendar_period(const qg_calendar_spec *spec, int64_t anchor_ms,
     if (c.tod_ms < 0 || c.tod_ms >= QG_MS_PER_DAY)
         return -1;
 
-    k = index_of(&c, floor_div(qg_tz_utc_to_local(c.tz, now_ms),
+    k = index_of(&c, floor_div(qg__tz_utc_to_local(c.tz, now_ms),
                                QG_MS_PER_DAY));
     /* The guess is off by at most one in either direction; the bounds
      * only guard against a pathological zone. */

@@ -26,7 +26,7 @@ typedef struct qg_calendar_spec {
 /* Compute the period containing now_ms.  anchor_ms is the subject's billing
  * anchor instant (used only with anchor_billing; when it is 0 the window
  * falls back to mday/minute_of_day).  Returns 0, or -1 on bad spec. */
-int qg_calendar_period(const qg_calendar_spec *c, int64_t anchor_ms,
+int qg__calendar_period(const qg_calendar_spec *c, int64_t anchor_ms,
                        int64_t now_ms, int64_t *start_ms, int64_t *end_ms);
 
 #endif

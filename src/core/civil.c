@@ -24,18 +24,18 @@ static int64_t floor_mod(int64_t a, int64_t b)
     return a - floor_div(a, b) * b;
 }
 
-int qg_is_leap(int y)
+int qg__is_leap(int y)
 {
     return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
 }
 
-int qg_days_in_month(int y, int m)
+int qg__days_in_month(int y, int m)
 {
     static const unsigned char len[12] = {31, 28, 31, 30, 31, 30,
                                           31, 31, 30, 31, 30, 31};
     if (m < 1 || m > 12)
         return 0;
-    return len[m - 1] + (m == 2 && qg_is_leap(y));
+    return len[m - 1] + (m == 2 && qg__is_leap(y));
 }
 
 /* The computation treats the year as starting on March 1st, so that the
@@ -50,7 +50,7 @@ int qg_days_in_month(int y, int m)
  *    mp (0 = March) is (153*mp + 2) / 5, a line that hits exactly the
  *    cumulative sums 0,31,61,92,122,153,184,214,245,275,306,337.
  * 0000-03-01 is day -719468 relative to 1970-01-01. */
-int64_t qg_days_from_civil(int y, int m, int d)
+int64_t qg__days_from_civil(int y, int m, int d)
 {
     int64_t yy = (int64_t)y - (m <= 2);        /* March-based year */
     int64_t era = floor_div(yy, 400);
@@ -61,7 +61,7 @@ int64_t qg_days_from_civil(int y, int m, int d)
     return era * 146097 + doe - 719468;
 }
 
-void qg_civil_from_days(int64_t days, int *y, int *m, int *d)
+void qg__civil_from_days(int64_t days, int *y, int *m, int *d)
 {
     int64_t z = days + 719468;                 /* days since 0000-03-01 */
     int64_t era = floor_div(z, 146097);
@@ -80,25 +80,25 @@ void qg_civil_from_days(int64_t days, int *y, int *m, int *d)
     *d = (int)dd;
 }
 
-int qg_weekday_from_days(int64_t days)
+int qg__weekday_from_days(int64_t days)
 {
     /* 1970-01-01 was a Thursday (3 when Monday is 0). */
     return (int)floor_mod(days + 3, 7);
 }
 
-int64_t qg_civil_to_ms(const qg_civil *c)
+int64_t qg__civil_to_ms(const qg_civil *c)
 {
-    int64_t days = qg_days_from_civil(c->year, c->month, c->day);
+    int64_t days = qg__days_from_civil(c->year, c->month, c->day);
     int64_t secs = (int64_t)c->hour * 3600 + (int64_t)c->minute * 60 +
                    c->second;
     return days * QG_MS_PER_DAY + secs * 1000 + c->ms;
 }
 
-void qg_ms_to_civil(int64_t ms, qg_civil *c)
+void qg__ms_to_civil(int64_t ms, qg_civil *c)
 {
     int64_t days = floor_div(ms, QG_MS_PER_DAY);
     int64_t rem = ms - days * QG_MS_PER_DAY;   /* 0..86399999 */
-    qg_civil_from_days(days, &c->year, &c->month, &c->day);
+    qg__civil_from_days(days, &c->year, &c->month, &c->day);
     c->hour = (int)(rem / 3600000);
     c->minute = (int)(rem / 60000 % 60);
     c->second = (int)(rem / 1000 % 60);
@@ -133,10 +133,10 @@ int qg_iso8601_parse(const char *s, int64_t *out_ms)
         (c.day = digits(&p, 2)) < 0)
         return -1;
     if (c.month < 1 || c.month > 12 || c.day < 1 ||
-        c.day > qg_days_in_month(c.year, c.month))
+        c.day > qg__days_in_month(c.year, c.month))
         return -1;
     if (*p == '\0') {                          /* date only: midnight UTC */
-        *out_ms = qg_civil_to_ms(&c);
+        *out_ms = qg__civil_to_ms(&c);
         return 0;
     }
     if (*p != 'T' && *p != 't')
@@ -186,7 +186,7 @@ int qg_iso8601_parse(const char *s, int64_t *out_ms)
     if (*p != '\0')
         return -1;
     /* Local time minus its offset east of UTC is the UTC instant. */
-    *out_ms = qg_civil_to_ms(&c) - offset_s * 1000;
+    *out_ms = qg__civil_to_ms(&c) - offset_s * 1000;
     return 0;
 }
 
@@ -195,7 +195,7 @@ void qg_iso8601_format(int64_t ms, char *buf, int cap)
     qg_civil c;
     if (!buf || cap <= 0)
         return;
-    qg_ms_to_civil(ms, &c);
+    qg__ms_to_civil(ms, &c);
     if (c.ms != 0)
         snprintf(buf, (size_t)cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
                  c.year, c.month, c.day, c.hour, c.minute, c.second, c.ms);

@@ -6,6 +6,7 @@
 #define QG_CIVIL_H
 
 #include <stdint.h>
+#include "quotagate.h"
 
 #define QG_MS_PER_DAY 86400000LL
 
@@ -16,23 +17,18 @@ typedef struct qg_civil {
 } qg_civil;
 
 /* Days since 1970-01-01 for a Gregorian date (month 1..12). */
-int64_t qg_days_from_civil(int y, int m, int d);
-/* Inverse of qg_days_from_civil. */
-void qg_civil_from_days(int64_t days, int *y, int *m, int *d);
+int64_t qg__days_from_civil(int y, int m, int d);
+/* Inverse of qg__days_from_civil. */
+void qg__civil_from_days(int64_t days, int *y, int *m, int *d);
 /* 0 = Monday ... 6 = Sunday. */
-int qg_weekday_from_days(int64_t days);
-int qg_is_leap(int y);
-int qg_days_in_month(int y, int m);
+int qg__weekday_from_days(int64_t days);
+int qg__is_leap(int y);
+int qg__days_in_month(int y, int m);
 
 /* Milliseconds since the epoch of a civil time taken as UTC, and back. */
-int64_t qg_civil_to_ms(const qg_civil *c);
-void qg_ms_to_civil(int64_t ms, qg_civil *c);
+int64_t qg__civil_to_ms(const qg_civil *c);
+void qg__ms_to_civil(int64_t ms, qg_civil *c);
 
-/* Parse "2026-01-31T09:00:00Z" / "...+02:00" / "2026-01-31" (midnight UTC)
- * into ms since the epoch.  Fractions of a second are accepted.  Returns 0,
- * or -1 when malformed. */
-int qg_iso8601_parse(const char *s, int64_t *out_ms);
-/* Format as "2026-01-31T09:00:00Z" (".250Z" when ms != 0). */
-void qg_iso8601_format(int64_t ms, char *buf, int cap);
+/* qg_iso8601_parse and qg_iso8601_format are public (quotagate.h). */
 
 #endif

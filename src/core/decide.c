@@ -12,7 +12,7 @@
 #include "decide.h"
 #include "fixed.h"
 
-int qg_decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
+int qg__decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
                   qg_win_state *states, int org)
 {
     if (in->n + n > QG_MAX_VIEWS)
@@ -61,7 +61,7 @@ static inline int charge(const qg_window_spec *s, qg_win_state *st,
     }
 }
 
-/* qg_win_view without the memset: every type fills the four amounts. */
+/* qg__win_view without the memset: every type fills the four amounts. */
 static inline void view(const qg_window_spec *s, qg_win_state *st,
                         const qg_win_ctx *ctx, qg_window_view *out)
 {
@@ -82,7 +82,7 @@ static inline void view(const qg_window_spec *s, qg_win_state *st,
     }
 }
 
-void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery)
+void qg__decide_views(qg_decide_in *in, qg_decision *out, int with_recovery)
 {
     out->nviews = in->n;
     for (int i = 0; i < in->n; i++) {
@@ -92,7 +92,7 @@ void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery)
         out->nrecovery[i] = 0;
         if (with_recovery && out->views[i].used_milli > 0)
             out->nrecovery[i] =
-                qg_win_recovery(in->spec[i], in->state[i], ctx,
+                qg__win_recovery(in->spec[i], in->state[i], ctx,
                                 out->recovery[i], QG_MAX_RECOVERY);
     }
 }
@@ -102,29 +102,14 @@ static void rollback(qg_decide_in *in, int upto)
 {
     for (int i = 0; i < upto; i++) {
         const qg_window_spec *s = in->spec[i];
-        if (!qg_window_applies(s, in->model))
+        if (!qg__window_applies(s, in->model))
             continue;
         if (s->type == QG_WIN_CONCURRENCY)
-            qg_win_release(s, in->state[i], ctx_of(in, i));
+            qg__win_release(s, in->state[i], ctx_of(in, i));
         else
-            qg_win_adjust(s, in->state[i], ctx_of(in, i), ctx_of(in, i)->now_ms,
-                          -qg_win_amount(s, in->weight_milli));
+            qg__win_adjust(s, in->state[i], ctx_of(in, i), ctx_of(in, i)->now_ms,
+                          -qg__win_amount(s, in->weight_milli));
     }
-}
-
-int64_t qg_overage_cost(int64_t overage_milli, int64_t price_micro)
-{
-    if (overage_milli <= 0 || price_micro <= 0)
-        return 0;
-    __int128 c = ((__int128)overage_milli * price_micro + 999) / 1000;
-    return c > QG_MONEY_MAX_MICRO ? QG_MONEY_MAX_MICRO : (int64_t)c;
-}
-
-int64_t qg_overage_of(int64_t charged_milli, int64_t headroom_milli)
-{
-    if (headroom_milli < 0 || charged_milli <= headroom_milli)
-        return 0;
-    return charged_milli - headroom_milli;
 }
 
 static void no_overage(qg_decision *out)
@@ -141,10 +126,10 @@ static int charge_all(qg_decide_in *in)
     for (int i = 0; i < in->n; i++) {
         const qg_window_spec *s = in->spec[i];
         int rc;
-        if (!qg_window_applies(s, in->model))
+        if (!qg__window_applies(s, in->model))
             continue;
         rc = charge(s, in->state[i], ctx_of(in, i),
-                    qg_win_amount(s, in->weight_milli));
+                    qg__win_amount(s, in->weight_milli));
         if (rc != QG_OK) {
             rollback(in, i);
             return rc;
@@ -160,7 +145,7 @@ static int charge_all(qg_decide_in *in)
  * hard window is retryable when the hard windows admit it and, if the cap
  * could not pay the overage now, also the soft windows have room or the
  * cap period has ended, whichever comes first. */
-int qg_decide(qg_decide_in *in, qg_decision *out)
+int qg__decide(qg_decide_in *in, qg_decision *out)
 {
     int64_t now = in->ctx[0].now_ms, latest = now, soft_latest = now;
     int binding = -1, never = -1, soft_bind = -1, soft_never = -1;
@@ -173,10 +158,10 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
     for (int i = 0; i < in->n; i++) {
         const qg_window_spec *s = in->spec[i];
         int64_t at;
-        if (!qg_window_applies(s, in->model))
+        if (!qg__window_applies(s, in->model))
             continue;
         at = admit_at(s, in->state[i], ctx_of(in, i),
-                      qg_win_amount(s, in->weight_milli));
+                      qg__win_amount(s, in->weight_milli));
         if (((in->soft >> i) & 1u) == 0) {
             if (at == QG_NEVER) {
                 /* The first window that can never hold it binds. */
@@ -203,11 +188,11 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
     if (in->soft) {
         out->headroom_milli = room == INT64_MAX ? -1 : room;
         out->overage_price_micro = in->price_micro;
-        over = qg_overage_of(in->weight_milli, out->headroom_milli);
-        cost = qg_overage_cost(over, in->price_micro);
+        over = qg__overage_of(in->weight_milli, out->headroom_milli);
+        cost = qg__overage_cost(over, in->price_micro);
         /* spent and cost are within the money bound: the sum cannot wrap */
         cap_ok = in->cap_micro <= 0 || *in->spent_micro + cost <= in->cap_micro;
-        spent_after = qg_money_add(*in->spent_micro, cost);
+        spent_after = qg__money_add(*in->spent_micro, cost);
     }
     if (never >= 0) {
         out->outcome = QG_REJECT_NEVER;
@@ -244,19 +229,19 @@ int qg_decide(qg_decide_in *in, qg_decision *out)
         out->outcome = QG_ALLOW;
         out->binding = -1;
     }
-    qg_decide_views(in, out, out->outcome != QG_ALLOW);
+    qg__decide_views(in, out, out->outcome != QG_ALLOW);
     return QG_OK;
 }
 
-void qg_decide_settle(qg_decide_in *in, int64_t t0_ms, int64_t delta_milli)
+void qg__decide_settle(qg_decide_in *in, int64_t t0_ms, int64_t delta_milli)
 {
     for (int i = 0; i < in->n; i++) {
         const qg_window_spec *s = in->spec[i];
-        if (!qg_window_applies(s, in->model))
+        if (!qg__window_applies(s, in->model))
             continue;
         if (s->type == QG_WIN_CONCURRENCY)
-            qg_win_release(s, in->state[i], ctx_of(in, i));
+            qg__win_release(s, in->state[i], ctx_of(in, i));
         else if (s->unit == QG_UNIT_WEIGHT && delta_milli != 0)
-            qg_win_adjust(s, in->state[i], ctx_of(in, i), t0_ms, delta_milli);
+            qg__win_adjust(s, in->state[i], ctx_of(in, i), t0_ms, delta_milli);
     }
 }

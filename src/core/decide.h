@@ -1,7 +1,7 @@
 /* decide.h - one decision over all windows of a member and its org.
  *
  * Pure: the caller (a store) gathers the window states of the member and
- * of its org under its lock and calls qg_decide(), which either charges
+ * of its org under its lock and calls qg__decide(), which either charges
  * every applicable window or none.  The answer names the binding window
  * and the exact instant the same request would fit: each window's
  * earliest-fit instant is monotone (once a window would admit the request
@@ -11,6 +11,7 @@
 #define QG_DECIDE_H
 
 #include "quotagate.h"
+#include "payg.h"
 #include "rules.h"
 #include "window.h"
 
@@ -34,28 +35,22 @@ typedef struct qg_decide_in {
 
 /* Append windows to in (member: org = 0).  Returns 0, or QG_EINVAL when
  * there would be more than QG_MAX_VIEWS. */
-int qg_decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
+int qg__decide_add(qg_decide_in *in, const qg_window_spec *specs, int n,
                   qg_win_state *states, int org);
 
 /* Decide; when every window admits, charge them all (all or nothing).
  * Fills outcome, weight, retry_after, binding, views, and the recovery
  * schedules on refusal.  Returns 0, or QG_ENOMEM / QG_EFULL when a window
  * could not record the charge (then nothing is charged). */
-int qg_decide(qg_decide_in *in, qg_decision *out);
+int qg__decide(qg_decide_in *in, qg_decision *out);
 
-/* Price of `overage_milli` points at price_micro per point, rounded up. */
-int64_t qg_overage_cost(int64_t overage_milli, int64_t price_micro);
-
-/* Overage of a charge given the room its lifted windows had: max(0,
- * charged - headroom); 0 when headroom < 0 (nothing lifted). */
-int64_t qg_overage_of(int64_t charged_milli, int64_t headroom_milli);
 
 /* Views (and recovery schedules when with_recovery) without deciding. */
-void qg_decide_views(qg_decide_in *in, qg_decision *out, int with_recovery);
+void qg__decide_views(qg_decide_in *in, qg_decision *out, int with_recovery);
 
 /* Settle: adjust every window applicable to the model by delta (amounts
  * per window unit: request-unit windows do not change) for a charge made
  * at t0, and free the request's concurrency lease. */
-void qg_decide_settle(qg_decide_in *in, int64_t t0_ms, int64_t delta_milli);
+void qg__decide_settle(qg_decide_in *in, int64_t t0_ms, int64_t delta_milli);
 
 #endif

@@ -5,12 +5,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "quotagate.h"
 
-/* Parse a duration.  Returns 0 and sets *out_ms, or -1 on a syntax error,
- * -3 on overflow.  Zero is accepted here; callers reject it where needed. */
-int qg_duration_parse(const char *s, size_t len, int64_t *out_ms);
-
-/* Format the shortest exact form ("5h", "1h30m", "7d", "250ms"). */
-size_t qg_duration_format(int64_t ms, char *buf, size_t cap);
+/* qg_duration_parse and qg_duration_format are public (quotagate.h). */
 
 #endif

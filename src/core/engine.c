@@ -33,6 +33,7 @@
 #include "civil.h"
 #include "error.h"
 #include "fixed.h"
+#include "payg.h"
 #include "rules.h"
 #include "store.h"
 #include "weights.h"
@@ -68,7 +69,7 @@ struct qg_engine {
     gen *_Atomic cur;
     qg_store *store;
     pthread_mutex_t reload_mu;
-    qg_tz *utc;                  /* cap periods (cap_period) */
+    qg_tz *utc;                  /* payg cap periods (payg.c) */
     reg_shard reg[REG_SHARDS];
 };
 
@@ -227,7 +228,7 @@ static int64_t window_reach(const qg_window_spec *w, int n)
             /* a full bucket drains in burst/limit periods */
             int64_t b = w[i].burst_milli > 0 ? w[i].burst_milli
                                              : w[i].limit_milli;
-            r = sat_mul(w[i].length_ms, qg_ceil_div(b, w[i].limit_milli));
+            r = sat_mul(w[i].length_ms, qg__ceil_div(b, w[i].limit_milli));
             break;
         }
         case QG_WIN_CONCURRENCY:
@@ -295,7 +296,7 @@ qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
     if (!e)
         return NULL;
     e->store = store;
-    if (!(e->utc = qg_tz_utc())) {
+    if (!(e->utc = qg__tz_utc())) {
         free(e);
         return NULL;
     }
@@ -330,7 +331,7 @@ void qg_engine_free(qg_engine *e)
     }
     gen_free_chain(atomic_load(&e->cur));
     pthread_mutex_destroy(&e->reload_mu);
-    qg_tz_free(e->utc);
+    qg__tz_free(e->utc);
     free(e);
 }
 
@@ -364,11 +365,11 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
                 continue;
             pn = old->rules->plans[s->plan].name;
             on = s->org >= 0 ? old->rules->orgs[s->org].name : NULL;
-            if (qg_rules_find_plan(rules, pn) < 0) {
+            if (qg__rules_find_plan(rules, pn) < 0) {
                 qg__errf(err, errcap, "the new rules drop plan \"%s\", which "
                        "subjects use", pn);
                 rc = QG_EINVAL;
-            } else if (on && qg_rules_find_org(rules, on) < 0) {
+            } else if (on && qg__rules_find_org(rules, on) < 0) {
                 qg__errf(err, errcap, "the new rules drop org \"%s\", which "
                        "subjects use", on);
                 rc = QG_EINVAL;
@@ -380,10 +381,10 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
                 subject *s = &e->reg[i].slots[j];
                 if (!s->name)
                     continue;
-                s->plan = qg_rules_find_plan(rules,
+                s->plan = qg__rules_find_plan(rules,
                                              old->rules->plans[s->plan].name);
                 if (s->org >= 0)
-                    s->org = qg_rules_find_org(rules,
+                    s->org = qg__rules_find_org(rules,
                                                old->rules->orgs[s->org].name);
             }
         g->prev = old;
@@ -411,11 +412,11 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
     }
     const qg_rules *r = cur_gen(e)->rules;
 
-    if (!plan || (p = qg_rules_find_plan(r, plan)) < 0) {
+    if (!plan || (p = qg__rules_find_plan(r, plan)) < 0) {
         qg__errf(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
         return QG_EINVAL;
     }
-    if (org && *org && (o = qg_rules_find_org(r, org)) < 0) {
+    if (org && *org && (o = qg__rules_find_org(r, org)) < 0) {
         qg__errf(err, errcap, "unknown org \"%s\"", org);
         return QG_EINVAL;
     }
@@ -489,52 +490,6 @@ static void fill_names(const gen *g, const subject *s, int model,
     out->anchor_ms = s->anchor_ms;
 }
 
-/* The spending cap's period containing at_ms: the member's billing month
- * (its anchor's day and time of day, UTC, clamped to short months), or
- * the calendar month in UTC when it has no anchor. */
-static void cap_period(const qg_engine *e, int64_t anchor_ms, int64_t at_ms,
-                       int64_t *start, int64_t *end)
-{
-    qg_calendar_spec c = {QG_EVERY_MONTH, 0, 1, 0, 1, e->utc};
-    if (qg_calendar_period(&c, anchor_ms, at_ms, start, end) != 0) {
-        *start = 0;
-        *end = INT64_MAX;
-    }
-}
-
-/* payg: which windows of this member and org the policy lifts (the bit
- * order of the store's decision: member windows, then org windows), and
- * the policy whose price and cap apply.  0 when none. */
-static uint32_t payg_mask(const qg_plan *p, const qg_org_spec *o,
-                          const qg_overage **ov)
-{
-    uint32_t mask = p->payg_mask;
-    *ov = p->payg;
-    if (o) {
-        uint32_t om = o->payg_own_mask;
-        if (p->overage.policy == QG_POLICY_PAYG)
-            om |= o->payg_inherit_mask;
-        if (!*ov)
-            *ov = o->payg;
-        mask |= om << p->nwindows;
-    }
-    return *ov ? mask : 0;
-}
-
-static void payg_fill(const qg_engine *e, qg_store_check *in)
-{
-    const qg_overage *ov;
-    in->payg_mask = 0;
-    if (!in->plan->payg && !(in->orgspec && in->orgspec->payg))
-        return;
-    if (!(in->payg_mask = payg_mask(in->plan, in->orgspec, &ov)))
-        return;
-    in->price_micro = ov->price_per_unit_micro;
-    in->cap_micro = ov->spending_cap_micro;
-    cap_period(e, in->anchor_ms, in->now_ms, &in->cap_start_ms,
-               &in->cap_end_ms);
-}
-
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                     qg_decision *out, char *err, size_t errcap)
 {
@@ -578,7 +533,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                             errcap)) != QG_OK)
             return rc;
         in.model_spec = &r->models[in.model];
-        in.weight_milli = qg_weight_milli(in.model_spec, req->input_tokens,
+        in.weight_milli = qg__weight_milli(in.model_spec, req->input_tokens,
                                           out_tokens);
         if (in.weight_milli > QG_AMOUNT_MAX_MILLI) {
             qg__errf(err, errcap, "the weight of input_tokens and "
@@ -600,7 +555,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.now_ms = now_ms;
-    payg_fill(e, &in);
+    qg__payg_fill(e->utc, &in);
     {
         void *before = atomic_load_explicit(&s.hint, memory_order_relaxed);
         void *hint = before;
@@ -725,8 +680,9 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
         const qg_overage *ov;
         int64_t end = 0;
         in.cap_start_ms = -1;
-        if (payg_mask(in.plan, in.orgspec, &ov)) {
-            cap_period(e, in.anchor_ms, now_ms, &in.cap_start_ms, &end);
+        if (qg__payg_mask(in.plan, in.orgspec, &ov)) {
+            qg__payg_cap_period(e->utc, in.anchor_ms, now_ms,
+                                &in.cap_start_ms, &end);
             out->spending_cap_micro = ov->spending_cap_micro;
             out->overage_price_micro = ov->price_per_unit_micro;
             out->cap_period_end_ms = end;
@@ -804,7 +760,8 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     in.charge_only = req->charge_only;
     if (req->headroom_milli >= 0 || req->overage_cost_micro > 0) {
         int64_t end;
-        cap_period(e, in.anchor_ms, in.at_ms, &in.cap_start_ms, &end);
+        qg__payg_cap_period(e->utc, in.anchor_ms, in.at_ms,
+                            &in.cap_start_ms, &end);
     }
     rc = e->store->m->restore(e->store, &in);
     if (rc != QG_OK)

@@ -15,19 +15,11 @@
 #define QG_MILLI 1000LL
 #define QG_MICRO 1000000LL
 
-/* Parse a plain decimal ("12", "0.25", "1e3" is NOT accepted) with at most
- * `scale_digits` fractional digits into an integer scaled by 10^scale_digits.
- * Returns 0 on success, -1 on syntax error, -2 on too many fractional digits,
- * -3 on overflow.  A leading '-' is accepted (callers reject negatives). */
-int qg_fixed_parse(const char *s, size_t len, int scale_digits, int64_t *out);
-
-/* Format a scaled integer as a decimal without trailing zeros ("2.5", "3").
- * Writes at most `cap` bytes including NUL; returns the length written. */
-size_t qg_fixed_format(int64_t v, int scale_digits, char *buf, size_t cap);
+/* qg_fixed_parse and qg_fixed_format are public (quotagate.h). */
 
 /* Ceiling division for a positive denominator (any numerator > INT64_MIN);
  * never overflows, whatever the numerator. */
-static inline int64_t qg_ceil_div(int64_t a, int64_t b)
+static inline int64_t qg__ceil_div(int64_t a, int64_t b)
 {
     return a <= 0 ? -((-a) / b) : a / b + (a % b != 0);
 }
@@ -36,7 +28,7 @@ static inline int64_t qg_ceil_div(int64_t a, int64_t b)
  * QG_AMOUNT_MAX_MILLI], b >= 0 (any int64); the sum saturates at the
  * bound.  Two bounded amounts sum below 2^62, so only a b beyond the
  * bound needs the clamp before the addition. */
-static inline int64_t qg_amount_add(int64_t a, int64_t b)
+static inline int64_t qg__amount_add(int64_t a, int64_t b)
 {
     if (b > QG_AMOUNT_MAX_MILLI)
         b = QG_AMOUNT_MAX_MILLI;
@@ -45,7 +37,7 @@ static inline int64_t qg_amount_add(int64_t a, int64_t b)
 }
 
 /* The same for money (QG_MONEY_MAX_MICRO). */
-static inline int64_t qg_money_add(int64_t a, int64_t b)
+static inline int64_t qg__money_add(int64_t a, int64_t b)
 {
     if (b > QG_MONEY_MAX_MICRO)
         b = QG_MONEY_MAX_MICRO;

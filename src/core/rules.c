@@ -55,7 +55,7 @@ void qg_rules_free(qg_rules *r)
         free(r->subjects[i].name);
     free(r->subjects);
     for (i = 0; r->zones && i < r->nzones; i++)
-        qg_tz_free(r->zones[i]);
+        qg__tz_free(r->zones[i]);
     free(r->zones);
     free(r->path);
     free(r->version);
@@ -64,7 +64,7 @@ void qg_rules_free(qg_rules *r)
     free(r);
 }
 
-void qg_diag_format(const qg_diag *d, char *buf, size_t cap)
+void qg__diag_format(const qg_diag *d, char *buf, size_t cap)
 {
     if (!buf || cap == 0)
         return;
@@ -79,56 +79,9 @@ void qg_diag_format(const qg_diag *d, char *buf, size_t cap)
         snprintf(buf, cap, "%s: %s", d->path, d->message);
 }
 
-/* payg lifts only windows that total weight (rolling, calendar, session
- * in weight units): rate and request-count windows and concurrency guard
- * capacity, and money does not buy past them (docs/decisions.md). */
-static int payg_liftable(const qg_window_spec *w)
-{
-    return w->unit == QG_UNIT_WEIGHT &&
-           (w->type == QG_WIN_ROLLING || w->type == QG_WIN_CALENDAR ||
-            w->type == QG_WIN_SESSION);
-}
-
-void qg__rules_payg(qg_rules *r)
-{
-    for (int i = 0; i < r->nplans; i++) {
-        qg_plan *p = &r->plans[i];
-        int plan_payg = p->overage.policy == QG_POLICY_PAYG;
-        p->payg_mask = 0;
-        p->payg = plan_payg ? &p->overage : NULL;
-        for (int k = 0; k < p->nwindows && k < 32; k++) {
-            const qg_window_spec *w = &p->windows[k];
-            qg_policy pol = w->overage.policy != QG_POLICY_NONE
-                                ? w->overage.policy : p->overage.policy;
-            if (pol != QG_POLICY_PAYG || !payg_liftable(w))
-                continue;
-            p->payg_mask |= 1u << k;
-            if (!p->payg && w->overage.policy == QG_POLICY_PAYG)
-                p->payg = &w->overage;
-        }
-    }
-    for (int i = 0; i < r->norgs; i++) {
-        qg_org_spec *o = &r->orgs[i];
-        o->payg_own_mask = o->payg_inherit_mask = 0;
-        o->payg = NULL;
-        for (int k = 0; k < o->nwindows && k < 32; k++) {
-            const qg_window_spec *w = &o->windows[k];
-            if (!payg_liftable(w))
-                continue;
-            if (w->overage.policy == QG_POLICY_PAYG) {
-                o->payg_own_mask |= 1u << k;
-                if (!o->payg)
-                    o->payg = &w->overage;
-            } else if (w->overage.policy == QG_POLICY_NONE) {
-                o->payg_inherit_mask |= 1u << k;
-            }
-        }
-    }
-}
-
 /* Each array holds structs whose first field is not always the name, so
  * one small loop per kind keeps the types honest. */
-int qg_rules_find_plan(const qg_rules *r, const char *name)
+int qg__rules_find_plan(const qg_rules *r, const char *name)
 {
     int i;
     for (i = 0; r && name && i < r->nplans; i++)
@@ -217,7 +170,7 @@ int qg__rules_index_subjects(qg_rules *r)
                     offsetof(qg_subject_spec, name), r->nsubjects);
 }
 
-int qg_rules_find_org(const qg_rules *r, const char *name)
+int qg__rules_find_org(const qg_rules *r, const char *name)
 {
     int i;
     if (r && name &&
@@ -244,7 +197,27 @@ int qg_rules_find_subject(const qg_rules *r, const char *name)
     return -1;
 }
 
-const qg_window_spec *qg_plan_find_window(const qg_plan *p, const char *name)
+int qg_rules_admits_subject(const qg_rules *r, const char *name)
+{
+    return r->default_plan >= 0 || qg_rules_find_subject(r, name) >= 0;
+}
+
+const char *qg_rules_version(const qg_rules *r)
+{
+    return r->version;
+}
+
+const char *qg_rules_path(const qg_rules *r)
+{
+    return r->path;
+}
+
+const char *qg_rules_unit(const qg_rules *r)
+{
+    return r->unit;
+}
+
+const qg_window_spec *qg__plan_find_window(const qg_plan *p, const char *name)
 {
     int i;
     for (i = 0; p && name && i < p->nwindows; i++)

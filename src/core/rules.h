@@ -1,6 +1,6 @@
 /* rules.h - the compiled, immutable rule set (PRODUCT.md section 2).
  *
- * A qg_rules is produced by qg_rules_parse() from the YAML text of a rules
+ * A qg_rules is produced by qg__rules_parse() from the YAML text of a rules
  * file (rules_yaml.c) and never changes afterwards; the engine holds it by
  * pointer and a reload swaps in a new one.  Every quantity is an integer:
  * limits and weights in milli-units (1 point or 1 request = 1000), weight
@@ -12,21 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "calendar.h"
+#include "quotagate.h"
 #include "tz.h"
 
-#define QG_MAX_MODELS 64        /* models are a bit mask in window scopes */
-#define QG_MAX_PLAN_WINDOWS 16  /* windows per plan or org, incl. concurrency */
-#define QG_NAME_MAX 64          /* plan, window, model, org names */
-
-typedef enum qg_win_type {
-    QG_WIN_ROLLING = 1,
-    QG_WIN_CALENDAR,
-    QG_WIN_SESSION,
-    QG_WIN_RATE,
-    QG_WIN_CONCURRENCY
-} qg_win_type;
-
-typedef enum qg_unit { QG_UNIT_WEIGHT = 0, QG_UNIT_REQUESTS = 1 } qg_unit;
+/* QG_MAX_MODELS (models are a bit mask in window scopes),
+ * QG_MAX_PLAN_WINDOWS, QG_NAME_MAX, qg_win_type and qg_unit are public
+ * (quotagate.h). */
 
 typedef enum qg_policy {
     QG_POLICY_NONE = 0,     /* window without its own policy: the plan's */
@@ -173,7 +164,7 @@ typedef qg_tz *(*qg_tz_resolver)(const char *name, void *ud, char *err,
  * *out (caller frees with qg_rules_free).  On failure returns QG_ERULES and
  * fills diag (path:line:column and what was expected).  `path` is used only
  * in messages.  No I/O happens here except through tzr. */
-int qg_rules_parse(const char *text, size_t len, const char *path,
+int qg__rules_parse(const char *text, size_t len, const char *path,
                    qg_tz_resolver tzr, void *tzud, qg_rules **out,
                    qg_diag *diag);
 void qg_rules_free(qg_rules *r);
@@ -183,21 +174,19 @@ void qg_rules_free(qg_rules *r);
 int qg__rules_index_orgs(qg_rules *r);
 int qg__rules_index_subjects(qg_rules *r);
 
-/* Derive the payg masks of every plan and org (called by the parser). */
-void qg__rules_payg(qg_rules *r);
+/* qg__rules_payg: payg.h. */
 
 /* Formats "path:line:col: message" into buf. */
-void qg_diag_format(const qg_diag *d, char *buf, size_t cap);
+void qg__diag_format(const qg_diag *d, char *buf, size_t cap);
 
 /* Lookups by name; -1 when absent. */
-int qg_rules_find_plan(const qg_rules *r, const char *name);
-int qg_rules_find_model(const qg_rules *r, const char *name);
-int qg_rules_find_org(const qg_rules *r, const char *name);
-int qg_rules_find_subject(const qg_rules *r, const char *name);
-const qg_window_spec *qg_plan_find_window(const qg_plan *p, const char *name);
+int qg__rules_find_plan(const qg_rules *r, const char *name);
+int qg__rules_find_org(const qg_rules *r, const char *name);
+/* qg_rules_find_model and qg_rules_find_subject are public. */
+const qg_window_spec *qg__plan_find_window(const qg_plan *p, const char *name);
 
 /* Does window w apply to a charge for model index m (-1 = no model)? */
-static inline int qg_window_applies(const qg_window_spec *w, int model)
+static inline int qg__window_applies(const qg_window_spec *w, int model)
 {
     if (w->model_mask == 0)
         return 1;

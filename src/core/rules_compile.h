@@ -1,6 +1,6 @@
 /* rules_compile.h - what the two files of the rules compiler share:
  * rules_yaml.c (the top-level schema: weights, plans, claims, orgs,
- * subjects, analysis, qg_rules_parse) and rules_windows.c (windows,
+ * subjects, analysis, qg__rules_parse) and rules_windows.c (windows,
  * calendar periods, overage policies, model masks).  Both read the
  * document through yaml_doc.h.  Not part of the public API. */
 #ifndef QG_RULES_COMPILE_H
@@ -14,7 +14,7 @@
 /* One compilation.  `y` comes first so &c->y is the document reader. */
 typedef struct qg__rctx {
     qg__ydoc y;
-    qg_rules *r;             /* being built; owned by qg_rules_parse */
+    qg_rules *r;             /* being built; owned by qg__rules_parse */
     qg_tz_resolver tzr;
     void *tzud;
     char **zone_names;       /* names as written, parallel to r->zones */

@@ -20,6 +20,22 @@
 /* --------------------------------------------------------- time zones */
 
 /* Resolve a zone name once per rule set; the rules own the zone. */
+/* A model named in the rules (an overage's to_model, a window's models,
+ * the analysis' reference request), as its index. */
+int qg__rc_model_ref(qg__rctx *c, yaml_node_t *n, const char *path, int *out)
+{
+    char list[QG_Y_LISTCAP];
+    if (qg__y_need_scalar(&c->y, n, path, "a model name") < 0)
+        return -1;
+    *out = qg_rules_find_model(c->r, qg__y_str(n));
+    if (*out >= 0)
+        return 0;
+    qg__y_join_names(list, sizeof list, c->r->models, sizeof(qg_model),
+                     offsetof(qg_model, name), c->r->nmodels);
+    return qg__y_fail(&c->y, n, path, "unknown model \"%s\" (models are: %s)",
+                      qg__y_str(n), list);
+}
+
 static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
                       const char *name, const qg_tz **out)
 {
@@ -36,7 +52,7 @@ static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
     if (c->tzr)
         z = c->tzr(name, c->tzud, err, sizeof err);
     else
-        z = strcmp(name, "UTC") == 0 ? qg_tz_utc() : NULL;
+        z = strcmp(name, "UTC") == 0 ? qg__tz_utc() : NULL;
     if (!z)
         return qg__y_fail(&c->y, n, path, "unknown time zone \"%s\"%s%s", name,
                           err[0] ? ": " : "", err);
@@ -49,7 +65,7 @@ static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
         c->zone_names = names;
     if (!copy || !zones || !names) {
         free(copy);
-        qg_tz_free(z);
+        qg__tz_free(z);
         return qg__y_oom(&c->y, n);
     }
     c->r->zones[c->r->nzones] = z;

@@ -2,7 +2,7 @@
  *
  * This file holds the top level of the schema of PRODUCT.md section 2:
  * weights and models, plans and their claims, orgs, subjects, the analysis
- * defaults, and qg_rules_parse, which loads the document and walks it.
+ * defaults, and qg__rules_parse, which loads the document and walks it.
  * Windows, calendar periods and overage policies are in rules_windows.c;
  * reading the document itself (syntax pass, key tables, scalar readers,
  * error positions) is in yaml_doc.c.  Every mapping's accepted keys are
@@ -10,8 +10,6 @@
  * "expected one of ..." text.  Every error names the dotted path, the
  * 1-based line and column of the offending node and what was expected.
  * No I/O happens here except through the caller's time-zone resolver. */
-#include "rules.h"
-
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,32 +18,19 @@
 
 #include "civil.h"
 #include "fixed.h"
+#include "payg.h"
 #include "quotagate.h"
 #include "rules_compile.h"
 #include "url.h"
 
 /* ------------------------------------------------------- references */
 
-int qg__rc_model_ref(qg__rctx *c, yaml_node_t *n, const char *path, int *out)
-{
-    char list[QG_Y_LISTCAP];
-    if (qg__y_need_scalar(&c->y, n, path, "a model name") < 0)
-        return -1;
-    *out = qg_rules_find_model(c->r, qg__y_str(n));
-    if (*out >= 0)
-        return 0;
-    qg__y_join_names(list, sizeof list, c->r->models, sizeof(qg_model),
-                     offsetof(qg_model, name), c->r->nmodels);
-    return qg__y_fail(&c->y, n, path, "unknown model \"%s\" (models are: %s)",
-                      qg__y_str(n), list);
-}
-
 static int p_plan_ref(qg__rctx *c, yaml_node_t *n, const char *path, int *out)
 {
     char list[QG_Y_LISTCAP];
     if (qg__y_need_scalar(&c->y, n, path, "a plan name") < 0)
         return -1;
-    *out = qg_rules_find_plan(c->r, qg__y_str(n));
+    *out = qg__rules_find_plan(c->r, qg__y_str(n));
     if (*out >= 0)
         return 0;
     qg__y_join_names(list, sizeof list, c->r->plans, sizeof(qg_plan),
@@ -59,7 +44,7 @@ static int p_org_ref(qg__rctx *c, yaml_node_t *n, const char *path, int *out)
     char list[QG_Y_LISTCAP];
     if (qg__y_need_scalar(&c->y, n, path, "an org name") < 0)
         return -1;
-    *out = qg_rules_find_org(c->r, qg__y_str(n));
+    *out = qg__rules_find_org(c->r, qg__y_str(n));
     if (*out >= 0)
         return 0;
     if (c->r->norgs == 0)
@@ -168,10 +153,10 @@ static int c_claim(qg__rctx *c, yaml_node_t *m, const char *path, qg_plan *p,
     qg__y_path_key(sub, path, "window");
     if (qg__y_name(&c->y, v, sub, &cl->window) < 0)
         return -1;
-    if (!qg_plan_find_window(p, cl->window))
+    if (!qg__plan_find_window(p, cl->window))
         return qg__y_fail(&c->y, v, sub, "plan %s has no window \"%s\"",
                           p->name, cl->window);
-    if (!qg_plan_find_window(vs, cl->window))
+    if (!qg__plan_find_window(vs, cl->window))
         return qg__y_fail(&c->y, v, sub, "plan %s has no window \"%s\"",
                           vs->name, cl->window);
     if ((v = qg__y_get(&c->y, m, "unit"))) {
@@ -355,7 +340,7 @@ static int c_model(qg__rctx *c, yaml_node_t *m, const char *path, qg_model *md)
                 < 0)
             return -1;
         /* the shape only: the proxy connects (url.h; no I/O here) */
-        if (qg_url_parse(qg__y_str(v), v->data.scalar.length, &url, why,
+        if (qg__url_parse(qg__y_str(v), v->data.scalar.length, &url, why,
                          sizeof why) < 0)
             return qg__y_fail(&c->y, v, sub,
                               "expected an upstream URL "
@@ -618,7 +603,7 @@ static int compile(qg__rctx *c, yaml_node_t *root)
 }
 
 
-int qg_rules_parse(const char *text, size_t len, const char *path,
+int qg__rules_parse(const char *text, size_t len, const char *path,
                    qg_tz_resolver tzr, void *tzud, qg_rules **out,
                    qg_diag *diag)
 {

@@ -218,18 +218,18 @@ static int parse_posix(const char *s, size_t n, tz_posix *out)
 /* Day number (days since 1970-01-01) on which rule r falls in year y. */
 static int64_t rule_day(const tz_rule *r, int y)
 {
-    int64_t jan1 = qg_days_from_civil(y, 1, 1);
+    int64_t jan1 = qg__days_from_civil(y, 1, 1);
     if (r->kind == 'J')          /* Feb 29 is never counted: day 60 = Mar 1 */
-        return jan1 + r->a - 1 + (qg_is_leap(y) && r->a >= 60);
+        return jan1 + r->a - 1 + (qg__is_leap(y) && r->a >= 60);
     if (r->kind == 'N')
         return jan1 + r->a;
     /* Mm.w.d: the w-th weekday d of month m, w = 5 meaning the last one.
      * POSIX d counts from Sunday = 0; our weekdays from Monday = 0. */
-    int64_t first = qg_days_from_civil(y, r->a, 1);
+    int64_t first = qg__days_from_civil(y, r->a, 1);
     int want = (r->c + 6) % 7;
-    int64_t day = first + (want - qg_weekday_from_days(first) + 7) % 7;
+    int64_t day = first + (want - qg__weekday_from_days(first) + 7) % 7;
     day += (int64_t)(r->b - 1) * 7;
-    while (day - first >= qg_days_in_month(y, r->a))
+    while (day - first >= qg__days_in_month(y, r->a))
         day -= 7;
     return day;
 }
@@ -243,7 +243,7 @@ static int32_t posix_offset(const tz_posix *p, int64_t s)
     int64_t best = INT64_MIN;
     if (!p->has_dst)
         return p->std_off;
-    qg_civil_from_days(floor_div(s + p->std_off, SECS_PER_DAY), &y0, &m, &d);
+    qg__civil_from_days(floor_div(s + p->std_off, SECS_PER_DAY), &y0, &m, &d);
     for (int y = y0 - 1; y <= y0 + 1; y++) {
         /* The start is given in standard local time, the end in DST. */
         int64_t st = rule_day(&p->start, y) * SECS_PER_DAY + p->start.time -
@@ -333,7 +333,7 @@ static int read_hdr(const unsigned char *buf, size_t len, size_t off,
     return 0;
 }
 
-void qg_tz_free(qg_tz *tz)
+void qg__tz_free(qg_tz *tz)
 {
     if (!tz)
         return;
@@ -361,13 +361,13 @@ static qg_tz *tz_alloc(const char *name, size_t ntrans, int ntypes)
     tz->isdst = malloc((size_t)ntypes);
     if (!tz->name || !tz->utoff || !tz->isdst ||
         (ntrans && (!tz->trans || !tz->tidx))) {
-        qg_tz_free(tz);
+        qg__tz_free(tz);
         return NULL;
     }
     return tz;
 }
 
-qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
+qg_tz *qg__tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
                        char *err, size_t errcap)
 {
     tzif_hdr h;
@@ -429,7 +429,7 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
         int32_t u = (int32_t)be32(t);
         if (u < -26 * 3600 || u > 26 * 3600 || t[4] > 1) {
             qg__errf(err, errcap, "bad TZif local time type %u", i);
-            qg_tz_free(tz);
+            qg__tz_free(tz);
             return NULL;
         }
         tz->utoff[i] = u;
@@ -440,12 +440,12 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
                                : (int64_t)(int32_t)be32(times + (size_t)i * 4);
         if (i > 0 && t <= tz->trans[i - 1]) {
             qg__errf(err, errcap, "TZif transitions not ascending");
-            qg_tz_free(tz);
+            qg__tz_free(tz);
             return NULL;
         }
         if (idx[i] >= h.typecnt) {
             qg__errf(err, errcap, "bad TZif type index");
-            qg_tz_free(tz);
+            qg__tz_free(tz);
             return NULL;
         }
         tz->trans[i] = t;
@@ -461,7 +461,7 @@ qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
     return tz;
 }
 
-qg_tz *qg_tz_fixed(const char *name, int32_t utoff)
+qg_tz *qg__tz_fixed(const char *name, int32_t utoff)
 {
     qg_tz *tz = tz_alloc(name, 0, 1);
     if (!tz)
@@ -471,12 +471,12 @@ qg_tz *qg_tz_fixed(const char *name, int32_t utoff)
     return tz;
 }
 
-qg_tz *qg_tz_utc(void)
+qg_tz *qg__tz_utc(void)
 {
-    return qg_tz_fixed("UTC", 0);
+    return qg__tz_fixed("UTC", 0);
 }
 
-const char *qg_tz_name(const qg_tz *tz)
+const char *qg__tz_name(const qg_tz *tz)
 {
     return tz ? tz->name : "";
 }
@@ -507,16 +507,16 @@ static int32_t offset_at_sec(const qg_tz *tz, int64_t s)
     return tz->utoff[tz->tidx[lo]];
 }
 
-int32_t qg_tz_offset_at(const qg_tz *tz, int64_t ms)
+int32_t qg__tz_offset_at(const qg_tz *tz, int64_t ms)
 {
     if (!tz)
         return 0;
     return offset_at_sec(tz, floor_div(ms, 1000));
 }
 
-int64_t qg_tz_utc_to_local(const qg_tz *tz, int64_t ms)
+int64_t qg__tz_utc_to_local(const qg_tz *tz, int64_t ms)
 {
-    return ms + (int64_t)qg_tz_offset_at(tz, ms) * 1000;
+    return ms + (int64_t)qg__tz_offset_at(tz, ms) * 1000;
 }
 
 /* A local time L is the instant t with t + off(t) = L.  Offsets stay within
@@ -529,7 +529,7 @@ int64_t qg_tz_utc_to_local(const qg_tz *tz, int64_t ms)
  *  - one valid: the ordinary case;
  *  - none valid: a gap; the answer is the transition instant itself, found
  *    by bisection between L - b (still offset a) and L - a (already b). */
-int64_t qg_tz_local_to_utc(const qg_tz *tz, int64_t local_ms)
+int64_t qg__tz_local_to_utc(const qg_tz *tz, int64_t local_ms)
 {
     const int64_t limit = INT64_MAX / 4;
     int32_t a, b;
@@ -538,12 +538,12 @@ int64_t qg_tz_local_to_utc(const qg_tz *tz, int64_t local_ms)
 
     if (!tz || local_ms > limit || local_ms < -limit)
         return local_ms;
-    a = qg_tz_offset_at(tz, local_ms - QG_MS_PER_DAY);
-    b = qg_tz_offset_at(tz, local_ms + QG_MS_PER_DAY);
+    a = qg__tz_offset_at(tz, local_ms - QG_MS_PER_DAY);
+    b = qg__tz_offset_at(tz, local_ms + QG_MS_PER_DAY);
     ta = local_ms - (int64_t)a * 1000;
     tb = local_ms - (int64_t)b * 1000;
-    va = qg_tz_offset_at(tz, ta) == a;
-    vb = qg_tz_offset_at(tz, tb) == b;
+    va = qg__tz_offset_at(tz, ta) == a;
+    vb = qg__tz_offset_at(tz, tb) == b;
     if (va && vb)
         return ta < tb ? ta : tb;
     if (va)
@@ -552,10 +552,10 @@ int64_t qg_tz_local_to_utc(const qg_tz *tz, int64_t local_ms)
         return tb;
     if (a < b) {
         int64_t lo = tb, hi = ta;             /* off(lo) == a, off(hi) != a */
-        if (qg_tz_offset_at(tz, lo) == a) {
+        if (qg__tz_offset_at(tz, lo) == a) {
             while (hi - lo > 1) {
                 int64_t mid = lo + (hi - lo) / 2;
-                if (qg_tz_offset_at(tz, mid) == a)
+                if (qg__tz_offset_at(tz, mid) == a)
                     lo = mid;
                 else
                     hi = mid;
@@ -564,5 +564,5 @@ int64_t qg_tz_local_to_utc(const qg_tz *tz, int64_t local_ms)
         }
     }
     /* Several transitions close together: settle for a fixed point try. */
-    return local_ms - (int64_t)qg_tz_offset_at(tz, ta) * 1000;
+    return local_ms - (int64_t)qg__tz_offset_at(tz, ta) * 1000;
 }

@@ -16,18 +16,18 @@ typedef struct qg_tz qg_tz;
 
 /* Build a zone from TZif bytes.  `name` is copied.  Returns NULL on
  * malformed data (writing why into err) or out of memory. */
-qg_tz *qg_tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
+qg_tz *qg__tz_from_tzif(const char *name, const unsigned char *buf, size_t len,
                        char *err, size_t errcap);
 /* The UTC zone, without any file.  Caller owns it. */
-qg_tz *qg_tz_utc(void);
+qg_tz *qg__tz_utc(void);
 /* A zone with one fixed offset (seconds east of UTC) for all time, named
- * `name` (copied).  qg_tz_utc() is qg_tz_fixed("UTC", 0). */
-qg_tz *qg_tz_fixed(const char *name, int32_t utoff);
-void qg_tz_free(qg_tz *tz);
-const char *qg_tz_name(const qg_tz *tz);
+ * `name` (copied).  qg__tz_utc() is qg__tz_fixed("UTC", 0). */
+qg_tz *qg__tz_fixed(const char *name, int32_t utoff);
+void qg__tz_free(qg_tz *tz);
+const char *qg__tz_name(const qg_tz *tz);
 
 /* UTC offset in seconds (east positive) in force at instant `ms`. */
-int32_t qg_tz_offset_at(const qg_tz *tz, int64_t ms);
+int32_t qg__tz_offset_at(const qg_tz *tz, int64_t ms);
 
 /* The instant of a local wall-clock time (ms since the epoch of the local
  * civil time read as if UTC).  Rules for times that do not exist or exist
@@ -36,8 +36,8 @@ int32_t qg_tz_offset_at(const qg_tz *tz, int64_t ms);
  *    wall clock jumps over it, i.e. the first instant after the gap
  *    (02:30 -> 03:00 local);
  *  - an overlap (fall back, 01:30 occurs twice): the first occurrence. */
-int64_t qg_tz_local_to_utc(const qg_tz *tz, int64_t local_ms);
+int64_t qg__tz_local_to_utc(const qg_tz *tz, int64_t local_ms);
 /* Local wall-clock ms for instant `ms` (ms + offset). */
-int64_t qg_tz_utc_to_local(const qg_tz *tz, int64_t ms);
+int64_t qg__tz_utc_to_local(const qg_tz *tz, int64_t ms);
 
 #endif

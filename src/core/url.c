@@ -21,7 +21,7 @@ static int host_char(char c)
            c == '~';
 }
 
-int qg_url_parse(const char *s, size_t len, qg_url *out, char *why,
+int qg__url_parse(const char *s, size_t len, qg_url *out, char *why,
                  size_t whycap)
 {
     size_t i, h0, h1, n;

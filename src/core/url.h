@@ -26,7 +26,7 @@ typedef struct qg_url {
  * PREFIX a path of printable characters without '?', '#', '%' or spaces).
  * Returns 0 and fills *out, or -1 writing what is wrong into why (a
  * phrase, no URL quoted). */
-int qg_url_parse(const char *s, size_t len, qg_url *out, char *why,
+int qg__url_parse(const char *s, size_t len, qg_url *out, char *why,
                  size_t whycap);
 
 #endif

@@ -8,7 +8,7 @@
 #include "weights.h"
 #include "fixed.h"
 
-int64_t qg_weight_milli(const qg_model *m, int64_t input_tokens,
+int64_t qg__weight_milli(const qg_model *m, int64_t input_tokens,
                         int64_t output_tokens)
 {
     __int128 nano;

@@ -16,7 +16,7 @@
  * Token counts must be in [0, QG_TOKENS_MAX] (quotagate.h): -1 otherwise.
  * A weight above QG_AMOUNT_MAX_MILLI is returned as QG_AMOUNT_MAX_MILLI + 1
  * ("over the bound"): a check refuses it, a settle charges the bound. */
-int64_t qg_weight_milli(const qg_model *m, int64_t input_tokens,
+int64_t qg__weight_milli(const qg_model *m, int64_t input_tokens,
                         int64_t output_tokens);
 
 #endif

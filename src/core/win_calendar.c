@@ -1,7 +1,7 @@
 /* win_calendar.c - calendar windows: usage resets at fixed local instants.
  *
  * The state caches the current period [start, end) computed by
- * qg_calendar_period() (calendar.c, DST-correct in the window's zone, with
+ * qg__calendar_period() (calendar.c, DST-correct in the window's zone, with
  * the subject's billing anchor from ctx->anchor_ms) and the usage charged
  * in it.  When now reaches end the period is recomputed and used restarts
  * at 0, so a refused amount that fits the limit fits again exactly at end.
@@ -31,7 +31,7 @@ static int advance(const qg_window_spec *s, qg_win_state *st,
     if (have && now < st->u.cal.end_ms)
         return 0;
     int64_t start, end;
-    if (qg_calendar_period(&s->cal, ctx->anchor_ms, now, &start, &end) != 0 ||
+    if (qg__calendar_period(&s->cal, ctx->anchor_ms, now, &start, &end) != 0 ||
         end <= now || start > now)
         return -1;
     st->u.cal.start_ms = start;
@@ -61,7 +61,7 @@ int qg__calendar_charge(const qg_window_spec *s, qg_win_state *st,
     if (advance(s, st, ctx, &now) != 0)
         return QG_EINVAL;
     if (a > 0)
-        st->u.cal.used_milli = qg_amount_add(st->u.cal.used_milli, a);
+        st->u.cal.used_milli = qg__amount_add(st->u.cal.used_milli, a);
     return 0;
 }
 
@@ -75,7 +75,7 @@ void qg__calendar_adjust(const qg_window_spec *s, qg_win_state *st,
     if (t0 < st->u.cal.start_ms || t0 >= st->u.cal.end_ms)
         return;
     if (delta > 0) {
-        st->u.cal.used_milli = qg_amount_add(st->u.cal.used_milli, delta);
+        st->u.cal.used_milli = qg__amount_add(st->u.cal.used_milli, delta);
     } else if (st->u.cal.used_milli < QG_AMOUNT_MAX_MILLI) {
         int64_t v = st->u.cal.used_milli + delta;
         st->u.cal.used_milli = v < 0 ? 0 : v;

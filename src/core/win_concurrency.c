@@ -208,14 +208,11 @@ int qg__concurrency_recovery(const qg_window_spec *s, qg_win_state *st,
 size_t qg__concurrency_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
     (void)s;
-    if (st->u.conc.cap & QG_WIN_BORROWED)
-        return 0;              /* counted in the lender's block */
-    return (size_t)st->u.conc.cap * sizeof(qg_lease);
+    return qg__lent_bytes(st->u.conc.cap, sizeof(qg_lease));
 }
 
 void qg__concurrency_free(qg_win_state *st)
 {
-    if (!(st->u.conc.cap & QG_WIN_BORROWED))
-        free(st->u.conc.leases);
+    qg__lent_free(st->u.conc.leases, st->u.conc.cap);
     memset(st, 0, sizeof *st);
 }

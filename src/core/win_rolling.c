@@ -99,7 +99,7 @@ static int64_t resum(const qg_win_state *st)
 {
     int64_t t = 0;
     for (uint32_t i = 0; i < st->u.roll.count && t < AMAX; i++)
-        t = qg_amount_add(t, ent(st, i)->amount_milli);
+        t = qg__amount_add(t, ent(st, i)->amount_milli);
     return t;
 }
 
@@ -160,10 +160,10 @@ static void compact(qg_win_state *st, int64_t g)
     uint32_t w = 0;
     for (uint32_t r = 0; r < st->u.roll.count; r++) {
         qg_roll_entry e = *ent(st, r);
-        e.t_ms = qg_ceil_div(e.t_ms, g) * g;
+        e.t_ms = qg__ceil_div(e.t_ms, g) * g;
         if (w > 0 && ent(st, w - 1)->t_ms == e.t_ms)
             ent(st, w - 1)->amount_milli =
-                qg_amount_add(ent(st, w - 1)->amount_milli, e.amount_milli);
+                qg__amount_add(ent(st, w - 1)->amount_milli, e.amount_milli);
         else
             *ent(st, w++) = e;
     }
@@ -223,12 +223,12 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
      * newest entry, i.e. counts a little longer, never shorter). */
     int64_t t = now;
     if (s->precision_ms > 0)
-        t = qg_ceil_div(now, s->precision_ms) * s->precision_ms;
+        t = qg__ceil_div(now, s->precision_ms) * s->precision_ms;
     uint32_t n = st->u.roll.count;
     if (n && ent(st, n - 1)->t_ms >= t) {
         qg_roll_entry *last = ent(st, n - 1);
-        last->amount_milli = qg_amount_add(last->amount_milli, a);
-        st->u.roll.total_milli = qg_amount_add(st->u.roll.total_milli, a);
+        last->amount_milli = qg__amount_add(last->amount_milli, a);
+        st->u.roll.total_milli = qg__amount_add(st->u.roll.total_milli, a);
         /* The newest seen instant becomes max(old, now); keep its slack. */
         int64_t seen_old = last->t_ms - (int64_t)st->u.roll.pad;
         int64_t seen = now > seen_old ? now : seen_old;
@@ -240,7 +240,7 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
     if (n >= m) {
         /* g = ceil(L / (M/2)): after rounding, the live span (now - L, now]
          * holds at most M/2 + 2 grid points, leaving room to append. */
-        int64_t g = qg_ceil_div(s->length_ms > 0 ? s->length_ms : 1,
+        int64_t g = qg__ceil_div(s->length_ms > 0 ? s->length_ms : 1,
                                 (int64_t)(m / 2));
         if (g < 1)
             g = 1;
@@ -274,7 +274,7 @@ int qg__rolling_charge(const qg_window_spec *s, qg_win_state *st,
     e->t_ms = t;
     e->amount_milli = a;
     st->u.roll.count = n + 1;
-    st->u.roll.total_milli = qg_amount_add(st->u.roll.total_milli, a);
+    st->u.roll.total_milli = qg__amount_add(st->u.roll.total_milli, a);
     int64_t sl = t - now;
     st->u.roll.pad = sl > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)sl;
     return 0;
@@ -303,7 +303,7 @@ void qg__rolling_adjust(const qg_window_spec *s, qg_win_state *st,
     qg_roll_entry *e = ent(st, lo);
     int64_t v;
     if (delta > 0) {
-        v = qg_amount_add(e->amount_milli, delta);
+        v = qg__amount_add(e->amount_milli, delta);
     } else {
         if (e->amount_milli >= AMAX)
             return;            /* saturated: its real amount is unknown */
@@ -314,7 +314,7 @@ void qg__rolling_adjust(const qg_window_spec *s, qg_win_state *st,
     if (st->u.roll.total_milli < AMAX) {
         /* exact below the bound: both amounts are within it */
         st->u.roll.total_milli =
-            qg_amount_add(st->u.roll.total_milli - e->amount_milli, v);
+            qg__amount_add(st->u.roll.total_milli - e->amount_milli, v);
         e->amount_milli = v;
     } else {
         e->amount_milli = v;
@@ -394,14 +394,11 @@ int qg__rolling_recovery(const qg_window_spec *s, qg_win_state *st,
 size_t qg__rolling_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
     (void)s;
-    if (st->u.roll.cap & QG_WIN_BORROWED)
-        return 0;              /* counted in the lender's block */
-    return (size_t)st->u.roll.cap * sizeof(qg_roll_entry);
+    return qg__lent_bytes(st->u.roll.cap, sizeof(qg_roll_entry));
 }
 
 void qg__rolling_free(qg_win_state *st)
 {
-    if (!(st->u.roll.cap & QG_WIN_BORROWED))
-        free(st->u.roll.ring);
+    qg__lent_free(st->u.roll.ring, st->u.roll.cap);
     memset(st, 0, sizeof *st);
 }

@@ -60,7 +60,7 @@ int qg__session_charge(const qg_window_spec *s, qg_win_state *st,
         return 0;
     if (st->u.sess.start_ms == 0)
         st->u.sess.start_ms = now;
-    st->u.sess.used_milli = qg_amount_add(st->u.sess.used_milli, a);
+    st->u.sess.used_milli = qg__amount_add(st->u.sess.used_milli, a);
     return 0;
 }
 
@@ -73,7 +73,7 @@ void qg__session_adjust(const qg_window_spec *s, qg_win_state *st,
         t0 >= sat_add(st->u.sess.start_ms, s->length_ms))
         return;
     if (delta > 0) {
-        st->u.sess.used_milli = qg_amount_add(st->u.sess.used_milli, delta);
+        st->u.sess.used_milli = qg__amount_add(st->u.sess.used_milli, delta);
     } else if (st->u.sess.used_milli < QG_AMOUNT_MAX_MILLI) {
         int64_t v = st->u.sess.used_milli + delta;
         st->u.sess.used_milli = v < 0 ? 0 : v;

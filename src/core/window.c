@@ -6,7 +6,9 @@
  * place means a store (or the engine) never needs to know the types, and a
  * spec with an unknown type fails the same way everywhere: it never admits,
  * never charges, and views as empty. */
+#include <stdlib.h>
 #include <string.h>
+#include "store.h"   /* QG_WIN_BORROWED */
 #include "window.h"
 
 typedef struct win_ops {
@@ -51,7 +53,7 @@ static const win_ops *ops_of(const qg_window_spec *s)
     return &ops_table[s->type];
 }
 
-int64_t qg_win_admit_at(const qg_window_spec *s, qg_win_state *st,
+int64_t qg__win_admit_at(const qg_window_spec *s, qg_win_state *st,
                         const qg_win_ctx *ctx, int64_t amount_milli)
 {
     const win_ops *o = ops_of(s);
@@ -61,14 +63,14 @@ int64_t qg_win_admit_at(const qg_window_spec *s, qg_win_state *st,
     return o->admit_at(s, st, ctx, amount_milli);
 }
 
-int qg_win_charge(const qg_window_spec *s, qg_win_state *st,
+int qg__win_charge(const qg_window_spec *s, qg_win_state *st,
                   const qg_win_ctx *ctx, int64_t amount_milli)
 {
     const win_ops *o = ops_of(s);
     return o ? o->charge(s, st, ctx, amount_milli) : QG_EINVAL;
 }
 
-void qg_win_adjust(const qg_window_spec *s, qg_win_state *st,
+void qg__win_adjust(const qg_window_spec *s, qg_win_state *st,
                    const qg_win_ctx *ctx, int64_t t0_ms, int64_t delta_milli)
 {
     const win_ops *o = ops_of(s);
@@ -76,14 +78,14 @@ void qg_win_adjust(const qg_window_spec *s, qg_win_state *st,
         o->adjust(s, st, ctx, t0_ms, delta_milli);
 }
 
-int qg_win_release(const qg_window_spec *s, qg_win_state *st,
+int qg__win_release(const qg_window_spec *s, qg_win_state *st,
                    const qg_win_ctx *ctx)
 {
     const win_ops *o = ops_of(s);
     return o && o->release ? o->release(s, st, ctx) : 0;
 }
 
-void qg_win_view(const qg_window_spec *s, qg_win_state *st,
+void qg__win_view(const qg_window_spec *s, qg_win_state *st,
                  const qg_win_ctx *ctx, qg_window_view *out)
 {
     const win_ops *o = ops_of(s);
@@ -100,7 +102,7 @@ void qg_win_view(const qg_window_spec *s, qg_win_state *st,
         o->view(s, st, ctx, out);
 }
 
-int qg_win_recovery(const qg_window_spec *s, qg_win_state *st,
+int qg__win_recovery(const qg_window_spec *s, qg_win_state *st,
                     const qg_win_ctx *ctx, qg_recovery_point *pts, int max)
 {
     const win_ops *o = ops_of(s);
@@ -117,13 +119,13 @@ static const win_ops *ops_of_type(qg_win_type t)
     return &ops_table[t];
 }
 
-size_t qg_win_bytes_type(qg_win_type t, const qg_win_state *st)
+size_t qg__win_bytes_type(qg_win_type t, const qg_win_state *st)
 {
     const win_ops *o = ops_of_type(t);
     return o && o->bytes ? o->bytes(NULL, st) : 0;
 }
 
-void qg_win_free_type(qg_win_type t, qg_win_state *st)
+void qg__win_free_type(qg_win_type t, qg_win_state *st)
 {
     const win_ops *o = ops_of_type(t);
     if (o && o->free_state)
@@ -131,15 +133,28 @@ void qg_win_free_type(qg_win_type t, qg_win_state *st)
     memset(st, 0, sizeof *st);
 }
 
-size_t qg_win_bytes(const qg_window_spec *s, const qg_win_state *st)
+size_t qg__win_bytes(const qg_window_spec *s, const qg_win_state *st)
 {
-    return s ? qg_win_bytes_type(s->type, st) : 0;
+    return s ? qg__win_bytes_type(s->type, st) : 0;
 }
 
-void qg_win_free(const qg_window_spec *s, qg_win_state *st)
+void qg__win_free(const qg_window_spec *s, qg_win_state *st)
 {
     if (s)
-        qg_win_free_type(s->type, st);
+        qg__win_free_type(s->type, st);
     else
         memset(st, 0, sizeof *st);
+}
+
+size_t qg__lent_bytes(uint32_t cap, size_t elem)
+{
+    if (cap & QG_WIN_BORROWED)
+        return 0;
+    return (size_t)cap * elem;
+}
+
+void qg__lent_free(void *p, uint32_t cap)
+{
+    if (!(cap & QG_WIN_BORROWED))
+        free(p);
 }

@@ -75,7 +75,7 @@ typedef struct qg_win_ctx {
 } qg_win_ctx;
 
 /* Amount a request of weight w puts on window spec. */
-static inline int64_t qg_win_amount(const qg_window_spec *s, int64_t w)
+static inline int64_t qg__win_amount(const qg_window_spec *s, int64_t w)
 {
     return s->unit == QG_UNIT_REQUESTS || s->type == QG_WIN_CONCURRENCY
                ? 1000 : w;
@@ -86,47 +86,47 @@ static inline int64_t qg_win_amount(const qg_window_spec *s, int64_t w)
  * never fit (amount exceeds the limit or the burst).  May drop expired
  * state (that is why the state is not const).  Amounts <= 0 always fit
  * now. */
-int64_t qg_win_admit_at(const qg_window_spec *s, qg_win_state *st,
+int64_t qg__win_admit_at(const qg_window_spec *s, qg_win_state *st,
                         const qg_win_ctx *ctx, int64_t amount_milli);
 
 /* Record a charge of `amount` at ctx->now_ms (call only after admit_at
  * returned now, or to force a charge).  Returns 0, or QG_ENOMEM, QG_EFULL
  * (a lease array at its cap) or QG_EINVAL (a calendar period that cannot
  * be computed), in which case nothing was recorded. */
-int qg_win_charge(const qg_window_spec *s, qg_win_state *st,
+int qg__win_charge(const qg_window_spec *s, qg_win_state *st,
                   const qg_win_ctx *ctx, int64_t amount_milli);
 
 /* Change a charge made at t0_ms by delta (settle: actual - reserved).  A
  * charge whose window has since expired or reset is left alone.  The
  * usage may exceed the limit after a positive delta. */
-void qg_win_adjust(const qg_window_spec *s, qg_win_state *st,
+void qg__win_adjust(const qg_window_spec *s, qg_win_state *st,
                    const qg_win_ctx *ctx, int64_t t0_ms, int64_t delta_milli);
 
 /* Concurrency: free the lease of ctx->rid (no-op for other types or when
  * absent).  Returns 1 when a lease was freed. */
-int qg_win_release(const qg_window_spec *s, qg_win_state *st,
+int qg__win_release(const qg_window_spec *s, qg_win_state *st,
                    const qg_win_ctx *ctx);
 
 /* Fill a view of the window at ctx->now_ms. */
-void qg_win_view(const qg_window_spec *s, qg_win_state *st,
+void qg__win_view(const qg_window_spec *s, qg_win_state *st,
                  const qg_win_ctx *ctx, qg_window_view *out);
 
 /* Up to `max` future steps at which remaining grows, earliest first; the
  * last step written is when the window is fully recovered (or the point
  * where `max` ran out).  Returns the number written. */
-int qg_win_recovery(const qg_window_spec *s, qg_win_state *st,
+int qg__win_recovery(const qg_window_spec *s, qg_win_state *st,
                     const qg_win_ctx *ctx, qg_recovery_point *pts, int max);
 
 /* Heap bytes held by the state (not counting the 32-byte struct). */
-size_t qg_win_bytes(const qg_window_spec *s, const qg_win_state *st);
+size_t qg__win_bytes(const qg_window_spec *s, const qg_win_state *st);
 
 /* Release heap memory; the state is left zeroed. */
-void qg_win_free(const qg_window_spec *s, qg_win_state *st);
+void qg__win_free(const qg_window_spec *s, qg_win_state *st);
 
 /* The same two by type alone, for holders of state that may outlive the
  * rules that described it (a store across a rules reload). */
-size_t qg_win_bytes_type(qg_win_type t, const qg_win_state *st);
-void qg_win_free_type(qg_win_type t, qg_win_state *st);
+size_t qg__win_bytes_type(qg_win_type t, const qg_win_state *st);
+void qg__win_free_type(qg_win_type t, qg_win_state *st);
 
 /* Per-type implementations, called by the dispatchers in window.c. */
 #define QG__WIN_OPS(T)                                                        \
@@ -148,6 +148,11 @@ QG__WIN_OPS(concurrency)
 #undef QG__WIN_OPS
 int qg__concurrency_release(const qg_window_spec *, qg_win_state *,
                             const qg_win_ctx *);
+/* Heap bytes of an array of cap elements, 0 when the memory is lent by
+ * the store (QG_WIN_BORROWED: counted in the lender's block); and its
+ * release (lent memory is not the window's to free). */
+size_t qg__lent_bytes(uint32_t cap, size_t elem);
+void qg__lent_free(void *p, uint32_t cap);
 size_t qg__rolling_bytes(const qg_window_spec *, const qg_win_state *);
 void qg__rolling_free(qg_win_state *);
 size_t qg__concurrency_bytes(const qg_window_spec *, const qg_win_state *);

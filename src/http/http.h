@@ -47,7 +47,7 @@
  * A handler runs on the worker thread that read the request.  It may
  * respond at once, or keep the request and respond later from the same
  * worker thread (e.g. after the ledger made a charge durable, using
- * qg_http_post to get back onto that thread).  Every request must be
+ * qg__http_post to get back onto that thread).  Every request must be
  * responded to exactly once; if the client went away meanwhile the
  * response is discarded.
  *
@@ -73,7 +73,8 @@ typedef struct qg_http_header {
     size_t value_len;
 } qg_http_header;
 
-/* A request, valid until it is responded to.  Fields are read-only. */
+/* A request, valid until it is responded to.  Fields are read-only,
+ * except `tag`, which the handler may set for its own use (0 at first). */
 typedef struct qg_http_req {
     int method;
     const char *path;          /* NUL-terminated, without the query */
@@ -83,12 +84,13 @@ typedef struct qg_http_req {
     const char *body;          /* NUL-terminated (the NUL is not counted) */
     size_t body_len;
     int worker;                /* index of the worker thread */
+    int tag;                   /* the handler's (quotagate: the route group) */
     void *priv;                /* the server's */
 } qg_http_req;
 
 /* Value of the first header called `name` (case-insensitive), or NULL.
  * *len gets its length when len is non-NULL. */
-const char *qg_http_header_get(const qg_http_req *r, const char *name,
+const char *qg__http_header_get(const qg_http_req *r, const char *name,
                                size_t *len);
 
 typedef struct qg_http_out_header {
@@ -97,17 +99,17 @@ typedef struct qg_http_out_header {
 } qg_http_out_header;
 
 /* Send the response to r and release r (do not touch r afterwards).
- * On a stream already started (qg_http_stream_start) it aborts the
+ * On a stream already started (qg__http_stream_start) it aborts the
  * stream instead: status, headers and body are ignored, what was queued
  * is still sent, then the connection is closed without the terminating
  * chunk, so the client sees a truncated response (use it when the
  * upstream failed mid-stream).
  * Must be called on r's worker thread.  Headers and body are copied.
  * content_type may be NULL (then "application/json").  A request still
- * held when qg_http_server_run returned may be responded to from the
- * thread that called run, before qg_http_server_free (the response is
+ * held when qg__http_server_run returned may be responded to from the
+ * thread that called run, before qg__http_server_free (the response is
  * discarded); requests never responded to are freed by the latter. */
-void qg_http_respond(qg_http_req *r, int status,
+void qg__http_respond(qg_http_req *r, int status,
                      const qg_http_out_header *headers, int nheaders,
                      const char *content_type, const char *body, size_t len);
 
@@ -115,19 +117,19 @@ void qg_http_respond(qg_http_req *r, int status,
  *
  * Threading: every function below must be called on r's worker thread
  * (from the handler, a callback of r's worker's event base, or a
- * function run there by qg_http_post), and every callback registered
+ * function run there by qg__http_post), and every callback registered
  * here runs on that thread, from the worker's event loop (never from
- * inside one of these calls).  Other threads use qg_http_post.
+ * inside one of these calls).  Other threads use qg__http_post.
  *
- * Releasing r: a stream, once started, is released by qg_http_stream_end
- * (or aborted by qg_http_respond); a stream that was not started (or
- * whose start failed) by qg_http_respond or qg_http_stream_end (the
+ * Releasing r: a stream, once started, is released by qg__http_stream_end
+ * (or aborted by qg__http_respond); a stream that was not started (or
+ * whose start failed) by qg__http_respond or qg__http_stream_end (the
  * latter then closes the connection without a response).  Exactly one
  * release per request, as always, and also after the client went away.
  *
  * Output that the socket does not take at once is buffered without limit;
  * the owner keeps it bounded by pausing its producer when a write
- * returns 1 and resuming from qg_http_stream_on_drain. */
+ * returns 1 and resuming from qg__http_stream_on_drain. */
 
 /* Status line and headers of a streamed response.  HTTP/1.1 client:
  * "Transfer-Encoding: chunked", keep-alive continues after the end when
@@ -137,7 +139,7 @@ void qg_http_respond(qg_http_req *r, int status,
  * content_type NULL means "application/json".  Returns 0, or -1 when
  * the client is gone, r is not held, or the stream was already started
  * (r stays held either way). */
-int qg_http_stream_start(qg_http_req *r, int status,
+int qg__http_stream_start(qg_http_req *r, int status,
                          const qg_http_out_header *headers, int nheaders,
                          const char *content_type);
 
@@ -147,21 +149,21 @@ int qg_http_stream_start(qg_http_req *r, int status,
  *    0  sent or buffered;
  *    1  sent or buffered, but the connection's pending output now
  *       exceeds the high-water mark (opts.stream_high_water): pause the
- *       producer until qg_http_stream_on_drain's callback runs;
+ *       producer until qg__http_stream_on_drain's callback runs;
  *   -1  the client is gone (or no stream was started): stop producing
  *       (e.g. cancel the upstream request) and release r. */
-int qg_http_stream_write(qg_http_req *r, const char *data, size_t len);
+int qg__http_stream_write(qg_http_req *r, const char *data, size_t len);
 
 /* Call fn(arg) once, when the pending output is at or below the
  * low-water mark (a quarter of the high-water mark), soon if it already
  * is.  One callback at a time: a new call replaces the previous one; fn
  * NULL cancels.  Not called if the client goes away (on_close is). */
-void qg_http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg);
+void qg__http_stream_on_drain(qg_http_req *r, void (*fn)(void *), void *arg);
 
 /* The terminating zero-length chunk; then r is released exactly like
- * qg_http_respond releases it (keep-alive continues with the next
+ * qg__http_respond releases it (keep-alive continues with the next
  * request once the output is written; HTTP/1.0: the connection closes). */
-void qg_http_stream_end(qg_http_req *r);
+void qg__http_stream_end(qg_http_req *r);
 
 /* Call fn(arg) once if the client disconnects while r is held (streaming
  * or deferred): the client closed or reset the connection (end of file
@@ -172,18 +174,18 @@ void qg_http_stream_end(qg_http_req *r);
  * callback or later).  Registered after the disconnect: fn runs soon.
  * The rule: fn is never called after the owner released r, and not when
  * the server stops (writes then return -1; the owner releases r as
- * qg_http_respond says).  A new call replaces the previous callback; fn
+ * qg__http_respond says).  A new call replaces the previous callback; fn
  * NULL cancels. */
-void qg_http_on_close(qg_http_req *r, void (*fn)(void *), void *arg);
+void qg__http_on_close(qg_http_req *r, void (*fn)(void *), void *arg);
 
 /* r's worker's event base, for timers and upstream I/O on r's thread. */
-struct event_base *qg_http_req_base(qg_http_req *r);
+struct event_base *qg__http_req_base(qg_http_req *r);
 
 typedef void (*qg_http_handler)(qg_http_req *r, void *ud);
 
 typedef struct qg_http_opts {
     const char *host;          /* default "127.0.0.1" */
-    int port;                  /* 0 = any free port (see qg_http_server_port) */
+    int port;                  /* 0 = any free port (see qg__http_server_port) */
     int workers;               /* default 2 */
     size_t max_header_bytes;   /* default 16 KiB */
     size_t max_body_bytes;     /* default 1 MiB */
@@ -193,46 +195,46 @@ typedef struct qg_http_opts {
     int min_body_rate;         /* bytes per second the body deadline
                                 * allows, default 8192 */
     int max_connections;       /* in total, default
-                                * qg_http_default_max_connections() */
+                                * qg__http_default_max_connections() */
     int max_conns_per_client;  /* per client address; 0: half of
                                 * max_connections (at least 1); -1: none */
     size_t stream_high_water;  /* default 256 KiB of pending output, see
-                                * qg_http_stream_write */
+                                * qg__http_stream_write */
 } qg_http_opts;
 
 /* Bind and listen (every worker's socket) without serving yet.  Returns
  * NULL and writes why into err on failure (e.g. address in use). */
-qg_http_server *qg_http_server_new(const qg_http_opts *opts,
+qg_http_server *qg__http_server_new(const qg_http_opts *opts,
                                    qg_http_handler handler, void *ud,
                                    char *err, size_t errcap);
 /* The bound port. */
-int qg_http_server_port(const qg_http_server *s);
-/* Serve on the worker threads until qg_http_server_stop; blocks the
+int qg__http_server_port(const qg_http_server *s);
+/* Serve on the worker threads until qg__http_server_stop; blocks the
  * caller.  Returns 0 after a clean stop. */
-int qg_http_server_run(qg_http_server *s);
+int qg__http_server_run(qg_http_server *s);
 /* Ask the server to stop: stops accepting, lets queued responses flush,
- * and makes qg_http_server_run return.  Thread-safe, and safe to call
+ * and makes qg__http_server_run return.  Thread-safe, and safe to call
  * from a signal handler. */
-void qg_http_server_stop(qg_http_server *s);
+void qg__http_server_stop(qg_http_server *s);
 /* Run fn(arg) on worker `worker`'s thread, soon.  Thread-safe.  Returns 0
  * or -1 when the server is stopping (fn is then not called).  A post that
  * returned 0 runs even if the stop comes first (at the latest as the
  * worker exits, when its connections are already closed). */
-int qg_http_post(qg_http_server *s, int worker, void (*fn)(void *),
+int qg__http_post(qg_http_server *s, int worker, void (*fn)(void *),
                  void *arg);
-void qg_http_server_free(qg_http_server *s);
+void qg__http_server_free(qg_http_server *s);
 
 /* Descriptors this process can give to connections: the soft
  * RLIMIT_NOFILE minus a reserve of 64 + 4 per worker (standard streams,
  * logs, the ledger's database, WAL and journal files, and each worker's
  * listening socket, event loop and eventfd).  At least 1.  Raise the
  * limit first (setrlimit) if you mean to. */
-int qg_http_fd_budget(int workers);
-/* The default max_connections: three quarters of qg_http_fd_budget (the
+int qg__http_fd_budget(int workers);
+/* The default max_connections: three quarters of qg__http_fd_budget (the
  * last quarter stays free for upstream sockets: a proxied call holds one
  * while its client's connection waits), at most 65536 (each connection
  * costs ~5 KiB of buffers before the kernel's; set more explicitly). */
-int qg_http_default_max_connections(int workers);
+int qg__http_default_max_connections(int workers);
 
 /* Connections the server closed before serving them to the end, by
  * reason.  qg_http_drop_names gives each its metric family ("shed",
@@ -267,6 +269,6 @@ typedef struct qg_http_stats {
     uint64_t max_conns_per_client; /* in force, 0: none */
     uint64_t drops[QG_HTTP_DROP_COUNT];
 } qg_http_stats;
-void qg_http_server_stats(qg_http_server *s, qg_http_stats *out);
+void qg__http_server_stats(qg_http_server *s, qg_http_stats *out);
 
 #endif

@@ -83,7 +83,7 @@ typedef struct qg__worker {
     time_t date_sec;           /* Date header cache, per second */
     char date[40];
 
-    /* Counters, written by the worker, read by qg_http_server_stats. */
+    /* Counters, written by the worker, read by qg__http_server_stats. */
     _Alignas(64) _Atomic uint64_t st_open;
     _Atomic uint64_t st_total, st_requests, st_errors;
     _Atomic uint64_t st_drops[QG_HTTP_DROP_COUNT];
@@ -216,7 +216,7 @@ void qg__conns_begin_stop(qg__worker *w);
 /* Connections the stopping worker still waits for (unwritten output). */
 int qg__conns_draining(const qg__worker *w);
 /* Close every socket; free connections unless a handler still holds
- * their request (final: free those too, at qg_http_server_free). */
+ * their request (final: free those too, at qg__http_server_free). */
 void qg__conns_release(qg__worker *w, int final);
 
 /* server.c */
@@ -237,5 +237,29 @@ static inline void qg__drop(qg__worker *w, int why)
 {
     qg__stat_add(&w->st_drops[why], 1);
 }
+
+
+/* Buffer sizes of a connection: its input buffer starts at IN_INIT and
+ * doubles up to IN_SOFT while reads fill it; an out buffer that grew past
+ * OUT_KEEP is freed once empty; after its last response a connection
+ * lingers up to LINGER_MS for the client's FIN. */
+enum { IN_INIT = 4096, IN_SOFT = 64 * 1024, LINGER_MS = 2000,
+       OUT_KEEP = 256 * 1024 };
+
+/* How a response body is delimited. */
+enum { FR_LENGTH, FR_CHUNKED, FR_CLOSE };
+
+/* Shared by conn.c (a connection's life) and response.c (its writing). */
+int qg__conn_queue(qg__conn *c, int status, const qg_http_out_header *hs,
+                   int nhs, const char *ctype, const char *body, size_t len,
+                   int keep, int framing);
+size_t qg__conn_pending(const qg__conn *c);
+void qg__conn_written(qg__conn *c);
+void qg__conn_error(qg__conn *c, int status);
+void qg__conn_rev_set(qg__conn *c, int on);
+void qg__conn_wev_set(qg__conn *c, int on);
+void qg__conn_process(qg__conn *c);
+void qg__conn_notify_kick(qg__conn *c);
+void qg__conn_end(qg__conn *c);
 
 #endif

@@ -1,7 +1,7 @@
 /* limits.c - how many connections the server holds, and whom it lets go
  * when a new one needs the room (the policy is stated in http.h).
  *
- * Capacity comes from the file-descriptor limit: qg_http_fd_budget is
+ * Capacity comes from the file-descriptor limit: qg__http_fd_budget is
  * what is left of RLIMIT_NOFILE after the process's own descriptors,
  * and max_connections defaults to three quarters of it (the rest is for
  * upstream sockets).  Each worker holds ceil(max / workers).
@@ -50,7 +50,7 @@ const qg_http_drop_name qg_http_drop_names[QG_HTTP_DROP_COUNT] = {
 
 /* ---- capacity ----------------------------------------------------------- */
 
-int qg_http_fd_budget(int workers)
+int qg__http_fd_budget(int workers)
 {
     struct rlimit rl;
     uint64_t cur = 1024, reserve;
@@ -64,9 +64,9 @@ int qg_http_fd_budget(int workers)
     return cur > reserve ? (int)(cur - reserve) : 1;
 }
 
-int qg_http_default_max_connections(int workers)
+int qg__http_default_max_connections(int workers)
 {
-    int n = qg_http_fd_budget(workers) / 4 * 3;
+    int n = qg__http_fd_budget(workers) / 4 * 3;
     if (n > DEFAULT_CAP_MAX)
         n = DEFAULT_CAP_MAX;
     return n > 0 ? n : 1;

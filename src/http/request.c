@@ -355,13 +355,14 @@ void qg__conn_dispatch(qg__conn *c)
     }
     r->body_len = c->body_len;
     r->worker = w->idx;
+    r->tag = 0;
     r->priv = c;
     c->busy = 1;
     qg__stat_add(&w->st_requests, 1);
     w->srv->handler(r, w->srv->ud);
 }
 
-const char *qg_http_header_get(const qg_http_req *r, const char *name,
+const char *qg__http_header_get(const qg_http_req *r, const char *name,
                                size_t *len)
 {
     size_t n = strlen(name);

@@ -1,10 +1,10 @@
 /* server.c - the HTTP server's life cycle: listening sockets, worker
- * threads and their event loops, qg_http_post, stopping, counters.
+ * threads and their event loops, qg__http_post, stopping, counters.
  *
  * Each worker owns an event_base, a SO_REUSEPORT listening socket bound
  * to the same address (the kernel spreads new connections over them) and
  * an eventfd.  The eventfd is the only way other threads reach a worker:
- * qg_http_post queues under a mutex and writes it, qg_http_server_stop
+ * qg__http_post queues under a mutex and writes it, qg__http_server_stop
  * sets a flag and writes it (async-signal-safe: no malloc, no lock).  So
  * no libevent call ever crosses threads and the bases run with
  * EVENT_BASE_FLAG_NOLOCK.  Connection handling lives in conn.c, the
@@ -290,7 +290,7 @@ oom:
     return -1;
 }
 
-qg_http_server *qg_http_server_new(const qg_http_opts *opts,
+qg_http_server *qg__http_server_new(const qg_http_opts *opts,
                                    qg_http_handler handler, void *ud,
                                    char *err, size_t errcap)
 {
@@ -328,7 +328,7 @@ qg_http_server *qg_http_server_new(const qg_http_opts *opts,
     if (s->o.min_body_rate <= 0)
         s->o.min_body_rate = 8192;
     if (s->o.max_connections <= 0)
-        s->o.max_connections = qg_http_default_max_connections(s->o.workers);
+        s->o.max_connections = qg__http_default_max_connections(s->o.workers);
     if (s->o.max_conns_per_client == 0)
         s->o.max_conns_per_client = s->o.max_connections / 2 > 0
             ? s->o.max_connections / 2 : 1;
@@ -362,16 +362,16 @@ qg_http_server *qg_http_server_new(const qg_http_opts *opts,
     }
     return s;
 fail:
-    qg_http_server_free(s);
+    qg__http_server_free(s);
     return NULL;
 }
 
-int qg_http_server_port(const qg_http_server *s)
+int qg__http_server_port(const qg_http_server *s)
 {
     return s->port;
 }
 
-int qg_http_server_run(qg_http_server *s)
+int qg__http_server_run(qg_http_server *s)
 {
     int rc = 0;
     if (atomic_exchange(&s->running, 1))
@@ -379,7 +379,7 @@ int qg_http_server_run(qg_http_server *s)
     for (int i = 0; i < s->nworkers; i++) {
         qg__worker *w = &s->workers[i];
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-            qg_http_server_stop(s);
+            qg__http_server_stop(s);
             rc = -1;
             break;
         }
@@ -393,7 +393,7 @@ int qg_http_server_run(qg_http_server *s)
     return rc;
 }
 
-void qg_http_server_stop(qg_http_server *s)
+void qg__http_server_stop(qg_http_server *s)
 {
     int saved = errno;          /* a signal handler must not clobber it */
     uint64_t one = 1;
@@ -406,7 +406,7 @@ void qg_http_server_stop(qg_http_server *s)
     errno = saved;
 }
 
-int qg_http_post(qg_http_server *s, int worker, void (*fn)(void *), void *arg)
+int qg__http_post(qg_http_server *s, int worker, void (*fn)(void *), void *arg)
 {
     qg__worker *w;
     int wake;
@@ -443,7 +443,7 @@ int qg_http_post(qg_http_server *s, int worker, void (*fn)(void *), void *arg)
     return 0;
 }
 
-void qg_http_server_free(qg_http_server *s)
+void qg__http_server_free(qg_http_server *s)
 {
     if (!s)
         return;
@@ -471,7 +471,7 @@ void qg_http_server_free(qg_http_server *s)
     free(s);
 }
 
-void qg_http_server_stats(qg_http_server *s, qg_http_stats *out)
+void qg__http_server_stats(qg_http_server *s, qg_http_stats *out)
 {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < s->nworkers; i++) {

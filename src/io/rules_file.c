@@ -43,17 +43,12 @@ int qg_rules_load(const char *path, qg_rules **out, char *err, size_t errcap)
     }
     buf[len] = '\0';
     memset(&diag, 0, sizeof diag);
-    rc = qg_rules_parse(buf, len, path, qg_tz_load_system, NULL, out, &diag);
+    rc = qg__rules_parse(buf, len, path, qg__tz_load_system, NULL, out, &diag);
     if (rc != QG_OK)
-        qg_diag_format(&diag, err, errcap);
+        qg__diag_format(&diag, err, errcap);
 done:
     if (f)
         fclose(f);
     free(buf);
     return rc;
-}
-
-const char *qg_rules_version(const qg_rules *r)
-{
-    return r->version;
 }

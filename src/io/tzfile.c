@@ -39,7 +39,7 @@ static int valid_name(const char *name)
 }
 
 
-qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
+qg_tz *qg__tz_load_system(const char *name, void *ud, char *err, size_t errcap)
 {
     const char *dir = ud ? (const char *)ud : getenv("TZDIR");
     char path[4096], why[256];
@@ -72,7 +72,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     if (fd < 0) {
         int e = errno;
         if (is_utc)
-            return qg_tz_fixed(name, 0);
+            return qg__tz_fixed(name, 0);
         if (e == ENOENT || e == ENOTDIR)
             qg__errf(err, errcap, "unknown time zone \"%s\": no such zone in %s",
                 name, dir);
@@ -84,7 +84,7 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         if (is_utc)
-            return qg_tz_fixed(name, 0);
+            return qg__tz_fixed(name, 0);
         qg__errf(err, errcap, "unknown time zone \"%s\": no such zone in %s",
             name, dir);
         return NULL;
@@ -125,11 +125,11 @@ qg_tz *qg_tz_load_system(const char *name, void *ud, char *err, size_t errcap)
         return NULL;
     }
     why[0] = '\0';
-    tz = qg_tz_from_tzif(name, buf, len, why, sizeof why);
+    tz = qg__tz_from_tzif(name, buf, len, why, sizeof why);
     free(buf);
     if (!tz) {
         if (is_utc)
-            return qg_tz_fixed(name, 0);
+            return qg__tz_fixed(name, 0);
         qg__errf(err, errcap, "time zone \"%s\": bad zone file %s: %s", name,
             path, why);
     }

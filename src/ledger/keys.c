@@ -17,7 +17,7 @@
 
 #define SECRET_BYTES 32
 
-int qg_key_role_valid(const char *role)
+int qg__key_role_valid(const char *role)
 {
     return role && (strcmp(role, "subject") == 0 ||
                     strcmp(role, "admin") == 0 ||
@@ -34,7 +34,7 @@ static void sha256_fetch(void)
     sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
 }
 
-void qg_key_hash(const char *key, size_t len,
+void qg__key_hash(const char *key, size_t len,
                  unsigned char out[QG_KEY_HASH_LEN])
 {
     unsigned int n = 0;
@@ -47,13 +47,13 @@ void qg_key_hash(const char *key, size_t len,
         RAND_bytes(out, QG_KEY_HASH_LEN);
 }
 
-int qg_key_hash_equal(const unsigned char a[QG_KEY_HASH_LEN],
+int qg__key_hash_equal(const unsigned char a[QG_KEY_HASH_LEN],
                       const unsigned char b[QG_KEY_HASH_LEN])
 {
     return CRYPTO_memcmp(a, b, QG_KEY_HASH_LEN) == 0;
 }
 
-int qg_key_generate(const char *role, const char *subject, int64_t now_ms,
+int qg__key_generate(const char *role, const char *subject, int64_t now_ms,
                     char *key_out, size_t cap, qg_key_rec *rec)
 {
     static const char hex[] = "0123456789abcdef";
@@ -62,7 +62,7 @@ int qg_key_generate(const char *role, const char *subject, int64_t now_ms,
     int rc = QG_OK, n, i;
     size_t len = 0;
 
-    if (!key_out || cap <= QG_KEY_LEN || !rec || !qg_key_role_valid(role))
+    if (!key_out || cap <= QG_KEY_LEN || !rec || !qg__key_role_valid(role))
         return QG_EINVAL;
     if (strcmp(role, "subject") == 0
             ? !subject || !subject[0] || strlen(subject) >= sizeof rec->subject
@@ -101,7 +101,7 @@ int qg_key_generate(const char *role, const char *subject, int64_t now_ms,
     strcpy(rec->role, role);
     if (subject)
         strcpy(rec->subject, subject);
-    qg_key_hash(key_out, len, rec->hash);
+    qg__key_hash(key_out, len, rec->hash);
     rec->created_ms = now_ms;
     rec->revoked_ms = 0;
 out:
@@ -118,7 +118,7 @@ static int is_b64url(char c)
            (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
-int qg_key_parse_id(const char *key, char *id_out, size_t cap)
+int qg__key_parse_id(const char *key, char *id_out, size_t cap)
 {
     size_t i;
     if (id_out && cap)
@@ -140,13 +140,13 @@ int qg_key_parse_id(const char *key, char *id_out, size_t cap)
     return QG_OK;
 }
 
-int qg_key_verify(const char *key, const qg_key_rec *rec)
+int qg__key_verify(const char *key, const qg_key_rec *rec)
 {
     unsigned char h[QG_KEY_HASH_LEN];
     int ok;
     if (!key || !rec)
         return 0;
-    qg_key_hash(key, strlen(key), h);
-    ok = qg_key_hash_equal(h, rec->hash);
+    qg__key_hash(key, strlen(key), h);
+    ok = qg__key_hash_equal(h, rec->hash);
     return ok && rec->revoked_ms == 0;
 }

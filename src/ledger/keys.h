@@ -8,8 +8,8 @@
  *
  * The admin and service keys may instead come from the environment
  * (QUOTAGATE_ADMIN_KEY, QUOTAGATE_SERVICE_KEY) as arbitrary strings: the
- * server keeps their hash (qg_key_hash) and compares presented keys with
- * qg_key_hash_equal, in constant time.
+ * server keeps their hash (qg__key_hash) and compares presented keys with
+ * qg__key_hash_equal, in constant time.
  *
  * All functions are thread-safe (OpenSSL's RAND_bytes and EVP_Digest are).
  * Randomness comes from OpenSSL's CSPRNG; time is the caller's now_ms. */
@@ -34,27 +34,27 @@
  * than QG_KEY_LEN) and its record (id, role, subject, hash, created_ms =
  * now_ms, revoked_ms = 0) to rec.  Returns 0, QG_EINVAL (bad role,
  * subject or cap) or QG_EIO (the random generator or digest failed). */
-int qg_key_generate(const char *role, const char *subject, int64_t now_ms,
+int qg__key_generate(const char *role, const char *subject, int64_t now_ms,
                     char *key_out, size_t cap, qg_key_rec *rec);
 
 /* Extract the id of a key of the shape "qgk_<12 hex>_<43 base64url>"
  * into id_out (cap > QG_KEY_ID_LEN).  Returns 0, or QG_EINVAL when the key
  * does not have that shape (id_out is then ""). */
-int qg_key_parse_id(const char *key, char *id_out, size_t cap);
+int qg__key_parse_id(const char *key, char *id_out, size_t cap);
 
 /* SHA-256 of len bytes of key into out. */
-void qg_key_hash(const char *key, size_t len,
+void qg__key_hash(const char *key, size_t len,
                  unsigned char out[QG_KEY_HASH_LEN]);
 
 /* Constant-time comparison of two hashes: 1 equal, 0 different. */
-int qg_key_hash_equal(const unsigned char a[QG_KEY_HASH_LEN],
+int qg__key_hash_equal(const unsigned char a[QG_KEY_HASH_LEN],
                       const unsigned char b[QG_KEY_HASH_LEN]);
 
 /* Whether the presented key matches rec (SHA-256 compared in constant
  * time) and rec is not revoked.  Returns 1 valid, 0 invalid. */
-int qg_key_verify(const char *key, const qg_key_rec *rec);
+int qg__key_verify(const char *key, const qg_key_rec *rec);
 
 /* Whether role is one of "subject", "admin", "service". */
-int qg_key_role_valid(const char *role);
+int qg__key_role_valid(const char *role);
 
 #endif

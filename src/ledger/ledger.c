@@ -15,9 +15,10 @@
 struct qg_ledger {
     const qg__ledger_backend *be;
     void *b;
+    size_t max_queue;          /* opts.max_queue: submit refuses beyond */
 };
 
-qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
+qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap)
 {
     qg_ledger_opts o = { QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL,
@@ -74,6 +75,7 @@ qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
         return NULL;
     }
     l->be = be;
+    l->max_queue = (size_t)o.max_queue;
     if (!(l->b = be->open(target, &o, err, errcap))) {
         free(l);
         return NULL;
@@ -81,7 +83,7 @@ qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
     return l;
 }
 
-void qg_ledger_close(qg_ledger *l)
+void qg__ledger_close(qg_ledger *l)
 {
     if (!l)
         return;
@@ -89,7 +91,7 @@ void qg_ledger_close(qg_ledger *l)
     free(l);
 }
 
-int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
+int qg__ledger_submit(qg_ledger *l, const qg_ledger_row *row,
                      qg_ledger_done done, void *arg)
 {
     if (!l || !row)
@@ -97,7 +99,7 @@ int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
     return l->be->submit(l->b, row, done, arg);
 }
 
-int qg_ledger_scan(qg_ledger *l, int64_t since_ms,
+int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud)
 {
     if (!l || !fn)
@@ -105,14 +107,14 @@ int qg_ledger_scan(qg_ledger *l, int64_t since_ms,
     return l->be->scan(l->b, since_ms, fn, ud);
 }
 
-int qg_ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out)
+int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out)
 {
     if (!l || !request_id || !out)
         return QG_EINVAL;
     return l->be->get(l->b, request_id, out);
 }
 
-int qg_ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
+int qg__ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
                           const char *org, int64_t billing_anchor_ms,
                           int64_t now_ms)
 {
@@ -122,7 +124,7 @@ int qg_ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
                               billing_anchor_ms, now_ms);
 }
 
-int qg_ledger_scan_subjects(qg_ledger *l,
+int qg__ledger_scan_subjects(qg_ledger *l,
                             int (*fn)(const char *subject, const char *plan,
                                       const char *org, int64_t anchor_ms,
                                       void *ud),
@@ -133,21 +135,21 @@ int qg_ledger_scan_subjects(qg_ledger *l,
     return l->be->scan_subjects(l->b, fn, ud);
 }
 
-int qg_ledger_put_key(qg_ledger *l, const qg_key_rec *k)
+int qg__ledger_put_key(qg_ledger *l, const qg_key_rec *k)
 {
     if (!l || !k || !k->id[0])
         return QG_EINVAL;
     return l->be->put_key(l->b, k);
 }
 
-int qg_ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out)
+int qg__ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out)
 {
     if (!l || !id || !out)
         return QG_EINVAL;
     return l->be->get_key(l->b, id, out);
 }
 
-int qg_ledger_list_keys(qg_ledger *l,
+int qg__ledger_list_keys(qg_ledger *l,
                         int (*fn)(const qg_key_rec *k, void *ud), void *ud)
 {
     if (!l || !fn)
@@ -155,14 +157,14 @@ int qg_ledger_list_keys(qg_ledger *l,
     return l->be->list_keys(l->b, fn, ud);
 }
 
-int qg_ledger_revoke_key(qg_ledger *l, const char *id, int64_t now_ms)
+int qg__ledger_revoke_key(qg_ledger *l, const char *id, int64_t now_ms)
 {
     if (!l || !id)
         return QG_EINVAL;
     return l->be->revoke_key(l->b, id, now_ms);
 }
 
-void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
+void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
 {
     if (!out)
         return;
@@ -173,7 +175,13 @@ void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     }
 }
 
-size_t qg_ledger_queued(qg_ledger *l)
+int qg__ledger_behind(qg_ledger *l)
+{
+    size_t headroom = l ? l->max_queue / 64 : 0;
+    return l && qg__ledger_queued(l) + headroom >= l->max_queue;
+}
+
+size_t qg__ledger_queued(qg_ledger *l)
 {
     return l ? l->be->queued(l->b) : 0;
 }

@@ -1,9 +1,9 @@
 /* ledger.h - the durable usage ledger: one row per request.
  *
  * Counters are a cache of the ledger: on start the server rebuilds every
- * window from the rows inside the windows' reach (qg_ledger_scan).  Rows
+ * window from the rows inside the windows' reach (qg__ledger_scan).  Rows
  * are written by one dedicated writer thread with group commit, off the
- * decision path: qg_ledger_submit copies the row into a bounded queue and
+ * decision path: qg__ledger_submit copies the row into a bounded queue and
  * returns; the writer takes everything queued, writes it in one
  * transaction, commits (fsync in durable mode), then calls each row's
  * `done` callback on the writer thread.  A settle is acknowledged to its
@@ -101,7 +101,7 @@ typedef struct qg_ledger_opts {
     void (*log)(void *log_ud, const char *line);
     void *log_ud;
     int id_filter;             /* keep a filter of the ledger's request ids
-                                  so that qg_ledger_get of an absent id
+                                  so that qg__ledger_get of an absent id
                                   answers from memory (the server asks for
                                   every new id); reads every id at open */
 } qg_ledger_opts;
@@ -109,10 +109,10 @@ typedef struct qg_ledger_opts {
 /* Open (creating and migrating the schema) and start the writer thread.
  * url: "sqlite:PATH" or a plain path.  opts may be NULL.  Returns NULL
  * with a message in err. */
-qg_ledger *qg_ledger_open(const char *url, const qg_ledger_opts *opts,
+qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap);
 /* Drain the queue, commit, stop the writer, close. */
-void qg_ledger_close(qg_ledger *l);
+void qg__ledger_close(qg_ledger *l);
 
 typedef void (*qg_ledger_done)(void *arg, int rc);
 
@@ -126,27 +126,27 @@ typedef void (*qg_ledger_done)(void *arg, int rc);
  * the ledger holds its id for another request (QG_ESTATE); in ASYNC mode
  * done is called right after queueing.  Returns 0, or QG_EFULL when the
  * queue is full (the caller answers 503). */
-int qg_ledger_submit(qg_ledger *l, const qg_ledger_row *row,
+int qg__ledger_submit(qg_ledger *l, const qg_ledger_row *row,
                      qg_ledger_done done, void *arg);
 
 /* Call fn for every row with created_ms >= since_ms and decision allow,
  * in created_ms order, from the caller's thread (a separate connection;
  * safe while the writer runs).  fn returns 0 to go on; a nonzero value
  * stops the scan and is returned.  Returns 0 or an error.  fn must not call
- * qg_ledger_scan itself (the scan connection is held). */
-int qg_ledger_scan(qg_ledger *l, int64_t since_ms,
+ * qg__ledger_scan itself (the scan connection is held). */
+int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
 
 /* One row by request id.  Returns 0, QG_ENOTFOUND, or an error. */
-int qg_ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out);
+int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out);
 
 /* --------------------------------------------------- subjects and keys */
 
 /* Subjects created or updated through the admin API (durable on return). */
-int qg_ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
+int qg__ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
                           const char *org, int64_t billing_anchor_ms,
                           int64_t now_ms);
-int qg_ledger_scan_subjects(qg_ledger *l,
+int qg__ledger_scan_subjects(qg_ledger *l,
                             int (*fn)(const char *subject, const char *plan,
                                       const char *org, int64_t anchor_ms,
                                       void *ud),
@@ -163,15 +163,15 @@ typedef struct qg_key_rec {
 
 /* Keys (keys.h makes them).  put_key is durable on return; QG_ESTATE
  * when the id exists.  get_key: 0 or QG_ENOTFOUND.  list_keys: in created
- * order; fn as in qg_ledger_scan.  revoke_key: 0 (also when already
+ * order; fn as in qg__ledger_scan.  revoke_key: 0 (also when already
  * revoked: the first revocation time stays) or QG_ENOTFOUND.  Callbacks of
  * scan_subjects and list_keys run with the admin connection held: they
  * must not call the ledger's subject, key or get functions. */
-int qg_ledger_put_key(qg_ledger *l, const qg_key_rec *k);   /* durable */
-int qg_ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out);
-int qg_ledger_list_keys(qg_ledger *l,
+int qg__ledger_put_key(qg_ledger *l, const qg_key_rec *k);   /* durable */
+int qg__ledger_get_key(qg_ledger *l, const char *id, qg_key_rec *out);
+int qg__ledger_list_keys(qg_ledger *l,
                         int (*fn)(const qg_key_rec *k, void *ud), void *ud);
-int qg_ledger_revoke_key(qg_ledger *l, const char *id, int64_t now_ms);
+int qg__ledger_revoke_key(qg_ledger *l, const char *id, int64_t now_ms);
 
 /* Writer statistics for /metrics. */
 typedef struct qg_ledger_stats {
@@ -201,12 +201,18 @@ typedef struct qg_ledger_stats {
                                    message and code */
     const char *backend;        /* "sqlite" (static) */
 } qg_ledger_stats;
-void qg_ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
+void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
 
 /* Rows queued or being written now (stats' `queued`), read without a
  * lock: cheap enough for every request's back-pressure check; may lag a
  * concurrent submit or commit by a moment. */
-size_t qg_ledger_queued(qg_ledger *l);
+size_t qg__ledger_queued(qg_ledger *l);
+
+/* 1 when the writer is so far behind that a new decision should wait: its
+ * backlog is within a sixty-fourth of opts.max_queue (1,024 rows of the
+ * default 65,536) of the bound, which is kept for the rows of decisions
+ * already admitted (their settles must still find room). */
+int qg__ledger_behind(qg_ledger *l);
 
 /* ------------------------------------------- backends (internal, qg__) */
 

@@ -3,7 +3,7 @@
  * Three connections to one file, each used by one thread at a time:
  *  - the writer's, owned by the writer thread: every request row goes
  *    through it, in batches, one transaction per batch (group commit);
- *  - the scan connection (scan_mu): qg_ledger_scan streams rows from it
+ *  - the scan connection (scan_mu): qg__ledger_scan streams rows from it
  *    while the writer goes on (WAL readers see a snapshot, never block);
  *  - the lookup connection (get_mu): single rows by request id (get),
  *    asked by the server for every request id its counters do not
@@ -26,7 +26,9 @@
  * called by submit; the writer gathers rows for up to flush_ms (or until
  * max_batch are waiting) and commits with synchronous=NORMAL.
  *
- * Subjects and keys are in ledger_sqlite_admin.c.
+ * The writer thread and the queue are in ledger_sqlite_writer.c, subjects
+ * and keys in ledger_sqlite_admin.c; this file opens the database (schema,
+ * migrations, WAL), closes it, and reads rows (scan, get).
  *
  * Files: a new database is created with mode 0600 (its -wal and -shm
  * files follow it): it holds every subject's usage and the key hashes.
@@ -52,44 +54,6 @@
 #include "ledger.h"
 
 /* ------------------------------------------------------------- schema */
-
-static const char *const migrations[] = {
-    /* 0 -> 1 */
-    "CREATE TABLE requests ("
-    " request_id TEXT PRIMARY KEY, subject TEXT NOT NULL, org TEXT,"
-    " plan TEXT, rules_version TEXT, weights_version TEXT, model TEXT,"
-    " \"window\" TEXT, decision INTEGER NOT NULL, status INTEGER NOT NULL,"
-    " estimated INTEGER NOT NULL DEFAULT 0,"
-    " input_tokens INTEGER NOT NULL DEFAULT 0,"
-    " output_tokens INTEGER NOT NULL DEFAULT 0,"
-    " reserved_milli INTEGER NOT NULL DEFAULT 0,"
-    " weight_milli INTEGER NOT NULL DEFAULT 0,"
-    " created_ms INTEGER NOT NULL, settled_ms INTEGER NOT NULL DEFAULT 0);"
-    "CREATE INDEX requests_created ON requests(created_ms);"
-    "CREATE TABLE subjects ("
-    " subject TEXT PRIMARY KEY, plan TEXT NOT NULL, org TEXT,"
-    " billing_anchor_ms INTEGER NOT NULL DEFAULT 0,"
-    " updated_ms INTEGER NOT NULL);"
-    "CREATE TABLE keys ("
-    " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
-    " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
-    " revoked_ms INTEGER NOT NULL DEFAULT 0);",
-    /* 1 -> 2: pay-as-you-go overage (ledger.h) */
-    "ALTER TABLE requests ADD COLUMN overage_milli INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN overage_price_micro INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN overage_cost_micro INTEGER NOT NULL"
-    " DEFAULT 0;"
-    "ALTER TABLE requests ADD COLUMN headroom_milli INTEGER NOT NULL"
-    " DEFAULT -1;",
-    /* 2 -> 3: why a charge differs from the usage reported (ledger.h) */
-    "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
-};
-
-_Static_assert(sizeof migrations / sizeof migrations[0] ==
-                   QG_LEDGER_SCHEMA_VERSION,
-               "one migration per schema version");
 
 #define ROW_COLS \
     "request_id, subject, org, plan, rules_version, weights_version, model," \
@@ -157,14 +121,14 @@ static const char sql_get[] =
 
 #include "ledger_sqlite.h"
 
-static int64_t mono_us(void)
+int64_t qg__sq_mono_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
+int qg__sq_bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
 {
     int rc = BIND_STR(st, 1, r->request_id);
     if (rc == SQLITE_OK) rc = BIND_STR(st, 2, r->subject);
@@ -221,38 +185,7 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
 
 /* ------------------------------------------------------ opening, schema */
 
-static int fail_db(sqlite3 *db, const char *path, const char *what,
-                   char *err, size_t errcap)
-{
-    snprintf(err, errcap, "ledger %s: %s: %s", path, what,
-             db ? sqlite3_errmsg(db) : "out of memory");
-    return QG_EIO;
-}
-
-static int user_version(sqlite3 *db, int *out)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        *out = sqlite3_column_int(st, 0);
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(st);
-    return rc;
-}
-
-static int too_new(int v, const char *path, char *err, size_t errcap)
-{
-    snprintf(err, errcap, "ledger %s: schema version %d is newer than this "
-             "build of quotagate knows (%d); use a newer quotagate",
-             path, v, QG_LEDGER_SCHEMA_VERSION);
-    return QG_ESTATE;
-}
-
-/* Say something to the operator (opts.log), printf-style. */
-static void sq_log(const qg__sq *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void sq_log(const qg__sq *s, const char *fmt, ...)
+void qg__sq_log(const qg__sq *s, const char *fmt, ...)
 {
     char line[1536];
     va_list ap;
@@ -288,7 +221,7 @@ static int create_private(qg__sq *s, const char *path, char *err,
         struct stat sb;
         snprintf(f, sizeof f, "%s%s", path, sfx[i]);
         if (stat(f, &sb) == 0 && (sb.st_mode & 077))
-            sq_log(s, "ledger %s: mode %03o lets other users read it (it "
+            qg__sq_log(s, "ledger %s: mode %03o lets other users read it (it "
                    "holds every subject's usage and the key hashes): "
                    "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
     }
@@ -305,7 +238,7 @@ static int conn_open(const char *path, int busy_ms, int sync_full,
                                  SQLITE_OPEN_NOMUTEX,
                              NULL);
     if (rc != SQLITE_OK) {
-        fail_db(db, path, "cannot open", err, errcap);
+        qg__sq_fail_db(db, path, "cannot open", err, errcap);
         sqlite3_close(db);
         return QG_EIO;
     }
@@ -315,7 +248,7 @@ static int conn_open(const char *path, int busy_ms, int sync_full,
                      NULL, NULL, NULL) != SQLITE_OK ||
         sqlite3_exec(db, "PRAGMA foreign_keys=OFF", NULL, NULL, NULL) !=
             SQLITE_OK) {
-        fail_db(db, path, "cannot configure", err, errcap);
+        qg__sq_fail_db(db, path, "cannot configure", err, errcap);
         sqlite3_close(db);
         return QG_EIO;
     }
@@ -334,426 +267,12 @@ static int set_wal(sqlite3 *db, const char *path, char *err, size_t errcap)
         ok = m && sqlite3_stricmp(m, "wal") == 0;
     }
     if (!ok) {
-        fail_db(db, path, "cannot switch to WAL journal mode", err, errcap);
+        qg__sq_fail_db(db, path, "cannot switch to WAL journal mode", err, errcap);
         sqlite3_finalize(st);
         return QG_EIO;
     }
     sqlite3_finalize(st);
     return QG_OK;
-}
-
-/* Apply the pending migrations in one write transaction (another process
- * may be migrating the same file: the version is read again under the
- * lock). */
-static int migrate(sqlite3 *db, const char *path, char *err, size_t errcap)
-{
-    char sql[64];
-    int v = 0, rc;
-    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return fail_db(db, path, "cannot lock for migration", err, errcap);
-    if ((rc = user_version(db, &v)) != SQLITE_OK) {
-        rc = fail_db(db, path, "cannot read the schema version", err,
-                     errcap);
-        goto fail;
-    }
-    if (v > QG_LEDGER_SCHEMA_VERSION) {
-        rc = too_new(v, path, err, errcap);
-        goto fail;
-    }
-    if (v < 0) {
-        snprintf(err, errcap, "ledger %s: invalid schema version %d", path,
-                 v);
-        rc = QG_ESTATE;
-        goto fail;
-    }
-    if (v == QG_LEDGER_SCHEMA_VERSION) {
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return QG_OK;
-    }
-    for (; v < QG_LEDGER_SCHEMA_VERSION; v++)
-        if (sqlite3_exec(db, migrations[v], NULL, NULL, NULL) != SQLITE_OK) {
-            char what[64];
-            snprintf(what, sizeof what, "migration to schema version %d",
-                     v + 1);
-            rc = fail_db(db, path, what, err, errcap);
-            goto fail;
-        }
-    snprintf(sql, sizeof sql, "PRAGMA user_version=%d",
-             QG_LEDGER_SCHEMA_VERSION);
-    if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        rc = fail_db(db, path, "cannot commit the migration", err, errcap);
-        goto fail;
-    }
-    return QG_OK;
-fail:
-    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    return rc;
-}
-
-/* ------------------------------------------------------------- writer */
-
-static const int64_t hist_le_us[8] = { 100, 1000, 5000, 10000, 50000,
-                                       100000, 1000000, INT64_MAX };
-
-/* A settle-only row whose request's whole row is earlier in the same
- * batch (a short call: its check row lingered, DURABLE_LINGER_US, until
- * the settle came) is folded into that row, so the batch writes one row
- * per request instead of an insert and an update: the same end state (a
- * settle changes only its own columns), half the statements.  The map
- * is an open-addressed table of row indices + 1 by request id hash. */
-static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
-{
-    size_t cap = 16, mask, i;
-    while (cap < 2 * n)
-        cap *= 2;
-    if (cap > s->cmap_cap) {
-        uint32_t *m = realloc(s->cmap, cap * sizeof *m);
-        if (!m)
-            return;              /* not merging is always correct */
-        s->cmap = m;
-        s->cmap_cap = cap;
-    }
-    memset(s->cmap, 0, cap * sizeof *s->cmap);
-    mask = cap - 1;
-    for (i = 0; i < n; i++) {
-        qg_ledger_row *r = &it[i].row;
-        size_t len = strnlen(r->request_id, sizeof r->request_id);
-        size_t h = (size_t)XXH3_64bits(r->request_id, len) & mask;
-        it[i].merged = 0;
-        for (;; h = (h + 1) & mask) {
-            uint32_t j = s->cmap[h];
-            qg_ledger_row *e;
-            if (j == 0) {
-                if (!r->settle_only)
-                    s->cmap[h] = (uint32_t)i + 1;
-                break;
-            }
-            e = &it[j - 1].row;
-            if (strncmp(e->request_id, r->request_id, sizeof r->request_id))
-                continue;
-            if (!r->settle_only) {
-                s->cmap[h] = (uint32_t)i + 1;    /* the latest whole row */
-            } else {
-                e->status = r->status;
-                e->estimated = r->estimated;
-                e->input_tokens = r->input_tokens;
-                e->output_tokens = r->output_tokens;
-                e->weight_milli = r->weight_milli;
-                e->settled_ms = r->settled_ms;
-                e->overage_milli = r->overage_milli;
-                e->overage_cost_micro = r->overage_cost_micro;
-                memcpy(e->detail, r->detail, sizeof e->detail);
-                it[i].merged = (size_t)j;
-            }
-            break;
-        }
-    }
-}
-
-/* The statement of `it` changed nothing: a guard kept the row the ledger
- * holds for its request id.  That is expected for a settle repeated
- * after its row was settled (the same subject, or none named); anything
- * else is another request's row: `it` is marked refused.  Returns an
- * SQLite code (a failed read fails the transaction). */
-static int guard_refused(qg__sq *s, qg__sq_item *it)
-{
-    const qg_ledger_row *r = &it->row;
-    int rc;
-    BIND_STR(s->owner, 1, r->request_id);
-    rc = sqlite3_step(s->owner);
-    if (rc == SQLITE_ROW) {
-        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
-        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
-        int decision = sqlite3_column_int(s->owner, 1);
-        if (r->settle_only)
-            it->refused = decision != 1 || (r->subject[0] && !same);
-        else
-            it->refused = 1;
-        if (it->refused)
-            snprintf(s->wconflict, sizeof s->wconflict, "request id %.80s "
-                     "is held by a %s row of subject %.80s: the %s of "
-                     "subject %.80s was not written",
-                     r->request_id, decision == 1 ? "admitted" : "refused",
-                     owner ? owner : "", r->settle_only ? "settle" : "row",
-                     r->subject[0] ? r->subject : "(not named)");
-        rc = SQLITE_OK;
-    } else if (rc == SQLITE_DONE) {
-        rc = SQLITE_OK;          /* cannot happen: an insert would have */
-    }
-    sqlite3_reset(s->owner);
-    return rc;
-}
-
-/* Step a transaction-control statement (prepared once at open, so that
- * running it needs no parsing and little memory).  An SQLite code. */
-static int run_ctl(sqlite3_stmt *st)
-{
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-static int batch_failed(qg__sq *s, int rc)
-{
-    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
-             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
-    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
-}
-
-/* Write n rows in one transaction.  Returns 0 or a QG error. */
-static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
-{
-    size_t i;
-    int rc;
-    coalesce(s, it, n);
-    /* A ROLLBACK that failed (out of memory, I/O error) leaves the
-     * transaction open, and every later BEGIN would fail: end it first. */
-    if (!sqlite3_get_autocommit(s->wdb) &&
-        (rc = run_ctl(s->rollback_st)) != SQLITE_OK &&
-        !sqlite3_get_autocommit(s->wdb))
-        return batch_failed(s, rc);
-    if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
-        return batch_failed(s, rc);
-    for (i = 0; i < n; i++) {
-        sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
-        it[i].refused = 0;
-        if (it[i].merged)        /* shares the fate of the row it joined */
-            continue;
-        rc = bind_row(st, &it[i].row);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (rc != SQLITE_DONE && rc != SQLITE_OK)
-            goto fail;
-        if (sqlite3_changes(s->wdb) == 0 &&
-            (rc = guard_refused(s, &it[i])) != SQLITE_OK)
-            goto fail;
-    }
-    for (i = 0; i < n; i++)
-        if (it[i].merged)
-            it[i].refused = it[it[i].merged - 1].refused;
-    sqlite3_clear_bindings(s->upsert);
-    sqlite3_clear_bindings(s->settle);
-    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
-        goto fail;
-    return QG_OK;
-fail:
-    rc = batch_failed(s, rc);
-    sqlite3_clear_bindings(s->upsert);
-    sqlite3_clear_bindings(s->settle);
-    if (!sqlite3_get_autocommit(s->wdb))
-        run_ctl(s->rollback_st);   /* if this fails too: the next batch */
-    return rc;
-}
-
-static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
-                          char *line, size_t cap)
-{
-    int64_t now = mono_us();
-    int i;
-    line[0] = '\0';
-    if (rc != QG_OK) {
-        s->st.errors++;
-        s->fail_txns++;
-        snprintf(s->st.last_error, sizeof s->st.last_error, "%s", s->werr);
-        if (!s->st.failing || now - s->fail_log_us >= 10000000) {
-            snprintf(line, cap, "ledger %s: %s %zu rows: %s", s->path,
-                     s->st.failing ? "still failing to commit"
-                                   : "cannot commit",
-                     n, s->werr);
-            s->fail_log_us = now;
-        }
-        s->st.failing = 1;
-        return;
-    }
-    if (s->st.failing)
-        snprintf(line, cap, "ledger %s: writes succeed again (after %llu "
-                 "failed transactions)", s->path,
-                 (unsigned long long)s->fail_txns);
-    s->st.failing = 0;
-    s->fail_txns = 0;
-    s->st.rows_written += n;
-    s->st.commits++;
-    s->st.commit_us_sum += (uint64_t)us;
-    if ((uint64_t)us > s->st.commit_us_max)
-        s->st.commit_us_max = (uint64_t)us;
-    for (i = 0; i < 8; i++)
-        if (us <= hist_le_us[i])
-            s->st.commit_le_us[i]++;
-}
-
-/* DURABLE mode: how long rows nobody waits for (a check's reservation
- * row, the proxy's settle) may gather before they are committed (10 ms:
- * most proxied calls end within it, so their two rows fold into one,
- * coalesce(); on the proxy load, 2 -> 10 ms took quotagate from 0.72x to
- * 0.80x of nginx proxy_pass and the writer thread from ~23% to ~12% of
- * the process), unless a full batch is
- * waiting or a row somebody waits for (a settle) arrives, which is
- * committed at once with everything queued before it.  Larger batches
- * cost less CPU per row (one BEGIN/COMMIT, WAL frames and fsync for
- * more rows); a check row was never durable on its answer anyway. */
-#define DURABLE_LINGER_US 10000
-
-/* Wait (mu held) for work; in ASYNC mode also for flush_ms to pass since
- * the oldest queued row, unless a full batch is waiting or we stop; in
- * DURABLE mode for DURABLE_LINGER_US while no queued row is waited for. */
-static void wait_for_rows(qg__sq *s)
-{
-    int async = s->o.sync == QG_LEDGER_ASYNC;
-    int64_t linger = async ? (int64_t)s->o.flush_ms * 1000 : DURABLE_LINGER_US;
-    while (s->qlen == 0 && !s->stop)
-        pthread_cond_wait(&s->cv, &s->mu);
-    /* after a failed transaction: pause before trying again */
-    while (!s->stop && mono_us() < s->retry_at_us) {
-        struct timespec ts;
-        ts.tv_sec = (time_t)(s->retry_at_us / 1000000);
-        ts.tv_nsec = (long)(s->retry_at_us % 1000000) * 1000;
-        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    }
-    while (!s->stop && s->qlen > 0 && s->qlen < (size_t)s->o.max_batch &&
-           (async || s->q_urgent == 0)) {
-        int64_t due = s->q_since_us + linger;
-        struct timespec ts;
-        if (mono_us() >= due)
-            break;
-        ts.tv_sec = (time_t)(due / 1000000);
-        ts.tv_nsec = (long)(due % 1000000) * 1000;
-        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    }
-}
-
-/* After a failed transaction of w[off, off + k) out of the n rows taken
- * (mu held): put back at the head of the queue, in order, the rows of the
- * failed part that nobody waits for (ASYNC: all of them, acknowledged
- * already) and every row after it (not tried yet).  The rows of the failed
- * part that somebody waits for are the caller's to fail.  Returns the
- * number put back, or -1 when there was no memory for them (nothing put
- * back). */
-static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
-{
-    int async = s->o.sync == QG_LEDGER_ASYNC;
-    size_t cnt = n - (off + k), i, j;
-    for (i = off; i < off + k; i++)
-        cnt += async || !s->w[i].done;
-    if (s->qlen + cnt > s->qcap) {
-        size_t cap = s->qlen + cnt;
-        qg__sq_item *q = realloc(s->q, cap * sizeof *q);
-        if (!q)
-            return -1;
-        s->q = q;
-        s->qcap = cap;
-    }
-    memmove(s->q + cnt, s->q, s->qlen * sizeof *s->q);
-    for (i = off, j = 0; i < n; i++) {
-        if (i < off + k && !async && s->w[i].done)
-            continue;
-        s->q[j] = s->w[i];
-        s->q_urgent += !async && s->q[j].done;
-        j++;
-    }
-    if (s->qlen == 0)
-        s->q_since_us = mono_us();
-    s->qlen += cnt;
-    return (long)cnt;
-}
-
-static void *writer_main(void *arg)
-{
-    qg__sq *s = arg;
-    char line[1536], lost[1536];
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        qg__sq_item *tmp;
-        size_t n, off, cap;
-        wait_for_rows(s);
-        if (s->qlen == 0 && s->stop)
-            break;
-        /* take everything queued: swap the arrays */
-        tmp = s->w;
-        cap = s->wcap;
-        s->w = s->q;
-        s->wcap = s->qcap;
-        n = s->qlen;
-        s->q = tmp;
-        s->qcap = cap;
-        s->qlen = 0;
-        s->q_urgent = 0;
-        s->inflight = n;
-        pthread_mutex_unlock(&s->mu);
-
-        for (off = 0; off < n;) {
-            size_t k = n - off, i, end;
-            int64_t t0;
-            long back = 0;
-            int rc;
-            if (k > (size_t)s->o.max_batch)
-                k = (size_t)s->o.max_batch;
-            end = off + k;
-            t0 = mono_us();
-            rc = write_batch(s, s->w + off, k);
-            pthread_mutex_lock(&s->mu);
-            lost[0] = '\0';
-            record_commit(s, k, rc, mono_us() - t0, line, sizeof line);
-            if (rc == QG_OK) {
-                size_t refused = 0;
-                for (i = off; i < off + k; i++)
-                    refused += s->w[i].refused != 0;
-                s->st.rows_refused += refused;
-                if (refused)
-                    snprintf(lost, sizeof lost, "ledger %s: %zu row%s not "
-                             "written (the request id is another "
-                             "request's); the last: %s", s->path, refused,
-                             refused == 1 ? "" : "s", s->wconflict);
-                s->backoff_us = 0;
-                s->retry_at_us = 0;
-                s->inflight -= k;
-            } else if (!s->stop && (back = requeue(s, off, k, n)) >= 0) {
-                s->st.rows_retried += (uint64_t)back;
-                s->backoff_us = s->backoff_us ? s->backoff_us * 2 : 10000;
-                if (s->backoff_us > 1000000)
-                    s->backoff_us = 1000000;
-                s->retry_at_us = mono_us() + s->backoff_us;
-                s->inflight -= n - off;
-                end = n;         /* the rest went back to the queue */
-            } else {
-                /* closing, or no memory to keep them: the rows nobody
-                 * waits for are given up */
-                size_t gone = 0;
-                for (i = off; i < off + k; i++)
-                    gone += s->o.sync == QG_LEDGER_ASYNC || !s->w[i].done;
-                s->st.rows_lost += gone;
-                s->inflight -= k;
-                if (gone)
-                    snprintf(lost, sizeof lost, "ledger %s: %zu rows could "
-                             "not be written and are lost: %s", s->path,
-                             gone, s->werr);
-            }
-            if (rc != QG_OK && s->o.sync == QG_LEDGER_DURABLE)
-                for (i = off; i < off + k; i++)
-                    s->st.rows_failed += s->w[i].done != NULL;
-            atomic_store_explicit(&s->depth, s->qlen + s->inflight,
-                                  memory_order_relaxed);
-            pthread_mutex_unlock(&s->mu);
-            if (line[0])
-                sq_log(s, "%s", line);
-            if (lost[0])
-                sq_log(s, "%s", lost);
-            /* answer the rows of this transaction that are waited for
-             * (those of a failed one with its error) */
-            if (s->o.sync == QG_LEDGER_DURABLE)
-                for (i = off; i < off + k; i++)
-                    if (s->w[i].done)
-                        s->w[i].done(s->w[i].arg,
-                                     rc == QG_OK && s->w[i].refused
-                                         ? QG_ESTATE
-                                         : rc);
-            off = end;
-        }
-        pthread_mutex_lock(&s->mu);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
 }
 
 /* ------------------------------------------------------- open and close */
@@ -812,7 +331,7 @@ static void fill_id_filter(qg__sq *s)
     st = NULL;
     if (qg__idf_init(&s->idf, (uint64_t)(rows > (1 << 20) ? 2 * rows
                                                           : 1 << 21)) != 0) {
-        sq_log(s, "ledger %s: no memory for the request id filter: every "
+        qg__sq_log(s, "ledger %s: no memory for the request id filter: every "
                "new id is looked up in SQLite", s->path);
         return;
     }
@@ -827,7 +346,7 @@ static void fill_id_filter(qg__sq *s)
     if (rc == SQLITE_DONE)
         atomic_store_explicit(&s->idf.ready, 1, memory_order_release);
     else
-        sq_log(s, "ledger %s: cannot read the request ids for the filter "
+        qg__sq_log(s, "ledger %s: cannot read the request ids for the filter "
                "(%s): every new id is looked up in SQLite", s->path,
                sqlite3_errmsg(s->sdb));
     sqlite3_finalize(st);
@@ -868,16 +387,16 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
         goto fail;
     /* refuse a newer schema before changing anything in the file */
-    if (user_version(s->wdb, &v) != SQLITE_OK) {
-        fail_db(s->wdb, path, "not a readable SQLite database", err, errcap);
+    if (qg__sq_user_version(s->wdb, &v) != SQLITE_OK) {
+        qg__sq_fail_db(s->wdb, path, "not a readable SQLite database", err, errcap);
         goto fail;
     }
     if (v > QG_LEDGER_SCHEMA_VERSION) {
-        too_new(v, path, err, errcap);
+        qg__sq_too_new(v, path, err, errcap);
         goto fail;
     }
     if (set_wal(s->wdb, path, err, errcap) ||
-        migrate(s->wdb, path, err, errcap))
+        qg__sq_migrate(s->wdb, path, err, errcap))
         goto fail;
     if (sqlite3_prepare_v3(s->wdb, sql_upsert, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->upsert, NULL) != SQLITE_OK ||
@@ -892,7 +411,7 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
                            &s->commit_st, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
                            &s->rollback_st, NULL) != SQLITE_OK) {
-        fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
+        qg__sq_fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
@@ -905,17 +424,17 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
      * 8, docs/benchmarks.md). */
     if (sqlite3_prepare_v3(s->sdb, sql_scan, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->scan_st, NULL) != SQLITE_OK) {
-        fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
+        qg__sq_fail_db(s->sdb, path, "cannot prepare the scan", err, errcap);
         goto fail;
     }
     if (sqlite3_prepare_v3(s->gdb, sql_get, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->get_st, NULL) != SQLITE_OK) {
-        fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
+        qg__sq_fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
     if (o->id_filter)
         fill_id_filter(s);
-    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+    if (pthread_create(&s->thread, NULL, qg__sq_writer_main, s) != 0) {
         snprintf(err, errcap, "ledger %s: cannot start the writer thread",
                  path);
         goto fail;
@@ -928,62 +447,6 @@ fail:
 }
 
 /* --------------------------------------------------------- operations */
-
-static int sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
-                     void *arg)
-{
-    qg__sq *s = b;
-    qg__sq_item *it;
-    if (!row->request_id[0])
-        return QG_EINVAL;
-    /* in the filter before the row can be in the file */
-    qg__idf_add(&s->idf, row->request_id,
-                strnlen(row->request_id, sizeof row->request_id));
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return QG_ESTATE;
-    }
-    if (s->qlen + s->inflight >= (size_t)s->o.max_queue) {
-        pthread_mutex_unlock(&s->mu);
-        return QG_EFULL;
-    }
-    if (s->qlen == s->qcap) {
-        size_t cap = s->qcap ? s->qcap * 2 : 256;
-        if (cap > (size_t)s->o.max_queue)
-            cap = (size_t)s->o.max_queue;
-        it = realloc(s->q, cap * sizeof *it);
-        if (!it) {
-            pthread_mutex_unlock(&s->mu);
-            return QG_ENOMEM;
-        }
-        s->q = it;
-        s->qcap = cap;
-    }
-    it = &s->q[s->qlen++];
-    it->row = *row;
-    it->done = done;
-    it->arg = arg;
-    atomic_store_explicit(&s->depth, s->qlen + s->inflight,
-                          memory_order_relaxed);
-    /* Wake the writer only when it has something new to decide: the
-     * queue became non-empty (it starts its linger), the first row that
-     * somebody waits for arrived (commit now), or a batch is full. */
-    if (done && s->o.sync == QG_LEDGER_DURABLE && s->q_urgent++ == 0 &&
-        s->qlen > 1) {
-        pthread_cond_signal(&s->cv);
-    }
-    if (s->qlen == 1) {
-        s->q_since_us = mono_us();
-        pthread_cond_signal(&s->cv);
-    } else if (s->qlen == (size_t)s->o.max_batch) {
-        pthread_cond_signal(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (s->o.sync == QG_LEDGER_ASYNC && done)
-        done(arg, QG_OK);
-    return QG_OK;
-}
 
 void qg__sq_read_failed(qg__sq *s, sqlite3 *db)
 {
@@ -1061,7 +524,7 @@ const qg__ledger_backend qg__ledger_sqlite = {
     1,
     sq_open,
     sq_close,
-    sq_submit,
+    qg__sq_submit,
     sq_scan,
     sq_get,
     qg__sq_put_subject,

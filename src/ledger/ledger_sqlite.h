@@ -145,4 +145,30 @@ int qg__sq_list_keys(void *b, int (*fn)(const qg_key_rec *k, void *ud),
                      void *ud);
 int qg__sq_revoke_key(void *b, const char *id, int64_t now_ms);
 
+
+/* Shared by ledger_sqlite.c (open, schema, reads) and
+ * ledger_sqlite_writer.c (the queue and the writer thread). */
+int64_t qg__sq_mono_us(void);
+/* Say something to the operator (opts.log), printf-style. */
+void qg__sq_log(const qg__sq *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Bind a row's columns to an upsert statement (ledger_sqlite.c's
+ * ROW_COLS order). */
+int qg__sq_bind_row(sqlite3_stmt *st, const qg_ledger_row *r);
+/* The writer thread (started by open, joined by close). */
+void *qg__sq_writer_main(void *arg);
+/* The backend's submit (ledger.h). */
+int qg__sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
+                  void *arg);
+
+/* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
+ * err (QG_EIO); the file's schema version; the refusal of a version newer
+ * than this build (QG_ESTATE); the pending migrations, in one transaction
+ * (QG_OK, or the error with err). */
+int qg__sq_fail_db(sqlite3 *db, const char *path, const char *what,
+                   char *err, size_t errcap);
+int qg__sq_user_version(sqlite3 *db, int *out);
+int qg__sq_too_new(int v, const char *path, char *err, size_t errcap);
+int qg__sq_migrate(sqlite3 *db, const char *path, char *err, size_t errcap);
+
 #endif

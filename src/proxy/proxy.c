@@ -1,102 +1,175 @@
-/* proxy.c - see proxy.h.  Stream events are read by respscan.c's one
- * streaming pass; whole bodies by jansson. */
-#include <jansson.h>
+/* proxy.c - see proxy.h: the proxy's upstreams, queues and calls, and
+ * the request head that goes upstream. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include "fault.h"
 #include "proxy.h"
-#include "respscan.h"
+#include "quotagate.h"
 #include "usage.h"
 
-size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len)
+typedef struct qslot {
+    char plan[128];
+    int n;                     /* requests held for this plan */
+} qslot;
+
+/* Per worker: the upstream of each model of one rules generation (the
+ * rules' address is the key: generations are retired, never freed, while
+ * the server runs), so a request finds its upstream without a lock. */
+typedef struct upcache {
+    const qg_rules *rules;
+    qg_upstream *m[QG_MAX_MODELS];
+} upcache;
+
+struct qg__proxy {
+    qg_upstream *up;           /* the default, or NULL */
+    qg_upstream_set *set;      /* every upstream, by URL, until the end */
+    upcache *cache;            /* per worker */
+    int nworkers;
+    qg__proxy_call **live;     /* per worker: calls in flight or held */
+    pthread_mutex_t qlock;     /* the overage queues, shared by workers */
+    qslot *qs;
+    int nqs, capqs;
+};
+
+qg__proxy *qg__proxy_new(int nworkers, const char *default_url,
+                         int timeout_ms, const char *ca_file, char *err,
+                         size_t errcap)
 {
-    for (size_t i = 0; i < len; i++) {
-        char c = buf[i];
-        if (c == '\n' && s->cr) {       /* the LF of a CRLF */
-            s->cr = 0;
-            continue;
+    qg__proxy *pr = calloc(1, sizeof *pr);
+    if (!pr || !(pr->live = calloc((size_t)nworkers, sizeof *pr->live)) ||
+        !(pr->cache = calloc((size_t)nworkers, sizeof *pr->cache)) ||
+        !(pr->set = qg__upstream_set_new(nworkers, timeout_ms, ca_file))) {
+        if (pr) {
+            free(pr->live);
+            free(pr->cache);
         }
-        if (c == '\r' || c == '\n') {
-            s->cr = c == '\r';
-            if (s->at_eol) {
-                s->at_eol = 0;
-                if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') {
-                    s->cr = 0;          /* keep the CRLF whole */
-                    return i + 2;
-                }
-                return i + 1;
-            }
-            s->at_eol = 1;
-        } else {
-            s->at_eol = 0;
-            s->cr = 0;
-        }
+        free(pr);
+        snprintf(err, errcap, "out of memory");
+        return NULL;
     }
-    return 0;
-}
-
-static int64_t str_len(json_t *v)
-{
-    return json_is_string(v) ? (int64_t)json_string_length(v) : 0;
-}
-
-static int64_t tool_call_bytes(json_t *calls)
-{
-    size_t i;
-    json_t *c;
-    int64_t n = 0;
-    json_array_foreach(calls, i, c)
-        n += str_len(json_object_get(json_object_get(c, "function"),
-                                     "arguments"));
-    return n;
-}
-
-int64_t qg_content_bytes_openai_chunk(const char *data, size_t len)
-{
-    qg__resp r;
-    return qg__resp_scan(data, len, &r) == 0 ? r.openai_chunk_bytes : 0;
-}
-
-int64_t qg_content_bytes_anthropic_event(const char *data, size_t len)
-{
-    qg__resp r;
-    return qg__resp_scan(data, len, &r) == 0 ? r.anthropic_event_bytes : 0;
-}
-
-/* A whole body stays on jansson: Anthropic's tool_use input is counted as
- * its compact JSON text, which needs the tree (and this runs only when
- * the upstream reported no output count). */
-int64_t qg_content_bytes_json(const char *body, size_t len, int shape)
-{
-    json_t *j = json_loadb(body, len, 0, NULL), *x;
-    size_t i;
-    int64_t n = 0;
-    if (!j)
-        return 0;
-    if (shape == QG_SHAPE_OPENAI) {
-        json_array_foreach(json_object_get(j, "choices"), i, x) {
-            json_t *m = json_object_get(x, "message");
-            n += str_len(json_object_get(m, "content"));
-            n += tool_call_bytes(json_object_get(m, "tool_calls"));
-        }
-    } else {
-        json_array_foreach(json_object_get(j, "content"), i, x) {
-            json_t *in = json_object_get(x, "input");
-            n += str_len(json_object_get(x, "text")) +
-                 str_len(json_object_get(x, "thinking"));
-            if (in) {
-                char *t = json_dumps(in, JSON_COMPACT);
-                if (t)
-                    n += (int64_t)strlen(t);
-                free(t);
-            }
-        }
+    pr->nworkers = nworkers;
+    pthread_mutex_init(&pr->qlock, NULL);
+    if (default_url && *default_url &&
+        !(pr->up = qg__upstream_set_get(pr->set, default_url, err,
+                                        errcap))) {
+        qg__upstream_set_free(pr->set);
+        pthread_mutex_destroy(&pr->qlock);
+        free(pr->cache);
+        free(pr->live);
+        free(pr);
+        return NULL;
     }
-    json_decref(j);
-    return n;
+    return pr;
 }
 
-int qg_proxy_forward_header(const char *name, size_t len)
+void qg__proxy_free(qg__proxy *pr)
+{
+    if (!pr)
+        return;
+    for (int w = 0; w < pr->nworkers; w++)
+        while (pr->live[w]) {
+            qg__proxy_call *c = pr->live[w];
+            c->stop(c);
+            if (pr->live[w] == c)       /* a stop that did not unlink */
+                qg__proxy_unlink(pr, w, c);
+        }
+    qg__upstream_set_free(pr->set);
+    pthread_mutex_destroy(&pr->qlock);
+    free(pr->cache);
+    free(pr->qs);
+    free(pr->live);
+    free(pr);
+}
+
+qg_upstream *qg__proxy_upstream(qg__proxy *pr, int worker,
+                                const qg_rules *rules, int m, char *err,
+                                size_t errcap)
+{
+    const char *url;
+    upcache *c;
+    err[0] = '\0';
+    if (m < 0 || m >= rules->nmodels || !(url = rules->models[m].upstream))
+        return pr->up;
+    c = &pr->cache[worker];
+    if (c->rules != rules) {
+        memset(c, 0, sizeof *c);
+        c->rules = rules;
+    }
+    if (!c->m[m])
+        c->m[m] = qg__upstream_set_get(pr->set, url, err, errcap);
+    return c->m[m];
+}
+
+int qg__proxy_queue_take(qg__proxy *pr, const char *plan, int cap)
+{
+    int rc = -1, i;
+    pthread_mutex_lock(&pr->qlock);
+    for (i = 0; i < pr->nqs; i++)
+        if (!strcmp(pr->qs[i].plan, plan))
+            break;
+    if (i == pr->nqs) {
+        if (pr->nqs == pr->capqs) {
+            int nc = pr->capqs ? pr->capqs * 2 : 8;
+            qslot *q = realloc(pr->qs, (size_t)nc * sizeof *q);
+            if (!q)
+                goto out;
+            pr->qs = q;
+            pr->capqs = nc;
+        }
+        memset(&pr->qs[i], 0, sizeof pr->qs[i]);
+        snprintf(pr->qs[i].plan, sizeof pr->qs[i].plan, "%s", plan);
+        pr->nqs++;
+    }
+    if (pr->qs[i].n < cap) {
+        pr->qs[i].n++;
+        rc = 0;
+    }
+out:
+    pthread_mutex_unlock(&pr->qlock);
+    return rc;
+}
+
+void qg__proxy_queue_give(qg__proxy *pr, const char *plan)
+{
+    pthread_mutex_lock(&pr->qlock);
+    for (int i = 0; i < pr->nqs; i++)
+        if (!strcmp(pr->qs[i].plan, plan) && pr->qs[i].n > 0) {
+            pr->qs[i].n--;
+            break;
+        }
+    pthread_mutex_unlock(&pr->qlock);
+}
+
+void qg__proxy_link(qg__proxy *pr, int worker, qg__proxy_call *c)
+{
+    if (c->linked)
+        return;
+    c->linked = 1;
+    c->prev = NULL;
+    c->next = pr->live[worker];
+    if (c->next)
+        c->next->prev = c;
+    pr->live[worker] = c;
+}
+
+void qg__proxy_unlink(qg__proxy *pr, int worker, qg__proxy_call *c)
+{
+    if (!c->linked)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (pr->live[worker] == c)
+        pr->live[worker] = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->linked = 0;
+    c->prev = c->next = NULL;
+}
+
+int qg__proxy_forward_header(const char *name, size_t len)
 {
     static const char *const drop[] = {
         "authorization", "x-api-key", "connection", "keep-alive", "te",
@@ -110,4 +183,58 @@ int qg_proxy_forward_header(const char *name, size_t len)
     if (len >= 11 && strncasecmp(name, "x-quotagate", 11) == 0)
         return 0;
     return 1;
+}
+
+/* 1 when s[0..n) holds a CR or LF (it would end the header early). */
+static int has_eol(const char *s, size_t n)
+{
+    return memchr(s, '\r', n) != NULL || memchr(s, '\n', n) != NULL;
+}
+
+static int add(struct evbuffer *b, const void *data, size_t len)
+{
+    return qg__alloc_fails("request head") || evbuffer_add(b, data, len) != 0;
+}
+
+int qg__proxy_request_head(struct evbuffer *out, const qg_upstream *up,
+                           const char *path, const qg_http_header *hdrs,
+                           int nhdrs, size_t body_len, const char *rid,
+                           int shape, const char *key)
+{
+    int have_ctype = 0, rc = 0;
+
+    rc |= qg__alloc_fails("request head") ||
+          evbuffer_add_printf(out, "POST %s%s HTTP/1.1\r\nHost: %s\r\n",
+                              qg__upstream_prefix(up), path,
+                              qg__upstream_host(up)) < 0;
+    for (int i = 0; i < nhdrs; i++) {
+        const qg_http_header *h = &hdrs[i];
+        if (!qg__proxy_forward_header(h->name, h->name_len) ||
+            h->name_len >= 256 || h->value_len >= 8192)
+            continue;
+        if (has_eol(h->name, h->name_len) || has_eol(h->value, h->value_len))
+            return QG_EINVAL;
+        if (h->name_len == 12 && strncasecmp(h->name, "content-type", 12) == 0)
+            have_ctype = 1;
+        rc |= add(out, h->name, h->name_len);
+        rc |= add(out, ": ", 2);
+        rc |= add(out, h->value, h->value_len);
+        rc |= add(out, "\r\n", 2);
+    }
+    rc |= qg__alloc_fails("request head") ||
+          evbuffer_add_printf(out, "Content-Length: %zu\r\nX-Request-Id: "
+                              "%s\r\n%s", body_len, rid,
+                              have_ctype ? "" : "Content-Type: "
+                                                "application/json\r\n") < 0;
+    if (key && *key) {
+        if (has_eol(key, strlen(key)))
+            return QG_EINVAL;
+        rc |= qg__alloc_fails("request head") ||
+              evbuffer_add_printf(out, shape == QG_SHAPE_OPENAI
+                                           ? "Authorization: Bearer %s\r\n"
+                                           : "x-api-key: %s\r\n",
+                                  key) < 0;
+    }
+    rc |= add(out, "\r\n", 2);
+    return rc ? QG_ENOMEM : QG_OK;
 }

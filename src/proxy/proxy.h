@@ -1,43 +1,55 @@
-/* proxy.h - the I/O-free parts of the metering proxy (h_proxy.c does the
- * I/O): where one SSE event ends in a byte stream (so a stream can be
- * passed on event by event when one event must be dropped), how many
- * bytes of generated content a response or stream event carries (the
- * output estimate when the upstream reports no usage: ceil(bytes / 4),
- * the same 4 bytes per token as the input estimate of usage.h), and which
- * of the caller's request headers go upstream. */
+/* proxy.h - the metering proxy's own state, below the route that uses it
+ * (src/server/h_proxy.c): the upstreams (one per distinct URL, pooled per
+ * worker, kept until shutdown), each worker's model -> upstream cache of
+ * the rules generation it last saw, the overage queues' slots, the calls
+ * in flight (so that a shutdown can end them), and the request head sent
+ * upstream.  It knows nothing of the server: a call in flight is a link
+ * with a stop function the route supplies. */
 #ifndef QG_PROXY_H
 #define QG_PROXY_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <event2/buffer.h>
+#include "http.h"
+#include "rules.h"
+#include "upstream.h"
 
-/* Event boundaries of a text/event-stream: an event ends with a blank
- * line (two line ends in a row; a line ends with CR, LF or CRLF).  Zero
- * the state before a stream. */
-typedef struct qg_sse_split {
-    int at_eol;                /* the last byte ended a line */
-    int cr;                    /* the last byte was CR */
-} qg_sse_split;
+typedef struct qg__proxy qg__proxy;
 
-/* Scan buf[0..len): returns the offset just past the first event
- * boundary in it (1..len), or 0 when it holds none (the state then
- * covers all len bytes).  Call again on the rest after a boundary.  A
- * boundary that ends with a CR whose LF is in the next piece leaves that
- * LF to the next event (an empty line there, which dispatches nothing). */
-size_t qg_sse_split_next(qg_sse_split *s, const char *buf, size_t len);
+/* A proxy for nworkers worker threads whose requests go to default_url
+ * (NULL: only models that name their own upstream), with the upstream
+ * client's timeout (0: its default) and CA file (NULL: the system's).
+ * NULL with the reason in err. */
+qg__proxy *qg__proxy_new(int nworkers, const char *default_url,
+                         int timeout_ms, const char *ca_file, char *err,
+                         size_t errcap);
+/* End every call still linked (their stop functions), then free. */
+void qg__proxy_free(qg__proxy *pr);
 
-/* Bytes of generated text: an OpenAI chat.completion.chunk payload
- * (choices[].delta.content and tool call arguments), an Anthropic stream
- * event's payload (content_block_delta: delta.text, partial_json,
- * thinking), a whole non-streaming body of either shape (OpenAI:
- * choices[].message.content and tool call arguments; Anthropic:
- * content[].text / thinking, tool_use input as JSON).  Bytes of the
- * decoded UTF-8 text (an escape counts as the bytes it stands for; a
- * \u0000 counts 1 in a stream event).  0 when there is none or the text
- * is not JSON. */
-int64_t qg_content_bytes_openai_chunk(const char *data, size_t len);
-int64_t qg_content_bytes_anthropic_event(const char *data, size_t len);
-int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
+/* The upstream of model index m of rules: its own `upstream:`, else the
+ * default.  NULL when it has none (err "") or its URL cannot be used (err
+ * says why).  On worker's thread (its cache is unlocked). */
+qg_upstream *qg__proxy_upstream(qg__proxy *pr, int worker,
+                                const qg_rules *rules, int m, char *err,
+                                size_t errcap);
+
+/* A slot of plan's overage queue, bounded by cap over all workers: 0, or
+ * -1 when the queue is full (or out of memory).  give returns it.
+ * Thread-safe. */
+int qg__proxy_queue_take(qg__proxy *pr, const char *plan, int cap);
+void qg__proxy_queue_give(qg__proxy *pr, const char *plan);
+
+/* A call in flight or held, on one worker's list (unlocked: the worker's
+ * own thread links and unlinks).  At qg__proxy_free, stop(link) must end
+ * the call and unlink it. */
+typedef struct qg__proxy_call {
+    struct qg__proxy_call *prev, *next;
+    int linked;
+    void (*stop)(struct qg__proxy_call *link);
+} qg__proxy_call;
+void qg__proxy_link(qg__proxy *pr, int worker, qg__proxy_call *c);
+void qg__proxy_unlink(qg__proxy *pr, int worker, qg__proxy_call *c);
 
 /* 1 when the caller's request header `name` is passed upstream: every
  * header except the caller's credentials (Authorization, x-api-key,
@@ -45,6 +57,18 @@ int64_t qg_content_bytes_json(const char *body, size_t len, int shape);
  * Transfer-Encoding, Upgrade, Proxy-*), Host and Content-Length (set by
  * the proxy), Accept-Encoding (usage is read from the response, so it
  * must not be compressed) and X-Request-Id (set by the proxy). */
-int qg_proxy_forward_header(const char *name, size_t len);
+int qg__proxy_forward_header(const char *name, size_t len);
+
+/* The request line and headers sent upstream, into out: the caller's
+ * headers that go upstream (those over 255 bytes of name or 8191 of value
+ * are dropped), then Content-Length, X-Request-Id, a Content-Type when the
+ * caller gave none, and the gateway's own credential (key, when set: as
+ * Authorization: Bearer for the OpenAI shape, x-api-key otherwise).
+ * Returns 0, QG_EINVAL when a header cannot be forwarded (a CR or LF in
+ * it), or QG_ENOMEM. */
+int qg__proxy_request_head(struct evbuffer *out, const qg_upstream *up,
+                           const char *path, const qg_http_header *hdrs,
+                           int nhdrs, size_t body_len, const char *rid,
+                           int shape, const char *key);
 
 #endif

@@ -1,5 +1,5 @@
 /* reqscan.h - one streaming pass over a request body's JSON text that
- * collects what qg_request_fields (usage.h) reads, without a tree: the
+ * collects what qg__request_fields (usage.h) reads, without a tree: the
  * request-side client of respscan.h's checked yajl pass, so what counts as
  * valid JSON is the same (jansson's, see respscan.h), except that a
  * duplicate key in any object refuses the text, as jansson's

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "quotagate.h"
 #include "sse.h"
 
@@ -50,7 +51,7 @@ static int buf_put(sse_buf *b, const char *src, size_t n, size_t limit)
             cap *= 2;
         if (cap > limit + 1)
             cap = limit + 1;
-        char *np = realloc(b->p, cap);
+        char *np = qg__alloc_fails("sse buffer") ? NULL : realloc(b->p, cap);
         if (!np)
             return QG_ENOMEM;
         b->p = np;
@@ -63,9 +64,9 @@ static int buf_put(sse_buf *b, const char *src, size_t n, size_t limit)
     return 0;
 }
 
-qg_sse *qg_sse_new(size_t max_event_bytes)
+qg_sse *qg__sse_new(size_t max_event_bytes)
 {
-    qg_sse *p = calloc(1, sizeof *p);
+    qg_sse *p = qg__alloc_fails("sse parser") ? NULL : calloc(1, sizeof *p);
     if (!p)
         return NULL;
     p->max_event = max_event_bytes ? max_event_bytes : 1;
@@ -75,7 +76,7 @@ qg_sse *qg_sse_new(size_t max_event_bytes)
     return p;
 }
 
-void qg_sse_free(qg_sse *p)
+void qg__sse_free(qg_sse *p)
 {
     if (!p)
         return;
@@ -184,7 +185,7 @@ static int feed_lines(qg_sse *p, const char *buf, size_t len,
     return 0;
 }
 
-int qg_sse_feed(qg_sse *p, const char *buf, size_t len,
+int qg__sse_feed(qg_sse *p, const char *buf, size_t len,
                 qg_sse_event_cb on_event, void *ud)
 {
     int rc = 0;
@@ -211,7 +212,7 @@ int qg_sse_feed(qg_sse *p, const char *buf, size_t len,
     return rc;
 }
 
-int qg_sse_finish(qg_sse *p)
+int qg__sse_finish(qg_sse *p)
 {
     int rc = p->failed;
     if (rc == 0 && (p->line.len || p->in_comment || p->have_data ||
@@ -222,4 +223,33 @@ int qg_sse_finish(qg_sse *p)
     p->bom_done = p->bom_pos = 0;
     p->failed = 0;
     return rc;
+}
+
+/* ------------------------------------------------------------ splitter */
+
+size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        char c = buf[i];
+        if (c == '\n' && s->cr) {       /* the LF of a CRLF */
+            s->cr = 0;
+            continue;
+        }
+        if (c == '\r' || c == '\n') {
+            s->cr = c == '\r';
+            if (s->at_eol) {
+                s->at_eol = 0;
+                if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') {
+                    s->cr = 0;          /* keep the CRLF whole */
+                    return i + 2;
+                }
+                return i + 1;
+            }
+            s->at_eol = 1;
+        } else {
+            s->at_eol = 0;
+            s->cr = 0;
+        }
+    }
+    return 0;
 }

@@ -1,96 +1,15 @@
-/* upstream.c - see upstream.h: the upstream URL, our HTTP/1.1 client
- * (plain sockets on the worker's loop, TLS through bufferevent_openssl)
- * and the per-worker keep-alive pools.
- *
- * One struct qg_upcall is one connection; while it carries a call it also
- * holds that call's state (callbacks, the request bytes until the first
- * response byte, the response parser).  Lifetimes: a connection is freed
- * by conn_close only when no parser callback of it is running (depth 0);
- * a cancel from inside one marks it and the reader closes it after
- * http_parser_execute returns. */
+/* upstream.c - see upstream.h: an upstream (its URL, its TLS context
+ * with peer and host-name verification, its keep-alive pool per worker)
+ * and the set of upstreams by URL that the proxy keeps until shutdown.
+ * The connections and the calls they carry are upcall.c's. */
 #include <arpa/inet.h>
-#include <errno.h>
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
-#include <event2/event.h>
-#include <http_parser.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
-#include "upstream.h"
-#include "url.h"
+#include "upstream_internal.h"
 
-#define READ_CHUNK 16384        /* bytes per recv */
-
-typedef struct pool {
-    qg_upcall *idle;            /* idle connections, most recent first */
-    int nidle;
-} pool;
-
-struct qg_upstream {
-    char host[QG_URL_HOST_MAX]; /* without brackets or port */
-    int port;
-    char host_hdr[300];
-    char prefix[QG_URL_PREFIX_MAX];
-    int timeout_ms;
-    int tls;
-    int host_is_ip;
-    SSL_CTX *ssl;              /* https: verify peer + host name */
-    int nworkers;
-    pool *pools;               /* one per worker */
-    _Atomic size_t open;
-};
-
-struct qg_upcall {
-    qg_upstream *u;
-    pool *pl;                  /* its worker's pool */
-    struct event_base *base;
-    int fd;                    /* plain; -1 with TLS (the bufferevent's) */
-    struct event *rev;         /* plain: read, persistent while open */
-    struct event *wev;         /* plain: connecting, or the socket full */
-    struct bufferevent *bev;   /* TLS */
-    struct event *tmo;         /* the timeout; also delivers early errors */
-    struct event *kick;        /* TLS: read what was buffered while paused */
-    int connected;             /* plain: the connect completed */
-    int served;                /* calls finished on this connection */
-    qg_upcall *prev, *next;    /* in pl->idle */
-    int in_pool;
-
-    /* the call (cb NULL: idle) */
-    const qg_upcall_cbs *cb;
-    void *ud;
-    char *req;                 /* request bytes, until a response byte */
-    size_t req_len, req_off;
-    int resent;                /* already sent again once */
-    int got;                   /* a response byte arrived */
-    int pending_err;           /* to deliver from tmo */
-    int paused;
-    int done;                  /* the response is complete */
-    int depth;                 /* inside http_parser_execute */
-    int cancelled;             /* cancelled inside a parser callback */
-    http_parser hp;
-    qg_upresp resp;
-    char hname[16];            /* the header name being read (cut) */
-    size_t hname_len;
-    int hname_long;
-    int in_value;
-    char *hdst;                /* where the value goes, or NULL */
-    size_t hcap, hlen;
-};
-
-qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
+qg_upstream *qg__upstream_new(const char *url, int workers, int timeout_ms,
                              const char *ca_file, char *err, size_t errcap)
 {
     qg_upstream *u;
@@ -101,7 +20,7 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
         snprintf(err, errcap, "no upstream URL");
         return NULL;
     }
-    if (qg_url_parse(url, strlen(url), &pu, why, sizeof why) < 0) {
+    if (qg__url_parse(url, strlen(url), &pu, why, sizeof why) < 0) {
         snprintf(err, errcap, "upstream \"%s\": expected "
                  "http[s]://HOST[:PORT][/PREFIX]: %s", url, why);
         return NULL;
@@ -138,7 +57,7 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
             snprintf(err, errcap, "upstream \"%s\": cannot set up TLS%s%s",
                      url, ca_file && *ca_file ? ": cannot load CA file " : "",
                      ca_file && *ca_file ? ca_file : "");
-            qg_upstream_free(u);
+            qg__upstream_free(u);
             return NULL;
         }
         SSL_CTX_set_verify(u->ssl, SSL_VERIFY_PEER, NULL);
@@ -146,627 +65,25 @@ qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
     return u;
 }
 
-static void conn_close(qg_upcall *c);
-
-void qg_upstream_free(qg_upstream *u)
+void qg__upstream_free(qg_upstream *u)
 {
     if (!u)
         return;
     for (int w = 0; w < u->nworkers; w++)
         while (u->pools[w].idle)
-            conn_close(u->pools[w].idle);
+            qg__upcall_close(u->pools[w].idle);
     free(u->pools);
     if (u->ssl)
         SSL_CTX_free(u->ssl);
     free(u);
 }
 
-const char *qg_upstream_host(const qg_upstream *u) { return u->host_hdr; }
-const char *qg_upstream_prefix(const qg_upstream *u) { return u->prefix; }
+const char *qg__upstream_host(const qg_upstream *u) { return u->host_hdr; }
+const char *qg__upstream_prefix(const qg_upstream *u) { return u->prefix; }
 
-size_t qg_upstream_connections(qg_upstream *u)
+size_t qg__upstream_connections(qg_upstream *u)
 {
     return atomic_load(&u->open);
-}
-
-/* -------------------------------------------------------- connections */
-
-static void pool_remove(qg_upcall *c)
-{
-    if (!c->in_pool)
-        return;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        c->pl->idle = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = c->next = NULL;
-    c->in_pool = 0;
-    c->pl->nidle--;
-}
-
-static void conn_teardown(qg_upcall *c);
-
-static void conn_close(qg_upcall *c)
-{
-    pool_remove(c);
-    conn_teardown(c);
-    if (c->tmo)
-        event_free(c->tmo);
-    if (c->kick)
-        event_free(c->kick);
-    free(c->req);
-    atomic_fetch_sub(&c->u->open, 1);
-    free(c);
-}
-
-static void on_read(evutil_socket_t fd, short what, void *arg);
-static void on_write(evutil_socket_t fd, short what, void *arg);
-static void on_timer(evutil_socket_t fd, short what, void *arg);
-static void tls_read(struct bufferevent *bev, void *arg);
-static void on_kick(evutil_socket_t fd, short what, void *arg);
-static void tls_event(struct bufferevent *bev, short what, void *arg);
-
-/* Resolve HOST:PORT (getaddrinfo: blocking for a name that is not in
- * /etc/hosts, instant for an address). */
-static int resolve(const qg_upstream *u, struct sockaddr_storage *sa,
-                   socklen_t *salen)
-{
-    struct addrinfo hints, *res = NULL;
-    char port[8];
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    snprintf(port, sizeof port, "%d", u->port);
-    if (getaddrinfo(u->host, port, &hints, &res) != 0 || !res)
-        return -1;
-    memcpy(sa, res->ai_addr, res->ai_addrlen);
-    *salen = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
-
-static SSL *tls_new(qg_upstream *u)
-{
-    SSL *ssl = SSL_new(u->ssl);
-    if (!ssl)
-        return NULL;
-    if (u->host_is_ip) {
-        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), u->host) != 1)
-            goto fail;
-    } else if (SSL_set_tlsext_host_name(ssl, u->host) != 1 ||
-               SSL_set1_host(ssl, u->host) != 1) {
-        goto fail;
-    }
-    return ssl;
-fail:
-    SSL_free(ssl);
-    return NULL;
-}
-
-/* Drop c's transport (socket, events, TLS), keeping the struct. */
-static void conn_teardown(qg_upcall *c)
-{
-    if (c->rev)
-        event_free(c->rev);
-    if (c->wev)
-        event_free(c->wev);
-    if (c->bev)
-        bufferevent_free(c->bev);      /* closes its socket */
-    else if (c->fd >= 0)
-        close(c->fd);
-    c->rev = c->wev = NULL;
-    c->bev = NULL;
-    c->fd = -1;
-    c->connected = 0;
-    c->pending_err = 0;
-}
-
-/* Open c's transport: resolve, then a non-blocking connect.  Returns -1
- * only when out of memory; a failed connect is left in pending_err, so
- * the call fails through on_done like every other failure. */
-static int conn_connect(qg_upcall *c)
-{
-    qg_upstream *u = c->u;
-    struct sockaddr_storage sa;
-    socklen_t salen = 0;
-    int one = 1, ok = resolve(u, &sa, &salen) == 0;
-
-    if (u->tls) {
-        SSL *ssl = tls_new(u);
-        if (!ssl)
-            return -1;
-        c->bev = bufferevent_openssl_socket_new(
-            c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-            BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
-        if (!c->bev) {
-            SSL_free(ssl);
-            return -1;
-        }
-        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
-        bufferevent_setcb(c->bev, tls_read, NULL, tls_event, c);
-        if (!ok || bufferevent_socket_connect(c->bev, (struct sockaddr *)&sa,
-                                              (int)salen) != 0)
-            c->pending_err = QG_UP_ECONN;
-        else
-            bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-        if (bufferevent_getfd(c->bev) >= 0)
-            setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY,
-                       &one, sizeof one);
-        return 0;
-    }
-    if (!ok) {
-        c->pending_err = QG_UP_ECONN;
-        return 0;
-    }
-    c->fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                   0);
-    if (c->fd < 0) {
-        c->pending_err = QG_UP_ECONN;
-        return 0;
-    }
-    /* the request goes in one write, but our small answers to a
-     * streaming caller and the upstream's are not held back by Nagle */
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!(c->rev = event_new(c->base, c->fd, EV_READ | EV_PERSIST, on_read,
-                             c)) ||
-        !(c->wev = event_new(c->base, c->fd, EV_WRITE, on_write, c)))
-        return -1;
-    if (connect(c->fd, (struct sockaddr *)&sa, salen) == 0) {
-        c->connected = 1;
-    } else if (errno == EINPROGRESS) {
-        event_add(c->wev, NULL);
-    } else {
-        c->pending_err = QG_UP_ECONN;
-        return 0;
-    }
-    event_add(c->rev, NULL);            /* once: stays while c is open */
-    return 0;
-}
-
-/* A new connection on pl's worker, or NULL when out of memory. */
-static qg_upcall *conn_open(qg_upstream *u, pool *pl, struct event_base *base)
-{
-    qg_upcall *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->u = u;
-    c->pl = pl;
-    c->base = base;
-    c->fd = -1;
-    atomic_fetch_add(&u->open, 1);
-    if (!(c->tmo = evtimer_new(base, on_timer, c)) || conn_connect(c) < 0) {
-        conn_close(c);
-        return NULL;
-    }
-    return c;
-}
-
-/* ------------------------------------------------------------- parser */
-
-static int hp_header_field(http_parser *hp, const char *at, size_t len)
-{
-    qg_upcall *c = hp->data;
-    if (c->in_value) {                  /* a new header begins */
-        c->in_value = 0;
-        c->hname_len = 0;
-        c->hname_long = 0;
-        c->hdst = NULL;
-    }
-    if (c->hname_len + len >= sizeof c->hname) {
-        c->hname_long = 1;
-        return 0;
-    }
-    memcpy(c->hname + c->hname_len, at, len);
-    c->hname_len += len;
-    return 0;
-}
-
-static int hp_header_value(http_parser *hp, const char *at, size_t len)
-{
-    qg_upcall *c = hp->data;
-    if (!c->in_value) {
-        c->in_value = 1;
-        c->hdst = NULL;
-        c->hlen = 0;
-        if (c->hname_long) {
-            ;
-        } else if (c->hname_len == 12 &&
-                   strncasecmp(c->hname, "content-type", 12) == 0) {
-            c->hdst = c->resp.ctype;
-            c->hcap = sizeof c->resp.ctype;
-        } else if (c->hname_len == 11 &&
-                   strncasecmp(c->hname, "retry-after", 11) == 0) {
-            c->hdst = c->resp.retry_after;
-            c->hcap = sizeof c->resp.retry_after;
-        }
-        c->hname_len = 0;
-        c->hname_long = 0;
-    }
-    if (c->hdst) {
-        size_t n = c->hlen + len < c->hcap ? len : c->hcap - 1 - c->hlen;
-        memcpy(c->hdst + c->hlen, at, n);
-        c->hlen += n;
-        c->hdst[c->hlen] = '\0';
-    }
-    return 0;
-}
-
-static int hp_headers_complete(http_parser *hp)
-{
-    qg_upcall *c = hp->data;
-    c->resp.status = hp->status_code;
-    if (c->cb)
-        c->cb->on_head(c->ud, &c->resp);
-    return c->cb ? 0 : -1;              /* cancelled: stop */
-}
-
-static int hp_body(http_parser *hp, const char *at, size_t len)
-{
-    qg_upcall *c = hp->data;
-    if (c->cb)
-        c->cb->on_body(c->ud, at, len);
-    return c->cb ? 0 : -1;
-}
-
-static int hp_message_complete(http_parser *hp)
-{
-    qg_upcall *c = hp->data;
-    c->done = 1;                        /* bytes after it: not kept */
-    return 0;
-}
-
-static const http_parser_settings hp_settings = {
-    .on_header_field = hp_header_field,
-    .on_header_value = hp_header_value,
-    .on_headers_complete = hp_headers_complete,
-    .on_body = hp_body,
-    .on_message_complete = hp_message_complete,
-};
-
-/* ---------------------------------------------------------- the call */
-
-static void call_send(qg_upcall *c);
-static void call_begin(qg_upcall *c, const qg_upcall_cbs *cb, void *ud,
-                       char *req, size_t len, int resent);
-
-/* The call is over: free the connection or keep it, then tell the
- * caller (the last thing touching c's call). */
-static int call_end(qg_upcall *c, int err, int keep)
-{
-    const qg_upcall_cbs *cb = c->cb;
-    void *ud = c->ud;
-    c->cb = NULL;
-    c->ud = NULL;
-    free(c->req);
-    c->req = NULL;
-    evtimer_del(c->tmo);
-    if (keep && !err && c->pl->nidle < QG_UPSTREAM_MAX_CONNS) {
-        c->served++;
-        c->done = 0;
-        if (c->paused) {
-            c->paused = 0;
-            if (c->bev)
-                bufferevent_enable(c->bev, EV_READ);
-            else
-                event_add(c->rev, NULL);
-        }
-        c->next = c->pl->idle;
-        c->prev = NULL;
-        if (c->next)
-            c->next->prev = c;
-        c->pl->idle = c;
-        c->pl->nidle++;
-        c->in_pool = 1;
-    } else {
-        conn_close(c);
-        keep = 0;
-    }
-    if (cb)
-        cb->on_done(ud, err);
-    return keep && !err;
-}
-
-/* Start the call's request on connection c (fresh or idle). */
-static void call_begin(qg_upcall *c, const qg_upcall_cbs *cb, void *ud,
-                       char *req, size_t len, int resent)
-{
-    struct timeval tv = {c->u->timeout_ms / 1000,
-                         (c->u->timeout_ms % 1000) * 1000};
-    c->cb = cb;
-    c->ud = ud;
-    c->req = req;
-    c->req_len = len;
-    c->req_off = 0;
-    c->resent = resent;
-    c->got = c->done = c->cancelled = c->paused = 0;
-    memset(&c->resp, 0, sizeof c->resp);
-    c->hname_len = 0;
-    c->hname_long = 0;
-    c->in_value = 0;
-    c->hdst = NULL;
-    http_parser_init(&c->hp, HTTP_RESPONSE);
-    c->hp.data = c;
-    if (c->pending_err) {
-        struct timeval zero = {0, 0};
-        evtimer_add(c->tmo, &zero);
-        return;
-    }
-    evtimer_add(c->tmo, &tv);
-    call_send(c);
-}
-
-/* A failure of the call on c: once, a call on a reused connection that
- * broke before any response byte is sent again on a fresh one (the
- * upstream closed the idle connection as we reused it). */
-static int call_fail(qg_upcall *c, int err)
-{
-    if (c->cb && err == QG_UP_ECONN && !c->got && c->served > 0 &&
-        !c->resent && c->req) {
-        conn_teardown(c);               /* the same call, a new socket */
-        c->served = 0;
-        if (conn_connect(c) == 0) {
-            call_begin(c, c->cb, c->ud, c->req, c->req_len, 1);
-            return 1;
-        }
-    }
-    call_end(c, err, 0);
-    return 0;
-}
-
-/* Write what is left of the request (plain: one send, a write event only
- * when the socket is full; TLS: into the bufferevent). */
-static void call_send(qg_upcall *c)
-{
-    if (c->bev) {
-        if (bufferevent_write(c->bev, c->req, c->req_len) != 0) {
-            struct timeval zero = {0, 0};
-            c->pending_err = QG_UP_ECONN;
-            evtimer_add(c->tmo, &zero);
-        }
-        c->req_off = c->req_len;
-        return;
-    }
-    if (!c->connected)
-        return;                         /* on_write sends it */
-    while (c->req_off < c->req_len) {
-        ssize_t n = send(c->fd, c->req + c->req_off, c->req_len - c->req_off,
-                         MSG_NOSIGNAL);
-        if (n > 0) {
-            c->req_off += (size_t)n;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            event_add(c->wev, NULL);
-            return;
-        } else {
-            struct timeval zero = {0, 0};
-            c->pending_err = QG_UP_ECONN;   /* reported from the loop */
-            evtimer_add(c->tmo, &zero);
-            return;
-        }
-    }
-}
-
-/* Response bytes (or EOF: data NULL) for c.  Returns 1 while c still
- * carries its call; 0 when c was freed or went back to the pool. */
-static int conn_feed(qg_upcall *c, const char *data, size_t len)
-{
-    struct timeval tv = {c->u->timeout_ms / 1000,
-                         (c->u->timeout_ms % 1000) * 1000};
-    size_t used;
-    enum http_errno e;
-
-    if (!c->cb) {                       /* idle: closed or garbage */
-        conn_close(c);
-        return 0;
-    }
-    if (!data && !c->got)
-        return call_fail(c, QG_UP_ECONN);
-    if (data) {
-        if (!c->got) {
-            c->got = 1;
-            free(c->req);               /* never sent again now */
-            c->req = NULL;
-        }
-        if (!c->paused)
-            evtimer_add(c->tmo, &tv);
-    }
-    c->depth++;
-    used = http_parser_execute(&c->hp, &hp_settings, data, data ? len : 0);
-    c->depth--;
-    e = HTTP_PARSER_ERRNO(&c->hp);
-    if (c->cancelled) {
-        conn_close(c);
-        return 0;
-    }
-    if (c->done) {
-        call_end(c, QG_UP_OK, data && used == len && e == HPE_OK &&
-                                  http_should_keep_alive(&c->hp));
-        return 0;
-    }
-    if (!data)                          /* EOF before the end */
-        return call_fail(c, QG_UP_ECONN);
-    if (e != HPE_OK || used != len)
-        return call_fail(c, QG_UP_EPROTO);
-    if (c->cb->on_read_end) {
-        c->depth++;
-        c->cb->on_read_end(c->ud);
-        c->depth--;
-        if (c->cancelled) {
-            conn_close(c);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-static void on_read(evutil_socket_t fd, short what, void *arg)
-{
-    qg_upcall *c = arg;
-    char buf[READ_CHUNK];
-    ssize_t n;
-    (void)what;
-    n = recv(fd, buf, sizeof buf, 0);
-    if (n > 0)
-        conn_feed(c, buf, (size_t)n);
-    else if (n == 0)
-        conn_feed(c, NULL, 0);
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        conn_feed(c, NULL, 0);          /* reset: like an early EOF */
-}
-
-static void on_write(evutil_socket_t fd, short what, void *arg)
-{
-    qg_upcall *c = arg;
-    (void)what;
-    if (!c->connected) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err) {
-            if (c->cb)
-                call_fail(c, QG_UP_ECONN);
-            else
-                c->pending_err = QG_UP_ECONN;
-            return;
-        }
-        c->connected = 1;
-    }
-    if (c->cb && c->req)
-        call_send(c);
-}
-
-static void on_timer(evutil_socket_t fd, short what, void *arg)
-{
-    qg_upcall *c = arg;
-    (void)fd;
-    (void)what;
-    if (!c->cb)
-        return;
-    if (c->pending_err)
-        call_fail(c, c->pending_err);
-    else
-        call_fail(c, QG_UP_ETIMEOUT);
-}
-
-static void tls_read(struct bufferevent *bev, void *arg)
-{
-    qg_upcall *c = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    char buf[READ_CHUNK];
-    size_t n;
-    while ((n = evbuffer_get_length(in)) > 0) {
-        if (!c->cb) {                   /* idle: garbage closes it */
-            conn_close(c);
-            return;
-        }
-        if (n > sizeof buf)
-            n = sizeof buf;
-        evbuffer_remove(in, buf, n);
-        if (!conn_feed(c, buf, n) || c->paused)
-            return;                     /* gone, idle, or paused */
-    }
-}
-
-static void on_kick(evutil_socket_t fd, short what, void *arg)
-{
-    qg_upcall *c = arg;
-    (void)fd;
-    (void)what;
-    if (c->bev && !c->paused)
-        tls_read(c->bev, c);
-}
-
-static void tls_event(struct bufferevent *bev, short what, void *arg)
-{
-    qg_upcall *c = arg;
-    (void)bev;
-    if (what & BEV_EVENT_CONNECTED)
-        return;
-    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
-        if (!c->cb) {
-            conn_close(c);
-            return;
-        }
-        conn_feed(c, NULL, 0);
-    }
-}
-
-/* ------------------------------------------------------------- API */
-
-qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
-                            struct event_base *base, const char *head,
-                            size_t head_len, const char *body,
-                            size_t body_len, const qg_upcall_cbs *cb,
-                            void *ud)
-{
-    pool *pl;
-    qg_upcall *c;
-    char *req;
-
-    if (worker < 0 || worker >= u->nworkers)
-        return NULL;
-    pl = &u->pools[worker];
-    if (!(req = malloc(head_len + body_len + 1)))
-        return NULL;
-    memcpy(req, head, head_len);
-    if (body_len)
-        memcpy(req + head_len, body, body_len);
-    if ((c = pl->idle)) {
-        pool_remove(c);
-    } else if (!(c = conn_open(u, pl, base))) {
-        free(req);
-        return NULL;
-    }
-    call_begin(c, cb, ud, req, head_len + body_len, 0);
-    return c;                           /* errors come through on_done */
-}
-
-void qg_upcall_cancel(qg_upcall *c)
-{
-    if (!c || !c->cb)
-        return;
-    c->cb = NULL;
-    c->ud = NULL;
-    if (c->depth > 0)
-        c->cancelled = 1;               /* closed when the parser returns */
-    else
-        conn_close(c);
-}
-
-void qg_upcall_pause(qg_upcall *c, int pause)
-{
-    struct timeval tv;
-    if (!c || !c->cb || c->paused == !!pause)
-        return;
-    c->paused = !!pause;
-    if (c->bev) {
-        struct timeval zero = {0, 0};
-        if (pause) {
-            bufferevent_disable(c->bev, EV_READ);
-        } else {
-            bufferevent_enable(c->bev, EV_READ);
-            /* bytes already decrypted wait in the input buffer: no new
-             * read callback comes for them, so read them from the loop */
-            if (evbuffer_get_length(bufferevent_get_input(c->bev)) &&
-                (c->kick || (c->kick = evtimer_new(c->base, on_kick, c))))
-                evtimer_add(c->kick, &zero);
-        }
-    } else if (pause) {
-        event_del(c->rev);
-    } else {
-        event_add(c->rev, NULL);
-    }
-    /* the silence timeout counts the upstream's silence, not ours */
-    if (pause) {
-        evtimer_del(c->tmo);
-    } else {
-        tv.tv_sec = c->u->timeout_ms / 1000;
-        tv.tv_usec = (c->u->timeout_ms % 1000) * 1000;
-        evtimer_add(c->tmo, &tv);
-    }
 }
 
 /* ----------------------------------------------------- the set by URL */
@@ -784,7 +101,7 @@ struct qg_upstream_set {
     char *ca_file;
 };
 
-qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
+qg_upstream_set *qg__upstream_set_new(int workers, int timeout_ms,
                                      const char *ca_file)
 {
     qg_upstream_set *set = calloc(1, sizeof *set);
@@ -800,7 +117,7 @@ qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
     return set;
 }
 
-qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
+qg_upstream *qg__upstream_set_get(qg_upstream_set *set, const char *url,
                                  char *err, size_t errcap)
 {
     set_entry *e;
@@ -817,7 +134,7 @@ qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
         snprintf(err, errcap, "out of memory");
         goto out;
     }
-    if (!(e->up = qg_upstream_new(url, set->workers, set->timeout_ms,
+    if (!(e->up = qg__upstream_new(url, set->workers, set->timeout_ms,
                                   set->ca_file, err, errcap))) {
         free(e->url);
         free(e);
@@ -831,14 +148,14 @@ out:
     return u;
 }
 
-void qg_upstream_set_free(qg_upstream_set *set)
+void qg__upstream_set_free(qg_upstream_set *set)
 {
     if (!set)
         return;
     while (set->head) {
         set_entry *e = set->head;
         set->head = e->next;
-        qg_upstream_free(e->up);
+        qg__upstream_free(e->up);
         free(e->url);
         free(e);
     }

@@ -16,9 +16,14 @@
  * both sides keep the connection alive, it goes back to its worker's idle
  * list (at most QG_UPSTREAM_MAX_CONNS idle per worker; more are closed);
  * an idle connection the upstream closes is noticed by its read event and
- * dropped.  A call that fails on a reused connection before any response
- * byte arrived (the upstream closed it as we reused it) is sent again
- * once on a fresh connection.
+ * dropped.  The parser stops at the end of the response: bytes after it
+ * (a second response in the same read) never reach the caller, and they
+ * close the connection instead of returning it to the pool (an upstream
+ * that sends what was not asked for is broken).  Interim responses (1xx)
+ * before the answer are skipped; a 101 is refused (QG_UP_EPROTO).  A
+ * call that fails on a reused connection before any response byte
+ * arrived (the upstream closed it as we reused it) is sent again once on
+ * a fresh connection.
  *
  * Threading: a call and its callbacks live on one worker's thread (the
  * one whose base was given); new/free on any thread while no worker runs. */
@@ -39,17 +44,17 @@ typedef struct qg_upstream qg_upstream;
  * matched against the certificate's IP addresses).  timeout_ms bounds
  * each wait for the upstream (connect, and silence while a call runs).
  * Returns NULL with a message in err. */
-qg_upstream *qg_upstream_new(const char *url, int workers, int timeout_ms,
+qg_upstream *qg__upstream_new(const char *url, int workers, int timeout_ms,
                              const char *ca_file, char *err, size_t errcap);
-void qg_upstream_free(qg_upstream *u);
+void qg__upstream_free(qg_upstream *u);
 
 /* "HOST[:PORT]" for the Host header, and the path prefix ("" or
  * "/PREFIX" without a trailing slash). */
-const char *qg_upstream_host(const qg_upstream *u);
-const char *qg_upstream_prefix(const qg_upstream *u);
+const char *qg__upstream_host(const qg_upstream *u);
+const char *qg__upstream_prefix(const qg_upstream *u);
 
 /* Connections open now, summed over workers (for tests and metrics). */
-size_t qg_upstream_connections(qg_upstream *u);
+size_t qg__upstream_connections(qg_upstream *u);
 
 /* ------------------------------------------------------------- calls */
 
@@ -91,7 +96,7 @@ typedef struct qg_upcall qg_upcall;
  * could not start (out of memory): then no callback comes.  Failures
  * after that (even an immediate connect error) arrive through on_done,
  * never from inside this function.  cb must outlive the call. */
-qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
+qg_upcall *qg__upstream_send(qg_upstream *u, int worker,
                             struct event_base *base, const char *head,
                             size_t head_len, const char *body,
                             size_t body_len, const qg_upcall_cbs *cb,
@@ -99,28 +104,28 @@ qg_upcall *qg_upstream_send(qg_upstream *u, int worker,
 
 /* Stop the call: no callback follows, its connection is closed (a
  * response cut short cannot be reused).  Safe from its own callbacks. */
-void qg_upcall_cancel(qg_upcall *c);
+void qg__upcall_cancel(qg_upcall *c);
 
 /* Backpressure: stop (1) or resume (0) reading the response. */
-void qg_upcall_pause(qg_upcall *c, int pause);
+void qg__upcall_pause(qg_upcall *c, int pause);
 
 /* ------------------------------------------- the set of upstreams by URL */
 
 /* Every upstream the proxy has used, one per distinct URL (--upstream and
  * the models' `upstream:` of every rules generation seen), each with its
  * own per-worker pools.  An upstream is created at its first use and
- * kept until qg_upstream_set_free (shutdown): a rules reload never frees
+ * kept until qg__upstream_set_free (shutdown): a rules reload never frees
  * one that a request in flight may still hold.  Thread-safe. */
 typedef struct qg_upstream_set qg_upstream_set;
 
-qg_upstream_set *qg_upstream_set_new(int workers, int timeout_ms,
+qg_upstream_set *qg__upstream_set_new(int workers, int timeout_ms,
                                      const char *ca_file);
 /* The upstream for url (compared byte for byte), created on first use.
  * NULL with a message in err when url is unusable or out of memory.
  * The result lives until the set is freed. */
-qg_upstream *qg_upstream_set_get(qg_upstream_set *set, const char *url,
+qg_upstream *qg__upstream_set_get(qg_upstream_set *set, const char *url,
                                  char *err, size_t errcap);
 /* Frees every upstream (after every call was cancelled or finished). */
-void qg_upstream_set_free(qg_upstream_set *set);
+void qg__upstream_set_free(qg_upstream_set *set);
 
 #endif

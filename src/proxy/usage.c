@@ -80,7 +80,7 @@ static int anthropic_input(const qg__usage *u, int64_t *in)
     return 1;
 }
 
-int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out)
+int qg__usage_openai_json(const char *body, size_t len, qg_usage_counts *out)
 {
     qg__resp r;
     memset(out, 0, sizeof *out);
@@ -106,13 +106,13 @@ int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out)
     return hi || ho;
 }
 
-int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
+int qg__usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
                           int *is_usage_only)
 {
-    return qg_usage_openai_chunk_bytes(data, len, out, is_usage_only, NULL);
+    return qg__usage_openai_chunk_bytes(data, len, out, is_usage_only, NULL);
 }
 
-int qg_usage_openai_chunk_bytes(const char *data, size_t len,
+int qg__usage_openai_chunk_bytes(const char *data, size_t len,
                                 qg_usage_counts *out, int *is_usage_only,
                                 int64_t *content_bytes)
 {
@@ -161,7 +161,7 @@ int qg_usage_openai_chunk_bytes(const char *data, size_t len,
     return 1;
 }
 
-int qg_usage_anthropic_json(const char *body, size_t len,
+int qg__usage_anthropic_json(const char *body, size_t len,
                             qg_usage_counts *out)
 {
     qg__resp r;
@@ -212,14 +212,14 @@ static int anthropic_usage_into(const qg__usage *u, qg_usage_counts *acc)
     return hi || ho;
 }
 
-int qg_usage_anthropic_event(const char *event, size_t elen, const char *data,
+int qg__usage_anthropic_event(const char *event, size_t elen, const char *data,
                              size_t dlen, qg_usage_counts *acc)
 {
-    return qg_usage_anthropic_event_bytes(event, elen, data, dlen, acc,
+    return qg__usage_anthropic_event_bytes(event, elen, data, dlen, acc,
                                           NULL);
 }
 
-int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
+int qg__usage_anthropic_event_bytes(const char *event, size_t elen,
                                    const char *data, size_t dlen,
                                    qg_usage_counts *acc,
                                    int64_t *content_bytes)
@@ -268,7 +268,7 @@ static int req_count(const qg__count *c, int64_t *v)
     return c->state;
 }
 
-int qg_request_fields(const char *body, size_t len, int shape,
+int qg__request_fields(const char *body, size_t len, int shape,
                       qg_request_info *out)
 {
     qg__req r;
@@ -283,7 +283,7 @@ int qg_request_fields(const char *body, size_t len, int shape,
         return QG_EINVAL;
     if (r.stream >= 0 && r.stream != QG__V_BOOL && r.stream != QG__V_NULL)
         return QG_EINVAL;
-    /* what qg_request_rewrite_openai needs to add include_usage */
+    /* what qg__request_rewrite_openai needs to add include_usage */
     if (shape == QG_SHAPE_OPENAI && r.stream_options >= 0 &&
         r.stream_options != QG__V_MAP && r.stream_options != QG__V_NULL)
         return QG_EINVAL;
@@ -327,7 +327,7 @@ static int set_model(json_t *root, const char *new_model)
     return json_object_set_new(root, "model", m) ? QG_ENOMEM : 0;
 }
 
-int qg_request_rewrite_openai(const char *body, size_t len, char **out,
+int qg__request_rewrite_openai(const char *body, size_t len, char **out,
                               size_t *outlen, int *added_include_usage,
                               const char *new_model)
 {
@@ -374,7 +374,7 @@ done:
     return rc;
 }
 
-int qg_request_replace_model(const char *body, size_t len,
+int qg__request_replace_model(const char *body, size_t len,
                              const char *new_model, char **out,
                              size_t *outlen)
 {
@@ -389,4 +389,67 @@ int qg_request_replace_model(const char *body, size_t len,
 done:
     json_decref(root);
     return rc;
+}
+
+/* --------------------------------------------------- generated content */
+
+static int64_t str_len(json_t *v)
+{
+    return json_is_string(v) ? (int64_t)json_string_length(v) : 0;
+}
+
+static int64_t tool_call_bytes(json_t *calls)
+{
+    size_t i;
+    json_t *c;
+    int64_t n = 0;
+    json_array_foreach(calls, i, c)
+        n += str_len(json_object_get(json_object_get(c, "function"),
+                                     "arguments"));
+    return n;
+}
+
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len)
+{
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.openai_chunk_bytes : 0;
+}
+
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len)
+{
+    qg__resp r;
+    return qg__resp_scan(data, len, &r) == 0 ? r.anthropic_event_bytes : 0;
+}
+
+/* A whole body stays on jansson: Anthropic's tool_use input is counted as
+ * its compact JSON text, which needs the tree (and this runs only when
+ * the upstream reported no output count). */
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape)
+{
+    json_t *j = json_loadb(body, len, 0, NULL), *x;
+    size_t i;
+    int64_t n = 0;
+    if (!j)
+        return 0;
+    if (shape == QG_SHAPE_OPENAI) {
+        json_array_foreach(json_object_get(j, "choices"), i, x) {
+            json_t *m = json_object_get(x, "message");
+            n += str_len(json_object_get(m, "content"));
+            n += tool_call_bytes(json_object_get(m, "tool_calls"));
+        }
+    } else {
+        json_array_foreach(json_object_get(j, "content"), i, x) {
+            json_t *in = json_object_get(x, "input");
+            n += str_len(json_object_get(x, "text")) +
+                 str_len(json_object_get(x, "thinking"));
+            if (in) {
+                char *t = json_dumps(in, JSON_COMPACT);
+                if (t)
+                    n += (int64_t)strlen(t);
+                free(t);
+            }
+        }
+    }
+    json_decref(j);
+    return n;
 }

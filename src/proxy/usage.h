@@ -40,7 +40,7 @@ typedef struct qg_usage_counts {
  * Returns 1 when either count is present, 0 when the body has no usage (an
  * error body's error.type, or error.code, is then copied to out->error),
  * -1 when malformed. */
-int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out);
+int qg__usage_openai_json(const char *body, size_t len, qg_usage_counts *out);
 
 /* One "data:" payload of an OpenAI chat.completion.chunk stream.
  * Returns 2 for "[DONE]"; 1 when the chunk carries a non-null "usage"
@@ -50,14 +50,14 @@ int qg_usage_openai_json(const char *body, size_t len, qg_usage_counts *out);
  * carries usage and an empty "choices" array: the extra chunk the upstream
  * sends for stream_options.include_usage, which the proxy drops when the
  * caller did not ask for it; 0 otherwise. */
-int qg_usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
+int qg__usage_openai_chunk(const char *data, size_t len, qg_usage_counts *out,
                           int *is_usage_only);
 
 /* A non-streaming Anthropic message: usage.input_tokens (plus
  * cache_creation_input_tokens and cache_read_input_tokens) and
  * usage.output_tokens.  *out is reset first.  Returns 1, 0 (no usage; an
  * {"type":"error"} body's error.type is copied to out->error) or -1. */
-int qg_usage_anthropic_json(const char *body, size_t len,
+int qg__usage_anthropic_json(const char *body, size_t len,
                             qg_usage_counts *out);
 
 /* One event of an Anthropic messages stream: its SSE type (event, elen;
@@ -72,17 +72,17 @@ int qg_usage_anthropic_json(const char *body, size_t len,
  *    to acc->error and returns -2;
  *  - anything else (ping, content_block_*): 0.
  * Every payload is parsed: -1 when malformed, acc then unchanged. */
-int qg_usage_anthropic_event(const char *event, size_t elen, const char *data,
+int qg__usage_anthropic_event(const char *event, size_t elen, const char *data,
                              size_t dlen, qg_usage_counts *acc);
 
 /* The two stream readers above, also giving *content_bytes (the event's
- * bytes of generated text, as qg_content_bytes_openai_chunk and
- * qg_content_bytes_anthropic_event count them; 0 when not parsed) from
+ * bytes of generated text, as qg__content_bytes_openai_chunk and
+ * qg__content_bytes_anthropic_event count them; 0 when not parsed) from
  * the same single parse: the proxy reads every stream event this way. */
-int qg_usage_openai_chunk_bytes(const char *data, size_t len,
+int qg__usage_openai_chunk_bytes(const char *data, size_t len,
                                 qg_usage_counts *out, int *is_usage_only,
                                 int64_t *content_bytes);
-int qg_usage_anthropic_event_bytes(const char *event, size_t elen,
+int qg__usage_anthropic_event_bytes(const char *event, size_t elen,
                                    const char *data, size_t dlen,
                                    qg_usage_counts *acc,
                                    int64_t *content_bytes);
@@ -124,7 +124,7 @@ typedef struct qg_request_info {
  * below could not ask for the usage chunk), or (Anthropic) max_tokens is
  * absent; QG_ENOMEM.  So the rewrites below, run on a body accepted
  * here, fail only for lack of memory. */
-int qg_request_fields(const char *body, size_t len, int shape,
+int qg__request_fields(const char *body, size_t len, int shape,
                       qg_request_info *out);
 
 /* Rewrite an OpenAI chat completions request for the upstream.  When
@@ -137,14 +137,29 @@ int qg_request_fields(const char *body, size_t len, int shape,
  * of *outlen bytes plus a NUL, freed by the caller.
  * Returns 0; QG_EINVAL (not a JSON object, "stream" neither boolean nor
  * null, stream_options neither object nor null); QG_ENOMEM. */
-int qg_request_rewrite_openai(const char *body, size_t len, char **out,
+int qg__request_rewrite_openai(const char *body, size_t len, char **out,
                               size_t *outlen, int *added_include_usage,
                               const char *new_model);
 
 /* Replace "model" of a request body of either shape (the Anthropic
- * downgrade).  Ownership and returns as qg_request_rewrite_openai. */
-int qg_request_replace_model(const char *body, size_t len,
+ * downgrade).  Ownership and returns as qg__request_rewrite_openai. */
+int qg__request_replace_model(const char *body, size_t len,
                              const char *new_model, char **out,
                              size_t *outlen);
+
+/* ------------------------------------------------- generated content */
+
+/* Bytes of generated text: an OpenAI chat.completion.chunk payload
+ * (choices[].delta.content and tool call arguments), an Anthropic stream
+ * event's payload (content_block_delta: delta.text, partial_json,
+ * thinking), a whole non-streaming body of either shape (OpenAI:
+ * choices[].message.content and tool call arguments; Anthropic:
+ * content[].text / thinking, tool_use input as JSON).  Bytes of the
+ * decoded UTF-8 text (an escape counts as the bytes it stands for; a
+ * \u0000 counts 1 in a stream event).  0 when there is none or the text
+ * is not JSON. */
+int64_t qg__content_bytes_openai_chunk(const char *data, size_t len);
+int64_t qg__content_bytes_anthropic_event(const char *data, size_t len);
+int64_t qg__content_bytes_json(const char *body, size_t len, int shape);
 
 #endif

@@ -24,7 +24,7 @@ struct qg_auth {
     cache_ent cache[CACHE_SLOTS];
 };
 
-qg_auth *qg_auth_new(qg_ledger *l, const char *env_admin,
+qg_auth *qg__auth_new(qg_ledger *l, const char *env_admin,
                      const char *env_service)
 {
     qg_auth *a = calloc(1, sizeof *a);
@@ -33,17 +33,17 @@ qg_auth *qg_auth_new(qg_ledger *l, const char *env_admin,
     a->ledger = l;
     pthread_mutex_init(&a->mu, NULL);
     if (env_admin && *env_admin) {
-        qg_key_hash(env_admin, strlen(env_admin), a->env_admin);
+        qg__key_hash(env_admin, strlen(env_admin), a->env_admin);
         a->have_env_admin = 1;
     }
     if (env_service && *env_service) {
-        qg_key_hash(env_service, strlen(env_service), a->env_service);
+        qg__key_hash(env_service, strlen(env_service), a->env_service);
         a->have_env_service = 1;
     }
     return a;
 }
 
-void qg_auth_free(qg_auth *a)
+void qg__auth_free(qg_auth *a)
 {
     if (!a)
         return;
@@ -64,7 +64,7 @@ static int has_role(const qg_key_rec *k, void *ud)
     return 0;
 }
 
-int qg_auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out)
+int qg__auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out)
 {
     static const char *const roles[] = {"admin", "service"};
     for (int i = 0; i < 2; i++) {
@@ -74,13 +74,13 @@ int qg_auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out)
         int rc;
         if ((i == 0 && a->have_env_admin) || (i == 1 && a->have_env_service))
             continue;
-        if ((rc = qg_ledger_list_keys(a->ledger, has_role, &f)) != QG_OK)
+        if ((rc = qg__ledger_list_keys(a->ledger, has_role, &f)) != QG_OK)
             return rc;
         if (f.found)
             continue;
-        if ((rc = qg_key_generate(roles[i], "", now_ms, key, sizeof key,
+        if ((rc = qg__key_generate(roles[i], "", now_ms, key, sizeof key,
                                   &rec)) != QG_OK ||
-            (rc = qg_ledger_put_key(a->ledger, &rec)) != QG_OK)
+            (rc = qg__ledger_put_key(a->ledger, &rec)) != QG_OK)
             return rc;
         fprintf(out, "quotagate: generated %s key (shown once, stored only "
                 "as a hash): %s\n", roles[i], key);
@@ -101,7 +101,7 @@ static int role_of(const char *role)
     return QG_ROLE_NONE;
 }
 
-int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
+int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
                      char *subject, size_t cap)
 {
     unsigned char h[QG_KEY_HASH_LEN];
@@ -113,17 +113,17 @@ int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
 
     if (!key || len == 0 || len > 4096)
         return QG_ROLE_NONE;
-    qg_key_hash(key, len, h);
+    qg__key_hash(key, len, h);
     /* Environment keys first: hashes compared in constant time. */
-    if (a->have_env_service && qg_key_hash_equal(h, a->env_service))
+    if (a->have_env_service && qg__key_hash_equal(h, a->env_service))
         return QG_ROLE_SERVICE;
-    if (a->have_env_admin && qg_key_hash_equal(h, a->env_admin))
+    if (a->have_env_admin && qg__key_hash_equal(h, a->env_admin))
         return QG_ROLE_ADMIN;
     if (len != QG_KEY_LEN)
         return QG_ROLE_NONE;
     memcpy(copy, key, len);
     copy[len] = '\0';
-    if (qg_key_parse_id(copy, id, sizeof id) != QG_OK)
+    if (qg__key_parse_id(copy, id, sizeof id) != QG_OK)
         return QG_ROLE_NONE;
     for (const char *p = id; *p; p++)
         slot = slot * 31u + (unsigned char)*p;
@@ -133,7 +133,7 @@ int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
     c = &a->cache[slot];
     if (!c->used || strcmp(c->id, id) != 0 ||
         now_ms - c->loaded_ms >= CACHE_TTL_MS || now_ms < c->loaded_ms) {
-        int rc = qg_ledger_get_key(a->ledger, id, &rec);
+        int rc = qg__ledger_get_key(a->ledger, id, &rec);
         c->used = 1;
         c->loaded_ms = now_ms;
         snprintf(c->id, sizeof c->id, "%s", id);
@@ -145,7 +145,7 @@ int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
     rec = c->rec;
     pthread_mutex_unlock(&a->mu);
 
-    if (rec.id[0] && qg_key_verify(copy, &rec) == 1) {
+    if (rec.id[0] && qg__key_verify(copy, &rec) == 1) {
         role = role_of(rec.role);
         if (role == QG_ROLE_SUBJECT && subject)
             snprintf(subject, cap, "%s", rec.subject);

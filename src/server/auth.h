@@ -22,17 +22,17 @@ enum { QG_ROLE_NONE = 0, QG_ROLE_SUBJECT = 1, QG_ROLE_SERVICE = 2,
        QG_ROLE_ADMIN = 4 };
 
 /* env_admin / env_service may be NULL (then stored or generated keys). */
-qg_auth *qg_auth_new(qg_ledger *l, const char *env_admin,
+qg_auth *qg__auth_new(qg_ledger *l, const char *env_admin,
                      const char *env_service);
-void qg_auth_free(qg_auth *a);
+void qg__auth_free(qg_auth *a);
 
 /* Generate and store admin and service keys that have neither an
  * environment value nor a stored key, printing each once to out. */
-int qg_auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out);
+int qg__auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out);
 
 /* The role of a presented key (QG_ROLE_NONE when unknown or revoked);
  * subject keys copy their subject into subject (cap bytes). */
-int qg_auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
+int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
                      char *subject, size_t cap);
 
 #endif

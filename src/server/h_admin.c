@@ -11,7 +11,7 @@
 static const char *const subject_keys[] = {"subject", "plan", "org",
                                            "billing_anchor", NULL};
 
-void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[320];
     const char *subject = NULL, *plan = NULL, *org = NULL, *anchor = NULL;
@@ -20,15 +20,15 @@ void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
     int rc;
 
     (void)caller;
-    if (!(o = qg_reqjson_parse(r->body, r->body_len, subject_keys, err,
+    if (!(o = qg__reqjson_parse(r->body, r->body_len, subject_keys, err,
                                sizeof err))) {
-        qg_reply_error(s, r, 400, "invalid_request", err);
+        qg__reply_error(s, r, 400, "invalid_request", err);
         return;
     }
-    if (qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "org", 0, 63, &org, err, sizeof err) < 0 ||
-        qg_reqjson_str(o, "billing_anchor", 0, 64, &anchor, err,
+    if (qg__reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
+        qg__reqjson_str(o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
+        qg__reqjson_str(o, "org", 0, 63, &org, err, sizeof err) < 0 ||
+        qg__reqjson_str(o, "billing_anchor", 0, 64, &anchor, err,
                        sizeof err) < 0)
         goto bad;
     if (anchor && qg_iso8601_parse(anchor, &anchor_ms) != 0) {
@@ -42,9 +42,9 @@ void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
     if (rc == QG_EINVAL)
         goto bad;
     if (rc != QG_OK ||
-        (rc = qg_ledger_put_subject(s->ledger, subject, plan, org ? org : "",
-                                    anchor_ms, qg_server_now(s))) != QG_OK) {
-        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+        (rc = qg__ledger_put_subject(s->ledger, subject, plan, org ? org : "",
+                                    anchor_ms, qg__server_now(s))) != QG_OK) {
+        qg__reply_error(s, r, 500, "internal_error", qg_strerror(rc));
         goto out;
     }
     {
@@ -52,20 +52,20 @@ void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
                               "plan", plan,
                               "org", org ? json_string(org) : json_null(),
                               "billing_anchor",
-                              anchor_ms ? qg_json_time(anchor_ms)
+                              anchor_ms ? qg__json_time(anchor_ms)
                                         : json_null());
-        qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+        qg__reply_json(s, r, 200, qg__json_dump_steal(j), NULL, 0);
     }
     goto out;
 bad:
-    qg_reply_error(s, r, 400, "invalid_request", err);
+    qg__reply_error(s, r, 400, "invalid_request", err);
 out:
     json_decref(o);
 }
 
 static const char *const key_keys[] = {"subject", NULL};
 
-void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[320], key[QG_KEY_LEN + 1];
     const char *subject = NULL;
@@ -74,24 +74,24 @@ void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
     int rc;
 
     (void)caller;
-    if (!(o = qg_reqjson_parse(r->body, r->body_len, key_keys, err,
+    if (!(o = qg__reqjson_parse(r->body, r->body_len, key_keys, err,
                                sizeof err)) ||
-        qg_reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
-        qg_reply_error(s, r, 400, "invalid_request", err);
+        qg__reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
+        qg__reply_error(s, r, 400, "invalid_request", err);
         json_decref(o);
         return;
     }
     if (!qg_engine_knows_subject(s->engine, subject)) {
         snprintf(err, sizeof err, "unknown subject \"%s\": create it with "
                  "POST /v1/admin/subjects first", subject);
-        qg_reply_error(s, r, 404, "unknown_subject", err);
+        qg__reply_error(s, r, 404, "unknown_subject", err);
         json_decref(o);
         return;
     }
-    if ((rc = qg_key_generate("subject", subject, qg_server_now(s), key,
+    if ((rc = qg__key_generate("subject", subject, qg__server_now(s), key,
                               sizeof key, &rec)) != QG_OK ||
-        (rc = qg_ledger_put_key(s->ledger, &rec)) != QG_OK) {
-        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+        (rc = qg__ledger_put_key(s->ledger, &rec)) != QG_OK) {
+        qg__reply_error(s, r, 500, "internal_error", qg_strerror(rc));
         json_decref(o);
         return;
     }
@@ -99,16 +99,16 @@ void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
                   "subject", subject, "note",
                   "shown once: quotagate keeps only its hash");
     memset(key, 0, sizeof key);
-    qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+    qg__reply_json(s, r, 200, qg__json_dump_steal(j), NULL, 0);
     json_decref(o);
 }
 
 /* Answered by the reloader (reload.c) on this worker once the file is
  * loaded: this thread goes on serving meanwhile. */
-void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    if (qg_reloader_request(s->reloader, r) != QG_OK)
-        qg_reply_error(s, r, 503, "overloaded",
+    if (qg__reloader_request(s->reloader, r) != QG_OK)
+        qg__reply_error(s, r, 503, "overloaded",
                        "out of memory: the reload was not started");
 }

@@ -53,7 +53,7 @@
 #include "json_out.h"
 #include "metrics.h"
 #include "rules.h"
-#include "server.h"
+#include "gate.h"
 
 #define ERRCAP 320
 #define NEXTRA 6
@@ -67,7 +67,7 @@ static int header_str(const qg_http_req *r, const char *name, char *buf,
                       size_t cap)
 {
     size_t n;
-    const char *v = qg_http_header_get(r, name, &n);
+    const char *v = qg__http_header_get(r, name, &n);
     if (!v)
         return 0;
     while (n && (*v == ' ' || *v == '\t')) {
@@ -98,7 +98,7 @@ static int client_key(const qg_http_req *r, char *buf, size_t cap)
             return 0;
         if (strlen(k) >= cap)
             return -1;
-        qg_row_copy(buf, cap, k);
+        qg__row_copy(buf, cap, k);
         return 1;
     }
     return header_str(r, "x-api-key", buf, cap);
@@ -194,14 +194,14 @@ static void answer(qg_server *s, qg_http_req *r, int nginx, int status,
             all[n++] = (qg_http_out_header){"X-Quotagate-Body", ascii};
         status = 403;
     }
-    qg_reply_json(s, r, status, json, all, n);
+    qg__reply_json(s, r, status, json, all, n);
     free(ascii);
 }
 
 static void fail(qg_server *s, qg_http_req *r, int nginx, int status,
                  const char *type, const char *message)
 {
-    answer(s, r, nginx, status, qg_json_error(type, message), NULL, 0);
+    answer(s, r, nginx, status, qg__json_error(type, message), NULL, 0);
 }
 
 static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
@@ -257,216 +257,225 @@ static void refresh_views(qg_server *s, const char *subject, int64_t now,
     free(u);
 }
 
-void qg_h_authz(qg_server *s, qg_http_req *r, const char *caller)
+/* What a forward-auth call asks for, from its headers. */
+typedef struct authz_req {
+    char subject[256], rid[256], model[QG_NAME_MAX];
+    int has_model;
+    int64_t in_tokens, max_out, weight;
+} authz_req;
+
+/* Why it cannot be decided: the answer to send instead. */
+typedef struct authz_fail {
+    int status;
+    const char *type;
+    char msg[ERRCAP];
+} authz_fail;
+
+static int refuse(authz_fail *f, int status, const char *type,
+                  const char *msg)
 {
-    char err[ERRCAP], svc[1024], ckey[1024], subject[256], rid[256];
-    char model[QG_NAME_MAX], num[64], wtext[64];
-    int64_t in_tokens = 0, max_out = -1, weight = 1000, now;
-    int nginx, rc, role, has_subject, has_svc, has_model, has_weight;
-    qg_check_req req;
-    qg_decision dbuf, *d = &dbuf;
+    f->status = status;
+    f->type = type;
+    snprintf(f->msg, sizeof f->msg, "%s", msg);
+    return -1;
+}
+
+/* The caller (the service key) and the subject (named, or the client's
+ * own key).  0, or -1 with *f filled. */
+static int authz_who(qg_server *s, qg_http_req *r, int64_t now,
+                     authz_req *q, authz_fail *f)
+{
+    char svc[1024], ckey[1024], who[256] = "";
+    int has_subject, has_svc, role;
+
+    has_subject = header_str(r, "x-quotagate-subject", q->subject,
+                             sizeof q->subject);
+    if (has_subject < 0)
+        return refuse(f, 400, "invalid_request",
+                      "X-Quotagate-Subject is longer than 255 bytes");
+    has_svc = header_str(r, "x-quotagate-key", svc, sizeof svc);
+    if (has_svc <= 0 && has_subject > 0)
+        has_svc = client_key(r, svc, sizeof svc);
+    if (has_svc <= 0)
+        return refuse(f, 401, "unauthorized",
+                      "the service key is required: X-Quotagate-Key: KEY");
+    role = qg__auth_identify(s->auth, svc, strlen(svc), now, NULL, 0);
+    if (!is_service(role))
+        return refuse(f, 401, "unauthorized",
+                      "the service key is not valid (X-Quotagate-Key)");
+    if (has_subject > 0)
+        return 0;
+    if (client_key(r, ckey, sizeof ckey) <= 0)
+        return refuse(f, 401, "unauthorized",
+                      "no subject: the client's API key is required "
+                      "(Authorization: Bearer KEY or x-api-key: KEY), or "
+                      "X-Quotagate-Subject");
+    role = qg__auth_identify(s->auth, ckey, strlen(ckey), now, who,
+                             sizeof who);
+    if (role != QG_ROLE_SUBJECT || !who[0])
+        return refuse(f, 401, "unauthorized",
+                      role == QG_ROLE_NONE
+                          ? "the client's API key is not valid (unknown or "
+                            "revoked)"
+                          : "the client's API key is not a subject key");
+    qg__row_copy(q->subject, sizeof q->subject, who);
+    return 0;
+}
+
+/* A token count header into *out (absent: left as it is).  0 or -1. */
+static int token_header(qg_http_req *r, const char *name, const char *label,
+                        int64_t *out, authz_fail *f)
+{
+    char num[64], msg[ERRCAP];
+    int rc = header_str(r, name, num, sizeof num);
+    if (rc > 0)
+        rc = parse_int(num, QG_TOKENS_MAX, out);
+    if (rc == -2)
+        return refuse(f, 400, "out_of_range",
+                      bound_msg(msg, sizeof msg, label, QG_TOKENS_MAX,
+                                "a token count"));
+    if (rc < 0) {
+        snprintf(msg, sizeof msg, "%s must be an integer >= 0", label);
+        return refuse(f, 400, "invalid_request", msg);
+    }
+    return 0;
+}
+
+/* The request id and what it weighs (a weight, or a model with token
+ * counts; 1 point by default).  0, or -1 with *f filled. */
+static int authz_what(qg_http_req *r, int64_t now, authz_req *q,
+                      authz_fail *f)
+{
+    char num[64], msg[ERRCAP];
+    int rc = header_str(r, "x-request-id", q->rid, sizeof q->rid);
+    int has_weight;
+    if (rc < 0)
+        return refuse(f, 400, "invalid_request",
+                      "X-Request-Id is longer than 255 bytes");
+    if (rc == 0)
+        snprintf(q->rid, sizeof q->rid, "authz-%lld-%llu", (long long)now,
+                 (unsigned long long)atomic_fetch_add(&authz_counter, 1) + 1);
+    has_weight = header_str(r, "x-quotagate-weight", num, sizeof num);
+    if (has_weight > 0 && (rc = parse_milli(num, &q->weight)) == -2)
+        return refuse(f, 400, "out_of_range",
+                      bound_msg(msg, sizeof msg, "X-Quotagate-Weight",
+                                QG_AMOUNT_MAX_MILLI / QG_MILLI,
+                                "one request's weight"));
+    if (has_weight < 0 || (has_weight > 0 && rc < 0))
+        return refuse(f, 400, "invalid_request",
+                      "X-Quotagate-Weight must be a number >= 0 with at "
+                      "most 3 decimals");
+    q->has_model = header_str(r, "x-quotagate-model", q->model,
+                              sizeof q->model);
+    if (q->has_model < 0)
+        return refuse(f, 400, "invalid_request",
+                      "X-Quotagate-Model is too long");
+    if (q->has_model > 0 && has_weight > 0)
+        return refuse(f, 400, "invalid_request",
+                      "give either X-Quotagate-Model (with "
+                      "X-Quotagate-Input-Tokens and "
+                      "X-Quotagate-Max-Output-Tokens) or "
+                      "X-Quotagate-Weight");
+    if (q->has_model > 0 &&
+        (token_header(r, "x-quotagate-input-tokens",
+                      "X-Quotagate-Input-Tokens", &q->in_tokens, f) < 0 ||
+         token_header(r, "x-quotagate-max-output-tokens",
+                      "X-Quotagate-Max-Output-Tokens", &q->max_out, f) < 0))
+        return -1;
+    return 0;
+}
+
+/* Decide a (filled from q), and when admitted settle at once: one phase. */
+static void authz_decide(qg_server *s, qg_http_req *r, const authz_req *q,
+                         qg__admit *a)
+{
+    qg_decision *d = &a->d;
+    a->req = (qg_check_req){.subject = q->subject, .request_id = q->rid,
+                            .model = q->has_model > 0 ? q->model : NULL,
+                            .input_tokens = q->in_tokens,
+                            .max_output_tokens = q->max_out,
+                            .weight_milli = q->has_model > 0 ? 0 : q->weight};
+    a->row_output_tokens = q->has_model > 0
+                               ? (q->max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                                 : q->max_out)
+                               : 0;
+    a->estimated = 0;
+    qg__gate_decide(s, a);
+    if (a->rc != QG_OK)
+        return;
+    qg__gate_record(s, a, NULL);
+    if (!d->replayed && d->outcome == QG_ALLOW) {
+        qg__settle st;
+        memset(&st, 0, sizeof st);
+        st.req = (qg_settle_req){.request_id = q->rid,
+                                 .status = QG_SETTLE_COMPLETED,
+                                 .input_tokens = q->in_tokens,
+                                 .output_tokens = a->row_output_tokens,
+                                 .weight_milli = -1};
+        st.row_subject = q->subject;
+        st.estimated = q->has_model > 0;
+        if (qg__gate_settle(s, &st, r->worker, NULL, NULL) == QG_OK)
+            refresh_views(s, q->subject, a->now_ms, d);
+        else
+            fprintf(stderr, "quotagate: authz: settle of %s: %s\n", q->rid,
+                    st.err);
+    }
+}
+
+/* A weight in points as text without trailing zeros ("1.5"). */
+static void weight_text(int64_t w, char *buf, size_t cap)
+{
+    int len;
+    if (w % 1000 == 0) {
+        snprintf(buf, cap, "%lld", (long long)(w / 1000));
+        return;
+    }
+    len = snprintf(buf, cap, "%lld.%03lld", (long long)(w / 1000),
+                   (long long)(w % 1000));
+    while (len > 0 && buf[len - 1] == '0')
+        buf[--len] = '\0';
+}
+
+void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
+{
+    authz_req q = {.max_out = -1, .weight = 1000};
+    authz_fail f;
+    char wtext[64];
+    qg__admit *a;
     qg_hdr_buf hb;
-    qg_ledger_row row, prior;     /* prior: a replay from the ledger */
     qg_http_out_header extra[QG_HDR_MAX + NEXTRA];
-    const qg_rules *rules;
-    int n;
+    int nginx, n = 0;
+    int64_t now = qg__server_now(s);
 
     (void)caller;
-    nginx = parse_mode(r->query);
-    if (nginx < 0) {
+    if ((nginx = parse_mode(r->query)) < 0) {
         fail(s, r, 0, 400, "invalid_request",
              "mode must be nginx (or absent)");
         return;
     }
-    now = qg_server_now(s);
-
-    /* the service key */
-    has_subject = header_str(r, "x-quotagate-subject", subject,
-                             sizeof subject);
-    if (has_subject < 0) {
-        fail(s, r, nginx, 400, "invalid_request",
-             "X-Quotagate-Subject is longer than 255 bytes");
+    if (authz_who(s, r, now, &q, &f) < 0 || authz_what(r, now, &q, &f) < 0) {
+        fail(s, r, nginx, f.status, f.type, f.msg);
         return;
     }
-    has_svc = header_str(r, "x-quotagate-key", svc, sizeof svc);
-    if (has_svc <= 0 && has_subject > 0)
-        has_svc = client_key(r, svc, sizeof svc);
-    if (has_svc <= 0) {
-        fail(s, r, nginx, 401, "unauthorized",
-             "the service key is required: X-Quotagate-Key: KEY");
+    if (!(a = malloc(sizeof *a))) {
+        fail(s, r, nginx, 503, "overloaded", "out of memory");
         return;
     }
-    role = qg_auth_identify(s->auth, svc, strlen(svc), now, NULL, 0);
-    if (!is_service(role)) {
-        fail(s, r, nginx, 401, "unauthorized",
-             "the service key is not valid (X-Quotagate-Key)");
+    authz_decide(s, r, &q, a);
+    if (a->rc != QG_OK) {
+        fail_engine(s, r, nginx, a->rc, a->err);
+        free(a);
         return;
     }
-
-    /* the subject */
-    if (has_subject <= 0) {
-        char who[256] = "";
-        rc = client_key(r, ckey, sizeof ckey);
-        if (rc <= 0) {
-            fail(s, r, nginx, 401, "unauthorized",
-                 "no subject: the client's API key is required "
-                 "(Authorization: Bearer KEY or x-api-key: KEY), or "
-                 "X-Quotagate-Subject");
-            return;
-        }
-        role = qg_auth_identify(s->auth, ckey, strlen(ckey), now, who,
-                                sizeof who);
-        if (role != QG_ROLE_SUBJECT || !who[0]) {
-            fail(s, r, nginx, 401, "unauthorized",
-                 role == QG_ROLE_NONE
-                     ? "the client's API key is not valid (unknown or "
-                       "revoked)"
-                     : "the client's API key is not a subject key");
-            return;
-        }
-        qg_row_copy(subject, sizeof subject, who);
-    }
-
-    /* the request id */
-    rc = header_str(r, "x-request-id", rid, sizeof rid);
-    if (rc < 0) {
-        fail(s, r, nginx, 400, "invalid_request",
-             "X-Request-Id is longer than 255 bytes");
-        return;
-    }
-    if (rc == 0)
-        snprintf(rid, sizeof rid, "authz-%lld-%llu", (long long)now,
-                 (unsigned long long)atomic_fetch_add(&authz_counter, 1) + 1);
-
-    /* the weight */
-    has_weight = header_str(r, "x-quotagate-weight", num, sizeof num);
-    if (has_weight < 0 ||
-        (has_weight > 0 && (rc = parse_milli(num, &weight)) < 0)) {
-        if (has_weight > 0 && rc == -2)
-            fail(s, r, nginx, 400, "out_of_range",
-                 bound_msg(err, sizeof err, "X-Quotagate-Weight",
-                               QG_AMOUNT_MAX_MILLI / QG_MILLI, "one "
-                               "request's weight"));
-        else
-            fail(s, r, nginx, 400, "invalid_request",
-                 "X-Quotagate-Weight must be a number >= 0 with at most 3 "
-                 "decimals");
-        return;
-    }
-    has_model = header_str(r, "x-quotagate-model", model, sizeof model);
-    if (has_model < 0) {
-        fail(s, r, nginx, 400, "invalid_request",
-             "X-Quotagate-Model is too long");
-        return;
-    }
-    if (has_model > 0 && has_weight > 0) {
-        fail(s, r, nginx, 400, "invalid_request",
-             "give either X-Quotagate-Model (with X-Quotagate-Input-Tokens "
-             "and X-Quotagate-Max-Output-Tokens) or X-Quotagate-Weight");
-        return;
-    }
-    if (has_model > 0) {
-        rc = header_str(r, "x-quotagate-input-tokens", num, sizeof num);
-        if (rc > 0)
-            rc = parse_int(num, QG_TOKENS_MAX, &in_tokens);
-        if (rc < 0) {
-            if (rc == -2)
-                fail(s, r, nginx, 400, "out_of_range",
-                     bound_msg(err, sizeof err, "X-Quotagate-Input-Tokens",
-                                   QG_TOKENS_MAX, "a token count"));
-            else
-                fail(s, r, nginx, 400, "invalid_request",
-                     "X-Quotagate-Input-Tokens must be an integer >= 0");
-            return;
-        }
-        rc = header_str(r, "x-quotagate-max-output-tokens", num, sizeof num);
-        if (rc > 0)
-            rc = parse_int(num, QG_TOKENS_MAX, &max_out);
-        if (rc < 0) {
-            if (rc == -2)
-                fail(s, r, nginx, 400, "out_of_range",
-                     bound_msg(err, sizeof err,
-                                   "X-Quotagate-Max-Output-Tokens",
-                                   QG_TOKENS_MAX, "a token count"));
-            else
-                fail(s, r, nginx, 400, "invalid_request",
-                     "X-Quotagate-Max-Output-Tokens must be an integer >= 0");
-            return;
-        }
-    }
-    if (qg_ledger_queued(s->ledger) + 1024 >= 65536) {
-        fail(s, r, nginx, 503, "overloaded",
-             "the ledger is behind; retry shortly");
-        return;
-    }
-
-    /* decide */
-    req = (qg_check_req){.subject = subject, .request_id = rid,
-                         .model = has_model > 0 ? model : NULL,
-                         .input_tokens = in_tokens,
-                         .max_output_tokens = max_out,
-                         .weight_milli = has_model > 0 ? 0 : weight};
-    rc = qg_server_check(s, &req, now, d, &prior, err, sizeof err);
-    if (rc != QG_OK) {
-        fail_engine(s, r, nginx, rc, err);
-        return;
-    }
-    rules = qg_engine_rules(s->engine);
-    qg_metrics_record(s->metrics, d);
-    if (!d->replayed) {
-        qg_row_of_decision(&row, d, rid, subject, in_tokens,
-                           has_model > 0
-                               ? (max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
-                                              : max_out)
-                               : 0);
-        if (qg_ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
-            fprintf(stderr, "quotagate: ledger queue full: the row of "
-                    "request %s was not queued\n", rid);
-        if (d->outcome == QG_ALLOW) {
-            /* one phase: settle at once at the reserved weight */
-            qg_settle_result res;
-            qg_settle_req sr = {.request_id = rid,
-                                .status = QG_SETTLE_COMPLETED,
-                                .input_tokens = row.input_tokens,
-                                .output_tokens = row.output_tokens,
-                                .weight_milli = -1};
-            if (qg_engine_settle(s->engine, &sr, now, &res, err,
-                                 sizeof err) == QG_OK) {
-                qg_ledger_row srow;
-                qg_metrics_settle(s->metrics, &res);
-                qg_row_of_settle(&srow, rid, subject, QG_ROW_COMPLETED,
-                                 row.input_tokens, row.output_tokens, &res,
-                                 now);
-                srow.estimated = has_model > 0;
-                if (qg_ledger_submit(s->ledger, &srow, NULL, NULL) != QG_OK)
-                    fprintf(stderr, "quotagate: ledger queue full: the "
-                            "settle of request %s was not queued\n", rid);
-                refresh_views(s, subject, now, d);
-            } else {
-                fprintf(stderr, "quotagate: authz: settle of %s: %s\n", rid,
-                        err);
-            }
-        }
-    }
-    if (qg_headers_for_decision(d, rules, now, &hb) < 0)
-        hb.n = 0;
-    n = 0;
+    qg__gate_headers(s, a, &hb);
     for (int i = 0; i < hb.n; i++)
         extra[n++] = hb.h[i];
-    {
-        int64_t w = d->weight_milli;
-        if (w % 1000 == 0)
-            snprintf(wtext, sizeof wtext, "%lld", (long long)(w / 1000));
-        else {
-            int len = snprintf(wtext, sizeof wtext, "%lld.%03lld",
-                               (long long)(w / 1000), (long long)(w % 1000));
-            while (len > 0 && wtext[len - 1] == '0')
-                wtext[--len] = '\0';
-        }
-    }
-    extra[n++] = (qg_http_out_header){"X-Quotagate-Subject", subject};
+    weight_text(a->d.weight_milli, wtext, sizeof wtext);
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Subject", q.subject};
     extra[n++] = (qg_http_out_header){"X-Quotagate-Weight", wtext};
-    extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", rid};
-    answer(s, r, nginx, d->outcome == QG_ALLOW ? 200 : 429,
-           qg_json_check(d, rid, rules->unit), extra, n);
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", q.rid};
+    answer(s, r, nginx, a->d.outcome == QG_ALLOW ? 200 : 429,
+           qg__json_check(&a->d, q.rid, qg_engine_rules(s->engine)->unit),
+           extra, n);
+    free(a);
 }

@@ -7,10 +7,10 @@
 #include "metrics.h"
 #include "server.h"
 
-void qg_h_usage(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
 {
     const char *subject = caller;
-    int64_t now = qg_server_now(s);
+    int64_t now = qg__server_now(s);
     qg_decision *d;
     char msg[320];
     int rc;
@@ -19,45 +19,45 @@ void qg_h_usage(qg_server *s, qg_http_req *r, const char *caller)
         subject = r->path + 10;
         /* a subject key reads only its own usage */
         if (caller && strcmp(caller, subject) != 0) {
-            qg_reply_error(s, r, 403, "forbidden",
+            qg__reply_error(s, r, 403, "forbidden",
                            "a subject key reads only its own usage");
             return;
         }
     }
     if (!subject || !*subject || strlen(subject) > 255) {
-        qg_reply_error(s, r, 400, "invalid_request", "no subject");
+        qg__reply_error(s, r, 400, "invalid_request", "no subject");
         return;
     }
     if (!(d = malloc(sizeof *d))) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
     rc = qg_engine_usage(s->engine, subject, now, d);
     if (rc == QG_ENOSUBJECT) {
         snprintf(msg, sizeof msg, "unknown subject \"%s\"", subject);
-        qg_reply_error(s, r, 404, "unknown_subject", msg);
+        qg__reply_error(s, r, 404, "unknown_subject", msg);
     } else if (rc != QG_OK) {
-        qg_reply_error(s, r, 500, "internal_error", qg_strerror(rc));
+        qg__reply_error(s, r, 500, "internal_error", qg_strerror(rc));
     } else {
-        qg_reply_json(s, r, 200,
-                      qg_json_usage(d, subject, now,
+        qg__reply_json(s, r, 200,
+                      qg__json_usage(d, subject, now,
                                     qg_engine_rules(s->engine)->unit),
                       NULL, 0);
     }
     free(d);
 }
 
-void qg_h_plans(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_plans(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg_reply_json(s, r, 200, qg_json_plans(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200, qg__json_plans(qg_engine_rules(s->engine)),
                   NULL, 0);
 }
 
-void qg_h_weights(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_weights(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg_reply_json(s, r, 200, qg_json_weights(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200, qg__json_weights(qg_engine_rules(s->engine)),
                   NULL, 0);
 }
 
@@ -66,7 +66,7 @@ void qg_h_weights(qg_server *s, qg_http_req *r, const char *caller)
  * write that succeeds).  The memory store is never down and has no
  * fallback.  Before issue 8 "ledger" carried the state ("ok"|"errors");
  * it now names the backend, as the contract says (docs/api.md). */
-void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_healthz(qg_server *s, qg_http_req *r, const char *caller)
 {
     qg_store_stats st;
     qg_ledger_stats ls;
@@ -74,7 +74,7 @@ void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
 
     (void)caller;
     qg_store_stats_get(s->store, &st);
-    qg_ledger_stats_get(s->ledger, &ls);
+    qg__ledger_stats_get(s->ledger, &ls);
     j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I,"
                   " s:I}",
                   "status", ls.failing ? "degraded" : "ok",
@@ -91,10 +91,10 @@ void qg_h_healthz(qg_server *s, qg_http_req *r, const char *caller)
                   "rebuild_ms", (json_int_t)s->rebuild_ms);
     if (j && ls.failing)
         json_object_set_new(j, "ledger_error", json_string(ls.last_error));
-    qg_reply_json(s, r, 200, qg_json_dump_steal(j), NULL, 0);
+    qg__reply_json(s, r, 200, qg__json_dump_steal(j), NULL, 0);
 }
 
-void qg_h_metrics(qg_server *s, qg_http_req *r, const char *caller)
+void qg__h_metrics(qg_server *s, qg_http_req *r, const char *caller)
 {
     qg_metrics_gauges g;
     qg_store_stats st;
@@ -104,15 +104,15 @@ void qg_h_metrics(qg_server *s, qg_http_req *r, const char *caller)
 
     (void)caller;
     qg_store_stats_get(s->store, &st);
-    qg_ledger_stats_get(s->ledger, &ls);
-    qg_http_server_stats(s->http, &hs);
-    qg_server_gauges(s, &st, &ls, &hs, &g);
-    text = qg_metrics_render(s->metrics, &g);
+    qg__ledger_stats_get(s->ledger, &ls);
+    qg__http_server_stats(s->http, &hs);
+    qg__server_gauges(s, &st, &ls, &hs, &g);
+    text = qg__metrics_render(s->metrics, &g);
     if (!text) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
+        qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
-    qg_http_respond(r, 200, NULL, 0, "text/plain; version=0.0.4", text,
+    qg__http_respond(r, 200, NULL, 0, "text/plain; version=0.0.4", text,
                     strlen(text));
     free(text);
 }

@@ -27,7 +27,7 @@ static char *put_u64(char *o, uint64_t v)
     return o;
 }
 
-size_t qg_go_duration(int64_t ms, char *buf, size_t cap)
+size_t qg__go_duration(int64_t ms, char *buf, size_t cap)
 {
     char tmp[48], *o = tmp;
     uint64_t u = ms < 0 ? (uint64_t)0 - (uint64_t)ms : (uint64_t)ms;
@@ -203,7 +203,7 @@ static const qg_window_spec *spec_of(const qg_rules *r, const qg_decision *d,
     if (!r || !v->name)
         return NULL;
     if (v->org) {
-        int o = d->org ? qg_rules_find_org(r, d->org) : -1;
+        int o = d->org ? qg__rules_find_org(r, d->org) : -1;
         if (o < 0)
             return NULL;
         for (int i = 0; i < r->orgs[o].nwindows; i++)
@@ -211,8 +211,8 @@ static const qg_window_spec *spec_of(const qg_rules *r, const qg_decision *d,
                 return &r->orgs[o].windows[i];
         return NULL;
     }
-    int p = d->plan ? qg_rules_find_plan(r, d->plan) : -1;
-    return p < 0 ? NULL : qg_plan_find_window(&r->plans[p], v->name);
+    int p = d->plan ? qg__rules_find_plan(r, d->plan) : -1;
+    return p < 0 ? NULL : qg__plan_find_window(&r->plans[p], v->name);
 }
 
 /* The policy's w= in seconds, or -1 to omit it: rolling and session
@@ -229,15 +229,15 @@ static int64_t window_seconds(const qg_decision *d, const qg_window_view *v,
     case QG_WIN_ROLLING:
     case QG_WIN_SESSION:
     case QG_WIN_RATE:
-        return s->length_ms > 0 ? qg_ceil_div(s->length_ms, 1000) : -1;
+        return s->length_ms > 0 ? qg__ceil_div(s->length_ms, 1000) : -1;
     case QG_WIN_CALENDAR:
         /* The current period's real length: 23 or 25 hours on DST days,
          * 28 to 31 days for months (billing anchors are the member's). */
         at = v->reset_at_ms > 0 ? v->reset_at_ms - 1 : now_ms;
-        if (qg_calendar_period(&s->cal, v->org ? 0 : d->anchor_ms, at, &start,
+        if (qg__calendar_period(&s->cal, v->org ? 0 : d->anchor_ms, at, &start,
                                &end) != 0)
             return -1;
-        return qg_ceil_div(end - start, 1000);
+        return qg__ceil_div(end - start, 1000);
     default:
         return -1;
     }
@@ -248,12 +248,12 @@ static int64_t secs_until(int64_t at_ms, int64_t now_ms)
 {
     if (at_ms <= 0 || at_ms <= now_ms)
         return 0;
-    return qg_ceil_div(at_ms - now_ms, 1000);
+    return qg__ceil_div(at_ms - now_ms, 1000);
 }
 
 /* Index of the view with the least remaining among those of the wanted
  * unit (concurrency excluded), or -1. */
-static int least_remaining(const qg_decision *d, int unit)
+static int least_remaining(const qg_decision *d, qg_unit unit)
 {
     int best = -1;
     for (int i = 0; i < d->nviews; i++) {
@@ -276,7 +276,7 @@ static void openai_family(writer *w, const qg_decision *d, int64_t now_ms,
         return;
     const qg_window_view *v = &d->views[i];
     int64_t until = v->reset_at_ms > now_ms ? v->reset_at_ms - now_ms : 0;
-    qg_go_duration(until, dur, sizeof dur);
+    qg__go_duration(until, dur, sizeof dur);
     header_i64(w, names[0], v->limit_milli / 1000);
     header_i64(w, names[1], v->remaining_milli / 1000);
     header_str(w, names[2], dur);
@@ -289,7 +289,7 @@ static const char *const tokens_names[3] = {
     "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens",
     "x-ratelimit-reset-tokens"};
 
-int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
+int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
                             int64_t now_ms, qg_hdr_buf *out)
 {
     writer w = {out, 0, 0};
@@ -335,7 +335,7 @@ int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
 
     if (d->outcome == QG_REJECT) {
         int64_t ra = d->retry_after_ms > 0 ? d->retry_after_ms : 0;
-        header_i64(&w, "Retry-After", qg_ceil_div(ra, 1000));
+        header_i64(&w, "Retry-After", qg__ceil_div(ra, 1000));
         header_i64(&w, "retry-after-ms", ra);
         header_str(&w, "x-should-retry", ra <= 60000 ? "true" : "false");
     } else if (d->outcome == QG_REJECT_NEVER) {

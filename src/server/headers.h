@@ -54,13 +54,13 @@ typedef struct qg_hdr_buf {
  * now_ms.  r is the rules d was decided with (for window lengths; may be
  * NULL, then no w= is written).  Returns the number of headers, or -1 when
  * they would not fit in out (out->n is then 0). */
-int qg_headers_for_decision(const qg_decision *d, const qg_rules *r,
+int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
                             int64_t now_ms, qg_hdr_buf *out);
 
 /* Format ms as Go's time.Duration.String() does: "0s", "20ms", "1.5s",
  * "6m0s", "1h0m0s", "25h1m1.001s"; negative values get a leading '-'.
  * Writes at most cap bytes including the NUL (truncating); returns the
  * length of the full string, as snprintf does. */
-size_t qg_go_duration(int64_t ms, char *buf, size_t cap);
+size_t qg__go_duration(int64_t ms, char *buf, size_t cap);
 
 #endif

@@ -1,15 +1,14 @@
 /* json_out.h - the JSON bodies of the HTTP API (PRODUCT.md section 4).
  *
  * One function per body, each returning a NUL-terminated compact JSON text
- * the caller releases with free(); NULL means out of memory.  The json_t
- * builders (qg_json_window, qg_json_milli) return a new reference the caller
- * owns (json_decref).  No function keeps a pointer to its arguments.
+ * the caller releases with free(); NULL means out of memory.  No function
+ * keeps a pointer to its arguments.
  *
  * Numbers: quantities are int64 milli-units everywhere inside quotagate;
  * they become JSON numbers only here.  A whole value is written as an
  * integer ("400"), any other as a decimal with exactly its digits ("16.5",
  * "0.000125"): reals are dumped with 15 significant digits
- * (QG_JSON_DUMP_FLAGS), which round-trips every decimal of up to 15
+ * (QG_JSON_DUMP_FLAGS, json_text.h), which round-trips every decimal of up to 15
  * digits, so what is printed is the exact milli (or micro) value.
  *
  * Bodies:
@@ -55,42 +54,22 @@
 #include "quotagate.h"
 #include "rules.h"
 
-#define QG_JSON_DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(15))
+/* The bodies (each a malloc'ed text): decisions and errors in
+ * json_decision.c, the rules' descriptions in json_rules.c.  The atoms
+ * and the writer they share are json_text.h's. */
+#include "json_text.h"
 
-/* v / 10^scale as a JSON number: an integer when whole, else a real whose
- * 15-digit dump is exactly the decimal.  New reference, NULL on ENOMEM. */
-json_t *qg_json_scaled(int64_t v, int scale_digits);
-/* qg_json_scaled(v, 3): milli-units as units. */
-json_t *qg_json_milli(int64_t v);
-/* ISO 8601 string of ms, or JSON null when ms is 0. */
-json_t *qg_json_time(int64_t ms);
-
-/* One window object (see above).  unit_name is the rules' unit, NULL for
- * "weight points".  New reference, NULL on ENOMEM. */
-json_t *qg_json_window(const qg_window_view *v, const char *unit_name);
-
-/* Dump j with QG_JSON_DUMP_FLAGS and release it (steals the reference;
- * j may be NULL).  Returns malloc'd text or NULL. */
-char *qg_json_dump_steal(json_t *j);
-
-/* /v1/check body for d, allowed or refused; request_id as sent. */
-char *qg_json_check(const qg_decision *d, const char *request_id,
+char *qg__json_check(const qg_decision *d, const char *request_id,
                     const char *unit_name);
 /* /v1/settle body. */
-char *qg_json_settle(const qg_settle_result *s, const char *request_id);
+char *qg__json_settle(const qg_settle_result *s, const char *request_id);
 /* /v1/usage body of subject, from qg_engine_usage() at now_ms. */
-char *qg_json_usage(const qg_decision *d, const char *subject,
+char *qg__json_usage(const qg_decision *d, const char *subject,
                     int64_t now_ms, const char *unit_name);
 /* /v1/plans and /v1/weights from the rules. */
-char *qg_json_plans(const qg_rules *r);
-char *qg_json_weights(const qg_rules *r);
+char *qg__json_plans(const qg_rules *r);
+char *qg__json_weights(const qg_rules *r);
 /* {"error":{"type","message"}}. */
-char *qg_json_error(const char *type, const char *message);
-
-/* Static names used in bodies: "rolling".., "member"/"org",
- * "completed".., "reject".. ("?" when unknown). */
-const char *qg_json_win_type_name(int type);
-const char *qg_json_settle_status_name(int status);
-const char *qg_json_policy_name(int policy);
+char *qg__json_error(const char *type, const char *message);
 
 #endif

@@ -7,88 +7,49 @@
  * rules version, they map (plan index, window id) to a series pointer in
  * one array lookup.  A reload builds a new table over the same series
  * (found by name), publishes it with an atomic store and retires the old
- * one (kept until qg_metrics_free, so a concurrent reader is never left
- * with freed memory).  See metrics.h for the exported families. */
+ * one (kept until qg__metrics_free, so a concurrent reader is never left
+ * with freed memory).  See metrics.h for the exported families; their
+ * text is metrics_render.c's. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "fixed.h"
-#include "metrics.h"
+#include "metrics_internal.h"
 
-#define NOUT 3
-
-typedef struct series {
-    _Atomic uint64_t n[NOUT];      /* by QG_M_* outcome */
-    char *window;                  /* window name, or "none" */
-    unsigned char base;            /* outcome bit set: shown even at 0 */
-} series;
-
-typedef struct block {
-    char *plan;
-    series **s;
-    int n, cap;
-} block;
-
-typedef struct table {
-    int nplans, norgs, nids;       /* window ids 0..nids-1; nids = none */
-    series **cell;                 /* [plan * (nids + 1) + id] */
-    int *plan_first, *plan_n;      /* plan p's window k: ids[plan_first+k] */
-    int *org_first, *org_n;
-    int *ids;
-    const char **plan_ptr;         /* the rules' name pointers (compared, */
-    const char **org_ptr;          /* never dereferenced) */
-    char **plan_name;              /* our copies */
-    char **org_name;
-    char *rules_version, *weights_version;
-    struct table *retired;         /* the table this one replaced */
-} table;
-
-static const int codes[] = {200, 201, 204, 304, 400, 401, 403, 404, 405,
+const int qg__metrics_codes[NCODES] = {200, 201, 204, 304, 400, 401, 403, 404, 405,
                             408, 409, 413, 415, 422, 429, 431, 499, 500,
                             502, 503, 504};
-#define NCODES ((int)(sizeof codes / sizeof codes[0]))
-
-static const char *const route_names[QG_ROUTE_COUNT] = {
-    "check",   "settle", "usage",   "plans",   "weights",
-    "authz",   "chat_completions",  "messages", "admin",
-    "metrics", "healthz", "console", "other"};
-
-static const char *const outcome_names[NOUT] = {"allow", "reject",
-                                                "reject_never"};
-
-struct qg_metrics {
-    _Atomic(table *) cur;
-    pthread_mutex_t lock;          /* rules swaps, renders, blocks */
-    block **blocks;
-    int nblocks, capblocks;
-    _Atomic uint64_t settles[4];   /* by qg_settle_status */
-    _Atomic uint64_t mismatch[2];  /* over, under */
-    _Atomic uint64_t anomaly[QG_ANOMALY_COUNT];
-    _Atomic uint64_t mismatch_milli[2];
-    _Atomic uint64_t overage_milli;   /* payg, final at settle */
-    _Atomic uint64_t overage_micro;
-    _Atomic uint64_t http[QG_ROUTE_COUNT][NCODES + 1]; /* last: other */
-};
 
 /* -------------------------------------------------------------- series */
 
+/* Room for one more pointer in a growable array (*items of *cap, n
+ * used).  0, or -1 out of memory. */
+static int ptr_room(void *items, int n, int *cap)
+{
+    void ***a = items;
+    if (n == *cap) {
+        int nc = *cap ? 2 * *cap : 8;
+        void **na = realloc(*a, (size_t)nc * sizeof *na);
+        if (!na)
+            return -1;
+        *a = na;
+        *cap = nc;
+    }
+    return 0;
+}
+
 static block *find_block(qg_metrics *m, const char *plan)
 {
+    block *b;
     for (int i = 0; i < m->nblocks; i++)
         if (strcmp(m->blocks[i]->plan, plan) == 0)
             return m->blocks[i];
-    if (m->nblocks == m->capblocks) {
-        int cap = m->capblocks ? 2 * m->capblocks : 8;
-        block **nb = realloc(m->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return NULL;
-        m->blocks = nb;
-        m->capblocks = cap;
-    }
-    block *b = calloc(1, sizeof *b);
-    if (!b || !(b->plan = strdup(plan))) {
+    if (ptr_room(&m->blocks, m->nblocks, &m->capblocks) < 0 ||
+        !(b = calloc(1, sizeof *b)))
+        return NULL;
+    if (!(b->plan = strdup(plan))) {
         free(b);
         return NULL;
     }
@@ -98,19 +59,13 @@ static block *find_block(qg_metrics *m, const char *plan)
 
 static series *find_series(block *b, const char *window)
 {
+    series *s;
     for (int i = 0; i < b->n; i++)
         if (strcmp(b->s[i]->window, window) == 0)
             return b->s[i];
-    if (b->n == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 8;
-        series **ns = realloc(b->s, (size_t)cap * sizeof *ns);
-        if (!ns)
-            return NULL;
-        b->s = ns;
-        b->cap = cap;
-    }
-    series *s = calloc(1, sizeof *s);
-    if (!s || !(s->window = strdup(window))) {
+    if (ptr_room(&b->s, b->n, &b->cap) < 0 || !(s = calloc(1, sizeof *s)))
+        return NULL;
+    if (!(s->window = strdup(window))) {
         free(s);
         return NULL;
     }
@@ -251,7 +206,7 @@ static void mark_base(qg_metrics *m, const table *t)
     }
 }
 
-qg_metrics *qg_metrics_new(const qg_rules *r)
+qg_metrics *qg__metrics_new(const qg_rules *r)
 {
     qg_metrics *m = calloc(1, sizeof *m);
     table *t;
@@ -260,7 +215,7 @@ qg_metrics *qg_metrics_new(const qg_rules *r)
         return NULL;
     pthread_mutex_init(&m->lock, NULL);
     if (!(t = table_build(m, r))) {
-        qg_metrics_free(m);
+        qg__metrics_free(m);
         return NULL;
     }
     mark_base(m, t);
@@ -268,7 +223,7 @@ qg_metrics *qg_metrics_new(const qg_rules *r)
     return m;
 }
 
-void qg_metrics_free(qg_metrics *m)
+void qg__metrics_free(qg_metrics *m)
 {
     if (!m)
         return;
@@ -292,7 +247,7 @@ void qg_metrics_free(qg_metrics *m)
     free(m);
 }
 
-int qg_metrics_rules(qg_metrics *m, const qg_rules *r)
+int qg__metrics_rules(qg_metrics *m, const qg_rules *r)
 {
     table *t;
 
@@ -310,7 +265,7 @@ int qg_metrics_rules(qg_metrics *m, const qg_rules *r)
 
 /* ------------------------------------------------------------ counting */
 
-int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
+int qg__metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
                            int view)
 {
     const table *t = atomic_load_explicit(
@@ -326,7 +281,7 @@ int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
     return t->ids[t->org_first[org_index] + view];
 }
 
-void qg_metrics_decision(qg_metrics *m, int plan_index, int window_id,
+void qg__metrics_decision(qg_metrics *m, int plan_index, int window_id,
                          int outcome)
 {
     const table *t = atomic_load_explicit(&m->cur, memory_order_acquire);
@@ -357,7 +312,7 @@ static int find_name(const char *const *ptr, char *const *copy, int n,
     return -1;
 }
 
-void qg_metrics_record(qg_metrics *m, const qg_decision *d)
+void qg__metrics_record(qg_metrics *m, const qg_decision *d)
 {
     const table *t = atomic_load_explicit(&m->cur, memory_order_acquire);
     int p, o, wid = -1, outcome;
@@ -373,8 +328,8 @@ void qg_metrics_record(qg_metrics *m, const qg_decision *d)
         return;
     o = find_name(t->org_ptr, t->org_name, t->norgs, d->org);
     if (outcome != QG_M_ALLOW && d->binding >= 0)
-        wid = qg_metrics_view_window(m, p, o, d->binding);
-    qg_metrics_decision(m, p, wid, outcome);
+        wid = qg__metrics_view_window(m, p, o, d->binding);
+    qg__metrics_decision(m, p, wid, outcome);
 }
 
 /* *c += v, saturated at UINT64_MAX (weights are bounded, their sums over
@@ -388,13 +343,13 @@ static void add_sat(_Atomic uint64_t *c, uint64_t v)
         c, &old, n, memory_order_relaxed, memory_order_relaxed));
 }
 
-void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind)
+void qg__metrics_usage_anomaly(qg_metrics *m, qg__anomaly kind)
 {
     if ((unsigned)kind < QG_ANOMALY_COUNT)
         atomic_fetch_add_explicit(&m->anomaly[kind], 1, memory_order_relaxed);
 }
 
-void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
+void qg__metrics_settle(qg_metrics *m, const qg_settle_result *s)
 {
     if (s->replayed)
         return;
@@ -416,297 +371,17 @@ void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s)
     }
 }
 
-void qg_metrics_http(qg_metrics *m, int route, int code)
+void qg__metrics_http(qg_metrics *m, int route, int code)
 {
     int c = NCODES;
 
     if (route < 0 || route >= QG_ROUTE_COUNT)
         route = QG_ROUTE_OTHER;
     for (int i = 0; i < NCODES; i++)
-        if (codes[i] == code) {
+        if (qg__metrics_codes[i] == code) {
             c = i;
             break;
         }
     atomic_fetch_add_explicit(&m->http[route][c], 1, memory_order_relaxed);
 }
 
-/* ----------------------------------------------------------- rendering */
-
-static uint64_t load(_Atomic uint64_t *a)
-{
-    return atomic_load_explicit(a, memory_order_relaxed);
-}
-
-/* A label value with \, " and newline escaped. */
-static void put_label(FILE *f, const char *s)
-{
-    for (; s && *s; s++) {
-        if (*s == '\\')
-            fputs("\\\\", f);
-        else if (*s == '"')
-            fputs("\\\"", f);
-        else if (*s == '\n')
-            fputs("\\n", f);
-        else
-            fputc(*s, f);
-    }
-}
-
-static void family(FILE *f, const char *name, const char *type,
-                   const char *help)
-{
-    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* An unsigned value scaled by 10^digits, printed exactly. */
-static void put_scaled(FILE *f, uint64_t v, int digits)
-{
-    char buf[48];
-    if (v > (uint64_t)INT64_MAX)
-        v = (uint64_t)INT64_MAX;
-    qg_fixed_format((int64_t)v, digits, buf, sizeof buf);
-    fputs(buf, f);
-}
-
-static void render_decisions(qg_metrics *m, FILE *f, uint64_t *total,
-                             uint64_t *refused)
-{
-    family(f, "quotagate_decisions_total", "counter",
-           "Decisions by plan, binding window (none for allows) and outcome.");
-    for (int i = 0; i < m->nblocks; i++) {
-        block *b = m->blocks[i];
-        for (int j = 0; j < b->n; j++)
-            for (int o = 0; o < NOUT; o++) {
-                uint64_t v = load(&b->s[j]->n[o]);
-                *total += v;
-                if (o != QG_M_ALLOW)
-                    *refused += v;
-                if (v == 0 && !(b->s[j]->base & (1u << o)))
-                    continue;
-                fputs("quotagate_decisions_total{plan=\"", f);
-                put_label(f, b->plan);
-                fputs("\",window=\"", f);
-                put_label(f, b->s[j]->window);
-                fprintf(f, "\",outcome=\"%s\"} %llu\n", outcome_names[o],
-                        (unsigned long long)v);
-            }
-    }
-}
-
-static const char *const anomaly_kind[QG_ANOMALY_COUNT] = {
-    "output_over_max_tokens", "output_over_bound", "input_over_bound"};
-
-static void render_settles(qg_metrics *m, FILE *f)
-{
-    static const char *const st[4] = {"", "completed", "cancelled", "failed"};
-    static const char *const dir[2] = {"over", "under"};
-
-    family(f, "quotagate_settles_total", "counter",
-           "Settles by status (replays not counted).");
-    for (int i = 1; i < 4; i++)
-        fprintf(f, "quotagate_settles_total{status=\"%s\"} %llu\n", st[i],
-                (unsigned long long)load(&m->settles[i]));
-    family(f, "quotagate_settle_mismatch_total", "counter",
-           "Settles whose actual weight was above (over) or below (under) "
-           "the reservation.");
-    for (int i = 0; i < 2; i++)
-        fprintf(f, "quotagate_settle_mismatch_total{direction=\"%s\"} %llu\n",
-                dir[i], (unsigned long long)load(&m->mismatch[i]));
-    family(f, "quotagate_settle_mismatch_weight_total", "counter",
-           "Weight points between reservations and actual usage, by "
-           "direction.");
-    for (int i = 0; i < 2; i++) {
-        fprintf(f, "quotagate_settle_mismatch_weight_total{direction=\"%s\"} ",
-                dir[i]);
-        put_scaled(f, load(&m->mismatch_milli[i]), 3);
-        fputc('\n', f);
-    }
-    family(f, "quotagate_proxy_usage_anomalies_total", "counter",
-           "Proxied calls charged other than the upstream reported: output "
-           "above max_tokens, or a count above the bound.");
-    for (int i = 0; i < QG_ANOMALY_COUNT; i++)
-        fprintf(f, "quotagate_proxy_usage_anomalies_total{kind=\"%s\"} "
-                "%llu\n", anomaly_kind[i],
-                (unsigned long long)load(&m->anomaly[i]));
-    family(f, "quotagate_overage_weight_total", "counter",
-           "Weight points admitted beyond the limits under payg, as "
-           "settled.");
-    fputs("quotagate_overage_weight_total ", f);
-    put_scaled(f, load(&m->overage_milli), 3);
-    fputc('\n', f);
-    family(f, "quotagate_overage_cost_usd_total", "counter",
-           "What that overage costs, in US dollars, as settled.");
-    fputs("quotagate_overage_cost_usd_total ", f);
-    put_scaled(f, load(&m->overage_micro), 6);
-    fputc('\n', f);
-}
-
-static void render_http(qg_metrics *m, FILE *f)
-{
-    family(f, "quotagate_http_requests_total", "counter",
-           "HTTP responses by route and status code.");
-    for (int r = 0; r < QG_ROUTE_COUNT; r++)
-        for (int c = 0; c <= NCODES; c++) {
-            uint64_t v = load(&m->http[r][c]);
-            if (!v)
-                continue;
-            fprintf(f, "quotagate_http_requests_total{route=\"%s\",code=\"",
-                    route_names[r]);
-            if (c < NCODES)
-                fprintf(f, "%d", codes[c]);
-            else
-                fputs("other", f);
-            fprintf(f, "\"} %llu\n", (unsigned long long)v);
-        }
-}
-
-static void gauge_u(FILE *f, const char *name, const char *type,
-                    const char *help, uint64_t v)
-{
-    family(f, name, type, help);
-    fprintf(f, "%s %llu\n", name, (unsigned long long)v);
-}
-
-static void render_gauges(FILE *f, const qg_metrics_gauges *g)
-{
-    /* le bounds in microseconds, printed in seconds */
-    static const uint64_t le_us[7] = {100,    1000,   5000,  10000,
-                                      50000, 100000, 1000000};
-
-    gauge_u(f, "quotagate_ledger_queue_depth", "gauge",
-            "Ledger rows waiting to be committed.", g->ledger_queue_depth);
-    gauge_u(f, "quotagate_ledger_commits_total", "counter",
-            "Ledger transactions committed.", g->ledger_commits);
-    gauge_u(f, "quotagate_ledger_rows_total", "counter",
-            "Ledger rows written.", g->ledger_rows);
-    gauge_u(f, "quotagate_ledger_write_errors_total", "counter",
-            "Ledger transactions that failed (their settles answered 503).",
-            g->ledger_write_errors);
-    gauge_u(f, "quotagate_ledger_rows_retried_total", "counter",
-            "Ledger rows put back to be written again after a failed "
-            "transaction.", g->ledger_rows_retried);
-    gauge_u(f, "quotagate_ledger_rows_lost_total", "counter",
-            "Ledger rows given up (still failing at shutdown, or no memory "
-            "to keep them).", g->ledger_rows_lost);
-    gauge_u(f, "quotagate_ledger_rows_refused_total", "counter",
-            "Ledger rows not written because their request id holds "
-            "another request's row.", g->ledger_rows_refused);
-    gauge_u(f, "quotagate_ledger_up", "gauge",
-            "1 when the last ledger transaction succeeded, 0 while they "
-            "fail.", (uint64_t)g->ledger_up);
-    family(f, "quotagate_ledger_commit_seconds", "histogram",
-           "Ledger commit latency.");
-    for (int i = 0; i < 7; i++) {
-        fputs("quotagate_ledger_commit_seconds_bucket{le=\"", f);
-        put_scaled(f, le_us[i], 6);
-        fprintf(f, "\"} %llu\n", (unsigned long long)g->ledger_commit_le[i]);
-    }
-    fprintf(f, "quotagate_ledger_commit_seconds_bucket{le=\"+Inf\"} %llu\n",
-            (unsigned long long)g->ledger_commit_le[7]);
-    fputs("quotagate_ledger_commit_seconds_sum ", f);
-    put_scaled(f, g->ledger_commit_us_sum, 6);
-    fprintf(f, "\nquotagate_ledger_commit_seconds_count %llu\n",
-            (unsigned long long)g->ledger_commit_le[7]);
-    family(f, "quotagate_rebuild_seconds", "gauge",
-           "How long the last rebuild of the counters from the ledger took.");
-    fputs("quotagate_rebuild_seconds ", f);
-    put_scaled(f, g->rebuild_ms > 0 ? (uint64_t)g->rebuild_ms : 0, 3);
-    fputc('\n', f);
-    gauge_u(f, "quotagate_rebuild_rows", "gauge",
-            "Ledger rows replayed by the last rebuild.", g->rebuild_rows);
-    family(f, "quotagate_rebuild_rows_out_of_bounds", "gauge",
-           "Rows of the last rebuild with amounts beyond the bounds: "
-           "clamped to them, or skipped.");
-    fprintf(f, "quotagate_rebuild_rows_out_of_bounds{action=\"clamped\"} "
-            "%llu\n", (unsigned long long)g->rebuild_clamped);
-    fprintf(f, "quotagate_rebuild_rows_out_of_bounds{action=\"skipped\"} "
-            "%llu\n", (unsigned long long)g->rebuild_skipped);
-    gauge_u(f, "quotagate_store_subjects", "gauge",
-            "Members and organisations with counter state.",
-            g->store_subjects);
-    gauge_u(f, "quotagate_store_bytes", "gauge",
-            "Heap bytes held by the counter store.", g->store_bytes);
-}
-
-/* The HTTP layer's connection counts.  Families and reason labels come
- * from qg_http_drop_names (the reasons of one family are adjacent). */
-static void render_connections(FILE *f, const qg_http_stats *h)
-{
-    static const struct { const char *kind, *help; } fam[] = {
-        { "shed", "Connections closed to make room for a new one: idle "
-                  "(between keep-alive requests) or slow (an unfinished "
-                  "request, the oldest first)." },
-        { "refused", "New connections closed at once with nothing to shed: "
-                     "the server full (capacity) or the client address at "
-                     "its limit (per_client)." },
-        { "timed_out", "Connections closed at a deadline: head and body "
-                       "(answered 408), idle keep-alive, write (the client "
-                       "did not read)." },
-    };
-    char name[96];
-    gauge_u(f, "quotagate_http_connections_open", "gauge",
-            "Client connections open.", h->connections_open);
-    gauge_u(f, "quotagate_http_connections_max", "gauge",
-            "Client connections the server holds at most.",
-            h->max_connections);
-    gauge_u(f, "quotagate_http_connections_per_client_max", "gauge",
-            "Connections one client address may hold (0: no limit).",
-            h->max_conns_per_client);
-    gauge_u(f, "quotagate_http_connections_accepted_total", "counter",
-            "Client connections accepted.", h->connections_total);
-    for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
-        snprintf(name, sizeof name, "quotagate_http_connections_%s_total",
-                 fam[k].kind);
-        family(f, name, "counter", fam[k].help);
-        for (int d = 0; d < QG_HTTP_DROP_COUNT; d++)
-            if (strcmp(qg_http_drop_names[d].kind, fam[k].kind) == 0)
-                fprintf(f, "%s{reason=\"%s\"} %llu\n", name,
-                        qg_http_drop_names[d].reason,
-                        (unsigned long long)h->drops[d]);
-    }
-}
-
-char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
-{
-    char *text = NULL;
-    size_t len = 0;
-    uint64_t total = 0, refused = 0;
-    FILE *f = open_memstream(&text, &len);
-
-    if (!f)
-        return NULL;
-    pthread_mutex_lock(&m->lock);
-    const table *t = atomic_load_explicit(&m->cur, memory_order_acquire);
-    render_decisions(m, f, &total, &refused);
-    render_settles(m, f);
-    render_http(m, f);
-    if (g)
-        render_gauges(f, g);
-    if (g && g->http)
-        render_connections(f, g->http);
-    gauge_u(f, "quotagate_up", "gauge", "1 while the gateway serves.", 1);
-    family(f, "quotagate_rules_info", "gauge",
-           "The rules and weights versions in force.");
-    fputs("quotagate_rules_info{rules_version=\"", f);
-    put_label(f, g && g->rules_version ? g->rules_version : t->rules_version);
-    fputs("\",weights_version=\"", f);
-    put_label(f, g && g->weights_version ? g->weights_version
-                                         : t->weights_version);
-    fputs("\"} 1\n", f);
-    pthread_mutex_unlock(&m->lock);
-
-    /* refusals / decisions, six exact decimals */
-    family(f, "quotagate_refusal_ratio", "gauge",
-           "Refused decisions over all decisions since start.");
-    fputs("quotagate_refusal_ratio ", f);
-    put_scaled(f, total ? (uint64_t)((unsigned __int128)refused * 1000000u /
-                                     total)
-                        : 0,
-               6);
-    fputc('\n', f);
-    if (fclose(f) != 0) {
-        free(text);
-        return NULL;
-    }
-    return text;
-}

@@ -11,7 +11,8 @@
  *   quotagate_settle_mismatch_weight_total{direction}  points of those gaps
  *   quotagate_proxy_usage_anomalies_total{kind}  proxied calls charged
  *       other than the upstream reported (docs/proxy.md): kind
- *       output_over_max_tokens | output_over_bound | input_over_bound
+ *       output_over_max_tokens | output_over_bound | input_over_bound |
+ *       response_too_large (usage unread: charged the reservation)
  *   quotagate_http_requests_total{route,code}
  *   quotagate_refusal_ratio  refusals / decisions since start
  *   quotagate_ledger_queue_depth, quotagate_ledger_commits_total,
@@ -34,53 +35,39 @@
  * relaxed atomics indexed by small integers: plan index and window id,
  * where window ids number the distinct window names of the rules (member
  * and org windows alike), assigned when the rules are loaded.  Use
- * qg_metrics_view_window() to turn a decision's binding view into its id
- * (an array lookup), or qg_metrics_record() which does it all from a
+ * qg__metrics_view_window() to turn a decision's binding view into its id
+ * (an array lookup), or qg__metrics_record() which does it all from a
  * qg_decision (pointer comparisons of names owned by the rules, falling
  * back to strcmp when the decision was made with other rules).
  *
- * Reloads: qg_metrics_rules() builds new index tables that point at the
+ * Reloads: qg__metrics_rules() builds new index tables that point at the
  * same counters for the same (plan, window) names, so counters never go
  * backwards and series of plans or windows that disappeared keep their
  * values.  The new table is published with one atomic store; replaced
- * tables stay allocated until qg_metrics_free (a reload is rare, a table
+ * tables stay allocated until qg__metrics_free (a reload is rare, a table
  * small), so a thread still counting through the old one is safe.  An
  * index taken from the old rules and used after the swap is bounds-checked
  * and may count under the new rules' name at that index: the price of a
  * lock-free hot path during the instant of a reload.
  *
- * Thread-safety: qg_metrics_decision / _settle / _http / _record are safe
- * from any thread at any time; qg_metrics_rules and qg_metrics_render
+ * Thread-safety: qg__metrics_decision / _settle / _http / _record are safe
+ * from any thread at any time; qg__metrics_rules and qg__metrics_render
  * serialise on an internal mutex. */
 #ifndef QG_METRICS_H
 #define QG_METRICS_H
 
 #include <stdint.h>
 #include "http.h"
+#include "charge.h"
 #include "quotagate.h"
+#include "routes.h"
 #include "rules.h"
 
 typedef struct qg_metrics qg_metrics;
 
 enum { QG_M_ALLOW = 0, QG_M_REJECT = 1, QG_M_REJECT_NEVER = 2 };
 
-/* Routes, for quotagate_http_requests_total{route}. */
-typedef enum qg_metrics_route {
-    QG_ROUTE_CHECK = 0,
-    QG_ROUTE_SETTLE,
-    QG_ROUTE_USAGE,
-    QG_ROUTE_PLANS,
-    QG_ROUTE_WEIGHTS,
-    QG_ROUTE_AUTHZ,
-    QG_ROUTE_CHAT,         /* /v1/chat/completions */
-    QG_ROUTE_MESSAGES,     /* /v1/messages */
-    QG_ROUTE_ADMIN,
-    QG_ROUTE_METRICS,
-    QG_ROUTE_HEALTHZ,
-    QG_ROUTE_CONSOLE,
-    QG_ROUTE_OTHER,        /* unknown paths */
-    QG_ROUTE_COUNT
-} qg_metrics_route;
+/* Routes: the groups of routes.h. */
 
 /* Values read at scrape time from the ledger, the store and the last
  * rebuild.  Histogram buckets are cumulative counts of commits that took
@@ -109,49 +96,44 @@ typedef struct qg_metrics_gauges {
 } qg_metrics_gauges;
 
 /* A registry sized for rules r (borrowed only during the call).  Returns
- * NULL on out of memory.  Free with qg_metrics_free. */
-qg_metrics *qg_metrics_new(const qg_rules *r);
-void qg_metrics_free(qg_metrics *m);
+ * NULL on out of memory.  Free with qg__metrics_free. */
+qg_metrics *qg__metrics_new(const qg_rules *r);
+void qg__metrics_free(qg_metrics *m);
 
 /* Switch to new rules (borrowed during the call), keeping every count.
  * Returns 0 or QG_ENOMEM (the old tables stay in use). */
-int qg_metrics_rules(qg_metrics *m, const qg_rules *r);
+int qg__metrics_rules(qg_metrics *m, const qg_rules *r);
 
 /* Window id of view `view` of a decision for plan_index / org_index (-1
  * none): views are the plan's windows in order, then the org's.  -1 when
  * out of range.  O(1). */
-int qg_metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
+int qg__metrics_view_window(const qg_metrics *m, int plan_index, int org_index,
                            int view);
 
 /* Count one decision: outcome QG_M_*, window_id from the function above
  * or -1 ("none").  Out-of-range arguments are ignored.  Lock-free. */
-void qg_metrics_decision(qg_metrics *m, int plan_index, int window_id,
+void qg__metrics_decision(qg_metrics *m, int plan_index, int window_id,
                          int outcome);
 
 /* Count decision d (plan and org found by their names' pointers, the
  * binding view turned into its window id).  QG_NONE is ignored. */
-void qg_metrics_record(qg_metrics *m, const qg_decision *d);
+void qg__metrics_record(qg_metrics *m, const qg_decision *d);
 
 /* Count a settle: its status and any gap between reserved and actual.
  * Replayed settles are not counted again. */
-void qg_metrics_settle(qg_metrics *m, const qg_settle_result *s);
+void qg__metrics_settle(qg_metrics *m, const qg_settle_result *s);
 
 /* The proxy charged other than the upstream reported (docs/proxy.md,
  * "Usage beyond what was allowed"). */
-typedef enum qg_metrics_anomaly {
-    QG_ANOMALY_OUTPUT_OVER_CAP = 0,   /* output above max_tokens */
-    QG_ANOMALY_OUTPUT_OVER_BOUND,     /* output above QG_TOKENS_MAX */
-    QG_ANOMALY_INPUT_OVER_BOUND,      /* input above QG_TOKENS_MAX */
-    QG_ANOMALY_COUNT
-} qg_metrics_anomaly;
-void qg_metrics_usage_anomaly(qg_metrics *m, qg_metrics_anomaly kind);
+/* the kinds are the proxy's (charge.h) */
+void qg__metrics_usage_anomaly(qg_metrics *m, qg__anomaly kind);
 
 /* Count an HTTP response on route (qg_metrics_route) with status code. */
-void qg_metrics_http(qg_metrics *m, int route, int code);
+void qg__metrics_http(qg_metrics *m, int route, int code);
 
 /* The exposition text (# HELP / # TYPE and samples), malloc'd; the caller
  * frees it.  g may be NULL (gauges then absent, except up and the
  * rules info).  NULL on out of memory. */
-char *qg_metrics_render(qg_metrics *m, const qg_metrics_gauges *g);
+char *qg__metrics_render(qg_metrics *m, const qg_metrics_gauges *g);
 
 #endif

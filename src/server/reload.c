@@ -7,7 +7,7 @@
  * wait for it; so neither `POST /v1/admin/reload` nor SIGHUP loads
  * anything themselves: they hand the job to the reloader, one thread of
  * its own.  The admin request is held meanwhile (its worker serves other
- * connections) and answered on its worker (qg_http_post) with the outcome
+ * connections) and answered on its worker (qg__http_post) with the outcome
  * of a load that began after the request arrived.  Requests that arrive
  * while a load runs are answered together by the next load, which reads
  * the file as it is then: each sees the file as it was at or after its
@@ -44,7 +44,7 @@ struct qg_reloader {
     int stop;
 };
 
-int qg_server_reload(qg_server *s, char *err, size_t errcap)
+int qg__server_reload(qg_server *s, char *err, size_t errcap)
 {
     qg_rules *nr = NULL;
     int rc;
@@ -56,7 +56,7 @@ int qg_server_reload(qg_server *s, char *err, size_t errcap)
         if (rc != QG_OK)
             qg_rules_free(nr);
         else
-            qg_metrics_rules(s->metrics, qg_engine_rules(s->engine));
+            qg__metrics_rules(s->metrics, qg_engine_rules(s->engine));
     }
     pthread_mutex_unlock(&s->reload_mu);
     if (rc == QG_OK)
@@ -71,16 +71,16 @@ static void answer(void *arg)
 {
     waiter *a = arg;
     if (a->rc == QG_OK)
-        qg_reply_json(a->s, a->r, 200,
-                      qg_json_dump_steal(json_pack(
+        qg__reply_json(a->s, a->r, 200,
+                      qg__json_dump_steal(json_pack(
                           "{s:s, s:s}", "status", "reloaded",
                           "rules_version", a->version)),
                       NULL, 0);
     else if (a->rc == QG_ENOMEM)
-        qg_reply_error(a->s, a->r, 503, "overloaded",
+        qg__reply_error(a->s, a->r, 503, "overloaded",
                        "out of memory while reloading the rules");
     else
-        qg_reply_error(a->s, a->r, 400, "invalid_rules", a->err);
+        qg__reply_error(a->s, a->r, 400, "invalid_rules", a->err);
     free(a);
 }
 
@@ -108,7 +108,7 @@ static void *reloader_main(void *arg)
         pthread_mutex_unlock(&rl->mu);
 
         err[0] = '\0';
-        rc = qg_server_reload(s, err, sizeof err);
+        rc = qg__server_reload(s, err, sizeof err);
         version = qg_rules_version(qg_engine_rules(s->engine));
         if (rc == QG_OK)
             fprintf(stderr, "quotagate: rules reloaded (version %s, %s)\n",
@@ -123,15 +123,15 @@ static void *reloader_main(void *arg)
             w->version = version;
             memcpy(w->err, err, sizeof w->err);
             /* A refused post means the server is stopping: the held
-             * request is then released by qg_http_server_free. */
-            if (qg_http_post(s->http, w->r->worker, answer, w) != 0)
+             * request is then released by qg__http_server_free. */
+            if (qg__http_post(s->http, w->r->worker, answer, w) != 0)
                 free(w);
             w = next;
         }
     }
 }
 
-qg_reloader *qg_reloader_new(qg_server *s)
+qg_reloader *qg__reloader_new(qg_server *s)
 {
     qg_reloader *rl = calloc(1, sizeof *rl);
     if (!rl)
@@ -148,7 +148,7 @@ qg_reloader *qg_reloader_new(qg_server *s)
     return rl;
 }
 
-int qg_reloader_request(qg_reloader *rl, qg_http_req *r)
+int qg__reloader_request(qg_reloader *rl, qg_http_req *r)
 {
     waiter *w = NULL;
     if (r && !(w = calloc(1, sizeof *w)))
@@ -167,7 +167,7 @@ int qg_reloader_request(qg_reloader *rl, qg_http_req *r)
     return QG_OK;
 }
 
-void qg_reloader_free(qg_reloader *rl)
+void qg__reloader_free(qg_reloader *rl)
 {
     waiter *w;
     if (!rl)

@@ -35,14 +35,14 @@
 static int lookup(qg_server *s, const char *rid, qg_ledger_row *row,
                   char *err, size_t errcap)
 {
-    int rc = qg_ledger_get(s->ledger, rid, row);
+    int rc = qg__ledger_get(s->ledger, rid, row);
     if (rc == QG_OK)
         return 1;
     if (rc == QG_ENOTFOUND)
         return 0;
     {
         qg_ledger_stats ls;
-        qg_ledger_stats_get(s->ledger, &ls);
+        qg__ledger_stats_get(s->ledger, &ls);
         snprintf(err, errcap, "the ledger cannot be read to look request_id "
                  "\"%s\" up: %s", rid,
                  ls.last_read_error[0] ? ls.last_read_error
@@ -58,7 +58,7 @@ static int other_subject(const char *rid, char *err, size_t errcap)
     return QG_EINVAL;
 }
 
-int qg_server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
+int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
                     qg_decision *d, qg_ledger_row *prior, char *err,
                     size_t errcap)
 {
@@ -93,7 +93,7 @@ int qg_server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
     d->weights_version = prior->weights_version;
     d->headroom_milli = prior->headroom_milli;
     d->overage_price_micro = prior->overage_price_micro;
-    d->overage_milli = qg_overage_of(prior->reserved_milli,
+    d->overage_milli = qg__overage_of(prior->reserved_milli,
                                      prior->headroom_milli);
     d->overage_cost_micro = prior->overage_cost_micro;
     d->cap_reached = 0;
@@ -116,7 +116,7 @@ static int actual_weight(qg_server *s, const qg_settle_req *req,
     if (req->no_charge)
         *out = 0;
     else if (mi >= 0)
-        *out = qg_weight_milli(&rules->models[mi], req->input_tokens,
+        *out = qg__weight_milli(&rules->models[mi], req->input_tokens,
                                req->output_tokens);
     else
         *out = req->weight_milli >= 0 ? req->weight_milli
@@ -124,7 +124,7 @@ static int actual_weight(qg_server *s, const qg_settle_req *req,
     return *out < 0 ? QG_ERANGE : QG_OK;
 }
 
-int qg_server_settle_prior(qg_server *s, const qg_settle_req *req,
+int qg__server_settle_prior(qg_server *s, const qg_settle_req *req,
                            int64_t now_ms, qg_settle_result *res,
                            qg_ledger_row *row, char *err, size_t errcap)
 {
@@ -165,9 +165,9 @@ int qg_server_settle_prior(qg_server *s, const qg_settle_req *req,
     res->actual_milli = actual;
     res->charged_milli = charged;
     res->status = req->status;
-    res->overage_milli = qg_overage_of(charged, prior.headroom_milli);
+    res->overage_milli = qg__overage_of(charged, prior.headroom_milli);
     res->overage_cost_micro =
-        qg_overage_cost(res->overage_milli, prior.overage_price_micro);
+        qg__overage_cost(res->overage_milli, prior.overage_price_micro);
     if (delta > 0 &&
         prior.created_ms >= now_ms - qg_engine_reach_ms(s->engine)) {
         int64_t extra = res->overage_cost_micro - prior.overage_cost_micro;
@@ -189,6 +189,6 @@ int qg_server_settle_prior(qg_server *s, const qg_settle_req *req,
     memset(row, 0, sizeof *row);
     row->settle_only = 1;
     row->headroom_milli = -1;
-    qg_row_copy(row->subject, sizeof row->subject, prior.subject);
+    qg__row_copy(row->subject, sizeof row->subject, prior.subject);
     return QG_OK;
 }

@@ -28,7 +28,7 @@ static int depth_of(const char *s, size_t len)
     return max;
 }
 
-json_t *qg_reqjson_parse(const char *body, size_t len,
+json_t *qg__reqjson_parse(const char *body, size_t len,
                          const char *const *allowed, char *err, size_t cap)
 {
     json_error_t je;
@@ -69,7 +69,7 @@ json_t *qg_reqjson_parse(const char *body, size_t len,
     return o;
 }
 
-int qg_reqjson_str(json_t *o, const char *key, int required, size_t maxlen,
+int qg__reqjson_str(json_t *o, const char *key, int required, size_t maxlen,
                    const char **out, char *err, size_t cap)
 {
     json_t *v = json_object_get(o, key);
@@ -91,7 +91,7 @@ int qg_reqjson_str(json_t *o, const char *key, int required, size_t maxlen,
     return 1;
 }
 
-int qg_reqjson_int(json_t *o, const char *key, int required, int64_t min,
+int qg__reqjson_int(json_t *o, const char *key, int required, int64_t min,
                    int64_t max, int64_t *out, char *err, size_t cap)
 {
     json_t *v = json_object_get(o, key);
@@ -115,7 +115,7 @@ int qg_reqjson_int(json_t *o, const char *key, int required, int64_t min,
     return 1;
 }
 
-int qg_reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
+int qg__reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
                      char *err, size_t cap)
 {
     json_t *v = json_object_get(o, key);

@@ -17,21 +17,21 @@
 /* Parse an object body.  NULL with a message in err on malformed JSON,
  * too deep nesting, a non-object, or a key not in `allowed` (a NULL
  * terminated list). */
-json_t *qg_reqjson_parse(const char *body, size_t len,
+json_t *qg__reqjson_parse(const char *body, size_t len,
                          const char *const *allowed, char *err, size_t cap);
 
 /* Field getters: 1 found, 0 absent (and not required), -1 error (err
  * written), -2 a number of the right type beyond its bound (err names the
  * field and the bound: the caller answers 400 out_of_range).  Strings are
  * borrowed from the object. */
-int qg_reqjson_str(json_t *o, const char *key, int required, size_t maxlen,
+int qg__reqjson_str(json_t *o, const char *key, int required, size_t maxlen,
                    const char **out, char *err, size_t cap);
-int qg_reqjson_int(json_t *o, const char *key, int required, int64_t min,
+int qg__reqjson_int(json_t *o, const char *key, int required, int64_t min,
                    int64_t max, int64_t *out, char *err, size_t cap);
 /* A number with at most 3 decimals, >= 0, into milli-units; at most
  * QG_AMOUNT_MAX_MILLI (an integer), or 10^12 when written with a
  * fraction (a double holds the milli exactly only that far). */
-int qg_reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
+int qg__reqjson_milli(json_t *o, const char *key, int required, int64_t *out,
                      char *err, size_t cap);
 
 #endif

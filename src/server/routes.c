@@ -7,6 +7,7 @@
 #include <string.h>
 #include "auth.h"
 #include "metrics.h"
+#include "routes.h"
 #include "server.h"
 
 typedef void (*handler_fn)(qg_server *, qg_http_req *, const char *);
@@ -17,6 +18,7 @@ typedef struct route {
     int prefix;                   /* path ends with '/': match a prefix */
     int roles;                    /* 0 = anyone */
     handler_fn fn;
+    int group;                    /* routes.h: what the metrics count */
 } route;
 
 #define ANY 0
@@ -26,21 +28,30 @@ typedef struct route {
 #define SUBJECT QG_ROLE_SUBJECT
 
 static const route routes[] = {
-    {QG_HTTP_POST, "/v1/check", 0, SERVICE | ADMIN, qg_h_check},
-    {QG_HTTP_POST, "/v1/settle", 0, SERVICE | ADMIN, qg_h_settle},
-    {QG_HTTP_GET, "/v1/usage", 0, SUBJECT, qg_h_usage},
-    {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg_h_usage},
-    {QG_HTTP_GET, "/v1/plans", 0, ANY, qg_h_plans},
-    {QG_HTTP_GET, "/v1/weights", 0, ANY, qg_h_weights},
-    /* any method: Envoy's ext_authz asks with the client's own method */
-    {QG_ANY_METHOD, "/v1/authz", 0, ANY, qg_h_authz},  /* own auth: h_authz.c */
-    {QG_HTTP_POST, "/v1/chat/completions", 0, SUBJECT, qg_h_proxy_openai},
-    {QG_HTTP_POST, "/v1/messages", 0, SUBJECT, qg_h_proxy_anthropic},
-    {QG_HTTP_GET, "/healthz", 0, ANY, qg_h_healthz},
-    {QG_HTTP_GET, "/metrics", 0, ANY, qg_h_metrics},
-    {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg_h_admin_subjects},
-    {QG_HTTP_POST, "/v1/admin/keys", 0, ADMIN, qg_h_admin_keys},
-    {QG_HTTP_POST, "/v1/admin/reload", 0, ADMIN, qg_h_admin_reload},
+    {QG_HTTP_POST, "/v1/check", 0, SERVICE | ADMIN, qg__h_check,
+     QG_ROUTE_CHECK},
+    {QG_HTTP_POST, "/v1/settle", 0, SERVICE | ADMIN, qg__h_settle,
+     QG_ROUTE_SETTLE},
+    {QG_HTTP_GET, "/v1/usage", 0, SUBJECT, qg__h_usage, QG_ROUTE_USAGE},
+    {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg__h_usage,
+     QG_ROUTE_USAGE},
+    {QG_HTTP_GET, "/v1/plans", 0, ANY, qg__h_plans, QG_ROUTE_PLANS},
+    {QG_HTTP_GET, "/v1/weights", 0, ANY, qg__h_weights, QG_ROUTE_WEIGHTS},
+    /* any method: Envoy's ext_authz asks with the client's own method;
+     * its own authentication (h_authz.c) */
+    {QG_ANY_METHOD, "/v1/authz", 0, ANY, qg__h_authz, QG_ROUTE_AUTHZ},
+    {QG_HTTP_POST, "/v1/chat/completions", 0, SUBJECT, qg__h_proxy_openai,
+     QG_ROUTE_CHAT},
+    {QG_HTTP_POST, "/v1/messages", 0, SUBJECT, qg__h_proxy_anthropic,
+     QG_ROUTE_MESSAGES},
+    {QG_HTTP_GET, "/healthz", 0, ANY, qg__h_healthz, QG_ROUTE_HEALTHZ},
+    {QG_HTTP_GET, "/metrics", 0, ANY, qg__h_metrics, QG_ROUTE_METRICS},
+    {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg__h_admin_subjects,
+     QG_ROUTE_ADMIN},
+    {QG_HTTP_POST, "/v1/admin/keys", 0, ADMIN, qg__h_admin_keys,
+     QG_ROUTE_ADMIN},
+    {QG_HTTP_POST, "/v1/admin/reload", 0, ADMIN, qg__h_admin_reload,
+     QG_ROUTE_ADMIN},
 };
 
 static int path_matches(const route *rt, const char *path)
@@ -55,7 +66,7 @@ static int path_matches(const route *rt, const char *path)
 static const char *presented_key(const qg_http_req *r, size_t *len)
 {
     size_t n;
-    const char *v = qg_http_header_get(r, "authorization", &n);
+    const char *v = qg__http_header_get(r, "authorization", &n);
     if (v && n > 7 && strncasecmp(v, "Bearer ", 7) == 0) {
         v += 7;
         n -= 7;
@@ -66,12 +77,12 @@ static const char *presented_key(const qg_http_req *r, size_t *len)
         *len = n;
         return v;
     }
-    v = qg_http_header_get(r, "x-api-key", &n);
+    v = qg__http_header_get(r, "x-api-key", &n);
     *len = v ? n : 0;
     return v;
 }
 
-void qg_server_handle(qg_http_req *r, void *ud)
+void qg__server_handle(qg_http_req *r, void *ud)
 {
     qg_server *s = ud;
     const route *found = NULL;
@@ -89,32 +100,33 @@ void qg_server_handle(qg_http_req *r, void *ud)
             break;
         }
     }
+    r->tag = found ? found->group : qg__server_route(r->path);
     if (!found) {
         if (path_known)
-            qg_reply_error(s, r, 405, "method_not_allowed",
+            qg__reply_error(s, r, 405, "method_not_allowed",
                            "this method is not allowed on this path");
         else
-            qg_reply_error(s, r, 404, "not_found", "no such endpoint");
+            qg__reply_error(s, r, 404, "not_found", "no such endpoint");
         return;
     }
     if (found->roles) {
         size_t klen = 0;
         const char *key = presented_key(r, &klen);
         if (!key || klen == 0) {
-            qg_reply_error(s, r, 401, "unauthorized",
+            qg__reply_error(s, r, 401, "unauthorized",
                            "an API key is required: Authorization: Bearer "
                            "KEY or x-api-key: KEY");
             return;
         }
-        role = qg_auth_identify(s->auth, key, klen, qg_server_now(s),
+        role = qg__auth_identify(s->auth, key, klen, qg__server_now(s),
                                 subject, sizeof subject);
         if (role == QG_ROLE_NONE) {
-            qg_reply_error(s, r, 401, "unauthorized",
+            qg__reply_error(s, r, 401, "unauthorized",
                            "the API key is not valid (unknown or revoked)");
             return;
         }
         if (!(role & found->roles)) {
-            qg_reply_error(s, r, 403, "forbidden",
+            qg__reply_error(s, r, 403, "forbidden",
                            "this key may not use this endpoint");
             return;
         }
@@ -122,22 +134,20 @@ void qg_server_handle(qg_http_req *r, void *ud)
     found->fn(s, r, role == QG_ROLE_SUBJECT ? subject : NULL);
 }
 
-int qg_server_route(const char *path)
+int qg__server_route(const char *path)
 {
-    static const struct {
-        const char *prefix;
-        int route;
-    } map[] = {
-        {"/v1/check", QG_ROUTE_CHECK},     {"/v1/settle", QG_ROUTE_SETTLE},
-        {"/v1/usage", QG_ROUTE_USAGE},     {"/v1/plans", QG_ROUTE_PLANS},
-        {"/v1/weights", QG_ROUTE_WEIGHTS}, {"/v1/authz", QG_ROUTE_AUTHZ},
-        {"/v1/admin/", QG_ROUTE_ADMIN},    {"/metrics", QG_ROUTE_METRICS},
-        {"/healthz", QG_ROUTE_HEALTHZ},
-        {"/v1/chat/completions", QG_ROUTE_CHAT},
-        {"/v1/messages", QG_ROUTE_MESSAGES},
-    };
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (strncmp(path, map[i].prefix, strlen(map[i].prefix)) == 0)
-            return map[i].route;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (path_matches(&routes[i], path))
+            return routes[i].group;
     return QG_ROUTE_OTHER;
+}
+
+const char *qg__route_label(int group)
+{
+#define QG__ROUTE_LABEL(id, label) label,
+    static const char *const labels[QG_ROUTE_COUNT] = {
+        QG_ROUTE_GROUPS(QG__ROUTE_LABEL)};
+#undef QG__ROUTE_LABEL
+    return group >= 0 && group < QG_ROUTE_COUNT ? labels[group]
+                                                : labels[QG_ROUTE_OTHER];
 }

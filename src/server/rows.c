@@ -5,7 +5,7 @@
 #include <string.h>
 #include "server.h"
 
-void qg_row_copy(char *dst, size_t cap, const char *src)
+void qg__row_copy(char *dst, size_t cap, const char *src)
 {
     size_t n;
     if (cap == 0)
@@ -15,22 +15,22 @@ void qg_row_copy(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
-void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
+void qg__row_of_decision(qg_ledger_row *row, const qg_decision *d,
                         const char *rid, const char *subject,
                         int64_t input_tokens, int64_t output_tokens)
 {
     memset(row, 0, sizeof *row);
-    qg_row_copy(row->request_id, sizeof row->request_id, rid);
-    qg_row_copy(row->subject, sizeof row->subject, subject);
-    qg_row_copy(row->org, sizeof row->org, d->org);
-    qg_row_copy(row->plan, sizeof row->plan, d->plan);
-    qg_row_copy(row->rules_version, sizeof row->rules_version,
+    qg__row_copy(row->request_id, sizeof row->request_id, rid);
+    qg__row_copy(row->subject, sizeof row->subject, subject);
+    qg__row_copy(row->org, sizeof row->org, d->org);
+    qg__row_copy(row->plan, sizeof row->plan, d->plan);
+    qg__row_copy(row->rules_version, sizeof row->rules_version,
                 d->rules_version);
-    qg_row_copy(row->weights_version, sizeof row->weights_version,
+    qg__row_copy(row->weights_version, sizeof row->weights_version,
                 d->weights_version);
-    qg_row_copy(row->model, sizeof row->model, d->model);
+    qg__row_copy(row->model, sizeof row->model, d->model);
     if (d->binding >= 0)
-        qg_row_copy(row->window, sizeof row->window,
+        qg__row_copy(row->window, sizeof row->window,
                     d->views[d->binding].name);
     row->decision = d->outcome;
     row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
@@ -48,11 +48,11 @@ void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
     }
 }
 
-void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
+void qg__row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
                         int64_t input_tokens, int64_t output_tokens,
                         const qg_settle_result *res, int64_t now_ms)
 {
-    qg_row_copy(row->request_id, sizeof row->request_id, rid);
+    qg__row_copy(row->request_id, sizeof row->request_id, rid);
     row->decision = QG_ALLOW;
     row->created_ms = res->decided_at_ms;
     row->reserved_milli = res->reserved_milli;
@@ -65,20 +65,20 @@ void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
     row->overage_cost_micro = res->overage_cost_micro;
 }
 
-void qg_row_of_settle(qg_ledger_row *row, const char *rid,
+void qg__row_of_settle(qg_ledger_row *row, const char *rid,
                       const char *subject, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms)
 {
     memset(row, 0, sizeof *row);
     row->settle_only = 1;
-    qg_row_copy(row->subject, sizeof row->subject, subject);
+    qg__row_copy(row->subject, sizeof row->subject, subject);
     row->headroom_milli = -1;
-    qg_row_fill_settle(row, rid, row_status, input_tokens, output_tokens, res,
+    qg__row_fill_settle(row, rid, row_status, input_tokens, output_tokens, res,
                        now_ms);
 }
 
-void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg)
 {
     static const struct {
@@ -95,8 +95,8 @@ void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (map[i].rc == rc) {
-            qg_reply_error(s, r, map[i].status, map[i].type, msg);
+            qg__reply_error(s, r, map[i].status, map[i].type, msg);
             return;
         }
-    qg_reply_error(s, r, 500, "internal_error", msg);
+    qg__reply_error(s, r, 500, "internal_error", msg);
 }

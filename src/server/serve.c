@@ -20,48 +20,11 @@
 #include "auth.h"
 #include "json_out.h"
 #include "metrics.h"
+#include "routes.h"
+#include "proxy.h"
 #include "server.h"
 
-static int64_t clock_ms(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t qg_server_now(const qg_server *s)
-{
-    return s->wall0_ms + (clock_ms(CLOCK_MONOTONIC) - s->mono0_ms);
-}
-
-/* ------------------------------------------------------------- replies */
-
-void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
-                   const qg_http_out_header *h, int nh)
-{
-    if (!json) {
-        qg_reply_error(s, r, 500, "internal_error", "out of memory");
-        return;
-    }
-    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
-    qg_http_respond(r, status, h, nh, "application/json", json, strlen(json));
-    free(json);
-}
-
-void qg_reply_error(qg_server *s, qg_http_req *r, int status,
-                    const char *type, const char *message)
-{
-    char *body = qg_json_error(type, message);
-    qg_metrics_http(s->metrics, qg_server_route(r->path), status);
-    if (!body)
-        qg_http_respond(r, 500, NULL, 0, "application/json", "{}", 2);
-    else
-        qg_http_respond(r, status, NULL, 0, "application/json", body,
-                        strlen(body));
-    free(body);
-}
-
-void qg_server_gauges(qg_server *s, const qg_store_stats *st,
+void qg__server_gauges(qg_server *s, const qg_store_stats *st,
                       const qg_ledger_stats *ls, const qg_http_stats *hs,
                       qg_metrics_gauges *g)
 {
@@ -193,10 +156,10 @@ static int restore_row(const qg_ledger_row *row, void *ud)
 
 static int rebuild(qg_server *s)
 {
-    int64_t t0 = clock_ms(CLOCK_MONOTONIC);
-    int64_t since = qg_server_now(s) - qg_engine_reach_ms(s->engine);
-    int rc = qg_ledger_scan(s->ledger, since, restore_row, s);
-    s->rebuild_ms = clock_ms(CLOCK_MONOTONIC) - t0;
+    int64_t t0 = qg__clock_ms(CLOCK_MONOTONIC);
+    int64_t since = qg__server_now(s) - qg_engine_reach_ms(s->engine);
+    int rc = qg__ledger_scan(s->ledger, since, restore_row, s);
+    s->rebuild_ms = qg__clock_ms(CLOCK_MONOTONIC) - t0;
     return rc;
 }
 
@@ -215,14 +178,14 @@ static void *signal_thread(void *arg)
         if (sigwait(&c->set, &sig) != 0)
             continue;
         if (sig == SIGHUP) {            /* loaded and logged there */
-            qg_reloader_request(c->s->reloader, NULL);
+            qg__reloader_request(c->s->reloader, NULL);
             continue;
         }
         if (sig == SIGUSR2)      /* our own wake-up at shutdown */
             return NULL;
         fprintf(stderr, "quotagate: %s: shutting down\n",
                 sig == SIGINT ? "SIGINT" : "SIGTERM");
-        qg_http_server_stop(c->s->http);
+        qg__http_server_stop(c->s->http);
     }
 }
 
@@ -276,60 +239,212 @@ static int mkdir_p(const char *dir)
     return mkdir(buf, 0700) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-int qg_serve(const qg_serve_opts *opts)
+/* Options and limits, before anything is opened: 0, or the exit status
+ * (2) with a message.  *rules (owned from here) is loaded if not given. */
+static int serve_check(qg_server *s, qg_rules **rules, char *host,
+                       size_t hostcap, int *port, long *nofile)
 {
-    qg_server s;
-    qg_rules *rules = NULL;
-    qg_http_opts ho;
-    qg_ledger_opts lo;
-    char err[1024], host[256], url[1100];
-    sigctx sc;
-    pthread_t sigth;
-    qg_http_stats hs;
-    long nofile;
-    int port, rc = 1, sig_started = 0;
-
-    memset(&s, 0, sizeof s);
-    s.opts = *opts;
-    s.wall0_ms = clock_ms(CLOCK_REALTIME);
-    s.mono0_ms = clock_ms(CLOCK_MONOTONIC);
-    pthread_mutex_init(&s.reload_mu, NULL);
-    if (!s.opts.listen)
-        s.opts.listen = "127.0.0.1:8080";
-    if (!s.opts.data_dir)
-        s.opts.data_dir = "./var";
-    rules = opts->rules;
-    if (parse_listen(s.opts.listen, host, sizeof host, &port) != 0) {
+    char err[1024];
+    int workers = s->opts.workers > 0 ? s->opts.workers : 2;
+    if (parse_listen(s->opts.listen, host, hostcap, port) != 0) {
         fprintf(stderr, "quotagate: --listen %s: expected HOST:PORT\n",
-                s.opts.listen);
-        qg_rules_free(rules);
+                s->opts.listen);
         return 2;
     }
-    if (s.opts.store_url && strcmp(s.opts.store_url, "memory") != 0) {
+    if (s->opts.store_url && strcmp(s->opts.store_url, "memory") != 0) {
         fprintf(stderr, "quotagate: --store %s: only \"memory\" is supported "
-                "in this build\n", s.opts.store_url);
-        qg_rules_free(rules);
+                "in this build\n", s->opts.store_url);
         return 2;
     }
-    if (!rules &&
-        qg_rules_load(s.opts.rules_path, &rules, err, sizeof err) != QG_OK) {
+    if (!*rules &&
+        qg_rules_load(s->opts.rules_path, rules, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate: %s\n", err);
         return 2;
     }
-    nofile = raise_nofile();
-    if (s.opts.max_connections >
-        qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2)) {
+    *nofile = raise_nofile();
+    if (s->opts.max_connections > qg__http_fd_budget(workers)) {
         fprintf(stderr, "quotagate: --max-connections %d: only %d file "
                 "descriptors are left for connections (ulimit -n %ld, less "
                 "64 + 4 per worker for the ledger, logs and event loops); "
                 "raise the hard limit (ulimit -Hn, LimitNOFILE=)\n",
-                s.opts.max_connections,
-                qg_http_fd_budget(s.opts.workers > 0 ? s.opts.workers : 2),
-                nofile);
-        qg_rules_free(rules);
+                s->opts.max_connections, qg__http_fd_budget(workers),
+                *nofile);
         return 2;
     }
+    return 0;
+}
 
+/* The ledger, the keys, the store, the engine (which takes *rules), the
+ * metrics and the proxy.  0, or -1 with a message. */
+static int serve_open(qg_server *s, qg_rules **rules, char *url,
+                      size_t urlcap)
+{
+    char err[1024];
+    qg_ledger_opts lo;
+    qg_memory_opts mo = {0, s->opts.request_ids};
+    const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
+
+    if (!s->opts.ledger_url) {
+        if (mkdir_p(s->opts.data_dir) != 0) {
+            fprintf(stderr, "quotagate: cannot create %s: %s\n",
+                    s->opts.data_dir, strerror(errno));
+            return -1;
+        }
+        snprintf(url, urlcap, "sqlite:%s/ledger.db", s->opts.data_dir);
+        s->opts.ledger_url = url;
+    }
+    memset(&lo, 0, sizeof lo);
+    lo.sync = s->opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
+    lo.flush_ms = s->opts.ledger_flush_ms;
+    lo.log = ledger_log;
+    lo.id_filter = 1;            /* every new request id is looked up */
+    if (!(s->ledger = qg__ledger_open(s->opts.ledger_url, &lo, err,
+                                      sizeof err))) {
+        fprintf(stderr, "quotagate: ledger: %s\n", err);
+        return -1;
+    }
+    if (!(s->auth = qg__auth_new(s->ledger, getenv("QUOTAGATE_ADMIN_KEY"),
+                                 getenv("QUOTAGATE_SERVICE_KEY"))) ||
+        qg__auth_bootstrap(s->auth, qg__server_now(s), stdout) != QG_OK) {
+        fprintf(stderr, "quotagate: cannot set up the API keys\n");
+        return -1;
+    }
+    if (!(s->store = qg_store_memory_new(&mo)) ||
+        !(s->engine = qg_engine_new(*rules, s->store)) ||
+        !(s->metrics = qg__metrics_new(*rules))) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        return -1;
+    }
+    *rules = NULL;               /* the engine owns them */
+    if (!(s->proxy = qg__proxy_new(s->opts.workers > 0 ? s->opts.workers : 2,
+                                   s->opts.upstream, t ? atoi(t) : 0,
+                                   getenv("QUOTAGATE_UPSTREAM_CA"), err,
+                                   sizeof err))) {
+        fprintf(stderr, "quotagate: --upstream: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Subjects created through the admin API, then every window rebuilt from
+ * the ledger rows inside the rules' reach.  0, or -1 with a message. */
+static int serve_rebuild(qg_server *s)
+{
+    const char *what = "the subjects created through the admin API";
+    int lrc = qg__ledger_scan_subjects(s->ledger, put_subject, s);
+    if (lrc == QG_OK) {
+        what = "the request rows to rebuild the counters";
+        lrc = rebuild(s);
+    }
+    if (lrc != QG_OK) {
+        qg_ledger_stats ls;
+        qg__ledger_stats_get(s->ledger, &ls);
+        fprintf(stderr, "quotagate: ledger %s: cannot read %s: %s; "
+                "nothing is served on a ledger that cannot be read "
+                "(docs/operations.md, \"A damaged ledger\")\n",
+                s->opts.ledger_url, what,
+                ls.last_read_error[0] ? ls.last_read_error
+                                      : qg_strerror(lrc));
+        return -1;
+    }
+    fprintf(stdout, "quotagate: rebuilt counters from %llu ledger rows in "
+            "%lld ms\n", (unsigned long long)s->rebuild_rows,
+            (long long)s->rebuild_ms);
+    return 0;
+}
+
+/* Bind the HTTP server and start the reloader.  0, or -1 with a message. */
+static int serve_listen(qg_server *s, const char *host, int port)
+{
+    char err[1024];
+    qg_http_opts ho;
+    memset(&ho, 0, sizeof ho);
+    ho.host = host;
+    ho.port = port;
+    ho.workers = s->opts.workers;
+    ho.header_timeout_ms = s->opts.header_timeout_ms;
+    ho.idle_timeout_ms = s->opts.idle_timeout_ms;
+    ho.min_body_rate = s->opts.min_body_rate;
+    ho.max_connections = s->opts.max_connections;
+    ho.max_conns_per_client = s->opts.max_conns_per_client;
+    ho.max_body_bytes = s->opts.max_body_bytes;
+    if (!(s->http = qg__http_server_new(&ho, qg__server_handle, s, err,
+                                        sizeof err))) {
+        fprintf(stderr, "quotagate: listen %s: %s\n", s->opts.listen, err);
+        return -1;
+    }
+    if (!(s->reloader = qg__reloader_new(s))) {
+        fprintf(stderr, "quotagate: cannot start the reloader thread\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* What was started, on stdout; the last line says where it listens. */
+static void serve_banner(qg_server *s, const char *host, long nofile)
+{
+    qg_http_stats hs;
+    char per[32];
+    int port = qg__http_server_port(s->http);
+    qg__http_server_stats(s->http, &hs);
+    if (hs.max_conns_per_client)
+        snprintf(per, sizeof per, "%llu",
+                 (unsigned long long)hs.max_conns_per_client);
+    else
+        snprintf(per, sizeof per, "no limit");
+    fprintf(stdout, "quotagate: connections: at most %llu, %s per client "
+            "address (ulimit -n %ld)\n",
+            (unsigned long long)hs.max_connections, per, nofile);
+    fprintf(stdout,
+            "quotagate: rules %s (version %s), ledger %s, store memory\n"
+            "quotagate: try: curl -s -X POST http://%s:%d/v1/check "
+            "-H \"Authorization: Bearer $QUOTAGATE_SERVICE_KEY\" "
+            "-d '{\"subject\":\"bob\",\"request_id\":\"r1\",\"weight\":1}'\n"
+            "quotagate: listening on http://%s:%d\n",
+            s->opts.rules_path, qg_rules_version(qg_engine_rules(s->engine)),
+            s->opts.ledger_url, host, port, host, port);
+    fflush(stdout);
+}
+
+/* Everything serve_open and serve_listen made, in reverse order, after
+ * the HTTP server stopped (or never ran). */
+static void serve_close(qg_server *s)
+{
+    qg__reloader_free(s->reloader);     /* after run: no request comes */
+    /* Drain the ledger first: settles still in its queue are answered (or
+     * dropped with their connections) before the HTTP server goes. */
+    qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
+    qg__ledger_close(s->ledger);
+    qg__http_server_free(s->http);
+    qg__metrics_free(s->metrics);
+    qg_engine_free(s->engine);
+    qg_store_free(s->store);
+    qg__auth_free(s->auth);
+}
+
+int qg_serve(const qg_serve_opts *opts)
+{
+    qg_server s;
+    qg_rules *rules = opts->rules;
+    char host[256], url[1100];
+    sigctx sc;
+    pthread_t sigth;
+    long nofile = -1;
+    int port, rc;
+
+    memset(&s, 0, sizeof s);
+    s.opts = *opts;
+    s.wall0_ms = qg__clock_ms(CLOCK_REALTIME);
+    s.mono0_ms = qg__clock_ms(CLOCK_MONOTONIC);
+    if (!s.opts.listen)
+        s.opts.listen = "127.0.0.1:8080";
+    if (!s.opts.data_dir)
+        s.opts.data_dir = "./var";
+    if ((rc = serve_check(&s, &rules, host, sizeof host, &port, &nofile))) {
+        qg_rules_free(rules);
+        return rc;
+    }
+    pthread_mutex_init(&s.reload_mu, NULL);
     /* Signals go to the signal thread only: block them before any thread
      * starts (threads inherit the mask). */
     sigemptyset(&sc.set);
@@ -339,128 +454,17 @@ int qg_serve(const qg_serve_opts *opts)
     sigaddset(&sc.set, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
     signal(SIGPIPE, SIG_IGN);
-
-    if (!s.opts.ledger_url) {
-        if (mkdir_p(s.opts.data_dir) != 0) {
-            fprintf(stderr, "quotagate: cannot create %s: %s\n",
-                    s.opts.data_dir, strerror(errno));
-            goto done;
-        }
-        snprintf(url, sizeof url, "sqlite:%s/ledger.db", s.opts.data_dir);
-        s.opts.ledger_url = url;
-    }
-    memset(&lo, 0, sizeof lo);
-    lo.sync = s.opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
-    lo.flush_ms = s.opts.ledger_flush_ms;
-    lo.log = ledger_log;
-    lo.id_filter = 1;            /* every new request id is looked up */
-    if (!(s.ledger = qg_ledger_open(s.opts.ledger_url, &lo, err,
-                                    sizeof err))) {
-        fprintf(stderr, "quotagate: ledger: %s\n", err);
-        goto done;
-    }
-    if (!(s.auth = qg_auth_new(s.ledger, getenv("QUOTAGATE_ADMIN_KEY"),
-                               getenv("QUOTAGATE_SERVICE_KEY"))) ||
-        qg_auth_bootstrap(s.auth, qg_server_now(&s), stdout) != QG_OK) {
-        fprintf(stderr, "quotagate: cannot set up the API keys\n");
-        goto done;
-    }
-    {
-        qg_memory_opts mo = {0, s.opts.request_ids};
-        s.store = qg_store_memory_new(&mo);
-    }
-    if (!s.store ||
-        !(s.engine = qg_engine_new(rules, s.store)) ||
-        !(s.metrics = qg_metrics_new(rules))) {
-        fprintf(stderr, "quotagate: out of memory\n");
-        goto done;
-    }
-    rules = NULL;                /* the engine owns them */
-    if (qg_proxy_start(&s, err, sizeof err) != 0) {
-        fprintf(stderr, "quotagate: --upstream: %s\n", err);
-        goto done;
-    }
-    {
-        const char *what = "the subjects created through the admin API";
-        int lrc = qg_ledger_scan_subjects(s.ledger, put_subject, &s);
-        if (lrc == QG_OK) {
-            what = "the request rows to rebuild the counters";
-            lrc = rebuild(&s);
-        }
-        if (lrc != QG_OK) {
-            qg_ledger_stats ls;
-            qg_ledger_stats_get(s.ledger, &ls);
-            fprintf(stderr, "quotagate: ledger %s: cannot read %s: %s; "
-                    "nothing is served on a ledger that cannot be read "
-                    "(docs/operations.md, \"A damaged ledger\")\n",
-                    s.opts.ledger_url, what,
-                    ls.last_read_error[0] ? ls.last_read_error
-                                          : qg_strerror(lrc));
-            goto done;
-        }
-    }
-    fprintf(stdout, "quotagate: rebuilt counters from %llu ledger rows in "
-            "%lld ms\n", (unsigned long long)s.rebuild_rows,
-            (long long)s.rebuild_ms);
-
-    memset(&ho, 0, sizeof ho);
-    ho.host = host;
-    ho.port = port;
-    ho.workers = s.opts.workers;
-    ho.header_timeout_ms = s.opts.header_timeout_ms;
-    ho.idle_timeout_ms = s.opts.idle_timeout_ms;
-    ho.min_body_rate = s.opts.min_body_rate;
-    ho.max_connections = s.opts.max_connections;
-    ho.max_conns_per_client = s.opts.max_conns_per_client;
-    ho.max_body_bytes = s.opts.max_body_bytes;
-    if (!(s.http = qg_http_server_new(&ho, qg_server_handle, &s, err,
-                                      sizeof err))) {
-        fprintf(stderr, "quotagate: listen %s: %s\n", s.opts.listen, err);
-        goto done;
-    }
-    if (!(s.reloader = qg_reloader_new(&s))) {
-        fprintf(stderr, "quotagate: cannot start the reloader thread\n");
-        goto done;
-    }
     sc.s = &s;
-    if (pthread_create(&sigth, NULL, signal_thread, &sc) != 0)
-        goto done;
-    sig_started = 1;
-    port = qg_http_server_port(s.http);
-    qg_http_server_stats(s.http, &hs);
-    if (hs.max_conns_per_client)
-        snprintf(err, sizeof err, "%llu",
-                 (unsigned long long)hs.max_conns_per_client);
-    else
-        snprintf(err, sizeof err, "no limit");
-    fprintf(stdout, "quotagate: connections: at most %llu, %s per client "
-            "address (ulimit -n %ld)\n",
-            (unsigned long long)hs.max_connections, err, nofile);
-    fprintf(stdout,
-            "quotagate: rules %s (version %s), ledger %s, store memory\n"
-            "quotagate: try: curl -s -X POST http://%s:%d/v1/check "
-            "-H \"Authorization: Bearer $QUOTAGATE_SERVICE_KEY\" "
-            "-d '{\"subject\":\"bob\",\"request_id\":\"r1\",\"weight\":1}'\n"
-            "quotagate: listening on http://%s:%d\n",
-            s.opts.rules_path, qg_rules_version(qg_engine_rules(s.engine)),
-            s.opts.ledger_url, host, port, host, port);
-    fflush(stdout);
-    rc = qg_http_server_run(s.http) == 0 ? 0 : 1;
-done:
-    if (sig_started) {
+    rc = 1;
+    if (serve_open(&s, &rules, url, sizeof url) == 0 &&
+        serve_rebuild(&s) == 0 && serve_listen(&s, host, port) == 0 &&
+        pthread_create(&sigth, NULL, signal_thread, &sc) == 0) {
+        serve_banner(&s, host, nofile);
+        rc = qg__http_server_run(s.http) == 0 ? 0 : 1;
         pthread_kill(sigth, SIGUSR2);
         pthread_join(sigth, NULL);
     }
-    qg_reloader_free(s.reloader);      /* after run: no request comes */
-    /* Drain the ledger first: settles still in its queue are answered (or
-     * dropped with their connections) before the HTTP server goes. */
-    qg_proxy_stop(&s);
-    qg_ledger_close(s.ledger);
-    qg_http_server_free(s.http);
-    qg_metrics_free(s.metrics);
-    qg_engine_free(s.engine);
-    qg_store_free(s.store);
-    qg_auth_free(s.auth);
+    serve_close(&s);
     qg_rules_free(rules);
     pthread_mutex_destroy(&s.reload_mu);
     if (rc == 0)

@@ -7,36 +7,17 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 #include "http.h"
 #include "ledger.h"
 #include "quotagate.h"
 
 typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
-typedef struct qg_proxy qg_proxy;   /* h_proxy.c */
+typedef struct qg__proxy qg__proxy; /* src/proxy/proxy.h */
 typedef struct qg_reloader qg_reloader;   /* reload.c */
 
-typedef struct qg_serve_opts {
-    const char *rules_path;
-    qg_rules *rules;             /* already loaded from rules_path (owned
-                                    by qg_serve from the call), or NULL */
-    const char *listen;          /* HOST:PORT, default 127.0.0.1:8080 */
-    const char *data_dir;        /* default ./var */
-    const char *ledger_url;      /* default sqlite:DATA/ledger.db */
-    const char *store_url;       /* "memory" (default) */
-    const char *upstream;        /* the proxy's upstream URL, or NULL */
-    int workers;                 /* HTTP worker threads, default 2 */
-    int header_timeout_ms;
-    int idle_timeout_ms;
-    int min_body_rate;           /* bytes/s, 0: the HTTP layer's default */
-    int max_connections;         /* 0: from the file-descriptor limit */
-    int max_conns_per_client;    /* 0: half of max_connections, -1: none */
-    size_t max_body_bytes;
-    int ledger_async;            /* opt into asynchronous settles */
-    int ledger_flush_ms;
-    uint32_t request_ids;        /* ids the memory store remembers; 0 =
-                                    its default (store's max_reservations) */
-} qg_serve_opts;
+/* qg_serve_opts and qg_serve are public (quotagate.h). */
 
 typedef struct qg_server {
     qg_serve_opts opts;
@@ -46,7 +27,8 @@ typedef struct qg_server {
     qg_http_server *http;
     qg_metrics *metrics;
     qg_auth *auth;
-    qg_proxy *proxy;             /* NULL without --upstream */
+    qg__proxy *proxy;            /* the metering proxy (always set up:
+                                    models may name their own upstream) */
     qg_reloader *reloader;       /* loads rules off the workers */
     pthread_mutex_t reload_mu;   /* one reload at a time */
     int64_t wall0_ms;            /* CLOCK_REALTIME at start */
@@ -58,120 +40,114 @@ typedef struct qg_server {
     _Atomic uint64_t reloads, reload_failures;
 } qg_server;
 
-/* Run the gateway until SIGTERM/SIGINT.  Returns the exit status. */
-int qg_serve(const qg_serve_opts *opts);
 
 /* Now, in ms since the epoch: the start's wall time advanced by the
  * monotonic clock (never jumps with wall-clock adjustments). */
-int64_t qg_server_now(const qg_server *s);
+int64_t qg__server_now(const qg_server *s);
+/* A clock in ms (CLOCK_REALTIME, CLOCK_MONOTONIC). */
+int64_t qg__clock_ms(clockid_t id);
 
 /* Reload the rules file; on failure the old rules keep serving and err
  * says why (file:line:column).  Returns 0 or an error.  Blocks for as
  * long as the load takes: the serving threads use the reloader. */
-int qg_server_reload(qg_server *s, char *err, size_t errcap);
+int qg__server_reload(qg_server *s, char *err, size_t errcap);
 
-/* The reloader (reload.c): a thread that runs qg_server_reload for the
- * admin route and SIGHUP.  qg_reloader_new starts it (NULL: out of
- * memory or no thread).  qg_reloader_request asks for a load: r, an admin
+/* The reloader (reload.c): a thread that runs qg__server_reload for the
+ * admin route and SIGHUP.  qg__reloader_new starts it (NULL: out of
+ * memory or no thread).  qg__reloader_request asks for a load: r, an admin
  * request held until then, is answered on its worker with the outcome of
  * a load that began after the call (200, 400 invalid_rules); r NULL (a
  * SIGHUP) only logs it.  Returns 0, or QG_ENOMEM (r is not taken; answer
- * it).  Thread-safe.  qg_reloader_free waits for a load in progress and
- * stops the thread; call it after qg_http_server_run returned and before
+ * it).  Thread-safe.  qg__reloader_free waits for a load in progress and
+ * stops the thread; call it after qg__http_server_run returned and before
  * the engine goes.  Requests it never loaded for stay held (the HTTP
  * server releases them). */
-qg_reloader *qg_reloader_new(qg_server *s);
-int qg_reloader_request(qg_reloader *rl, qg_http_req *r);
-void qg_reloader_free(qg_reloader *rl);
+qg_reloader *qg__reloader_new(qg_server *s);
+int qg__reloader_request(qg_reloader *rl, qg_http_req *r);
+void qg__reloader_free(qg_reloader *rl);
 
 /* The one dispatcher given to the HTTP layer (routes.c), and the metrics
  * route of a path. */
-void qg_server_handle(qg_http_req *r, void *ud);
-int qg_server_route(const char *path);
+void qg__server_handle(qg_http_req *r, void *ud);
 
 /* Scrape-time gauges from the parts' statistics (serve.c). */
 struct qg_metrics_gauges;
-void qg_server_gauges(qg_server *s, const qg_store_stats *st,
+void qg__server_gauges(qg_server *s, const qg_store_stats *st,
                       const qg_ledger_stats *ls, const qg_http_stats *hs,
                       struct qg_metrics_gauges *g);
 
 /* Respond with a typed JSON error {"error": {"type", "message"}}. */
-void qg_reply_error(qg_server *s, qg_http_req *r, int status,
+void qg__reply_error(qg_server *s, qg_http_req *r, int status,
                     const char *type, const char *message);
 /* Respond 200 (or status) with a malloc'd JSON text, which is freed. */
-void qg_reply_json(qg_server *s, qg_http_req *r, int status, char *json,
+void qg__reply_json(qg_server *s, qg_http_req *r, int status, char *json,
                    const qg_http_out_header *h, int nh);
 
 /* rows.c: the ledger row of a decision (check rows: status reserved or
  * rejected, reserved = weight when admitted); strnlen-bounded copies; the
  * one mapping of engine errors (QG_E*) to typed HTTP errors. */
-void qg_row_copy(char *dst, size_t cap, const char *src);
-void qg_row_of_decision(qg_ledger_row *row, const qg_decision *d,
+void qg__row_copy(char *dst, size_t cap, const char *src);
+void qg__row_of_decision(qg_ledger_row *row, const qg_decision *d,
                         const char *rid, const char *subject,
                         int64_t input_tokens, int64_t output_tokens);
 /* The settle's columns of row (status qg_row_status, tokens, final charge
  * and overage, settled_ms), plus what the reservation was (admitted at
  * res->decided_at_ms for res->reserved_milli: an insert when its check
  * row never reached the ledger is then still counted), the rest left
- * alone; qg_row_of_settle: a settle-only row of just those, for subject
+ * alone; qg__row_of_settle: a settle-only row of just those, for subject
  * (NULL or "" when the settle does not know it). */
-void qg_row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
+void qg__row_fill_settle(qg_ledger_row *row, const char *rid, int row_status,
                         int64_t input_tokens, int64_t output_tokens,
                         const qg_settle_result *res, int64_t now_ms);
-void qg_row_of_settle(qg_ledger_row *row, const char *rid,
+void qg__row_of_settle(qg_ledger_row *row, const char *rid,
                       const char *subject, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms);
-void qg_reply_engine_error(qg_server *s, qg_http_req *r, int rc,
+void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg);
 
 /* reqid.c: request ids the counters do not remember, answered from the
  * ledger (docs/decisions.md, "Idempotency").
  *
- * qg_server_check: qg_engine_check, but for an id the counters do not
+ * qg__server_check: qg_engine_check, but for an id the counters do not
  * remember the ledger's row decides first: another subject's is
  * QG_EINVAL; an admitted request of the same subject is a replay filled
  * from the row (whose names *d then points into: `prior` is the caller's
  * buffer and must outlive *d); otherwise the engine decides.  Returns as
  * qg_engine_check, or QG_EIO when the ledger cannot be read (err).
  *
- * qg_server_settle_prior: for a settle the engine did not find
+ * qg__server_settle_prior: for a settle the engine did not find
  * (QG_ENOTFOUND): QG_ENOTFOUND again when the ledger has no admitted row
  * either; QG_EINVAL for another subject's id; QG_OK with *res filled: a
  * replay (res->replayed: answer it, nothing to write) or a late settle
  * of a reservation the counters no longer hold (charged to them when
  * inside the reach; *row is its settle-only row, to be completed with
- * qg_row_fill_settle and written); QG_EIO when the ledger cannot be
+ * qg__row_fill_settle and written); QG_EIO when the ledger cannot be
  * read. */
-int qg_server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
+int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
                     qg_decision *d, qg_ledger_row *prior, char *err,
                     size_t errcap);
-int qg_server_settle_prior(qg_server *s, const qg_settle_req *req,
+int qg__server_settle_prior(qg_server *s, const qg_settle_req *req,
                            int64_t now_ms, qg_settle_result *res,
                            qg_ledger_row *row, char *err, size_t errcap);
 
 /* Route handlers.  `subject` is the caller's subject for subject keys. */
-void qg_h_check(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_settle(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_usage(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_plans(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_weights(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_healthz(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_metrics(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_admin_subjects(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_admin_keys(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_check(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_settle(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_usage(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_plans(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_weights(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_healthz(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_metrics(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
 /* GET /v1/authz (forward-auth): authenticates its own caller from
  * X-Quotagate-Key, so its route is open (h_authz.c). */
-void qg_h_authz(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_authz(qg_server *s, qg_http_req *r, const char *subject);
 /* The metering proxy (h_proxy.c, docs/proxy.md): POST /v1/chat/completions
  * and POST /v1/messages with a subject key. */
-void qg_h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject);
-void qg_h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject);
-/* Set up the proxy when opts.upstream is set (0, or -1 with err: a bad
- * URL); stop it after qg_http_server_run returned and before the ledger
- * closes (cancels requests in flight, settles them cancelled). */
-int qg_proxy_start(qg_server *s, char *err, size_t errcap);
-void qg_proxy_stop(qg_server *s);
+void qg__h_proxy_openai(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_proxy_anthropic(qg_server *s, qg_http_req *r, const char *subject);
 
 #endif

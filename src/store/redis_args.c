@@ -6,7 +6,7 @@
  * Numbers are decimal text (Redis passes strings); keys and request ids
  * are hex.  Calendar periods: for each calendar window of the member's
  * plan, then of the org, the period [start, end) containing pnow, as
- * qg_calendar_period computes it (the member's billing anchor for plan
+ * qg__calendar_period computes it (the member's billing anchor for plan
  * windows, none for org windows, as store_memory.c's gather passes), or
  * "-1 -1" when it has none. */
 #include <stdio.h>
@@ -205,7 +205,7 @@ static void add_cal(qg__rs_args *a, const qg_window_spec *w, int n,
         int64_t s, e;
         if (w[i].type != QG_WIN_CALENDAR)
             continue;
-        if (qg_calendar_period(&w[i].cal, anchor, pnow, &s, &e) != 0 ||
+        if (qg__calendar_period(&w[i].cal, anchor, pnow, &s, &e) != 0 ||
             !(s <= pnow && pnow < e)) {
             s = -1;
             e = -1;

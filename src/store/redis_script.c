@@ -233,7 +233,7 @@ static void list_content(sbuf *b, const qg_window_spec *w, int n)
             sb_printf(b, "%d|%d|%d|%d|%d|%s|", (int)s->cal.every,
                       s->cal.weekday, s->cal.mday, s->cal.minute_of_day,
                       s->cal.anchor_billing,
-                      s->cal.tz ? qg_tz_name(s->cal.tz) : "");
+                      s->cal.tz ? qg__tz_name(s->cal.tz) : "");
         sb_str(b, "\n");
     }
 }

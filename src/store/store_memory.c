@@ -11,7 +11,9 @@
  *    max_reservations / shards ids and forgets the oldest settled (or
  *    expired) one to make room; when every remembered id is still an
  *    unexpired reservation the check is refused with QG_EFULL.
- * Lock order is always reservation shard, then entity shard.
+ * Lock order is always reservation shard, then entity shard.  The tables
+ * are mem_entities.c and mem_reservations.c (mem_tables.h); this file
+ * holds the store's methods.
  *
  * Memory per subject: one entity block (header plus 32 bytes per window)
  * and a table slot; rolling logs and lease arrays grow on demand within
@@ -27,328 +29,12 @@
 #include <string.h>
 #include "decide.h"
 #include "fixed.h"
-#include "store.h"
+#include "mem_tables.h"
 #include "weights.h"
-#include <xxhash.h>
 
 #define DEFAULT_SHARDS 64
 #define DEFAULT_RESERVATIONS (1u << 19)
 #define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
-
-/* The windows an entity's states follow.  Interned per shard, one per
- * window list (plan or org) of the rules in force; kept until the store
- * is freed.  The types and name hashes are copies, so that states can be
- * freed and carried across a rules reload without touching old rules;
- * specs is dereferenced only while it is the current rules' list. */
-typedef struct layout {
-    const qg_window_spec *specs;
-    uint32_t n;
-    uint8_t type[QG_MAX_PLAN_WINDOWS];
-    uint64_t name_hash[QG_MAX_PLAN_WINDOWS];
-    struct layout *next;
-} layout;
-
-typedef struct entity {
-    qg_key key;
-    int64_t seen_ms;              /* newest instant a decision used */
-    const layout *lay;
-    qg_win_state *win;            /* points into the block, or separate */
-    uint16_t separate;            /* win allocated apart from the block */
-    uint16_t shard;               /* entity shard it lives in */
-    int64_t spent_micro;          /* payg: spent in the cap period ... */
-    int64_t spent_start_ms;       /* ... starting here (0: none yet) */
-    qg_win_state inline_win[];
-} entity;
-
-typedef struct ent_slot {
-    qg_key key;                   /* {0,0} = empty */
-    entity *e;
-} ent_slot;
-
-typedef struct ent_shard {
-    pthread_mutex_t mu;
-    ent_slot *slots;
-    uint32_t cap, count;          /* cap is a power of two */
-    size_t bytes;                 /* entity blocks */
-    layout *layouts;
-    uint16_t index;
-    char pad[64];
-} ent_shard;
-
-enum { R_EMPTY = 0, R_RESERVED = 1, R_SETTLED = 2 };
-
-typedef struct resv {
-    qg_key rid;
-    entity *member, *org;
-    const qg_model *model_spec;   /* NULL: weight-only */
-    int64_t t0_ms, expires_ms;
-    int64_t reserved_milli, actual_milli, charged_milli;
-    int64_t anchor_ms;
-    int64_t headroom_milli;       /* payg: room at admission, -1 none */
-    int64_t price_micro, cost_micro, cap_start_ms;
-    int32_t model;
-    uint16_t shard;               /* entity shard */
-    uint8_t state, status;
-    uint8_t late;
-} resv;
-
-typedef struct resv_shard {
-    pthread_mutex_t mu;
-    resv *slots;
-    uint32_t cap, count, max;     /* cap power of two >= 2 * max */
-    qg_key *fifo;                 /* insertion order, max entries */
-    uint32_t fifo_head, fifo_count;
-    uint32_t live;                /* R_RESERVED entries */
-    char pad[64];
-} resv_shard;
-
-typedef struct mem_store {
-    qg_store base;
-    int nshards;
-    ent_shard *ents;
-    resv_shard *resvs;
-} mem_store;
-
-static int key_zero(qg_key k) { return k.hi == 0 && k.lo == 0; }
-static int key_eq(qg_key a, qg_key b) { return a.hi == b.hi && a.lo == b.lo; }
-
-/* ------------------------------------------------------------ entities */
-
-static uint64_t name_hash(const char *name)
-{
-    return XXH3_64bits(name, strlen(name));
-}
-
-static const layout *layout_get(ent_shard *sh, const qg_window_spec *specs,
-                                int n)
-{
-    layout *l;
-    for (l = sh->layouts; l; l = l->next)
-        if (l->specs == specs)
-            return l;
-    if (n > QG_MAX_PLAN_WINDOWS || !(l = calloc(1, sizeof *l)))
-        return NULL;
-    l->specs = specs;
-    l->n = (uint32_t)n;
-    for (int i = 0; i < n; i++) {
-        l->type[i] = (uint8_t)specs[i].type;
-        l->name_hash[i] = name_hash(specs[i].name);
-    }
-    l->next = sh->layouts;
-    sh->layouts = l;
-    return l;
-}
-
-/* Rolling rings and lease arrays start inside the entity's block (lent,
- * store.h): a decision then reads one block, which mem_check prefetches,
- * instead of chasing two more pointers to scattered heap blocks.  They
- * move to the heap only when they outgrow these. */
-#define INLINE_RING 4            /* = the rolling ring's first capacity */
-#define INLINE_LEASES 4
-
-static size_t inline_bytes(const layout *lay)
-{
-    size_t b = 0;
-    for (uint32_t i = 0; i < lay->n; i++)
-        if (lay->type[i] == QG_WIN_ROLLING)
-            b += INLINE_RING * sizeof(qg_roll_entry);
-        else if (lay->type[i] == QG_WIN_CONCURRENCY)
-            b += INLINE_LEASES * sizeof(qg_lease);
-    return b;
-}
-
-static size_t entity_bytes(const layout *lay)
-{
-    return sizeof(entity) + (size_t)lay->n * sizeof(qg_win_state) +
-           inline_bytes(lay);
-}
-
-static entity *entity_new(qg_key key, const layout *lay)
-{
-    entity *e = calloc(1, entity_bytes(lay));
-    if (!e)
-        return NULL;
-    e->key = key;
-    e->lay = lay;
-    e->win = e->inline_win;
-    char *p = (char *)&e->inline_win[lay->n];
-    for (uint32_t i = 0; i < lay->n; i++) {
-        qg_win_state *st = &e->win[i];
-        if (lay->type[i] == QG_WIN_ROLLING) {
-            st->u.roll.ring = (qg_roll_entry *)(void *)p;
-            st->u.roll.cap = INLINE_RING | QG_WIN_BORROWED;
-            p += INLINE_RING * sizeof(qg_roll_entry);
-        } else if (lay->type[i] == QG_WIN_CONCURRENCY) {
-            st->u.conc.leases = (qg_lease *)(void *)p;
-            st->u.conc.cap = INLINE_LEASES | QG_WIN_BORROWED;
-            p += INLINE_LEASES * sizeof(qg_lease);
-        }
-    }
-    return e;
-}
-
-static void entity_free(entity *e)
-{
-    for (uint32_t i = 0; i < e->lay->n; i++)
-        qg_win_free_type((qg_win_type)e->lay->type[i], &e->win[i]);
-    if (e->separate)
-        free(e->win);
-    free(e);
-}
-
-/* The rules changed the layout (a new plan, or reloaded rules): carry each
- * window's state over to the same-named window of the same type. */
-static int entity_relayout(entity *e, const layout *nl)
-{
-    const layout *ol = e->lay;
-    qg_win_state *nw = calloc(nl->n ? nl->n : 1, sizeof *nw);
-    if (!nw)
-        return QG_ENOMEM;
-    for (uint32_t i = 0; i < nl->n; i++)
-        for (uint32_t j = 0; j < ol->n; j++)
-            if (ol->type[j] == nl->type[i] &&
-                ol->name_hash[j] == nl->name_hash[i]) {
-                nw[i] = e->win[j];
-                memset(&e->win[j], 0, sizeof e->win[j]);
-                break;
-            }
-    for (uint32_t j = 0; j < ol->n; j++)
-        qg_win_free_type((qg_win_type)ol->type[j], &e->win[j]);
-    if (e->separate)
-        free(e->win);
-    e->win = nw;
-    e->separate = 1;
-    e->lay = nl;
-    return QG_OK;
-}
-
-static int ent_grow(ent_shard *sh)
-{
-    uint32_t ncap = sh->cap ? sh->cap * 2 : 1024;
-    ent_slot *ns = calloc(ncap, sizeof *ns);
-    if (!ns)
-        return QG_ENOMEM;
-    for (uint32_t i = 0; i < sh->cap; i++) {
-        ent_slot *o = &sh->slots[i];
-        uint32_t j;
-        if (key_zero(o->key))
-            continue;
-        for (j = (uint32_t)o->key.lo & (ncap - 1); !key_zero(ns[j].key);
-             j = (j + 1) & (ncap - 1))
-            ;
-        ns[j] = *o;
-    }
-    free(sh->slots);
-    sh->slots = ns;
-    sh->cap = ncap;
-    return QG_OK;
-}
-
-/* Find or create the entity for key with the given layout. */
-static int ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
-                   int n, entity **out)
-{
-    const layout *lay;
-    uint32_t j;
-    entity *e;
-
-    if (sh->cap) {
-        for (j = (uint32_t)key.lo & (sh->cap - 1); !key_zero(sh->slots[j].key);
-             j = (j + 1) & (sh->cap - 1))
-            if (key_eq(sh->slots[j].key, key)) {
-                e = sh->slots[j].e;
-                if (e->lay->specs != specs) {
-                    const layout *l = layout_get(sh, specs, n);
-                    if (!l || entity_relayout(e, l) != QG_OK)
-                        return QG_ENOMEM;
-                }
-                *out = e;
-                return QG_OK;
-            }
-    }
-    if ((sh->count + 1) * 2 > sh->cap && ent_grow(sh) != QG_OK)
-        return QG_ENOMEM;
-    if (!(lay = layout_get(sh, specs, n)) || !(e = entity_new(key, lay)))
-        return QG_ENOMEM;
-    e->shard = sh->index;
-    for (j = (uint32_t)key.lo & (sh->cap - 1); !key_zero(sh->slots[j].key);
-         j = (j + 1) & (sh->cap - 1))
-        ;
-    sh->slots[j].key = key;
-    sh->slots[j].e = e;
-    sh->count++;
-    sh->bytes += entity_bytes(lay);
-    *out = e;
-    return QG_OK;
-}
-
-/* -------------------------------------------------------- reservations */
-
-static resv *resv_find(resv_shard *sh, qg_key rid)
-{
-    for (uint32_t j = (uint32_t)(rid.lo >> 8) & (sh->cap - 1);
-         sh->slots[j].state != R_EMPTY; j = (j + 1) & (sh->cap - 1))
-        if (key_eq(sh->slots[j].rid, rid))
-            return &sh->slots[j];
-    return NULL;
-}
-
-/* Remove the entry at slot i, shifting later members of its probe run
- * back so that lookups never stop early (no tombstones). */
-static void resv_delete_at(resv_shard *sh, uint32_t i)
-{
-    uint32_t mask = sh->cap - 1, j = i;
-    if (sh->slots[i].state == R_RESERVED)
-        sh->live--;
-    sh->slots[i].state = R_EMPTY;
-    sh->count--;
-    for (;;) {
-        uint32_t home;
-        j = (j + 1) & mask;
-        if (sh->slots[j].state == R_EMPTY)
-            return;
-        home = (uint32_t)(sh->slots[j].rid.lo >> 8) & mask;
-        /* move j back to i when home is not cyclically within (i, j] */
-        if ((i <= j) ? (home <= i || home > j) : (home <= i && home > j)) {
-            sh->slots[i] = sh->slots[j];
-            sh->slots[j].state = R_EMPTY;
-            i = j;
-        }
-    }
-}
-
-/* Make room for one more id: forget the oldest if it is settled or its
- * lease has expired.  Returns 0 or QG_EFULL. */
-static int resv_make_room(resv_shard *sh, int64_t now)
-{
-    while (sh->count >= sh->max && sh->fifo_count) {
-        qg_key old = sh->fifo[sh->fifo_head];
-        resv *r = resv_find(sh, old);
-        if (r && r->state == R_RESERVED && now < r->expires_ms)
-            return QG_EFULL;
-        sh->fifo_head = (sh->fifo_head + 1) % sh->max;
-        sh->fifo_count--;
-        if (r)
-            resv_delete_at(sh, (uint32_t)(r - sh->slots));
-    }
-    return sh->count < sh->max ? QG_OK : QG_EFULL;
-}
-
-static resv *resv_insert(resv_shard *sh, qg_key rid)
-{
-    uint32_t j;
-    for (j = (uint32_t)(rid.lo >> 8) & (sh->cap - 1);
-         sh->slots[j].state != R_EMPTY; j = (j + 1) & (sh->cap - 1))
-        ;
-    memset(&sh->slots[j], 0, sizeof sh->slots[j]);
-    sh->slots[j].rid = rid;
-    sh->slots[j].state = R_RESERVED;
-    sh->count++;
-    sh->live++;
-    sh->fifo[(sh->fifo_head + sh->fifo_count) % sh->max] = rid;
-    sh->fifo_count++;
-    return &sh->slots[j];
-}
 
 /* ------------------------------------------------------------- methods */
 
@@ -363,7 +49,7 @@ static int mem_known(qg_store *s, qg_key rid)
     resv_shard *rs = &ms->resvs[shard_of(ms, rid)];
     int found;
     pthread_mutex_lock(&rs->mu);
-    found = resv_find(rs, rid) != NULL;
+    found = qg__mem_resv_find(rs, rid) != NULL;
     pthread_mutex_unlock(&rs->mu);
     return found;
 }
@@ -401,7 +87,7 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     din->ctx[0].anchor_ms = anchor;
     din->ctx[1].anchor_ms = 0;
     din->ctx[0].rid = din->ctx[1].rid = rid.lo;
-    /* qg_decide_add inlined (get_entities checked the total fits). */
+    /* qg__decide_add inlined (get_entities checked the total fits). */
     int n = 0;
     for (uint32_t i = 0; i < m->lay->n; i++, n++) {
         din->spec[n] = &m->lay->specs[i];
@@ -431,25 +117,14 @@ static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
         *m = h;
         rc = QG_OK;
     } else {
-        rc = ent_get(es, member, plan->windows, plan->nwindows, m);
+        rc = qg__mem_ent_get(es, member, plan->windows, plan->nwindows, m);
     }
     *o = NULL;
     if (rc == QG_OK && has_org && os)
-        rc = ent_get(es, org, os->windows, os->nwindows, o);
+        rc = qg__mem_ent_get(es, org, os->windows, os->nwindows, o);
     if (rc == QG_OK && (int)(*m)->lay->n + (*o ? (int)(*o)->lay->n : 0) > QG_MAX_VIEWS)
         rc = QG_EINVAL;
     return rc;
-}
-
-/* The member's spent amount in the cap period that starts at start_ms
- * (store.h): an amount of an earlier period is dropped. */
-static int64_t *spent_in(entity *m, int64_t start_ms)
-{
-    if (m->spent_start_ms != start_ms && start_ms >= m->spent_start_ms) {
-        m->spent_micro = 0;
-        m->spent_start_ms = start_ms;
-    }
-    return &m->spent_micro;
 }
 
 static void payg_setup(qg_decide_in *din, entity *m, const qg_store_check *in)
@@ -458,24 +133,7 @@ static void payg_setup(qg_decide_in *din, entity *m, const qg_store_check *in)
     din->price_micro = in->price_micro;
     din->cap_micro = in->cap_micro;
     din->cap_end_ms = in->cap_end_ms;
-    din->spent_micro = spent_in(m, in->cap_start_ms);
-}
-
-/* Settle or restore: move the member's spent amount by delta (within
- * +-QG_MONEY_MAX_MICRO) when it is still the period the charge was made
- * in.  It saturates at the bound and then stays there against refunds. */
-static void spent_adjust(entity *m, int64_t start_ms, int64_t delta)
-{
-    if (delta == 0 || m->spent_start_ms != start_ms)
-        return;
-    if (delta > 0) {
-        m->spent_micro = qg_money_add(m->spent_micro, delta);
-    } else if (m->spent_micro < QG_MONEY_MAX_MICRO) {
-        m->spent_micro += delta < -QG_MONEY_MAX_MICRO ? -QG_MONEY_MAX_MICRO
-                                                       : delta;
-        if (m->spent_micro < 0)
-            m->spent_micro = 0;
-    }
+    din->spent_micro = qg__payg_spent_in(&m->spent, in->cap_start_ms);
 }
 
 /* When a reservation made at t0 stops holding its lease. */
@@ -516,7 +174,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
             __builtin_prefetch(h + 64 * i);
     }
     pthread_mutex_lock(&rs->mu);
-    if ((r = resv_find(rs, in->rid)) != NULL) {
+    if ((r = qg__mem_resv_find(rs, in->rid)) != NULL) {
         if (!key_eq(r->member->key, in->member)) {
             rc = QG_EINVAL;
             goto out_rs;
@@ -524,25 +182,25 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
         pthread_mutex_lock(&ms->ents[r->shard].mu);
         gather(&din, r->member, r->org, r->model, r->reserved_milli,
                in->now_ms, r->anchor_ms, in->rid);
-        qg_decide_views(&din, out, 0);
+        qg__decide_views(&din, out, 0);
         pthread_mutex_unlock(&ms->ents[r->shard].mu);
         out->outcome = QG_ALLOW;
         out->replayed = 1;
         out->weight_milli = r->reserved_milli;
         out->headroom_milli = r->headroom_milli;
         out->overage_price_micro = r->price_micro;
-        out->overage_milli = qg_overage_of(r->reserved_milli,
+        out->overage_milli = qg__overage_of(r->reserved_milli,
                                            r->headroom_milli);
         out->overage_cost_micro = r->cost_micro;
         out->cap_reached = 0;
-        out->spent_micro = r->member->spent_micro;
+        out->spent_micro = r->member->spent.micro;
         out->decided_at_ms = r->t0_ms;
         out->retry_after_ms = 0;
         out->binding = -1;
         rc = QG_OK;
         goto out_rs;
     }
-    if ((rc = resv_make_room(rs, in->now_ms)) != QG_OK)
+    if ((rc = qg__mem_resv_make_room(rs, in->now_ms)) != QG_OK)
         goto out_rs;
 
     pthread_mutex_lock(&es->mu);
@@ -555,8 +213,8 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
                in->anchor_ms, in->rid);
         if (in->payg_mask)
             payg_setup(&din, m, in);
-        rc = qg_decide(&din, out);
-        out->spent_micro = m->spent_micro;
+        rc = qg__decide(&din, out);
+        out->spent_micro = m->spent.micro;
     }
     pthread_mutex_unlock(&es->mu);
     if (rc != QG_OK)
@@ -564,7 +222,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     out->replayed = 0;
     out->decided_at_ms = din.ctx[0].now_ms;   /* clamped, see gather() */
     if (out->outcome == QG_ALLOW) {
-        r = resv_insert(rs, in->rid);
+        r = qg__mem_resv_insert(rs, in->rid);
         r->member = m;
         r->org = o;
         r->shard = (uint16_t)esi;
@@ -593,7 +251,7 @@ static void settle_result(const resv *r, int replayed, qg_settle_result *out)
     out->charged_milli = r->charged_milli;
     out->decided_at_ms = r->t0_ms;
     out->status = (qg_settle_status)r->status;
-    out->overage_milli = qg_overage_of(r->charged_milli, r->headroom_milli);
+    out->overage_milli = qg__overage_of(r->charged_milli, r->headroom_milli);
     out->overage_cost_micro = r->cost_micro;
 }
 
@@ -608,7 +266,7 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     int rc = QG_OK;
 
     pthread_mutex_lock(&rs->mu);
-    if (!(r = resv_find(rs, in->rid))) {
+    if (!(r = qg__mem_resv_find(rs, in->rid))) {
         rc = QG_ENOTFOUND;
         goto out;
     }
@@ -625,7 +283,7 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     } else if (r->model_spec) {
         /* tokens within the bound (the engine checked): a weight over the
          * bound is charged at the bound */
-        actual = qg_weight_milli(r->model_spec, in->input_tokens,
+        actual = qg__weight_milli(r->model_spec, in->input_tokens,
                                  in->output_tokens);
         if (actual > QG_AMOUNT_MAX_MILLI)
             actual = QG_AMOUNT_MAX_MILLI;
@@ -641,14 +299,15 @@ static int mem_settle(qg_store *s, const qg_store_settle *in,
     /* A reservation whose lease expired is final: never refunded. */
     if (r->late && delta < 0)
         delta = 0;
-    int64_t cost = qg_overage_cost(
-        qg_overage_of(r->reserved_milli + delta, r->headroom_milli),
+    int64_t cost = qg__overage_cost(
+        qg__overage_of(r->reserved_milli + delta, r->headroom_milli),
         r->price_micro);
     pthread_mutex_lock(&ms->ents[r->shard].mu);
     gather(&din, r->member, r->org, r->model, r->reserved_milli, in->now_ms,
            r->anchor_ms, in->rid);
-    qg_decide_settle(&din, r->t0_ms, delta);
-    spent_adjust(r->member, r->cap_start_ms, cost - r->cost_micro);
+    qg__decide_settle(&din, r->t0_ms, delta);
+    qg__payg_spent_adjust(&r->member->spent, r->cap_start_ms,
+                          cost - r->cost_micro);
     pthread_mutex_unlock(&ms->ents[r->shard].mu);
     r->cost_micro = cost;
     r->actual_milli = actual;
@@ -676,9 +335,9 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
                       in->orgspec, NULL, &m, &o);
     if (rc == QG_OK) {
         gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
-        qg_decide_views(&din, out, 1);
-        if (in->cap_start_ms >= 0 && m->spent_start_ms == in->cap_start_ms)
-            out->spent_micro = m->spent_micro;
+        qg__decide_views(&din, out, 1);
+        if (in->cap_start_ms >= 0 && m->spent.start_ms == in->cap_start_ms)
+            out->spent_micro = m->spent.micro;
     }
     pthread_mutex_unlock(&es->mu);
     out->outcome = QG_NONE;
@@ -698,13 +357,13 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
     int rc, remember;
 
     pthread_mutex_lock(&rs->mu);
-    if (!in->charge_only && resv_find(rs, in->rid)) {
+    if (!in->charge_only && qg__mem_resv_find(rs, in->rid)) {
         rc = QG_OK;              /* already restored */
         goto out;
     }
     /* Past the idempotency memory the charge still counts; only the id
      * is not remembered. */
-    remember = !in->charge_only && resv_make_room(rs, in->at_ms) == QG_OK;
+    remember = !in->charge_only && qg__mem_resv_make_room(rs, in->at_ms) == QG_OK;
     pthread_mutex_lock(&es->mu);
     rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
                       in->orgspec, NULL, &m, &o);
@@ -714,22 +373,23 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
                in->anchor_ms, rid);
         for (int i = 0; i < din.n && rc == QG_OK; i++) {
             const qg_window_spec *w = din.spec[i];
-            if (!qg_window_applies(w, in->model))
+            if (!qg__window_applies(w, in->model))
                 continue;
             /* A settled request no longer holds a concurrency slot. */
             if (w->type == QG_WIN_CONCURRENCY && in->settled)
                 continue;
-            rc = qg_win_charge(w, din.state[i], &din.ctx[din.org[i]],
-                               qg_win_amount(w, in->charged_milli));
+            rc = qg__win_charge(w, din.state[i], &din.ctx[din.org[i]],
+                               qg__win_amount(w, in->charged_milli));
         }
         if (rc == QG_OK && in->cost_micro > 0) {
-            spent_in(m, in->cap_start_ms);
-            spent_adjust(m, in->cap_start_ms, in->cost_micro);
+            qg__payg_spent_in(&m->spent, in->cap_start_ms);
+            qg__payg_spent_adjust(&m->spent, in->cap_start_ms,
+                                  in->cost_micro);
         }
     }
     pthread_mutex_unlock(&es->mu);
     if (rc == QG_OK && remember) {
-        r = resv_insert(rs, in->rid);
+        r = qg__mem_resv_insert(rs, in->rid);
         r->member = m;
         r->org = o;
         r->shard = (uint16_t)esi;
@@ -772,7 +432,7 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
             if (key_zero(es->slots[j].key))
                 continue;
             for (uint32_t w = 0; w < e->lay->n; w++)
-                out->bytes += qg_win_bytes_type((qg_win_type)e->lay->type[w],
+                out->bytes += qg__win_bytes_type((qg_win_type)e->lay->type[w],
                                                 &e->win[w]);
         }
         pthread_mutex_unlock(&es->mu);
@@ -795,7 +455,7 @@ static void mem_free(qg_store *s)
             ent_shard *es = &ms->ents[i];
             for (uint32_t j = 0; j < es->cap; j++)
                 if (!key_zero(es->slots[j].key))
-                    entity_free(es->slots[j].e);
+                    qg__mem_entity_free(es->slots[j].e);
             free(es->slots);
             while (es->layouts) {
                 layout *l = es->layouts;
@@ -865,13 +525,3 @@ fail:
     return NULL;
 }
 
-void qg_store_free(qg_store *s)
-{
-    if (s)
-        s->m->free(s);
-}
-
-void qg_store_stats_get(qg_store *s, qg_store_stats *out)
-{
-    s->m->stats(s, out);
-}

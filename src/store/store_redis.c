@@ -382,7 +382,7 @@ static void cap_period(const redis_store *s, int64_t anchor, int64_t at,
                        int64_t *start, int64_t *end)
 {
     qg_calendar_spec c = {QG_EVERY_MONTH, 0, 1, 0, 1, s->utc};
-    if (qg_calendar_period(&c, anchor, at, start, end) != 0) {
+    if (qg__calendar_period(&c, anchor, at, start, end) != 0) {
         *start = 0;
         *end = INT64_MAX;
     }
@@ -1048,7 +1048,7 @@ static void r_free(qg_store *st)
         s->versions = v->next;
         qg__rs_version_free(v);
     }
-    qg_tz_free(s->utc);
+    qg__tz_free(s->utc);
     free(s->password);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -1142,7 +1142,7 @@ qg_store *qg_store_redis_new(const char *url, const qg_redis_opts *opts,
                                                  : DEFAULT_TIMEOUT_MS;
     s->server_time = opts ? opts->server_time != 0 : 1;
     s->rid_ttl_opt = opts ? opts->request_id_ttl_ms : 0;
-    if ((pw && *pw && !(s->password = strdup(pw))) || !(s->utc = qg_tz_utc())) {
+    if ((pw && *pw && !(s->password = strdup(pw))) || !(s->utc = qg__tz_utc())) {
         snprintf(err, errcap, "%s", "out of memory");
         goto fail;
     }

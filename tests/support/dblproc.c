@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "dblproc.h"
@@ -28,6 +29,7 @@ int dblproc_start(dblproc *d, const char *bin)
     }
     if (d->pid == 0) {
         char *argv[] = {(char *)bin, "--listen", "127.0.0.1:0", NULL};
+        prctl(PR_SET_PDEATHSIG, SIGTERM);   /* a test that crashed */
         dup2(out[1], 1);
         close(out[0]);
         close(out[1]);

@@ -29,8 +29,8 @@ json_t *tst_jref_load(const char *s, size_t len, size_t flags);
 
 /* ---- responses (respref.c) */
 
-/* The jansson versions of qg_usage_openai_chunk_bytes and
- * qg_usage_anthropic_event_bytes (usage.h), same contract. */
+/* The jansson versions of qg__usage_openai_chunk_bytes and
+ * qg__usage_anthropic_event_bytes (usage.h), same contract. */
 int tst_ref_openai_chunk_bytes(const char *data, size_t len,
                                qg_usage_counts *out, int *is_usage_only,
                                int64_t *content_bytes);
@@ -50,10 +50,10 @@ int tst_resp_agree(const char *s, size_t n);
 
 /* ---- requests (reqref.c) */
 
-/* The jansson version of qg_request_fields, same contract. */
+/* The jansson version of qg__request_fields, same contract. */
 int tst_ref_request_fields(const char *body, size_t len, int shape,
                            qg_request_info *out);
-/* qg_request_fields on s[0..n) (s may be NULL with n 0), both shapes
+/* qg__request_fields on s[0..n) (s may be NULL with n 0), both shapes
  * and an invalid one, against the reference (on a refusal only the
  * return and the emptied model are compared): 1 when they agree, else 0
  * after printing the difference to stderr. */

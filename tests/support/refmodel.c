@@ -223,7 +223,7 @@ static int calendar_used(const wref *w, int64_t T, i128 *used,
                          int64_t *end)
 {
     int64_t start, e;
-    if (qg_calendar_period(&w->s->cal, w->anchor, T, &start, &e) != 0 ||
+    if (qg__calendar_period(&w->s->cal, w->anchor, T, &start, &e) != 0 ||
         start > T || e <= T)
         return -1;
     *used = 0;
@@ -594,7 +594,7 @@ static int all_fit(ref_model *m, const wref *w, int n, int model,
                    int64_t weight, int64_t T)
 {
     for (int i = 0; i < n; i++)
-        if (qg_window_applies(w[i].s, model) &&
+        if (qg__window_applies(w[i].s, model) &&
             !fits(m, &w[i], amount_of(w[i].s, weight), T))
             return 0;
     return 1;
@@ -609,7 +609,7 @@ static void decide(ref_model *m, const wref *w, int n, int model,
 
     for (int i = 0; i < n; i++) {
         inst[i] = now;
-        if (!qg_window_applies(w[i].s, model))
+        if (!qg__window_applies(w[i].s, model))
             continue;
         inst[i] = window_earliest(m, &w[i], amount_of(w[i].s, weight), now);
         if (inst[i] == REF_NEVER) {
@@ -635,7 +635,7 @@ static void decide(ref_model *m, const wref *w, int n, int model,
         size_t from = m->ncand;
         cand_push(m, now);
         for (int i = 0; i < n; i++)
-            if (qg_window_applies(w[i].s, model))
+            if (qg__window_applies(w[i].s, model))
                 candidates(m, &w[i], amount_of(w[i].s, weight), now);
         size_t k = cand_sort(m, from, now), j = 0;
         const int64_t *c = m->cand + from;
@@ -709,7 +709,7 @@ int ref_check_ex(ref_model *m, const char *subject, const char *rid,
     r->reserved = r->charged = weight_milli;
     tab_put(&m->resv_idx, rid, ri);
     for (int i = 0; i < n; i++) {
-        if (!qg_window_applies(w[i].s, model))
+        if (!qg__window_applies(w[i].s, model))
             continue;
         int64_t a = amount_of(w[i].s, weight_milli);
         log_append(w[i].log, now_ms, a, ri, a >= 0);
@@ -759,7 +759,7 @@ int ref_settle(ref_model *m, const char *rid, int64_t actual_milli,
         n = gather(m, r->subj, r->org, w);
         for (int i = 0; i < n; i++) {
             const qg_window_spec *s = w[i].s;
-            if (!qg_window_applies(s, r->model) || s->unit != QG_UNIT_WEIGHT ||
+            if (!qg__window_applies(s, r->model) || s->unit != QG_UNIT_WEIGHT ||
                 s->type == QG_WIN_CONCURRENCY || delta == 0)
                 continue;
             if (s->type == QG_WIN_RATE) {

@@ -1,5 +1,5 @@
 /* reqref.c - the jansson request reader that reqscan.c's one yajl pass
- * replaced (qg_request_fields), kept as the reference of test_reqscan.c
+ * replaced (qg__request_fields), kept as the reference of test_reqscan.c
  * and of the fuzz harness fuzz_reqscan.c (declared in jref.h).  It
  * parses with JSON_REJECT_DUPLICATES and JSON_ALLOW_NUL, and refuses a
  * NUL byte outside strings (tst_jref_load). */
@@ -111,7 +111,7 @@ int tst_req_agree(const char *s, size_t n)
         if (n)
             memcpy(p, s, n);
         memset(&a, 0x5A, sizeof a);
-        int ra = qg_request_fields(p, n, shape, &a);
+        int ra = qg__request_fields(p, n, shape, &a);
         int rb = tst_ref_request_fields(p, n, shape, &b);
         free(p);
         int same = ra == rb &&

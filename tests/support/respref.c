@@ -342,24 +342,24 @@ int tst_resp_agree(const char *s, size_t n)
     int ra, rb, oa = 9, ob = 9;
     int64_t ca = -5, cb = -5;
 
-    ra = qg_usage_openai_json(s, n, &a);
+    ra = qg__usage_openai_json(s, n, &a);
     rb = ref_openai_json(s, n, &b);
     if (ra != rb || !tst_same_counts(&a, &b)) {
-        tst_show("qg_usage_openai_json", s, n);
+        tst_show("qg__usage_openai_json", s, n);
         return 0;
     }
-    ra = qg_usage_anthropic_json(s, n, &a);
+    ra = qg__usage_anthropic_json(s, n, &a);
     rb = ref_anthropic_json(s, n, &b);
     if (ra != rb || !tst_same_counts(&a, &b)) {
-        tst_show("qg_usage_anthropic_json", s, n);
+        tst_show("qg__usage_anthropic_json", s, n);
         return 0;
     }
     earlier(&a);
     earlier(&b);
-    ra = qg_usage_openai_chunk_bytes(s, n, &a, &oa, &ca);
+    ra = qg__usage_openai_chunk_bytes(s, n, &a, &oa, &ca);
     rb = tst_ref_openai_chunk_bytes(s, n, &b, &ob, &cb);
     if (ra != rb || oa != ob || ca != cb || !tst_same_counts(&a, &b)) {
-        tst_show("qg_usage_openai_chunk_bytes", s, n);
+        tst_show("qg__usage_openai_chunk_bytes", s, n);
         return 0;
     }
     for (size_t e = 0; e < sizeof EVENTS / sizeof EVENTS[0]; e++) {
@@ -367,15 +367,15 @@ int tst_resp_agree(const char *s, size_t n)
         size_t elen = ev ? strlen(ev) : 0;
         earlier(&a);
         earlier(&b);
-        ra = qg_usage_anthropic_event_bytes(ev, elen, s, n, &a, &ca);
+        ra = qg__usage_anthropic_event_bytes(ev, elen, s, n, &a, &ca);
         rb = tst_ref_anthropic_event_bytes(ev, elen, s, n, &b, &cb);
         if (ra != rb || ca != cb || !tst_same_counts(&a, &b)) {
-            tst_show(ev ? ev : "qg_usage_anthropic_event_bytes", s, n);
+            tst_show(ev ? ev : "qg__usage_anthropic_event_bytes", s, n);
             return 0;
         }
     }
-    if (qg_content_bytes_openai_chunk(s, n) != ref_bytes(s, n, 0) ||
-        qg_content_bytes_anthropic_event(s, n) != ref_bytes(s, n, 1)) {
+    if (qg__content_bytes_openai_chunk(s, n) != ref_bytes(s, n, 0) ||
+        qg__content_bytes_anthropic_event(s, n) != ref_bytes(s, n, 1)) {
         tst_show("qg_content_bytes_*", s, n);
         return 0;
     }

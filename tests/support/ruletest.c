@@ -14,9 +14,9 @@ qg_rules *tst_rules_parse(const char *text)
     qg_rules *r = NULL;
     qg_diag diag;
     char err[300];
-    if (qg_rules_parse(text, strlen(text), "test",
-                       qg_tz_load_system, NULL, &r, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
+    if (qg__rules_parse(text, strlen(text), "test",
+                       qg__tz_load_system, NULL, &r, &diag) != 0) {
+        qg__diag_format(&diag, err, sizeof err);
         fail_msg("rules: %s", err);
     }
     return r;

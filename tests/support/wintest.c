@@ -79,14 +79,14 @@ int64_t tst_win_admit(const qg_window_spec *s, qg_win_state *st, int64_t now,
                       int64_t a)
 {
     qg_win_ctx c = { .now_ms = now };
-    return qg_win_admit_at(s, st, &c, a);
+    return qg__win_admit_at(s, st, &c, a);
 }
 
 void tst_win_charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     int64_t a)
 {
     qg_win_ctx c = { .now_ms = now };
-    assert_int_equal(qg_win_charge(s, st, &c, a), 0);
+    assert_int_equal(qg__win_charge(s, st, &c, a), 0);
 }
 
 qg_window_view tst_win_view(const qg_window_spec *s, qg_win_state *st,
@@ -94,7 +94,7 @@ qg_window_view tst_win_view(const qg_window_spec *s, qg_win_state *st,
 {
     qg_win_ctx c = { .now_ms = now };
     qg_window_view v;
-    qg_win_view(s, st, &c, &v);
+    qg__win_view(s, st, &c, &v);
     return v;
 }
 
@@ -102,25 +102,25 @@ void tst_win_adjust(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     int64_t t0, int64_t d)
 {
     qg_win_ctx c = { .now_ms = now };
-    qg_win_adjust(s, st, &c, t0, d);
+    qg__win_adjust(s, st, &c, t0, d);
 }
 
 int64_t tst_conc_admit(const qg_window_spec *s, qg_win_state *st, int64_t now)
 {
     qg_win_ctx c = { .now_ms = now };
-    return qg_win_admit_at(s, st, &c, qg_win_amount(s, 5555));
+    return qg__win_admit_at(s, st, &c, qg__win_amount(s, 5555));
 }
 
 int tst_conc_charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     uint64_t rid)
 {
     qg_win_ctx c = { .now_ms = now, .rid = rid };
-    return qg_win_charge(s, st, &c, qg_win_amount(s, 5555));
+    return qg__win_charge(s, st, &c, qg__win_amount(s, 5555));
 }
 
 int tst_conc_release(const qg_window_spec *s, qg_win_state *st, int64_t now,
                      uint64_t rid)
 {
     qg_win_ctx c = { .now_ms = now, .rid = rid };
-    return qg_win_release(s, st, &c);
+    return qg__win_release(s, st, &c);
 }

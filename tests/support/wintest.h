@@ -18,21 +18,21 @@ qg_window_spec tst_cal_spec(int64_t limit, qg_every every, int minute,
                             const qg_tz *tz);
 qg_window_spec tst_conc_spec(int64_t slots, int64_t ttl);
 
-/* qg_win_admit_at at now for amount a. */
+/* qg__win_admit_at at now for amount a. */
 int64_t tst_win_admit(const qg_window_spec *s, qg_win_state *st, int64_t now,
                       int64_t a);
-/* qg_win_charge at now for amount a; asserts it returns 0. */
+/* qg__win_charge at now for amount a; asserts it returns 0. */
 void tst_win_charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     int64_t a);
-/* qg_win_view at now. */
+/* qg__win_view at now. */
 qg_window_view tst_win_view(const qg_window_spec *s, qg_win_state *st,
                             int64_t now);
-/* qg_win_adjust at now of the charge made at t0 by d. */
+/* qg__win_adjust at now of the charge made at t0 by d. */
 void tst_win_adjust(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     int64_t t0, int64_t d);
 
 /* Concurrency windows: admit / charge / release one request (amount of
- * qg_win_amount(s, 5555)) for request id rid. */
+ * qg__win_amount(s, 5555)) for request id rid. */
 int64_t tst_conc_admit(const qg_window_spec *s, qg_win_state *st, int64_t now);
 int tst_conc_charge(const qg_window_spec *s, qg_win_state *st, int64_t now,
                     uint64_t rid);

@@ -66,7 +66,7 @@ static qg_tz *utc_only(const char *name, void *ud, char *err, size_t errcap)
 {
     (void)ud;
     if (strcmp(name, "UTC") == 0)
-        return qg_tz_utc();
+        return qg__tz_utc();
     snprintf(err, errcap, "unknown zone %s", name);
     return NULL;
 }
@@ -76,9 +76,9 @@ static qg_rules *parse_text(const char *text)
     qg_rules *r = NULL;
     qg_diag d;
     char msg[700];
-    if (qg_rules_parse(text, strlen(text), "test.yaml", utc_only, NULL, &r,
+    if (qg__rules_parse(text, strlen(text), "test.yaml", utc_only, NULL, &r,
                        &d) != QG_OK) {
-        qg_diag_format(&d, msg, sizeof msg);
+        qg__diag_format(&d, msg, sizeof msg);
         fail_msg("rules: %s", msg);
     }
     return r;
@@ -119,14 +119,14 @@ static qg_analysis *analyze(const char *text, const char *baseline,
     qg_analyze_opts o = { baseline, period, simulate, reload, (void *)text };
     qg_analysis *a = NULL;
     char err[512];
-    if (qg_analyze(r, &o, &a, err, sizeof err) != QG_OK)
+    if (qg__analyze(r, &o, &a, err, sizeof err) != QG_OK)
         fail_msg("analyze: %s", err);
     return a;
 }
 
 static void release(qg_analysis *a)
 {
-    qg_analysis_free(a);
+    qg__analysis_free(a);
     qg_rules_free(held);
     held = NULL;
 }
@@ -225,23 +225,23 @@ static void test_baseline_and_period(void **state)
     char err[256];
     (void)state;
 
-    assert_int_equal(qg_analysis_default_period(r), DAY);
-    assert_int_equal(qg_analyze(r, &o, &a, err, sizeof err), QG_EINVAL);
+    assert_int_equal(qg__analysis_default_period(r), DAY);
+    assert_int_equal(qg__analyze(r, &o, &a, err, sizeof err), QG_EINVAL);
     assert_null(a);
     assert_non_null(strstr(err, "nope"));
     o.baseline = "big";
-    assert_int_equal(qg_analyze(r, &o, &a, err, sizeof err), QG_OK);
+    assert_int_equal(qg__analyze(r, &o, &a, err, sizeof err), QG_OK);
     assert_int_equal(a->period_ms, DAY);
     assert_string_equal(a->plans[a->baseline].name, "big");
     assert_int_equal(plan(a, "big")->effective_milli, 1000);
     assert_int_equal(plan(a, "base")->effective_milli, 600);
     /* the claim is still measured against its own "vs" plan */
     assert_int_equal(plan(a, "big")->claims[0].effective_milli, 1666);
-    qg_analysis_free(a);
+    qg__analysis_free(a);
     qg_rules_free(r);
-    assert_int_equal(qg_ratio_milli(7, 2), 3500);
-    assert_int_equal(qg_ratio_milli(1, 3), 333);
-    assert_int_equal(qg_ratio_milli(1, 0), -1);
+    assert_int_equal(qg__ratio_milli(7, 2), 3500);
+    assert_int_equal(qg__ratio_milli(1, 3), 333);
+    assert_int_equal(qg__ratio_milli(1, 0), -1);
 }
 
 /* A simulation on its own, over one hour from the origin. */
@@ -250,12 +250,12 @@ static void test_simulate_plan(void **state)
     int64_t adm, n;
     char err[256];
     (void)state;
-    assert_int_equal(qg_simulate_plan(parse_text(RULES), "base",
+    assert_int_equal(qg__simulate_plan(parse_text(RULES), "base",
                                       QG_SIM_ORIGIN_MS, 3600000, &adm, &n, err,
                                       sizeof err),
                      QG_OK);
     assert_int_equal(adm, 9000);
-    assert_int_equal(qg_simulate_plan(parse_text(RULES), "none",
+    assert_int_equal(qg__simulate_plan(parse_text(RULES), "none",
                                       QG_SIM_ORIGIN_MS, 3600000, &adm, &n, err,
                                       sizeof err),
                      QG_EINVAL);
@@ -280,13 +280,13 @@ static void test_lint_direct(void **state)
     char err[256], *older;
     (void)state;
 
-    assert_int_equal(qg_lint(r, NULL, &res, err, sizeof err), QG_OK);
+    assert_int_equal(qg__lint(r, NULL, &res, err, sizeof err), QG_OK);
     assert_true(has_finding(&res, "claim-needs-disclosure", "big"));
     assert_true(has_finding(&res, "missing-period-total", "base"));
     assert_true(has_finding(&res, "missing-concurrency", "ratey"));
     assert_true(has_finding(&res, "missing-short-window", "big") == 0);
     assert_false(has_finding(&res, "weights-stale", NULL));
-    qg_lint_free(&res);
+    qg__lint_free(&res);
 
     /* the previous rules gave base 12 an hour: this file lowers it to 10
      * without any announcement */
@@ -294,10 +294,10 @@ static void test_lint_direct(void **state)
     assert_non_null(older);
     memcpy(strstr(older, "limit: 10 }"), "limit: 12 }", 11);
     prev = parse_text(older);
-    assert_int_equal(qg_lint(r, prev, &res, err, sizeof err), QG_OK);
+    assert_int_equal(qg__lint(r, prev, &res, err, sizeof err), QG_OK);
     assert_true(has_finding(&res, "limit-lowered-without-notice", "base"));
     assert_false(has_finding(&res, "limit-lowered-without-notice", "big"));
-    qg_lint_free(&res);
+    qg__lint_free(&res);
     qg_rules_free(prev);
     free(older);
     qg_rules_free(r);
@@ -316,7 +316,7 @@ static void test_trace_parse(void **state)
     char err[256];
     (void)state;
 
-    assert_int_equal(qg_trace_parse(csv, strlen(csv), "x.csv", &t, err,
+    assert_int_equal(qg__trace_parse(csv, strlen(csv), "x.csv", &t, err,
                                     sizeof err), QG_OK);
     assert_int_equal(t->nrows, 2);
     assert_string_equal(t->rows[0].subject, "alice");
@@ -329,7 +329,7 @@ static void test_trace_parse(void **state)
     assert_int_equal(t->rows[1].t_ms, 1250);
     assert_null(t->rows[1].request_id);
     assert_int_equal(t->rows[1].line, 4);
-    qg_trace_free(t);
+    qg__trace_free(t);
 }
 
 static void test_trace_errors(void **state)
@@ -355,7 +355,7 @@ static void test_trace_errors(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         qg_trace *t = (qg_trace *)1;
-        assert_int_equal(qg_trace_parse(bad[i].csv, strlen(bad[i].csv),
+        assert_int_equal(qg__trace_parse(bad[i].csv, strlen(bad[i].csv),
                                         "x.csv", &t, err, sizeof err),
                          QG_EINVAL);
         assert_null(t);

@@ -37,6 +37,7 @@
 
 #include "httpc.h"
 #include "srvtest.h"
+#include "ports.h"
 #include "qgproc.h"
 
 #define ADMIN QGPROC_ADMIN_KEY
@@ -51,7 +52,6 @@ static httpc C;
 static pid_t nginx_pid;        /* stopped by the teardown if a test fails */
 static httpc *own_c;
 
-
 static void nginx_stop(void);
 
 static int gc_teardown(void **state)
@@ -65,18 +65,7 @@ static int gc_teardown(void **state)
     return 0;
 }
 
-
-
-
 /* ------------------------------------------------------------ requests */
-
-
-
-
-
-
-
-
 
 static const char *hdr(const http_resp *r, const char *name, const char *what)
 {
@@ -448,38 +437,6 @@ static void test_no_lease_held(void **state)
 
 static char nginx_dir[512];
 
-static int free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-    if (fd < 0)
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
-static int port_open(int port)
-{
-    struct sockaddr_in a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-    if (fd < 0)
-        return 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
 static void nginx_stop(void)
 {
     int st;
@@ -636,7 +593,7 @@ static int nginx_start(int listen_port, int app_port)
             dump_file(err);
             return -1;
         }
-        if (port_open(listen_port) && port_open(app_port))
+        if (tst_port_open(listen_port) && tst_port_open(app_port))
             return 0;
         tst_sleep_ms(50);
     }
@@ -659,10 +616,10 @@ static void test_nginx(void **state)
     snprintf(nginx_dir, sizeof nginx_dir, "%s", qgproc_path(&P, "nginx"));
     if (mkdir(nginx_dir, 0700) < 0 && errno != EEXIST)
         fail_msg("mkdir %s: %s", nginx_dir, strerror(errno));
-    listen_port = free_port();
-    app_port = free_port();
+    listen_port = tst_free_port();
+    app_port = tst_free_port();
     while (app_port == listen_port)
-        app_port = free_port();
+        app_port = tst_free_port();
     assert_true(listen_port > 0 && app_port > 0);
     if (nginx_start(listen_port, app_port) < 0)
         fail_msg("nginx did not start (see the logs above)");

@@ -30,14 +30,14 @@ static qg_tz *utc;
 static int setup(void **state)
 {
     (void)state;
-    utc = qg_tz_utc();
+    utc = qg__tz_utc();
     return utc ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    qg_tz_free(utc);
+    qg__tz_free(utc);
     return 0;
 }
 
@@ -81,20 +81,20 @@ static void test_weight_bounds(void **state)
     m.input_per_1k_micro = 1000000;         /* 1 point per 1k tokens */
     m.output_per_1k_micro = 5000000;
     /* the token bound itself is fine and exact */
-    assert_true(qg_weight_milli(&m, QG_TOKENS_MAX, QG_TOKENS_MAX) ==
+    assert_true(qg__weight_milli(&m, QG_TOKENS_MAX, QG_TOKENS_MAX) ==
                 1000 + QG_TOKENS_MAX + 5 * QG_TOKENS_MAX);
     /* beyond the token bound: refused */
-    assert_true(qg_weight_milli(&m, QG_TOKENS_MAX + 1, 0) < 0);
-    assert_true(qg_weight_milli(&m, 0, INT64_MAX) < 0);
-    assert_true(qg_weight_milli(&m, INT64_MAX, INT64_MAX) < 0);
-    assert_true(qg_weight_milli(&m, -1, 0) < 0);
+    assert_true(qg__weight_milli(&m, QG_TOKENS_MAX + 1, 0) < 0);
+    assert_true(qg__weight_milli(&m, 0, INT64_MAX) < 0);
+    assert_true(qg__weight_milli(&m, INT64_MAX, INT64_MAX) < 0);
+    assert_true(qg__weight_milli(&m, -1, 0) < 0);
     /* coefficients so large that bounded tokens weigh more than the
      * bound: reported as over the bound, never wrapped */
     m.input_per_1k_micro = INT64_MAX;
     m.output_per_1k_micro = INT64_MAX;
     m.per_request_milli = MAXA;
-    assert_true(qg_weight_milli(&m, QG_TOKENS_MAX, QG_TOKENS_MAX) > MAXA);
-    assert_true(qg_weight_milli(&m, 0, 0) == MAXA);
+    assert_true(qg__weight_milli(&m, QG_TOKENS_MAX, QG_TOKENS_MAX) > MAXA);
+    assert_true(qg__weight_milli(&m, 0, 0) == MAXA);
     /* randomized against the formula in 128 bits */
     for (int i = 0; i < 20000; i++) {
         int64_t in = below(QG_TOKENS_MAX + 1), out = below(QG_TOKENS_MAX + 1);
@@ -104,7 +104,7 @@ static void test_weight_bounds(void **state)
         i128 nano = (i128)in * m.input_per_1k_micro +
                     (i128)out * m.output_per_1k_micro;
         i128 w = (nano + 999999) / 1000000 + m.per_request_milli;
-        int64_t got = qg_weight_milli(&m, in, out);
+        int64_t got = qg__weight_milli(&m, in, out);
         if (w <= MAXA)
             assert_true(got == (int64_t)w);
         else
@@ -115,10 +115,10 @@ static void test_weight_bounds(void **state)
 static void test_ceil_div_extremes(void **state)
 {
     (void)state;
-    assert_true(qg_ceil_div(INT64_MAX, 1) == INT64_MAX);
-    assert_true(qg_ceil_div(INT64_MAX, 2) == INT64_MAX / 2 + 1);
-    assert_true(qg_ceil_div(INT64_MAX - 1, INT64_MAX) == 1);
-    assert_true(qg_ceil_div(0, INT64_MAX) == 0);
+    assert_true(qg__ceil_div(INT64_MAX, 1) == INT64_MAX);
+    assert_true(qg__ceil_div(INT64_MAX, 2) == INT64_MAX / 2 + 1);
+    assert_true(qg__ceil_div(INT64_MAX - 1, INT64_MAX) == 1);
+    assert_true(qg__ceil_div(0, INT64_MAX) == 0);
 }
 
 /* ------------------------------------------------ windows at the bound */
@@ -152,7 +152,7 @@ static void test_rolling_saturates(void **state)
     /* recovery steps stay within the bound */
     qg_recovery_point pts[4];
     qg_win_ctx c = { .now_ms = T0 + 3000 + L };
-    int n = qg_win_recovery(&s, &st, &c, pts, 4);
+    int n = qg__win_recovery(&s, &st, &c, pts, 4);
     assert_true(n >= 1);
     assert_true(pts[n - 1].at_ms == T0 + 4000 + L);
     assert_true(pts[n - 1].remaining_milli == 50000);
@@ -160,7 +160,7 @@ static void test_rolling_saturates(void **state)
     v = tst_win_view(&s, &st, T0 + 4000 + L);
     assert_true(v.used_milli == 0);
     assert_true(tst_win_admit(&s, &st, T0 + 4000 + L, 50000) == T0 + 4000 + L);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     /* the same millisecond: one entry holding the bound; a refund of a
      * saturated entry cannot bring it back under (its real amount is
@@ -172,7 +172,7 @@ static void test_rolling_saturates(void **state)
     assert_true(tst_win_view(&s, &st, T0 + 1).used_milli == MAXA);
     assert_true(tst_win_admit(&s, &st, T0 + 1, 1) == T0 + L);
     assert_true(tst_win_view(&s, &st, T0 + L).used_milli == 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     /* compaction merging saturated entries */
     qg_window_spec c16 = tst_roll_spec(MAXA, L, 0, 16);
@@ -181,7 +181,7 @@ static void test_rolling_saturates(void **state)
         tst_win_charge(&c16, &st, T0 + i * 7, MAXA / 3);
     assert_true(tst_win_view(&c16, &st, T0 + 2000).used_milli == MAXA);
     assert_true(tst_win_admit(&c16, &st, T0 + 2000, 1) > T0 + 2000);
-    qg_win_free(&c16, &st);
+    qg__win_free(&c16, &st);
 }
 
 static void test_calendar_saturates(void **state)
@@ -202,7 +202,7 @@ static void test_calendar_saturates(void **state)
     /* the reset clears it */
     assert_true(tst_win_view(&s, &st, day_end).used_milli == 0);
     assert_true(tst_win_admit(&s, &st, day_end, 400000) == day_end);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_session_saturates(void **state)
@@ -219,7 +219,7 @@ static void test_session_saturates(void **state)
     assert_true(tst_win_view(&s, &st, T0 + 20).used_milli == MAXA);
     assert_true(tst_win_view(&s, &st, T0 + L).used_milli == 0);
     assert_true(tst_win_admit(&s, &st, T0 + L, 1) == T0 + L);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_rate_saturates(void **state)
@@ -246,7 +246,7 @@ static void test_rate_saturates(void **state)
              * instants the view names stay within the time bound */
             qg_recovery_point pts[4];
             qg_win_ctx c = { .now_ms = T0 + 100 };
-            int n = qg_win_recovery(s, &st, &c, pts, 4);
+            int n = qg__win_recovery(s, &st, &c, pts, 4);
             assert_true(at > QG_TIME_MAX_MS);
             assert_true(v.reset_at_ms == QG_TIME_MAX_MS);
             assert_true(n >= 1 && pts[n - 1].at_ms == QG_TIME_MAX_MS &&
@@ -255,7 +255,7 @@ static void test_rate_saturates(void **state)
             assert_true(tst_win_admit(s, &st, T0 + 200, 1000) >
                         QG_TIME_MAX_MS);
         }
-        qg_win_free(s, &st);
+        qg__win_free(s, &st);
     }
 }
 
@@ -276,10 +276,10 @@ static void test_concurrency_bound(void **state)
     assert_true(v.remaining_milli == MAXA - 100000);
     qg_recovery_point pts[4];
     qg_win_ctx c = { .now_ms = T0 };
-    int n = qg_win_recovery(&s, &st, &c, pts, 4);
+    int n = qg__win_recovery(&s, &st, &c, pts, 4);
     assert_true(n == 1 && pts[0].at_ms == T0 + 60000 &&
                 pts[0].remaining_milli == MAXA);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 /* ----------------------------------------------------------------- payg */
@@ -287,15 +287,15 @@ static void test_concurrency_bound(void **state)
 static void test_payg_at_bound(void **state)
 {
     (void)state;
-    assert_true(qg_overage_cost(MAXA, QG_MONEY_MAX_MICRO) ==
+    assert_true(qg__overage_cost(MAXA, QG_MONEY_MAX_MICRO) ==
                 QG_MONEY_MAX_MICRO);
-    assert_true(qg_overage_cost(MAXA, 1000) == MAXA);
+    assert_true(qg__overage_cost(MAXA, 1000) == MAXA);
     for (int i = 0; i < 20000; i++) {
         int64_t o = amount(), p = below(QG_MONEY_MAX_MICRO + 1);
         i128 c = ((i128)o * p + 999) / 1000;
         if (c > QG_MONEY_MAX_MICRO)
             c = QG_MONEY_MAX_MICRO;
-        assert_true(qg_overage_cost(o, p) == (int64_t)c);
+        assert_true(qg__overage_cost(o, p) == (int64_t)c);
     }
     /* a decision whose member has spent the bound: with a cap it is
      * refused (however large the cap), without one it is admitted; the
@@ -308,7 +308,7 @@ static void test_payg_at_bound(void **state)
         qg_decision *d = calloc(1, sizeof *d);
         assert_non_null(d);
         memset(&in, 0, sizeof in);
-        assert_int_equal(qg_decide_add(&in, &w, 1, &st, 0), 0);
+        assert_int_equal(qg__decide_add(&in, &w, 1, &st, 0), 0);
         in.ctx[0].now_ms = in.ctx[1].now_ms = T0;
         in.model = -1;
         in.weight_milli = MAXA;
@@ -317,7 +317,7 @@ static void test_payg_at_bound(void **state)
         in.cap_micro = capped ? QG_MONEY_MAX_MICRO : 0;
         in.cap_end_ms = T0 + QG_MS_PER_DAY;
         in.spent_micro = &spent;
-        assert_int_equal(qg_decide(&in, d), 0);
+        assert_int_equal(qg__decide(&in, d), 0);
         if (capped) {
             assert_int_equal(d->outcome, QG_REJECT);
             assert_true(d->cap_reached);
@@ -330,7 +330,7 @@ static void test_payg_at_bound(void **state)
              * and it is within the bound */
             assert_true(tst_win_view(&w, &st, T0).used_milli == MAXA);
         }
-        qg_win_free(&w, &st);
+        qg__win_free(&w, &st);
         free(d);
     }
 }
@@ -430,7 +430,7 @@ static void test_random_rolling(void **state)
             assert_true(tst_win_view(&s, &st, now).used_milli ==
                         (int64_t)clamp_sum(rroll_used(&r, L, now)));
         }
-        qg_win_free(&s, &st);
+        qg__win_free(&s, &st);
     }
 }
 
@@ -480,7 +480,7 @@ static void test_random_counters(void **state)
             assert_true(tst_win_view(&s, &st, now).used_milli ==
                         (int64_t)clamp_sum(used));
         }
-        qg_win_free(&s, &st);
+        qg__win_free(&s, &st);
     }
 }
 
@@ -543,7 +543,7 @@ static void test_random_rate(void **state)
             qg_window_view v = tst_win_view(&s, &st, now);
             assert_true(v.used_milli >= 0 && v.used_milli <= MAXA);
         }
-        qg_win_free(&s, &st);
+        qg__win_free(&s, &st);
     }
 }
 

@@ -24,7 +24,7 @@ static int64_t T(const char *iso)
 static qg_tz *load(const char *name)
 {
     char err[256] = "";
-    qg_tz *tz = qg_tz_load_system(name, NULL, err, sizeof err);
+    qg_tz *tz = qg__tz_load_system(name, NULL, err, sizeof err);
     if (!tz)
         fail_msg("load %s: %s", name, err);
     return tz;
@@ -53,7 +53,7 @@ static void expect(const qg_calendar_spec *c, int64_t anchor, const char *now,
 {
     int64_t s = 0, e = 0;
     char bs[40], be[40];
-    if (qg_calendar_period(c, anchor, T(now), &s, &e) != 0)
+    if (qg__calendar_period(c, anchor, T(now), &s, &e) != 0)
         fail_msg("period at %s failed", now);
     if (s != T(start) || e != T(end)) {
         qg_iso8601_format(s, bs, sizeof bs);
@@ -65,13 +65,13 @@ static void expect(const qg_calendar_spec *c, int64_t anchor, const char *now,
 static int64_t length_at(const qg_calendar_spec *c, const char *now)
 {
     int64_t s, e;
-    assert_int_equal(qg_calendar_period(c, 0, T(now), &s, &e), 0);
+    assert_int_equal(qg__calendar_period(c, 0, T(now), &s, &e), 0);
     return e - s;
 }
 
 static void test_daily_utc_boundary(void **state)
 {
-    qg_tz *utc = qg_tz_utc();
+    qg_tz *utc = qg__tz_utc();
     qg_calendar_spec c = daily(utc, 0);
     (void)state;
     /* now exactly at the reset starts the new period */
@@ -90,7 +90,7 @@ static void test_daily_utc_boundary(void **state)
     /* before the epoch */
     expect(&c, 0, "1969-12-31T09:00:00Z", "1969-12-30T09:30:00Z",
            "1969-12-31T09:30:00Z");
-    qg_tz_free(utc);
+    qg__tz_free(utc);
 }
 
 static void test_daily_new_york_dst(void **state)
@@ -128,7 +128,7 @@ static void test_daily_new_york_dst(void **state)
            "2026-11-02T06:30:00Z");
     expect(&c, 0, "2026-11-01T05:29:00Z", "2026-10-31T05:30:00Z",
            "2026-11-01T05:30:00Z");
-    qg_tz_free(ny);
+    qg__tz_free(ny);
 }
 
 static void test_weekly_berlin_dst(void **state)
@@ -150,19 +150,19 @@ static void test_weekly_berlin_dst(void **state)
     expect(&c, 0, "2026-06-14T22:00:00Z", "2026-06-14T22:00:00Z",
            "2026-06-21T22:00:00Z");
     /* Sunday 18:00 in UTC */
-    qg_tz *utc = qg_tz_utc();
+    qg_tz *utc = qg__tz_utc();
     c = weekly(utc, 6, 18 * 60);
     expect(&c, 0, "2026-01-31T09:00:00Z", "2026-01-25T18:00:00Z",
            "2026-02-01T18:00:00Z");
     expect(&c, 0, "2026-02-01T18:00:00Z", "2026-02-01T18:00:00Z",
            "2026-02-08T18:00:00Z");
-    qg_tz_free(utc);
-    qg_tz_free(be);
+    qg__tz_free(utc);
+    qg__tz_free(be);
 }
 
 static void test_monthly_mday(void **state)
 {
-    qg_tz *utc = qg_tz_utc();
+    qg_tz *utc = qg__tz_utc();
     qg_calendar_spec c = monthly(utc, 31, 0);
     (void)state;
     expect(&c, 0, "2026-02-15T00:00:00Z", "2026-01-31T00:00:00Z",
@@ -187,13 +187,13 @@ static void test_monthly_mday(void **state)
            "2026-04-01T04:00:00Z");
     expect(&c, 0, "2026-03-01T04:59:59Z", "2026-02-01T05:00:00Z",
            "2026-03-01T05:00:00Z");
-    qg_tz_free(ny);
-    qg_tz_free(utc);
+    qg__tz_free(ny);
+    qg__tz_free(utc);
 }
 
 static void test_monthly_billing_anchor(void **state)
 {
-    qg_tz *utc = qg_tz_utc();
+    qg_tz *utc = qg__tz_utc();
     qg_calendar_spec c = monthly(utc, 1, 0);
     int64_t a = T("2026-01-31T09:00:00Z");
     (void)state;
@@ -234,36 +234,36 @@ static void test_monthly_billing_anchor(void **state)
     c.minute_of_day = 0;
     expect(&c, 0, "2026-03-20T00:00:00Z", "2026-03-15T04:00:00Z",
            "2026-04-15T04:00:00Z");
-    qg_tz_free(ny);
-    qg_tz_free(utc);
+    qg__tz_free(ny);
+    qg__tz_free(utc);
 }
 
 static void test_bad_specs(void **state)
 {
-    qg_tz *utc = qg_tz_utc();
+    qg_tz *utc = qg__tz_utc();
     int64_t s, e;
     qg_calendar_spec c;
     (void)state;
     c = daily(utc, 1440);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = daily(utc, -1);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = weekly(utc, 7, 0);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = monthly(utc, 0, 0);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = monthly(utc, 32, 0);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = daily(NULL, 0);
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = daily(utc, 0);
     c.every = (qg_every)0;
-    assert_int_equal(qg_calendar_period(&c, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, 0, &s, &e), -1);
     c = daily(utc, 0);
-    assert_int_equal(qg_calendar_period(NULL, 0, 0, &s, &e), -1);
-    assert_int_equal(qg_calendar_period(&c, 0, INT64_MAX, &s, &e), -1);
-    assert_int_equal(qg_calendar_period(&c, 0, INT64_MIN, &s, &e), -1);
-    qg_tz_free(utc);
+    assert_int_equal(qg__calendar_period(NULL, 0, 0, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, INT64_MAX, &s, &e), -1);
+    assert_int_equal(qg__calendar_period(&c, 0, INT64_MIN, &s, &e), -1);
+    qg__tz_free(utc);
 }
 
 /* Over random instants: start <= now < end, and periods tile time. */
@@ -287,17 +287,17 @@ static void test_random_tiling(void **state)
             for (int k = 0; k < 5; k++) {
                 int64_t s, e, s2, e2;
                 assert_int_equal(
-                    qg_calendar_period(&specs[k], 0, now, &s, &e), 0);
+                    qg__calendar_period(&specs[k], 0, now, &s, &e), 0);
                 assert_true(s <= now && now < e);
-                assert_int_equal(qg_calendar_period(&specs[k], 0, s, &s2, &e2),
+                assert_int_equal(qg__calendar_period(&specs[k], 0, s, &s2, &e2),
                                  0);
                 assert_true(s2 == s && e2 == e);
                 assert_int_equal(
-                    qg_calendar_period(&specs[k], 0, s - 1, &s2, &e2), 0);
+                    qg__calendar_period(&specs[k], 0, s - 1, &s2, &e2), 0);
                 assert_true(e2 == s);
             }
         }
-        qg_tz_free(tz);
+        qg__tz_free(tz);
     }
 }
 

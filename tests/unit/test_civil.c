@@ -19,49 +19,49 @@ static uint64_t next_rand(uint64_t *s)
 static void test_leap_years(void **state)
 {
     (void)state;
-    assert_false(qg_is_leap(1900));
-    assert_true(qg_is_leap(2000));
-    assert_true(qg_is_leap(2024));
-    assert_true(qg_is_leap(2028));
-    assert_false(qg_is_leap(2026));
-    assert_false(qg_is_leap(2100));
-    assert_true(qg_is_leap(1600));
-    assert_true(qg_is_leap(-4));
-    assert_int_equal(qg_days_in_month(2026, 2), 28);
-    assert_int_equal(qg_days_in_month(2028, 2), 29);
-    assert_int_equal(qg_days_in_month(1900, 2), 28);
-    assert_int_equal(qg_days_in_month(2000, 2), 29);
-    assert_int_equal(qg_days_in_month(2026, 4), 30);
-    assert_int_equal(qg_days_in_month(2026, 12), 31);
-    assert_int_equal(qg_days_in_month(2026, 13), 0);
+    assert_false(qg__is_leap(1900));
+    assert_true(qg__is_leap(2000));
+    assert_true(qg__is_leap(2024));
+    assert_true(qg__is_leap(2028));
+    assert_false(qg__is_leap(2026));
+    assert_false(qg__is_leap(2100));
+    assert_true(qg__is_leap(1600));
+    assert_true(qg__is_leap(-4));
+    assert_int_equal(qg__days_in_month(2026, 2), 28);
+    assert_int_equal(qg__days_in_month(2028, 2), 29);
+    assert_int_equal(qg__days_in_month(1900, 2), 28);
+    assert_int_equal(qg__days_in_month(2000, 2), 29);
+    assert_int_equal(qg__days_in_month(2026, 4), 30);
+    assert_int_equal(qg__days_in_month(2026, 12), 31);
+    assert_int_equal(qg__days_in_month(2026, 13), 0);
 }
 
 static void test_known_days(void **state)
 {
     int y, m, d;
     (void)state;
-    assert_int_equal(qg_days_from_civil(1970, 1, 1), 0);
-    assert_int_equal(qg_days_from_civil(1969, 12, 31), -1);
-    assert_int_equal(qg_days_from_civil(2000, 3, 1), 11017);
-    assert_int_equal(qg_days_from_civil(2026, 1, 31), 20484);
-    assert_int_equal(qg_days_from_civil(0, 3, 1), -719468);
-    assert_int_equal(qg_days_from_civil(1900, 1, 1), -25567);
-    qg_civil_from_days(-1, &y, &m, &d);
+    assert_int_equal(qg__days_from_civil(1970, 1, 1), 0);
+    assert_int_equal(qg__days_from_civil(1969, 12, 31), -1);
+    assert_int_equal(qg__days_from_civil(2000, 3, 1), 11017);
+    assert_int_equal(qg__days_from_civil(2026, 1, 31), 20484);
+    assert_int_equal(qg__days_from_civil(0, 3, 1), -719468);
+    assert_int_equal(qg__days_from_civil(1900, 1, 1), -25567);
+    qg__civil_from_days(-1, &y, &m, &d);
     assert_int_equal(y, 1969);
     assert_int_equal(m, 12);
     assert_int_equal(d, 31);
-    qg_civil_from_days(-719468, &y, &m, &d);
+    qg__civil_from_days(-719468, &y, &m, &d);
     assert_int_equal(y, 0);
     assert_int_equal(m, 3);
     assert_int_equal(d, 1);
     /* weekdays: 0 = Monday */
-    assert_int_equal(qg_weekday_from_days(0), 3);                 /* Thu */
-    assert_int_equal(qg_weekday_from_days(-1), 2);                /* Wed */
-    assert_int_equal(qg_weekday_from_days(qg_days_from_civil(2026, 1, 31)),
+    assert_int_equal(qg__weekday_from_days(0), 3);                 /* Thu */
+    assert_int_equal(qg__weekday_from_days(-1), 2);                /* Wed */
+    assert_int_equal(qg__weekday_from_days(qg__days_from_civil(2026, 1, 31)),
                      5);                                          /* Sat */
-    assert_int_equal(qg_weekday_from_days(qg_days_from_civil(2026, 3, 8)),
+    assert_int_equal(qg__weekday_from_days(qg__days_from_civil(2026, 3, 8)),
                      6);                                          /* Sun */
-    assert_int_equal(qg_weekday_from_days(qg_days_from_civil(1900, 1, 1)),
+    assert_int_equal(qg__weekday_from_days(qg__days_from_civil(1900, 1, 1)),
                      0);                                          /* Mon */
 }
 
@@ -70,20 +70,20 @@ static void test_known_days(void **state)
 static void test_walker(void **state)
 {
     int y = -1200, m = 3, d = 1;
-    int64_t n = qg_days_from_civil(y, m, d);
-    int wd = qg_weekday_from_days(n);
+    int64_t n = qg__days_from_civil(y, m, d);
+    int wd = qg__weekday_from_days(n);
     (void)state;
     while (y < 2800) {
         int yy, mm, dd;
-        assert_int_equal(qg_days_from_civil(y, m, d), n);
-        qg_civil_from_days(n, &yy, &mm, &dd);
+        assert_int_equal(qg__days_from_civil(y, m, d), n);
+        qg__civil_from_days(n, &yy, &mm, &dd);
         if (yy != y || mm != m || dd != d)
             fail_msg("day %lld: got %d-%d-%d want %d-%d-%d", (long long)n, yy,
                      mm, dd, y, m, d);
-        assert_int_equal(qg_weekday_from_days(n), wd);
+        assert_int_equal(qg__weekday_from_days(n), wd);
         n++;
         wd = (wd + 1) % 7;
-        if (++d > qg_days_in_month(y, m)) {
+        if (++d > qg__days_in_month(y, m)) {
             d = 1;
             if (++m > 12) {
                 m = 1;
@@ -101,21 +101,21 @@ static void test_random_round_trips(void **state)
         /* days within about +-270000 years */
         int64_t n = (int64_t)(next_rand(&s) % 200000001ULL) - 100000000;
         int y, m, d;
-        qg_civil_from_days(n, &y, &m, &d);
+        qg__civil_from_days(n, &y, &m, &d);
         assert_true(m >= 1 && m <= 12);
-        assert_true(d >= 1 && d <= qg_days_in_month(y, m));
-        assert_int_equal(qg_days_from_civil(y, m, d), n);
+        assert_true(d >= 1 && d <= qg__days_in_month(y, m));
+        assert_int_equal(qg__days_from_civil(y, m, d), n);
 
         /* milliseconds within +-3000 years of the epoch */
         int64_t ms = (int64_t)(next_rand(&s) % 190000000000000ULL) -
                      95000000000000LL;
         qg_civil c;
-        qg_ms_to_civil(ms, &c);
+        qg__ms_to_civil(ms, &c);
         assert_true(c.hour >= 0 && c.hour < 24);
         assert_true(c.minute >= 0 && c.minute < 60);
         assert_true(c.second >= 0 && c.second < 60);
         assert_true(c.ms >= 0 && c.ms < 1000);
-        assert_int_equal(qg_civil_to_ms(&c), ms);
+        assert_int_equal(qg__civil_to_ms(&c), ms);
     }
 }
 
@@ -123,7 +123,7 @@ static void test_negative_ms(void **state)
 {
     qg_civil c;
     (void)state;
-    qg_ms_to_civil(-1, &c);
+    qg__ms_to_civil(-1, &c);
     assert_int_equal(c.year, 1969);
     assert_int_equal(c.month, 12);
     assert_int_equal(c.day, 31);
@@ -131,7 +131,7 @@ static void test_negative_ms(void **state)
     assert_int_equal(c.minute, 59);
     assert_int_equal(c.second, 59);
     assert_int_equal(c.ms, 999);
-    qg_ms_to_civil(-QG_MS_PER_DAY, &c);
+    qg__ms_to_civil(-QG_MS_PER_DAY, &c);
     assert_int_equal(c.day, 31);
     assert_int_equal(c.hour, 0);
     assert_int_equal(c.ms, 0);
@@ -148,7 +148,7 @@ static int64_t parse_ok(const char *s)
 static void test_iso_parse(void **state)
 {
     (void)state;
-    int64_t base = qg_days_from_civil(2026, 1, 31) * QG_MS_PER_DAY;
+    int64_t base = qg__days_from_civil(2026, 1, 31) * QG_MS_PER_DAY;
     assert_int_equal(parse_ok("2026-01-31T09:00:00Z"), base + 9 * 3600000LL);
     assert_int_equal(parse_ok("2026-01-31T09:00:00.250Z"),
                      base + 9 * 3600000LL + 250);
@@ -165,10 +165,10 @@ static void test_iso_parse(void **state)
     assert_int_equal(parse_ok("1970-01-01T00:00:00Z"), 0);
     assert_int_equal(parse_ok("1969-12-31T23:59:59.999Z"), -1);
     assert_int_equal(parse_ok("2028-02-29T12:00:00Z"),
-                     qg_days_from_civil(2028, 2, 29) * QG_MS_PER_DAY +
+                     qg__days_from_civil(2028, 2, 29) * QG_MS_PER_DAY +
                          12 * 3600000LL);
     assert_int_equal(parse_ok("2026-01-01T00:30:00+01:00"),
-                     qg_days_from_civil(2025, 12, 31) * QG_MS_PER_DAY +
+                     qg__days_from_civil(2025, 12, 31) * QG_MS_PER_DAY +
                          23 * 3600000LL + 30 * 60000LL);
 }
 

@@ -93,9 +93,9 @@ static qg_engine *new_engine(qg_store **store)
     qg_rules *rules = NULL;
     qg_diag diag;
     char err[300];
-    if (qg_rules_parse(rules_text, strlen(rules_text), "test",
-                       qg_tz_load_system, NULL, &rules, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
+    if (qg__rules_parse(rules_text, strlen(rules_text), "test",
+                       qg__tz_load_system, NULL, &rules, &diag) != 0) {
+        qg__diag_format(&diag, err, sizeof err);
         fail_msg("rules: %s", err);
     }
     *store = qg_store_memory_new(NULL);

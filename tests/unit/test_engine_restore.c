@@ -41,7 +41,7 @@ static qg_rules *parse(const char *text)
 {
     qg_rules *r = NULL;
     qg_diag d;
-    assert_int_equal(qg_rules_parse(text, strlen(text), "t", qg_tz_load_system,
+    assert_int_equal(qg__rules_parse(text, strlen(text), "t", qg__tz_load_system,
                                     NULL, &r, &d), QG_OK);
     return r;
 }

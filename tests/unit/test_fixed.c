@@ -87,10 +87,10 @@ static void test_roundtrip(void **state)
 static void test_ceil_div(void **state)
 {
     (void)state;
-    assert_true(qg_ceil_div(0, 5) == 0);
-    assert_true(qg_ceil_div(1, 5) == 1);
-    assert_true(qg_ceil_div(10, 5) == 2);
-    assert_true(qg_ceil_div(11, 5) == 3);
+    assert_true(qg__ceil_div(0, 5) == 0);
+    assert_true(qg__ceil_div(1, 5) == 1);
+    assert_true(qg__ceil_div(10, 5) == 2);
+    assert_true(qg__ceil_div(11, 5) == 3);
 }
 
 int main(void)

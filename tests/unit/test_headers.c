@@ -79,14 +79,14 @@ static void test_go_duration(void **state)
     char buf[64];
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        size_t n = qg_go_duration(cases[i].ms, buf, sizeof buf);
+        size_t n = qg__go_duration(cases[i].ms, buf, sizeof buf);
         assert_string_equal(buf, cases[i].s);
         assert_int_equal(n, strlen(cases[i].s));
     }
     /* truncation reports the full length, as snprintf does */
-    assert_int_equal(qg_go_duration(90061001, buf, 4), 11);
+    assert_int_equal(qg__go_duration(90061001, buf, 4), 11);
     assert_string_equal(buf, "25h");
-    assert_int_equal(qg_go_duration(INT64_MIN, buf, sizeof buf) > 0, 1);
+    assert_int_equal(qg__go_duration(INT64_MIN, buf, sizeof buf) > 0, 1);
     assert_int_equal(buf[0], '-');
 }
 
@@ -98,7 +98,7 @@ static void test_allow_headers(void **state)
     (void)state;
 
     sample(&d);
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 8);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 8);
     assert_int_equal(b.n, 8);
     assert_string_equal(get(&b, "RateLimit-Policy"),
                         "\"burst_5h\";q=50;w=18000, \"weekly\";q=400;w=604800, "
@@ -136,7 +136,7 @@ static void test_refusal_headers(void **state)
     d.views[1].used_milli = 400000;
     d.views[1].remaining_milli = 0;
     d.retry_after_ms = 59765;
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 11);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 11);
     assert_string_equal(get(&b, "RateLimit"),
                         "\"burst_5h\";r=43;t=1234, \"weekly\";r=0;t=568800, "
                         "\"rpm\";r=19;t=3, \"concurrency\";r=1;t=600");
@@ -149,11 +149,11 @@ static void test_refusal_headers(void **state)
 
     /* exactly 60 s still retries; a millisecond more does not */
     d.retry_after_ms = 60000;
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 11);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 11);
     assert_string_equal(get(&b, "Retry-After"), "60");
     assert_string_equal(get(&b, "x-should-retry"), "true");
     d.retry_after_ms = 60001;
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 11);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 11);
     assert_string_equal(get(&b, "Retry-After"), "61");
     assert_string_equal(get(&b, "retry-after-ms"), "60001");
     assert_string_equal(get(&b, "x-should-retry"), "false");
@@ -163,7 +163,7 @@ static void test_refusal_headers(void **state)
     d.retry_after_ms = 0;
     d.weight_milli = 60000;
     d.binding = 0;
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 9);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 9);
     assert_null(get(&b, "Retry-After"));
     assert_null(get(&b, "retry-after-ms"));
     assert_string_equal(get(&b, "x-should-retry"), "false");
@@ -188,7 +188,7 @@ static void test_org_and_lookup(void **state)
     tst_decision_view(&d, "monthly", QG_WIN_CALENDAR, 0, 1, 100000000, 2500,
          NOW_MS - 1);
     tst_decision_view(&d, "gone", QG_WIN_ROLLING, 0, 0, 10500, 0, 0);
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 5);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit-Policy"),
                         "\"burst_5h\";q=50;w=18000, \"org.monthly\";q=100000;w=2678400, "
                         "\"gone\";q=10");
@@ -200,7 +200,7 @@ static void test_org_and_lookup(void **state)
     assert_string_equal(get(&b, "x-ratelimit-limit-tokens"), "10");
     assert_string_equal(get(&b, "x-ratelimit-reset-tokens"), "0s");
 
-    assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), 5);
+    assert_int_equal(qg__headers_for_decision(&d, NULL, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit-Policy"),
                         "\"burst_5h\";q=50, \"org.monthly\";q=100000, "
                         "\"gone\";q=10");
@@ -208,7 +208,7 @@ static void test_org_and_lookup(void **state)
     /* a name that must be escaped in a structured-field string */
     d.nviews = 1;
     d.views[0].name = "a\"b\\c";
-    assert_int_equal(qg_headers_for_decision(&d, r, NOW_MS, &b), 5);
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 5);
     assert_string_equal(get(&b, "RateLimit"), "\"a\\\"b\\\\c\";r=50;t=0");
     qg_rules_free(r);
 }
@@ -230,14 +230,14 @@ static void test_overflow(void **state)
         tst_decision_view(&d, names[i], QG_WIN_ROLLING, 0, 0, 1000000000000LL,
                           0, 0);
     }
-    assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), -1);
+    assert_int_equal(qg__headers_for_decision(&d, NULL, NOW_MS, &b), -1);
     assert_int_equal(b.n, 0);
     /* ten such names fit */
     d.nviews = 10;
-    assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), 5);
+    assert_int_equal(qg__headers_for_decision(&d, NULL, NOW_MS, &b), 5);
     /* nothing at all: no views, an allow has no headers */
     d.nviews = 0;
-    assert_int_equal(qg_headers_for_decision(&d, NULL, NOW_MS, &b), 0);
+    assert_int_equal(qg__headers_for_decision(&d, NULL, NOW_MS, &b), 0);
 }
 
 int main(void)

@@ -5,7 +5,7 @@
  * timeout, so a bug fails a test instead of hanging it).  The handler
  * echoes what it parsed ("m=1 p=/x q=a=1 h=... b=...") so one response
  * checks method, path, query, header lookup and body; /hold keeps the
- * request so a test can answer it later through qg_http_post; /big
+ * request so a test can answer it later through qg__http_post; /big
  * answers 4 MiB to exercise partial writes.  /stream, /forever, /flood
  * and /holdc exercise streaming responses and the on_close hook (see
  * "streaming handlers" below). */
@@ -100,7 +100,7 @@ static void strm_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     n = snprintf(b, sizeof b, "data: %d\n\n", st->i++);
-    rc = qg_http_stream_write(st->r, b, (size_t)n);
+    rc = qg__http_stream_write(st->r, b, (size_t)n);
     if (rc < 0)
         return;                         /* gone: on_close ends it */
     if (st->forever) {
@@ -113,7 +113,7 @@ static void strm_tick(evutil_socket_t fd, short what, void *arg)
         strm_arm(st, GAP_MS);
         return;
     }
-    qg_http_stream_end(st->r);
+    qg__http_stream_end(st->r);
     strm_free(st);
 }
 
@@ -122,10 +122,10 @@ static void strm_closed(void *arg)
     strm *st = arg;
     srv *x = st->x;
     pthread_mutex_lock(&x->mu);
-    x->st_write_after = qg_http_stream_write(st->r, "late", 4);
+    x->st_write_after = qg__http_stream_write(st->r, "late", 4);
     pthread_mutex_unlock(&x->mu);
     evtimer_del(st->tev);
-    qg_http_stream_end(st->r);
+    qg__http_stream_end(st->r);
     strm_free(st);
     strm_signal(x, &x->st_closed, 1);
 }
@@ -135,9 +135,9 @@ static void flood_drained(void *arg)
     strm *st = arg;
     srv *x = st->x;
     strm_signal(x, &x->drained, 1);
-    if (qg_http_stream_write(st->r, "end", 3) < 0)
+    if (qg__http_stream_write(st->r, "end", 3) < 0)
         strm_signal(x, &x->st_bad, 1);
-    qg_http_stream_end(st->r);
+    qg__http_stream_end(st->r);
     strm_free(st);
 }
 
@@ -145,7 +145,7 @@ static void holdc_closed(void *arg)
 {
     strm *st = arg;
     srv *x = st->x;
-    qg_http_respond(st->r, 200, NULL, 0, NULL, "{}", 2);  /* discarded */
+    qg__http_respond(st->r, 200, NULL, 0, NULL, "{}", 2);  /* discarded */
     strm_free(st);
     strm_signal(x, &x->st_closed, 1);
 }
@@ -156,10 +156,10 @@ static int stream_handler(qg_http_req *r, srv *x)
     strm *st;
     int forever = !strcmp(r->path, "/forever");
     if (!strcmp(r->path, "/abort")) {       /* a truncated stream */
-        if (qg_http_stream_start(r, 200, NULL, 0, "text/plain") != 0 ||
-            qg_http_stream_write(r, "x", 1) != 0)
+        if (qg__http_stream_start(r, 200, NULL, 0, "text/plain") != 0 ||
+            qg__http_stream_write(r, "x", 1) != 0)
             strm_signal(x, &x->st_bad, 1);
-        qg_http_respond(r, 500, NULL, 0, NULL, "ignored", 7);
+        qg__http_respond(r, 500, NULL, 0, NULL, "ignored", 7);
         return 1;
     }
     if (strcmp(r->path, "/stream") && !forever && strcmp(r->path, "/flood")
@@ -169,13 +169,13 @@ static int stream_handler(qg_http_req *r, srv *x)
     st->x = x;
     st->r = r;
     st->forever = forever;
-    st->tev = evtimer_new(qg_http_req_base(r), strm_tick, st);
+    st->tev = evtimer_new(qg__http_req_base(r), strm_tick, st);
     if (!strcmp(r->path, "/holdc")) {
-        qg_http_on_close(r, holdc_closed, st);
+        qg__http_on_close(r, holdc_closed, st);
         strm_signal(x, &x->held_count, 1);
         return 1;
     }
-    x->st_start_rc = qg_http_stream_start(r, 200, oh, 1,
+    x->st_start_rc = qg__http_stream_start(r, 200, oh, 1,
                                           "text/event-stream");
     if (!strcmp(r->path, "/flood")) {
         char *piece = malloc(FLOOD_PIECE);
@@ -183,11 +183,11 @@ static int stream_handler(qg_http_req *r, srv *x)
         int rc = 0;
         memset(piece, 'f', FLOOD_PIECE);
         while (rc == 0 && total < ((size_t)256 << 20)) {
-            rc = qg_http_stream_write(r, piece, FLOOD_PIECE);
+            rc = qg__http_stream_write(r, piece, FLOOD_PIECE);
             total += FLOOD_PIECE;
         }
         free(piece);
-        qg_http_stream_on_drain(r, flood_drained, st);
+        qg__http_stream_on_drain(r, flood_drained, st);
         pthread_mutex_lock(&x->mu);
         x->flood_rc = rc;
         x->flood_bytes = total;
@@ -196,7 +196,7 @@ static int stream_handler(qg_http_req *r, srv *x)
         pthread_mutex_unlock(&x->mu);
         return 1;
     }
-    qg_http_on_close(r, strm_closed, st);
+    qg__http_on_close(r, strm_closed, st);
     strm_tick(-1, 0, st);               /* the first chunk at once */
     return 1;
 }
@@ -222,21 +222,21 @@ static void handler(qg_http_req *r, void *ud)
     if (!strcmp(r->path, "/big")) {
         char *b = malloc(BIG);
         memset(b, 'z', BIG);
-        qg_http_respond(r, 200, NULL, 0, "text/plain", b, BIG);
+        qg__http_respond(r, 200, NULL, 0, "text/plain", b, BIG);
         free(b);
         return;
     }
-    h = qg_http_header_get(r, "X-Test", &hl);
+    h = qg__http_header_get(r, "X-Test", &hl);
     n = snprintf(buf, sizeof buf, "m=%d p=%s q=%s h=%.*s b=%.200s n=%zu",
                  r->method, r->path, r->query, h ? (int)hl : 1, h ? h : "-",
                  r->body, r->body_len);
-    qg_http_respond(r, 200, oh, 1, "text/plain", buf, (size_t)n);
+    qg__http_respond(r, 200, oh, 1, "text/plain", buf, (size_t)n);
 }
 
 static void *run_thread(void *arg)
 {
     srv *x = arg;
-    x->run_rc = qg_http_server_run(x->s);
+    x->run_rc = qg__http_server_run(x->s);
     return NULL;
 }
 
@@ -254,10 +254,10 @@ static srv *start(const qg_http_opts *o)
     srv *x = calloc(1, sizeof *x);
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
-    x->s = qg_http_server_new(o, handler, x, err, sizeof err);
+    x->s = qg__http_server_new(o, handler, x, err, sizeof err);
     if (!x->s)
         fail_msg("server_new: %s", err);
-    x->port = qg_http_server_port(x->s);
+    x->port = qg__http_server_port(x->s);
     assert_true(x->port > 0);
     assert_int_equal(pthread_create(&x->th, NULL, run_thread, x), 0);
     return x;
@@ -265,10 +265,10 @@ static srv *start(const qg_http_opts *o)
 
 static void finish(srv *x)
 {
-    qg_http_server_stop(x->s);
+    qg__http_server_stop(x->s);
     pthread_join(x->th, NULL);
     assert_int_equal(x->run_rc, 0);
-    qg_http_server_free(x->s);
+    qg__http_server_free(x->s);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
@@ -299,7 +299,7 @@ static void respond_held(void *arg)
     r = x->held;
     x->held = NULL;
     pthread_mutex_unlock(&x->mu);
-    qg_http_respond(r, 202, NULL, 0, NULL, "{\"deferred\":true}", 17);
+    qg__http_respond(r, 202, NULL, 0, NULL, "{\"deferred\":true}", 17);
 }
 
 /* ---- client ------------------------------------------------------------ */
@@ -510,7 +510,7 @@ static void wait_no_connections(srv *x)
 {
     qg_http_stats st;
     for (int i = 0; i < 300; i++) {
-        qg_http_server_stats(x->s, &st);
+        qg__http_server_stats(x->s, &st);
         if (st.connections_open == 0)
             break;
         usleep(10000);
@@ -670,7 +670,7 @@ static void test_deferred(void **state)
         struct pollfd p = { .fd = c->fd, .events = POLLIN };
         assert_int_equal(poll(&p, 1, 0), 0);   /* nothing answered yet */
     }
-    assert_int_equal(qg_http_post(x->s, r->worker, respond_held, x), 0);
+    assert_int_equal(qg__http_post(x->s, r->worker, respond_held, x), 0);
     assert_int_equal(cli_read(c, &rs, 0), 0);
     assert_int_equal(rs.status, 202);
     assert_non_null(strstr(rs.head, "HTTP/1.1 202 Accepted\r\n"));
@@ -678,7 +678,7 @@ static void test_deferred(void **state)
     assert_string_equal(rs.body, "{\"deferred\":true}");
     resp_free(&rs);
     expect_ok(c, "p=/next ");
-    assert_int_equal(qg_http_post(x->s, 7, respond_held, x), -1);
+    assert_int_equal(qg__http_post(x->s, 7, respond_held, x), -1);
     cli_close(c);
     finish(x);
 }
@@ -695,10 +695,10 @@ static void test_deferred_disconnect(void **state)
     r = wait_held(x, 1);
     cli_close(c);                       /* gone before the response */
     usleep(100000);
-    assert_int_equal(qg_http_post(x->s, r->worker, respond_held, x), 0);
+    assert_int_equal(qg__http_post(x->s, r->worker, respond_held, x), 0);
     for (int i = 0; i < 300; i++) {
         int held;
-        qg_http_server_stats(x->s, &st);
+        qg__http_server_stats(x->s, &st);
         pthread_mutex_lock(&x->mu);
         held = x->held != NULL;
         pthread_mutex_unlock(&x->mu);
@@ -720,7 +720,7 @@ static void test_deferred_disconnect(void **state)
     }
     cli_close(c);
     usleep(100000);
-    assert_int_equal(qg_http_post(x->s, r->worker, respond_held, x), 0);
+    assert_int_equal(qg__http_post(x->s, r->worker, respond_held, x), 0);
     usleep(100000);
     finish(x);
 }
@@ -799,7 +799,7 @@ static void test_garbage(void **state)
     cli_sends(c, "GET / HTTP/1.1\r\nContent-Length: zz\r\n\r\n");
     expect_error(c, 400, "invalid_request");
     cli_close(c);
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     assert_int_equal(st.errors_total, 2);
     assert_int_equal(st.connections_total, 2);
     assert_int_equal(st.requests_total, 0);
@@ -842,7 +842,7 @@ static void test_idle_timeout(void **state)
     assert_true(cli_closed(c, 3000));
     assert_true(now_s() - t0 >= 0.15);
     cli_close(c);
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     assert_int_equal(st.errors_total, 0);  /* silent */
     finish(x);
 }
@@ -931,7 +931,7 @@ static void test_max_connections(void **state)
     expect_ok(c, "p=/c ");
     assert_true(cli_closed(b, 3000));
     cli_close(b);
-    assert_int_equal(qg_http_post(x->s, 0, respond_held, x), 0);
+    assert_int_equal(qg__http_post(x->s, 0, respond_held, x), 0);
     {
         resp rs;
         assert_int_equal(cli_read(a, &rs, 0), 0);
@@ -959,20 +959,20 @@ static void test_stop_with_open_connections(void **state)
     cli_sends(held, "GET /hold HTTP/1.1\r\n\r\n");
     r = wait_held(x, 1);
     t0 = now_s();
-    qg_http_server_stop(x->s);
+    qg__http_server_stop(x->s);
     pthread_join(x->th, NULL);
     assert_int_equal(x->run_rc, 0);
     assert_true(now_s() - t0 < 1.5);    /* did not wait for the held one */
     assert_true(cli_closed(idle, 1000));
     assert_true(cli_closed(partial, 1000));
     assert_true(cli_closed(held, 1000));
-    assert_int_equal(qg_http_post(x->s, 0, respond_held, x), -1);
+    assert_int_equal(qg__http_post(x->s, 0, respond_held, x), -1);
     /* The owner answers after run returned: discarded, freed. */
     assert_ptr_equal(x->held, r);
     respond_held(x);
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     assert_int_equal(st.connections_open, 0);
-    qg_http_server_free(x->s);
+    qg__http_server_free(x->s);
     cli_close(idle);
     cli_close(partial);
     cli_close(held);
@@ -997,16 +997,16 @@ static void test_stop_before_run(void **state)
 {
     qg_http_opts o = base_opts();
     char err[128];
-    qg_http_server *s = qg_http_server_new(&o, handler, NULL, err, sizeof err);
+    qg_http_server *s = qg__http_server_new(&o, handler, NULL, err, sizeof err);
     (void)state;
     assert_non_null(s);
-    qg_http_server_stop(s);
-    assert_int_equal(qg_http_server_run(s), 0);
-    qg_http_server_free(s);
+    qg__http_server_stop(s);
+    assert_int_equal(qg__http_server_run(s), 0);
+    qg__http_server_free(s);
     /* Freed without ever running. */
-    s = qg_http_server_new(&o, handler, NULL, err, sizeof err);
+    s = qg__http_server_new(&o, handler, NULL, err, sizeof err);
     assert_non_null(s);
-    qg_http_server_free(s);
+    qg__http_server_free(s);
 }
 
 static void test_port_in_use(void **state)
@@ -1017,12 +1017,12 @@ static void test_port_in_use(void **state)
     qg_http_server *s2;
     (void)state;
     o.port = x->port;
-    s2 = qg_http_server_new(&o, handler, NULL, err, sizeof err);
+    s2 = qg__http_server_new(&o, handler, NULL, err, sizeof err);
     assert_null(s2);
     assert_non_null(strstr(err, "in use"));
     o.host = "no.such.host.invalid";
     o.port = 0;
-    assert_null(qg_http_server_new(&o, handler, NULL, err, sizeof err));
+    assert_null(qg__http_server_new(&o, handler, NULL, err, sizeof err));
     finish(x);
 }
 
@@ -1038,7 +1038,7 @@ static void test_post_many(void **state)
     int counts[2] = { 0, 0 };
     (void)state;
     for (int i = 0; i < 10000; i++)
-        assert_int_equal(qg_http_post(x->s, i & 1, post_count, &counts[i & 1]),
+        assert_int_equal(qg__http_post(x->s, i & 1, post_count, &counts[i & 1]),
                          0);
     finish(x);                          /* posted before stop: all run */
     assert_int_equal(counts[0], 5000);
@@ -1056,7 +1056,7 @@ static void test_stats(void **state)
         cli_sends(c, "GET / HTTP/1.1\r\n\r\n");
         expect_ok(c, "p=/ ");
     }
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     assert_int_equal(st.requests_total, 5);
     assert_int_equal(st.connections_open, 1);
     assert_int_equal(st.connections_total, 1);

@@ -62,13 +62,13 @@ static void handler(qg_http_req *r, void *ud)
         return;
     }
     n = snprintf(buf, sizeof buf, "ok n=%zu", r->body_len);
-    qg_http_respond(r, 200, NULL, 0, "text/plain", buf, (size_t)n);
+    qg__http_respond(r, 200, NULL, 0, "text/plain", buf, (size_t)n);
 }
 
 static void *run_thread(void *arg)
 {
     srv *x = arg;
-    x->run_rc = qg_http_server_run(x->s);
+    x->run_rc = qg__http_server_run(x->s);
     return NULL;
 }
 
@@ -78,10 +78,10 @@ static srv *start(const qg_http_opts *o)
     srv *x = calloc(1, sizeof *x);
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
-    x->s = qg_http_server_new(o, handler, x, err, sizeof err);
+    x->s = qg__http_server_new(o, handler, x, err, sizeof err);
     if (!x->s)
         fail_msg("server_new: %s", err);
-    x->port = qg_http_server_port(x->s);
+    x->port = qg__http_server_port(x->s);
     assert_int_equal(pthread_create(&x->th, NULL, run_thread, x), 0);
     return x;
 }
@@ -98,7 +98,7 @@ static void release_one(void *arg)
     }
     pthread_mutex_unlock(&x->mu);
     if (r)
-        qg_http_respond(r, 202, NULL, 0, NULL, "{}", 2);
+        qg__http_respond(r, 202, NULL, 0, NULL, "{}", 2);
 }
 
 static void release_all(srv *x)
@@ -108,7 +108,7 @@ static void release_all(srv *x)
     n = x->nheld;
     pthread_mutex_unlock(&x->mu);
     while (n-- > 0)
-        assert_int_equal(qg_http_post(x->s, 0, release_one, x), 0);
+        assert_int_equal(qg__http_post(x->s, 0, release_one, x), 0);
 }
 
 static void wait_held(srv *x, int count)
@@ -128,10 +128,10 @@ static void wait_held(srv *x, int count)
 
 static void finish(srv *x)
 {
-    qg_http_server_stop(x->s);
+    qg__http_server_stop(x->s);
     pthread_join(x->th, NULL);
     assert_int_equal(x->run_rc, 0);
-    qg_http_server_free(x->s);
+    qg__http_server_free(x->s);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
@@ -140,14 +140,14 @@ static void finish(srv *x)
 static uint64_t drops(srv *x, int which)
 {
     qg_http_stats st;
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     return st.drops[which];
 }
 
 static uint64_t open_conns(srv *x)
 {
     qg_http_stats st;
-    qg_http_server_stats(x->s, &st);
+    qg__http_server_stats(x->s, &st);
     return st.connections_open;
 }
 
@@ -529,7 +529,7 @@ static void test_per_client_limit(void **state)
     assert_int_equal(drops(x, QG_HTTP_REFUSED_PER_CLIENT), 1);
     healthy(x, "127.0.0.2");            /* another address */
 
-    assert_int_equal(qg_http_post(x->s, 0, release_one, x), 0);
+    assert_int_equal(qg__http_post(x->s, 0, release_one, x), 0);
     assert_int_equal(cli_response(a), 202);   /* a is idle now */
     healthy(x, NULL);                   /* replaces a */
     assert_true(cli_drain(a));

@@ -130,8 +130,8 @@ static void test_numbers(void **state)
     };
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *s = qg_json_dump_steal(
-            json_pack("[o]", qg_json_scaled(cases[i].v, cases[i].scale)));
+        char *s = qg__json_dump_steal(
+            json_pack("[o]", qg__json_scaled(cases[i].v, cases[i].scale)));
         char want[64];
         snprintf(want, sizeof want, "[%s]", cases[i].s);
         assert_string_equal(s, want);
@@ -145,7 +145,7 @@ static void test_check_allow(void **state)
     (void)state;
     sample(&d);
     d.replayed = 1;
-    char *text = qg_json_check(&d, "req-1", "weight points");
+    char *text = qg__json_check(&d, "req-1", "weight points");
     assert_non_null(strstr(text, "\"weight\":16.5,"));
     json_t *j = parse(text);
     assert_string_equal(str(j, "decision"), "allow");
@@ -177,7 +177,7 @@ static void test_check_allow(void **state)
     d.org = NULL;
     d.model = NULL;
     d.replayed = 0;
-    j = parse(qg_json_check(&d, "req-2", NULL));
+    j = parse(qg__json_check(&d, "req-2", NULL));
     assert_null(json_object_get(j, "org"));
     assert_null(json_object_get(j, "model"));
     assert_true(json_is_false(json_object_get(j, "replayed")));
@@ -199,7 +199,7 @@ static void test_check_reject(void **state)
     d.nrecovery[1] = 1;
     d.recovery[1][0] = (qg_recovery_point){NEXT_MONDAY_MS, 400000};
 
-    char *text = qg_json_check(&d, "req-3", "weight points");
+    char *text = qg__json_check(&d, "req-3", "weight points");
     assert_non_null(strstr(text, "\"retry_after_s\":568800,"));
     json_t *j = parse(text);
     assert_string_equal(str(j, "decision"), "reject");
@@ -230,7 +230,7 @@ static void test_check_reject(void **state)
     d.binding = 2;
     d.views[2].used_milli = 20000;
     d.retry_after_ms = 3000;
-    j = parse(qg_json_check(&d, "req-3", "weight points"));
+    j = parse(qg__json_check(&d, "req-3", "weight points"));
     assert_string_equal(str(json_object_get(j, "error"), "message"),
                         "rpm limit reached: 20 of 20 requests used; this "
                         "request fits again at 2026-03-02T10:00:03Z");
@@ -239,7 +239,7 @@ static void test_check_reject(void **state)
 
     /* a retry_after with milliseconds keeps them */
     d.retry_after_ms = 59765;
-    text = qg_json_check(&d, "req-3", "weight points");
+    text = qg__json_check(&d, "req-3", "weight points");
     assert_non_null(strstr(text, "\"retry_after_s\":59.765,"));
     free(text);
 }
@@ -257,7 +257,7 @@ static void test_check_payg(void **state)
     d.spent_micro = 125000;
     d.spending_cap_micro = 0;
     d.cap_period_end_ms = NEXT_MONDAY_MS;
-    json_t *j = parse(qg_json_check(&d, "p-1", "weight points"));
+    json_t *j = parse(qg__json_check(&d, "p-1", "weight points"));
     json_t *o = json_object_get(j, "overage");
     assert_non_null(o);
     assert_string_equal(str(o, "policy"), "payg");
@@ -272,7 +272,7 @@ static void test_check_payg(void **state)
 
     /* no window lifted: no overage object */
     d.headroom_milli = -1;
-    j = parse(qg_json_check(&d, "p-2", "weight points"));
+    j = parse(qg__json_check(&d, "p-2", "weight points"));
     assert_null(json_object_get(j, "overage"));
     json_decref(j);
 
@@ -284,7 +284,7 @@ static void test_check_payg(void **state)
     d.spent_micro = 4990000;
     d.spending_cap_micro = 5000000;
     d.retry_after_ms = 1233500;
-    j = parse(qg_json_check(&d, "p-3", "weight points"));
+    j = parse(qg__json_check(&d, "p-3", "weight points"));
     json_t *e = json_object_get(j, "error");
     assert_string_equal(str(e, "type"), "spending_cap_reached");
     assert_string_equal(str(e, "window"), "burst_5h");
@@ -307,7 +307,7 @@ static void test_check_never(void **state)
     d.outcome = QG_REJECT_NEVER;
     d.weight_milli = 60000;
     d.binding = 0;
-    json_t *j = parse(qg_json_check(&d, "big", "weight points"));
+    json_t *j = parse(qg__json_check(&d, "big", "weight points"));
     json_t *e = json_object_get(j, "error");
     assert_string_equal(str(j, "decision"), "reject");
     assert_string_equal(str(e, "type"), "request_too_large_for_plan");
@@ -322,7 +322,7 @@ static void test_check_never(void **state)
 
     /* without a binding index, the window under the weight is named */
     d.binding = -1;
-    j = parse(qg_json_check(&d, "big", "weight points"));
+    j = parse(qg__json_check(&d, "big", "weight points"));
     assert_string_equal(str(json_object_get(j, "error"), "window"),
                         "burst_5h");
     json_decref(j);
@@ -333,7 +333,7 @@ static void test_settle(void **state)
     qg_settle_result s = {0, 1, 16500, 2250, 16500, NOW_MS,
                           QG_SETTLE_CANCELLED, 0, 0};
     (void)state;
-    char *text = qg_json_settle(&s, "req-1");
+    char *text = qg__json_settle(&s, "req-1");
     assert_string_equal(text, "{\"request_id\":\"req-1\",\"status\":"
                               "\"cancelled\",\"reserved\":16.5,\"actual\":"
                               "2.25,\"charged\":16.5,\"late\":true,"
@@ -342,7 +342,7 @@ static void test_settle(void **state)
     /* payg: the settle's overage */
     s.overage_milli = 1500;
     s.overage_cost_micro = 15000;
-    text = qg_json_settle(&s, "req-1");
+    text = qg__json_settle(&s, "req-1");
     assert_non_null(strstr(text, ",\"overage_units\":1.5,"
                                  "\"overage_cost_usd\":0.015}"));
     free(text);
@@ -362,7 +362,7 @@ static void test_usage(void **state)
     d.nrecovery[2] = 1; /* a partial schedule: not back to full */
     d.recovery[2][0] = (qg_recovery_point){NOW_MS + 1000, 19500};
 
-    json_t *j = parse(qg_json_usage(&d, "alice", NOW_MS, "weight points"));
+    json_t *j = parse(qg__json_usage(&d, "alice", NOW_MS, "weight points"));
     assert_string_equal(str(j, "subject"), "alice");
     assert_string_equal(str(j, "plan"), "free");
     assert_string_equal(str(j, "org"), "acme");
@@ -399,7 +399,7 @@ static void test_usage(void **state)
     json_decref(j);
 
     d.org = NULL;
-    j = parse(qg_json_usage(&d, "bob", NOW_MS, NULL));
+    j = parse(qg__json_usage(&d, "bob", NOW_MS, NULL));
     assert_true(json_is_null(json_object_get(j, "org")));
     json_decref(j);
 }
@@ -419,7 +419,7 @@ static void test_plans(void **state)
 {
     qg_rules *r = tst_rules_parse(rules_text);
     (void)state;
-    char *text = qg_json_plans(r);
+    char *text = qg__json_plans(r);
     assert_non_null(strstr(text, "\"price_usd_month\":19.99,"));
     assert_non_null(strstr(text, "\"limit\":2.5,"));
     json_t *j = parse(text);
@@ -476,7 +476,7 @@ static void test_weights(void **state)
 {
     qg_rules *r = tst_rules_parse(rules_text);
     (void)state;
-    char *text = qg_json_weights(r);
+    char *text = qg__json_weights(r);
     assert_string_equal(
         text, "{\"version\":\"w1\",\"calibrated\":\"2026-01-01\",\"unit\":"
               "\"weight points\",\"models\":[{\"name\":\"light\","
@@ -490,7 +490,7 @@ static void test_weights(void **state)
 static void test_error(void **state)
 {
     (void)state;
-    char *text = qg_json_error("invalid_request", "subject is \"required\"");
+    char *text = qg__json_error("invalid_request", "subject is \"required\"");
     assert_string_equal(text, "{\"error\":{\"type\":\"invalid_request\","
                               "\"message\":\"subject is \\\"required\\\"\"}}");
     free(text);

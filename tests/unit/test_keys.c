@@ -34,7 +34,7 @@ static void test_generate_verify(void **state)
     size_t i;
     (void)state;
 
-    assert_int_equal(qg_key_generate("subject", "alice", NOW_MS, key,
+    assert_int_equal(qg__key_generate("subject", "alice", NOW_MS, key,
                                      sizeof key, &rec), 0);
     assert_int_equal(strlen(key), QG_KEY_LEN);
     assert_memory_equal(key, "qgk_", 4);
@@ -51,17 +51,17 @@ static void test_generate_verify(void **state)
     assert_int_equal(EVP_Digest(key, strlen(key), h, &hn, EVP_sha256(),
                                 NULL), 1);
     assert_memory_equal(h, rec.hash, 32);
-    assert_int_equal(qg_key_parse_id(key, id, sizeof id), 0);
+    assert_int_equal(qg__key_parse_id(key, id, sizeof id), 0);
     assert_string_equal(id, rec.id);
-    assert_int_equal(qg_key_verify(key, &rec), 1);
+    assert_int_equal(qg__key_verify(key, &rec), 1);
 
     /* admin and service keys have no subject */
-    assert_int_equal(qg_key_generate("admin", NULL, NOW_MS, key, sizeof key,
+    assert_int_equal(qg__key_generate("admin", NULL, NOW_MS, key, sizeof key,
                                      &rec), 0);
     assert_string_equal(rec.subject, "");
-    assert_int_equal(qg_key_generate("service", "", NOW_MS, key, sizeof key,
+    assert_int_equal(qg__key_generate("service", "", NOW_MS, key, sizeof key,
                                      &rec), 0);
-    assert_int_equal(qg_key_verify(key, &rec), 1);
+    assert_int_equal(qg__key_verify(key, &rec), 1);
 }
 
 static void test_bad_generate(void **state)
@@ -69,21 +69,21 @@ static void test_bad_generate(void **state)
     char key[QG_KEY_LEN + 1], big[300];
     qg_key_rec rec;
     (void)state;
-    assert_int_equal(qg_key_generate("root", "a", 0, key, sizeof key, &rec),
+    assert_int_equal(qg__key_generate("root", "a", 0, key, sizeof key, &rec),
                      QG_EINVAL);
-    assert_int_equal(qg_key_generate(NULL, "a", 0, key, sizeof key, &rec),
+    assert_int_equal(qg__key_generate(NULL, "a", 0, key, sizeof key, &rec),
                      QG_EINVAL);
-    assert_int_equal(qg_key_generate("subject", NULL, 0, key, sizeof key,
+    assert_int_equal(qg__key_generate("subject", NULL, 0, key, sizeof key,
                                      &rec), QG_EINVAL);
-    assert_int_equal(qg_key_generate("subject", "", 0, key, sizeof key,
+    assert_int_equal(qg__key_generate("subject", "", 0, key, sizeof key,
                                      &rec), QG_EINVAL);
-    assert_int_equal(qg_key_generate("admin", "alice", 0, key, sizeof key,
+    assert_int_equal(qg__key_generate("admin", "alice", 0, key, sizeof key,
                                      &rec), QG_EINVAL);
-    assert_int_equal(qg_key_generate("subject", "a", 0, key, QG_KEY_LEN,
+    assert_int_equal(qg__key_generate("subject", "a", 0, key, QG_KEY_LEN,
                                      &rec), QG_EINVAL);
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = '\0';
-    assert_int_equal(qg_key_generate("subject", big, 0, key, sizeof key,
+    assert_int_equal(qg__key_generate("subject", big, 0, key, sizeof key,
                                      &rec), QG_EINVAL);
 }
 
@@ -94,26 +94,26 @@ static void test_tampered_and_revoked(void **state)
     size_t i;
     (void)state;
 
-    assert_int_equal(qg_key_generate("subject", "bob", NOW_MS, key,
+    assert_int_equal(qg__key_generate("subject", "bob", NOW_MS, key,
                                      sizeof key, &rec), 0);
     /* every single-character change fails */
     for (i = 0; i < QG_KEY_LEN; i++) {
         char t[QG_KEY_LEN + 1];
         memcpy(t, key, sizeof t);
         t[i] = t[i] == 'A' ? 'B' : 'A';
-        assert_int_equal(qg_key_verify(t, &rec), 0);
+        assert_int_equal(qg__key_verify(t, &rec), 0);
     }
     key[QG_KEY_LEN - 1] = '\0';             /* truncated */
-    assert_int_equal(qg_key_verify(key, &rec), 0);
-    assert_int_equal(qg_key_verify("", &rec), 0);
-    assert_int_equal(qg_key_verify(NULL, &rec), 0);
+    assert_int_equal(qg__key_verify(key, &rec), 0);
+    assert_int_equal(qg__key_verify("", &rec), 0);
+    assert_int_equal(qg__key_verify(NULL, &rec), 0);
 
-    assert_int_equal(qg_key_generate("subject", "bob", NOW_MS, other,
+    assert_int_equal(qg__key_generate("subject", "bob", NOW_MS, other,
                                      sizeof other, &rec2), 0);
-    assert_int_equal(qg_key_verify(other, &rec), 0);   /* another key */
-    assert_int_equal(qg_key_verify(other, &rec2), 1);
+    assert_int_equal(qg__key_verify(other, &rec), 0);   /* another key */
+    assert_int_equal(qg__key_verify(other, &rec2), 1);
     rec2.revoked_ms = NOW_MS + 1;
-    assert_int_equal(qg_key_verify(other, &rec2), 0);
+    assert_int_equal(qg__key_verify(other, &rec2), 0);
 }
 
 static void test_parse_id(void **state)
@@ -122,40 +122,40 @@ static void test_parse_id(void **state)
     qg_key_rec rec;
     (void)state;
 
-    assert_int_equal(qg_key_generate("subject", "c", 0, key, sizeof key,
+    assert_int_equal(qg__key_generate("subject", "c", 0, key, sizeof key,
                                      &rec), 0);
-    assert_int_equal(qg_key_parse_id(key, id, 13), 0);
+    assert_int_equal(qg__key_parse_id(key, id, 13), 0);
     assert_string_equal(id, rec.id);
-    assert_int_equal(qg_key_parse_id(key, id, 12), QG_EINVAL); /* cap */
-    assert_int_equal(qg_key_parse_id(NULL, id, sizeof id), QG_EINVAL);
-    assert_int_equal(qg_key_parse_id("", id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(key, id, 12), QG_EINVAL); /* cap */
+    assert_int_equal(qg__key_parse_id(NULL, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id("", id, sizeof id), QG_EINVAL);
     assert_string_equal(id, "");
-    assert_int_equal(qg_key_parse_id("qgk_", id, sizeof id), QG_EINVAL);
-    assert_int_equal(qg_key_parse_id("qgk__", id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id("qgk_", id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id("qgk__", id, sizeof id), QG_EINVAL);
     /* wrong prefix */
     snprintf(t, sizeof t, "qgx_%s", key + 4);
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     /* uppercase hex in the id */
     snprintf(t, sizeof t, "%s", key);
     t[4] = 'A';
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     /* id one character short / separator moved */
     snprintf(t, sizeof t, "qgk_%.11s_%s", key + 4, key + 17);
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     snprintf(t, sizeof t, "%s", key);
     t[16] = 'a';
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     /* padding or standard base64 in the secret */
     snprintf(t, sizeof t, "%s", key);
     t[QG_KEY_LEN - 1] = '=';
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     t[QG_KEY_LEN - 1] = '+';
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     /* trailing garbage */
     snprintf(t, sizeof t, "%sx", key);
-    assert_int_equal(qg_key_parse_id(t, id, sizeof id), QG_EINVAL);
+    assert_int_equal(qg__key_parse_id(t, id, sizeof id), QG_EINVAL);
     /* a well-formed key that was never issued still parses */
-    assert_int_equal(qg_key_parse_id(
+    assert_int_equal(qg__key_parse_id(
         "qgk_0123456789ab_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", id,
         sizeof id), 0);
     assert_string_equal(id, "0123456789ab");
@@ -170,16 +170,16 @@ static void test_env_key_hash(void **state)
         0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad };
     (void)state;
 
-    qg_key_hash("abc", 3, a);
+    qg__key_hash("abc", 3, a);
     assert_memory_equal(a, sha_abc, 32);
-    qg_key_hash("my admin secret", 15, a);
-    qg_key_hash("my admin secret", 15, b);
-    qg_key_hash("my admin secreT", 15, c);
-    assert_int_equal(qg_key_hash_equal(a, b), 1);
-    assert_int_equal(qg_key_hash_equal(a, c), 0);
+    qg__key_hash("my admin secret", 15, a);
+    qg__key_hash("my admin secret", 15, b);
+    qg__key_hash("my admin secreT", 15, c);
+    assert_int_equal(qg__key_hash_equal(a, b), 1);
+    assert_int_equal(qg__key_hash_equal(a, c), 0);
     /* the length is what is hashed, not up to a NUL */
-    qg_key_hash("my admin secret", 14, c);
-    assert_int_equal(qg_key_hash_equal(a, c), 0);
+    qg__key_hash("my admin secret", 14, c);
+    assert_int_equal(qg__key_hash_equal(a, c), 0);
 }
 
 static void test_keys_differ(void **state)
@@ -189,9 +189,9 @@ static void test_keys_differ(void **state)
     int i;
     (void)state;
     for (i = 0; i < 100; i++) {
-        assert_int_equal(qg_key_generate("subject", "d", 0, k1, sizeof k1,
+        assert_int_equal(qg__key_generate("subject", "d", 0, k1, sizeof k1,
                                          &r1), 0);
-        assert_int_equal(qg_key_generate("subject", "d", 0, k2, sizeof k2,
+        assert_int_equal(qg__key_generate("subject", "d", 0, k2, sizeof k2,
                                          &r2), 0);
         assert_string_not_equal(k1, k2);
         assert_string_not_equal(r1.id, r2.id);
@@ -228,7 +228,7 @@ static void test_cli_keys(void **state)
     assert_int_equal(r.rc, 0);
     last_line(r.out, key, sizeof key);
     assert_int_equal(strlen(key), QG_KEY_LEN);
-    assert_int_equal(qg_key_parse_id(key, id, sizeof id), 0);
+    assert_int_equal(qg__key_parse_id(key, id, sizeof id), 0);
     assert_non_null(strstr(r.out, "alice"));
     tst_cli_done(&r);
 
@@ -236,7 +236,7 @@ static void test_cli_keys(void **state)
                     NULL);
     assert_int_equal(r.rc, 0);
     last_line(r.out, key2, sizeof key2);
-    assert_int_equal(qg_key_parse_id(key2, id2, sizeof id2), 0);
+    assert_int_equal(qg__key_parse_id(key2, id2, sizeof id2), 0);
     tst_cli_done(&r);
 
     r = tst_cli_run("keys", "list", "--data", data, NULL);
@@ -255,12 +255,12 @@ static void test_cli_keys(void **state)
     {
         char err[256];
         qg_key_rec rec;
-        qg_ledger *l = qg_ledger_open(db, NULL, err, sizeof err);
+        qg_ledger *l = qg__ledger_open(db, NULL, err, sizeof err);
         assert_non_null(l);
-        assert_int_equal(qg_ledger_get_key(l, id, &rec), 0);
-        assert_int_equal(qg_key_verify(key, &rec), 1);
-        assert_int_equal(qg_key_verify(key2, &rec), 0);
-        qg_ledger_close(l);
+        assert_int_equal(qg__ledger_get_key(l, id, &rec), 0);
+        assert_int_equal(qg__key_verify(key, &rec), 1);
+        assert_int_equal(qg__key_verify(key2, &rec), 0);
+        qg__ledger_close(l);
     }
 
     r = tst_cli_run("keys", "revoke", id, "--ledger", db, NULL);
@@ -275,12 +275,12 @@ static void test_cli_keys(void **state)
     {
         char err[256];
         qg_key_rec rec;
-        qg_ledger *l = qg_ledger_open(db, NULL, err, sizeof err);
+        qg_ledger *l = qg__ledger_open(db, NULL, err, sizeof err);
         assert_non_null(l);
-        assert_int_equal(qg_ledger_get_key(l, id, &rec), 0);
+        assert_int_equal(qg__ledger_get_key(l, id, &rec), 0);
         assert_true(rec.revoked_ms > 0);
-        assert_int_equal(qg_key_verify(key, &rec), 0);
-        qg_ledger_close(l);
+        assert_int_equal(qg__key_verify(key, &rec), 0);
+        qg__ledger_close(l);
     }
 
     r = tst_cli_run("keys", "revoke", "ffffffffffff", "--data", data, NULL);

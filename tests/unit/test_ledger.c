@@ -59,7 +59,7 @@ static void tmpdb_remove(tmpdb *t)
 static qg_ledger *open_ok(const char *url, const qg_ledger_opts *o)
 {
     char err[512];
-    qg_ledger *l = qg_ledger_open(url, o, err, sizeof err);
+    qg_ledger *l = qg__ledger_open(url, o, err, sizeof err);
     if (!l)
         fail_msg("open %s: %s", url, err);
     return l;
@@ -212,11 +212,11 @@ static void test_rows_roundtrip(void **state)
         make_row(i, &r);
         allowed += r.decision == 1;
         since_count += r.decision == 1 && r.created_ms >= since;
-        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+        assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
     }
     wait_done(&c, NROWS);
     assert_int_equal(atomic_load(&c.ok), NROWS);
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     assert_int_equal(st.rows_written, NROWS);
     assert_true(st.commits >= 1 && st.commits <= NROWS);
     assert_int_equal(st.errors, 0);
@@ -224,18 +224,18 @@ static void test_rows_roundtrip(void **state)
     assert_int_equal(st.commit_le_us[7], st.commits);
     for (i = 1; i < 8; i++)
         assert_true(st.commit_le_us[i] >= st.commit_le_us[i - 1]);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
 
     /* reopen through the plain path */
     l = open_ok(t.path, NULL);
     ck.seen = calloc(NROWS, 1);
     assert_non_null(ck.seen);
-    assert_int_equal(qg_ledger_scan(l, 0, check_scanned, &ck), 0);
+    assert_int_equal(qg__ledger_scan(l, 0, check_scanned, &ck), 0);
     assert_int_equal(ck.n, allowed);
     memset(ck.seen, 0, NROWS);
     ck.n = 0;
     ck.last_ms = 0;
-    assert_int_equal(qg_ledger_scan(l, since, check_scanned, &ck), 0);
+    assert_int_equal(qg__ledger_scan(l, since, check_scanned, &ck), 0);
     assert_int_equal(ck.n, since_count);
     free(ck.seen);
 
@@ -243,11 +243,11 @@ static void test_rows_roundtrip(void **state)
     make_row(10, &r);
     {
         qg_ledger_row got;
-        assert_int_equal(qg_ledger_get(l, "req-000010", &got), 0);
+        assert_int_equal(qg__ledger_get(l, "req-000010", &got), 0);
         assert_row_eq(&got, &r);
-        assert_int_equal(qg_ledger_get(l, "nope", &got), QG_ENOTFOUND);
+        assert_int_equal(qg__ledger_get(l, "nope", &got), QG_ENOTFOUND);
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -280,27 +280,27 @@ static void test_upsert(void **state)
     settle.weight_milli = 1234;
     settle.estimated = 0;
     settle.settled_ms = check.created_ms + 2500;
-    assert_int_equal(qg_ledger_submit(l, &check, count_done, &c), 0);
-    assert_int_equal(qg_ledger_submit(l, &settle, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &check, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &settle, count_done, &c), 0);
     /* a settle whose check row never reached the ledger */
     make_row(3, &lone);
     lone.status = QG_ROW_CANCELLED;
     lone.settled_ms = lone.created_ms + 10;
-    assert_int_equal(qg_ledger_submit(l, &lone, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &lone, NULL, NULL), 0);
     make_row(5, &got);
-    assert_int_equal(qg_ledger_submit(l, &got, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &got, count_done, &c), 0);
     wait_done(&c, 3);
     assert_int_equal(atomic_load(&c.failed), 0);
 
-    assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, check.request_id, &got), 0);
     settle.settle_only = 0;             /* as read back */
     assert_row_eq(&got, &settle);
-    assert_int_equal(qg_ledger_get(l, lone.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, lone.request_id, &got), 0);
     assert_row_eq(&got, &lone);
-    assert_int_equal(qg_ledger_scan(l, 0, stop_after_3, &n), 42);
+    assert_int_equal(qg__ledger_scan(l, 0, stop_after_3, &n), 42);
     assert_int_equal(n, 3);
     n = 0;
-    assert_int_equal(qg_ledger_scan(l, INT64_MAX, stop_after_3, &n), 0);
+    assert_int_equal(qg__ledger_scan(l, INT64_MAX, stop_after_3, &n), 0);
     assert_int_equal(n, 0);
 
     /* a settle-only row changes the settle's columns, overage included,
@@ -321,10 +321,10 @@ static void test_upsert(void **state)
         st.overage_milli = 1234;
         st.overage_cost_micro = 12340;
         st.headroom_milli = -1;         /* not written by a settle */
-        assert_int_equal(qg_ledger_submit(l, &ck, count_done, &c), 0);
-        assert_int_equal(qg_ledger_submit(l, &st, count_done, &c), 0);
+        assert_int_equal(qg__ledger_submit(l, &ck, count_done, &c), 0);
+        assert_int_equal(qg__ledger_submit(l, &st, count_done, &c), 0);
         wait_done(&c, 5);
-        assert_int_equal(qg_ledger_get(l, ck.request_id, &got), 0);
+        assert_int_equal(qg__ledger_get(l, ck.request_id, &got), 0);
         assert_int_equal(got.weight_milli, 9999);
         assert_int_equal(got.overage_milli, 1234);
         assert_int_equal(got.overage_cost_micro, 12340);
@@ -335,13 +335,13 @@ static void test_upsert(void **state)
 
     /* invalid rows are refused, without a callback */
     memset(&got, 0, sizeof got);
-    assert_int_equal(qg_ledger_submit(l, &got, count_done, &c), QG_EINVAL);
-    qg_ledger_close(l);
+    assert_int_equal(qg__ledger_submit(l, &got, count_done, &c), QG_EINVAL);
+    qg__ledger_close(l);
 
     l = open_ok(t.path, NULL);
-    assert_int_equal(qg_ledger_get(l, check.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, check.request_id, &got), 0);
     assert_row_eq(&got, &settle);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -363,7 +363,7 @@ static void code_done(void *arg, int rc)
 static int submit_wait(qg_ledger *l, const qg_ledger_row *r, codes *c)
 {
     int n = atomic_load(&c->n);
-    assert_int_equal(qg_ledger_submit(l, r, code_done, c), 0);
+    assert_int_equal(qg__ledger_submit(l, r, code_done, c), 0);
     for (int i = 0; i < 30000 && atomic_load(&c->n) == n; i++)
         sleep_ms(1);
     assert_int_equal(atomic_load(&c->n), n + 1);
@@ -426,7 +426,7 @@ static void test_guards(void **state)
     assert_int_equal(submit_wait(l, &st, &c), QG_ESTATE);
     st.subject[0] = '\0';
     assert_int_equal(submit_wait(l, &st, &c), 0);
-    assert_int_equal(qg_ledger_get(l, victim.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, victim.request_id, &got), 0);
     assert_row_eq(&got, &victim);
     /* a refused request: decided again by its subject (replaced), never
      * by another */
@@ -443,14 +443,14 @@ static void test_guards(void **state)
     refused.status = QG_ROW_RESERVED;
     refused.window[0] = '\0';
     assert_int_equal(submit_wait(l, &refused, &c), 0);
-    assert_int_equal(qg_ledger_get(l, refused.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, refused.request_id, &got), 0);
     assert_row_eq(&got, &refused);
-    qg_ledger_stats_get(l, &stats);
+    qg__ledger_stats_get(l, &stats);
     assert_int_equal(stats.rows_refused, 4);
     assert_int_equal(stats.errors, 0);
     if (!strstr(logged, "attacker") || !strstr(logged, "not written"))
         fail_msg("rows kept out are not logged: \"%s\"", logged);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -492,9 +492,9 @@ static void test_id_filter(void **state)
     l = open_ok(t.path, NULL);
     for (int i = 0; i < 300; i++) {
         make_row(i, &r);
-        assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), 0);
+        assert_int_equal(qg__ledger_submit(l, &r, NULL, NULL), 0);
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     l = open_ok(t.path, &o);
     make_row(1000, &r);
     {
@@ -504,11 +504,11 @@ static void test_id_filter(void **state)
     }
     for (int i = 0; i < 300; i++) {
         make_row(i, &r);
-        assert_int_equal(qg_ledger_get(l, r.request_id, &got), 0);
+        assert_int_equal(qg__ledger_get(l, r.request_id, &got), 0);
     }
-    assert_int_equal(qg_ledger_get(l, "req-001000", &got), 0);
-    assert_int_equal(qg_ledger_get(l, "never-seen", &got), QG_ENOTFOUND);
-    qg_ledger_close(l);
+    assert_int_equal(qg__ledger_get(l, "req-001000", &got), 0);
+    assert_int_equal(qg__ledger_get(l, "never-seen", &got), QG_ENOTFOUND);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -526,26 +526,26 @@ static void test_async(void **state)
     l = open_ok(t.path, &o);
     for (i = 0; i < 1000; i++) {
         make_row(i, &r);
-        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+        assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
         /* acknowledged at once, on this thread */
         assert_int_equal(atomic_load(&c.ok), i + 1);
     }
     /* committed within flush_ms, without a close */
     for (i = 0; i < 5000 && !found; i++) {
         qg_ledger_stats st;
-        qg_ledger_stats_get(l, &st);
+        qg__ledger_stats_get(l, &st);
         found = st.rows_written == 1000;
         if (!found)
             sleep_ms(1);
     }
     assert_true(found);
-    assert_int_equal(qg_ledger_get(l, "req-000999", &r), 0);
+    assert_int_equal(qg__ledger_get(l, "req-000999", &r), 0);
     make_row(1000, &r);
-    assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), 0);
-    qg_ledger_close(l);   /* drains the last one */
+    assert_int_equal(qg__ledger_submit(l, &r, NULL, NULL), 0);
+    qg__ledger_close(l);   /* drains the last one */
     l = open_ok(t.path, NULL);
-    assert_int_equal(qg_ledger_get(l, "req-001000", &r), 0);
-    qg_ledger_close(l);
+    assert_int_equal(qg__ledger_get(l, "req-001000", &r), 0);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -584,22 +584,22 @@ static void test_queue_full(void **state)
     lock = hold_write_lock(t.path);
     for (i = 0; i < 4; i++) {
         make_row(i, &r);
-        assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+        assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
     }
     make_row(4, &r);
-    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), QG_EFULL);
-    qg_ledger_stats_get(l, &st);
+    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), QG_EFULL);
+    qg__ledger_stats_get(l, &st);
     assert_int_equal(st.queued, 4);
     assert_int_equal(atomic_load(&c.ok), 0);
     release_lock(lock);
     wait_done(&c, 4);
     assert_int_equal(atomic_load(&c.ok), 4);
-    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
     wait_done(&c, 5);
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     assert_int_equal(st.rows_written, 5);
     assert_true(st.commits >= 3);   /* max_batch 2 */
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -626,11 +626,11 @@ static void test_commit_failure(void **state)
     lock = hold_write_lock(t.path);
     make_row(1, &r);
     make_row(2, &r2);
-    assert_int_equal(qg_ledger_submit(l, &r2, NULL, NULL), 0);
-    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &r2, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
     wait_done(&c, 1);
     assert_int_equal(atomic_load(&c.failed), 1);
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     assert_true(st.errors >= 1);
     assert_int_equal(st.rows_written, 0);
     assert_int_equal(st.failing, 1);
@@ -641,20 +641,20 @@ static void test_commit_failure(void **state)
         fail_msg("the failed commit is not logged: \"%s\"", logged);
     release_lock(lock);
     /* the ledger goes on once the lock is gone; the kept row is written */
-    assert_int_equal(qg_ledger_submit(l, &r, count_done, &c), 0);
+    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
     wait_done(&c, 2);
     assert_int_equal(atomic_load(&c.ok), 1);
-    assert_int_equal(qg_ledger_get(l, r.request_id, &got), 0);
-    for (i = 0; i < 500 && qg_ledger_get(l, r2.request_id, &got) != 0; i++)
+    assert_int_equal(qg__ledger_get(l, r.request_id, &got), 0);
+    for (i = 0; i < 500 && qg__ledger_get(l, r2.request_id, &got) != 0; i++)
         sleep_ms(10);
-    assert_int_equal(qg_ledger_get(l, r2.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, r2.request_id, &got), 0);
     assert_row_eq(&got, &r2);
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     assert_int_equal(st.failing, 0);
     assert_int_equal(st.rows_lost, 0);
     if (!strstr(logged, "writes succeed again"))
         fail_msg("the recovery is not logged: \"%s\"", logged);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -694,15 +694,15 @@ static void test_coalesce(void **state)
     sc = sa;
     strcpy(sc.request_id, c.request_id);
     sc.status = QG_ROW_COMPLETED;
-    assert_int_equal(qg_ledger_submit(l, &a, NULL, NULL), 0);
-    assert_int_equal(qg_ledger_submit(l, &sb, NULL, NULL), 0);
-    assert_int_equal(qg_ledger_submit(l, &c, NULL, NULL), 0);
-    assert_int_equal(qg_ledger_submit(l, &sa, NULL, NULL), 0);
-    assert_int_equal(qg_ledger_submit(l, &sc, NULL, NULL), 0);
-    qg_ledger_close(l);
+    assert_int_equal(qg__ledger_submit(l, &a, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &sb, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &c, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &sa, NULL, NULL), 0);
+    assert_int_equal(qg__ledger_submit(l, &sc, NULL, NULL), 0);
+    qg__ledger_close(l);
 
     l = open_ok(t.path, NULL);
-    assert_int_equal(qg_ledger_get(l, a.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, a.request_id, &got), 0);
     a.status = sa.status;
     a.input_tokens = 1;
     a.output_tokens = 2;
@@ -711,15 +711,15 @@ static void test_coalesce(void **state)
     a.overage_milli = 4;
     a.overage_cost_micro = 5;
     assert_row_eq(&got, &a);
-    assert_int_equal(qg_ledger_get(l, b.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, b.request_id, &got), 0);
     sb.settle_only = 0;
     assert_row_eq(&got, &sb);
-    assert_int_equal(qg_ledger_get(l, c.request_id, &got), 0);
+    assert_int_equal(qg__ledger_get(l, c.request_id, &got), 0);
     assert_int_equal(got.status, QG_ROW_COMPLETED);
     assert_int_equal(got.weight_milli, 3);
     assert_string_equal(got.plan, c.plan);
     assert_int_equal(got.overage_price_micro, c.overage_price_micro);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -746,10 +746,10 @@ static void test_file_modes(void **state)
             fail_msg("%s: mode %o, expected 600", p, sb.st_mode & 0777);
     }
     assert_string_equal(logged, "");
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     assert_int_equal(chmod(t.path, 0644), 0);
     l = open_ok(t.path, &o);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     umask(old);
     assert_int_equal(stat(t.path, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0644);    /* not changed */
@@ -774,7 +774,7 @@ static void test_schema_and_urls(void **state)
     assert_int_equal(sqlite3_exec(db, "PRAGMA user_version=999", NULL, NULL,
                                   NULL), SQLITE_OK);
     sqlite3_close(db);
-    assert_null(qg_ledger_open(t.path, NULL, err, sizeof err));
+    assert_null(qg__ledger_open(t.path, NULL, err, sizeof err));
     assert_non_null(strstr(err, "999"));
     assert_non_null(strstr(err, "newer"));
     tmpdb_remove(&t);
@@ -783,7 +783,7 @@ static void test_schema_and_urls(void **state)
     tmpdb_make(&t);
     snprintf(url, sizeof url, "sqlite://%s", t.path);
     l = open_ok(url, NULL);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
     {
         sqlite3_stmt *st;
@@ -834,22 +834,22 @@ static void test_schema_and_urls(void **state)
     l = open_ok(t.path, NULL);
     {
         qg_ledger_row r;
-        assert_int_equal(qg_ledger_get(l, "old-1", &r), 0);
+        assert_int_equal(qg__ledger_get(l, "old-1", &r), 0);
         assert_int_equal(r.weight_milli, 5000);
         assert_int_equal(r.overage_milli, 0);
         assert_int_equal(r.overage_cost_micro, 0);
         assert_int_equal(r.headroom_milli, -1);
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 
-    assert_null(qg_ledger_open("postgresql://db/quotagate", NULL, err,
+    assert_null(qg__ledger_open("postgresql://db/quotagate", NULL, err,
                                sizeof err));
     assert_non_null(strstr(err, "not supported in this build"));
-    assert_null(qg_ledger_open("redis://x", NULL, err, sizeof err));
+    assert_null(qg__ledger_open("redis://x", NULL, err, sizeof err));
     assert_non_null(strstr(err, "scheme"));
-    assert_null(qg_ledger_open("sqlite:", NULL, err, sizeof err));
-    assert_null(qg_ledger_open("/nonexistent-dir/x/ledger.db", NULL, err,
+    assert_null(qg__ledger_open("sqlite:", NULL, err, sizeof err));
+    assert_null(qg__ledger_open("/nonexistent-dir/x/ledger.db", NULL, err,
                                sizeof err));
     assert_non_null(strstr(err, "/nonexistent-dir/x/ledger.db"));
 }
@@ -881,18 +881,18 @@ static void test_subjects(void **state)
 
     tmpdb_make(&t);
     l = open_ok(t.path, NULL);
-    assert_int_equal(qg_ledger_put_subject(l, "bob", "free", NULL, 0,
+    assert_int_equal(qg__ledger_put_subject(l, "bob", "free", NULL, 0,
                                            BASE_MS), 0);
-    assert_int_equal(qg_ledger_put_subject(l, "alice", "free", "acme",
+    assert_int_equal(qg__ledger_put_subject(l, "alice", "free", "acme",
                                            BASE_MS - 5, BASE_MS), 0);
-    assert_int_equal(qg_ledger_put_subject(l, "alice", "max20", "acme",
+    assert_int_equal(qg__ledger_put_subject(l, "alice", "max20", "acme",
                                            BASE_MS - 7, BASE_MS + 1), 0);
-    assert_int_equal(qg_ledger_put_subject(l, "", "free", NULL, 0, 0),
+    assert_int_equal(qg__ledger_put_subject(l, "", "free", NULL, 0, 0),
                      QG_EINVAL);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     l = open_ok(t.path, NULL);
     memset(&c, 0, sizeof c);
-    assert_int_equal(qg_ledger_scan_subjects(l, collect_subject, &c), 0);
+    assert_int_equal(qg__ledger_scan_subjects(l, collect_subject, &c), 0);
     assert_int_equal(c.n, 2);
     assert_string_equal(c.names[0], "alice");
     assert_string_equal(c.plans[0], "max20");
@@ -901,7 +901,7 @@ static void test_subjects(void **state)
     assert_string_equal(c.names[1], "bob");
     assert_string_equal(c.orgs[1], "");
     assert_int_equal(c.anchors[1], 0);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -933,34 +933,34 @@ static void test_keys_table(void **state)
     for (i = 0; i < 32; i++)
         k.hash[i] = (unsigned char)(i * 7);
     k.created_ms = BASE_MS;
-    assert_int_equal(qg_ledger_put_key(l, &k), 0);
-    assert_int_equal(qg_ledger_put_key(l, &k), QG_ESTATE);
+    assert_int_equal(qg__ledger_put_key(l, &k), 0);
+    assert_int_equal(qg__ledger_put_key(l, &k), QG_ESTATE);
     memset(&got, 0, sizeof got);
     strcpy(got.id, "ba9876543210");
     strcpy(got.role, "admin");
     got.created_ms = BASE_MS + 1;
-    assert_int_equal(qg_ledger_put_key(l, &got), 0);
+    assert_int_equal(qg__ledger_put_key(l, &got), 0);
 
-    assert_int_equal(qg_ledger_get_key(l, "0123456789ab", &got), 0);
+    assert_int_equal(qg__ledger_get_key(l, "0123456789ab", &got), 0);
     assert_string_equal(got.subject, "alice");
     assert_string_equal(got.role, "subject");
     assert_memory_equal(got.hash, k.hash, 32);
     assert_int_equal(got.created_ms, BASE_MS);
     assert_int_equal(got.revoked_ms, 0);
-    assert_int_equal(qg_ledger_get_key(l, "ffffffffffff", &got),
+    assert_int_equal(qg__ledger_get_key(l, "ffffffffffff", &got),
                      QG_ENOTFOUND);
 
-    assert_int_equal(qg_ledger_revoke_key(l, "0123456789ab", BASE_MS + 10),
+    assert_int_equal(qg__ledger_revoke_key(l, "0123456789ab", BASE_MS + 10),
                      0);
-    assert_int_equal(qg_ledger_revoke_key(l, "0123456789ab", BASE_MS + 20),
+    assert_int_equal(qg__ledger_revoke_key(l, "0123456789ab", BASE_MS + 20),
                      0);
-    assert_int_equal(qg_ledger_revoke_key(l, "ffffffffffff", BASE_MS),
+    assert_int_equal(qg__ledger_revoke_key(l, "ffffffffffff", BASE_MS),
                      QG_ENOTFOUND);
-    qg_ledger_close(l);
+    qg__ledger_close(l);
 
     l = open_ok(t.path, NULL);
     memset(list, 0, sizeof list);
-    assert_int_equal(qg_ledger_list_keys(l, collect_key, list), 0);
+    assert_int_equal(qg__ledger_list_keys(l, collect_key, list), 0);
     assert_string_equal(list[0].id, "0123456789ab");
     assert_int_equal(list[0].revoked_ms, BASE_MS + 10);
     assert_string_equal(list[1].id, "ba9876543210");
@@ -968,7 +968,7 @@ static void test_keys_table(void **state)
     assert_string_equal(list[1].subject, "");
     assert_int_equal(list[1].revoked_ms, 0);
     assert_string_equal(list[2].id, "");
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -994,7 +994,7 @@ static void child_run(const char *path, int wfd)
     char err[512];
     qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .max_queue = 2048,
                          .max_batch = 256 };
-    qg_ledger *l = qg_ledger_open(path, &o, err, sizeof err);
+    qg_ledger *l = qg__ledger_open(path, &o, err, sizeof err);
     qg_ledger_row r;
     int i, rc;
     if (!l)
@@ -1003,13 +1003,13 @@ static void child_run(const char *path, int wfd)
     for (i = 0; i < KILL_MAX_ROWS; i++) {
         make_row(i % NROWS, &r);
         snprintf(r.request_id, sizeof r.request_id, "k%d", i);
-        while ((rc = qg_ledger_submit(l, &r, child_done,
+        while ((rc = qg__ledger_submit(l, &r, child_done,
                                       (void *)(intptr_t)i)) == QG_EFULL)
             usleep(50);
         if (rc != 0)
             _exit(4);
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     _exit(0);
 }
 
@@ -1079,10 +1079,10 @@ static void test_kill9_durability(void **state)
             if (!ack[i])
                 continue;
             snprintf(id, sizeof id, "k%d", i);
-            if (qg_ledger_get(l, id, &r) != 0)
+            if (qg__ledger_get(l, id, &r) != 0)
                 missing++;
         }
-        qg_ledger_close(l);
+        qg__ledger_close(l);
         print_message("kill -9 round %d (seed %u): %d acknowledged, "
                       "%d missing\n", round, seed, acked, missing);
         assert_int_equal(missing, 0);

@@ -368,7 +368,7 @@ static int submit_wait(qg_ledger *l, const qg_ledger_row *r)
     slot s;
     int rc;
     sem_init(&s.sem, 0, 0);
-    if ((rc = qg_ledger_submit(l, r, slot_done, &s)) != QG_OK) {
+    if ((rc = qg__ledger_submit(l, r, slot_done, &s)) != QG_OK) {
         sem_destroy(&s.sem);
         return rc;
     }
@@ -513,10 +513,10 @@ static long count_open_calls(int kind, const char *image_dir)
         snprintf(path, sizeof path, "%s/ledger.db", dir);
     }
     arm(kind, LONG_MAX, 0);
-    assert_non_null(l = qg_ledger_open(path, &o, err, sizeof err));
+    assert_non_null(l = qg__ledger_open(path, &o, err, sizeof err));
     n = atomic_load(&fi.calls);
     disarm();
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     rm_db(dir);
     return n;
 }
@@ -569,7 +569,7 @@ static int write_run(int kind, long n, int persist, walk *w)
 
     arm(kind, n, persist);
     err[0] = '\0';
-    l = qg_ledger_open(path, &o, err, sizeof err);
+    l = qg__ledger_open(path, &o, err, sizeof err);
     if (!l) {
         hit = disarm();
         if (!err[0])
@@ -584,11 +584,11 @@ static int write_run(int kind, long n, int persist, walk *w)
         int lo = round ? NREQ / 2 : 0, hi = round ? NREQ + 1 : NREQ / 2;
         slot s[NREQ + 1];
         for (int i = lo; i < hi && i < NREQ; i++)
-            if (qg_ledger_submit(l, &check[i], NULL, NULL) != QG_OK)
+            if (qg__ledger_submit(l, &check[i], NULL, NULL) != QG_OK)
                 fail_msg("submit refused a check row (N=%ld)", n);
         for (int i = lo; i < hi; i++) {
             sem_init(&s[i].sem, 0, 0);
-            if (qg_ledger_submit(l, &settle[i], slot_done, &s[i]) != QG_OK)
+            if (qg__ledger_submit(l, &settle[i], slot_done, &s[i]) != QG_OK)
                 fail_msg("submit refused a settle (N=%ld)", n);
         }
         for (int i = lo; i < hi; i++) {
@@ -610,7 +610,7 @@ static int write_run(int kind, long n, int persist, walk *w)
         int rc;
         if (!acked[i])
             continue;
-        rc = qg_ledger_get(l, settle[i].request_id, &got);
+        rc = qg__ledger_get(l, settle[i].request_id, &got);
         if (rc == QG_ENOTFOUND)
             fail_msg("lookup of acknowledged %s said not found (N=%ld)",
                      settle[i].request_id, n);
@@ -628,12 +628,12 @@ static int write_run(int kind, long n, int persist, walk *w)
         int frc = submit_wait(l, &fresh);
         if (frc != QG_OK) {
             qg_ledger_stats st;
-            qg_ledger_stats_get(l, &st);
+            qg__ledger_stats_get(l, &st);
             fail_msg("no write succeeds once the faults stop (N=%ld): %s: %s",
                      n, qg_strerror(frc), st.last_error);
         }
     }
-    qg_ledger_close(l);
+    qg__ledger_close(l);
     /* reopened by another process, without faults: every acknowledged
      * row is there and intact, and the file is sound */
     file_check(path, n);
@@ -747,12 +747,12 @@ static void make_image(void)
     assert_int_equal(mkdir(image, 0700), 0);
     snprintf(path, sizeof path, "%s/ledger.db", image);
     for (int half = 0; half < 2; half++) {
-        assert_non_null(l = qg_ledger_open(path, &o, err, sizeof err));
+        assert_non_null(l = qg__ledger_open(path, &o, err, sizeof err));
         /* queued together: a few transactions, a short WAL */
         for (int i = half * NSCAN / 2; i < (half + 1) * NSCAN / 2; i++) {
             qg_ledger_row r = scan_row(i);
             if (i + 1 < (half + 1) * NSCAN / 2)
-                assert_int_equal(qg_ledger_submit(l, &r, NULL, NULL), QG_OK);
+                assert_int_equal(qg__ledger_submit(l, &r, NULL, NULL), QG_OK);
             else
                 assert_int_equal(submit_wait(l, &r), QG_OK);
             image_weight += r.weight_milli;
@@ -765,7 +765,7 @@ static void make_image(void)
             copy_file(path, to);
             snprintf(path, sizeof path, "%s/ledger.db", image);
         }
-        qg_ledger_close(l);     /* the first close checkpoints */
+        qg__ledger_close(l);     /* the first close checkpoints */
     }
 }
 
@@ -775,7 +775,7 @@ static void scan_all(qg_ledger *l, long n, int must, walk *w)
     scan_acc a;
     int rc;
     memset(&a, 0, sizeof a);
-    rc = qg_ledger_scan(l, 0, scan_fn, &a);
+    rc = qg__ledger_scan(l, 0, scan_fn, &a);
     if (rc == QG_OK) {
         if (a.n != NSCAN || a.weight != image_weight)
             fail_msg("a scan returned %ld of %d rows as a success (N=%ld)",
@@ -785,7 +785,7 @@ static void scan_all(qg_ledger *l, long n, int must, walk *w)
     if (must)
         fail_msg("a scan without faults failed (N=%ld): %s", n,
                  qg_strerror(rc));
-    qg_ledger_stats_get(l, &st);
+    qg__ledger_stats_get(l, &st);
     if (!st.last_read_error[0])
         fail_msg("a failed scan without SQLite's reason (N=%ld)", n);
     w->failures++;
@@ -815,7 +815,7 @@ static int rebuild_run(int kind, long n, int persist, walk *w)
 
     arm(kind, n, persist);
     err[0] = '\0';
-    l = qg_ledger_open(path, &o, err, sizeof err);
+    l = qg__ledger_open(path, &o, err, sizeof err);
     if (!l) {
         hit = disarm();
         if (!err[0])
@@ -825,7 +825,7 @@ static int rebuild_run(int kind, long n, int persist, walk *w)
         scan_all(l, n, 0, w);
         for (int i = 0; i < NSCAN; i += NSCAN / 4 - 1) {
             qg_ledger_row want = scan_row(i);
-            rc = qg_ledger_get(l, want.request_id, &got);
+            rc = qg__ledger_get(l, want.request_id, &got);
             if (rc == QG_ENOTFOUND)
                 fail_msg("lookup of %s said not found (N=%ld)",
                          want.request_id, n);
@@ -834,7 +834,7 @@ static int rebuild_run(int kind, long n, int persist, walk *w)
         }
         hit = disarm();
         scan_all(l, n, 1, w);   /* the fault is gone: a full scan again */
-        qg_ledger_close(l);
+        qg__ledger_close(l);
     }
     /* another process, without faults: every row is there */
     file_check(path, n);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "metrics.h"
+#include "routes.h"
 #include "quotagate.h"
 #include "rules.h"
 #include "tzfile.h"
@@ -69,9 +70,9 @@ static qg_rules *load(const char *text)
     qg_rules *r = NULL;
     qg_diag diag;
     char err[300];
-    if (qg_rules_parse(text, strlen(text), "test", qg_tz_load_system, NULL,
+    if (qg__rules_parse(text, strlen(text), "test", qg__tz_load_system, NULL,
                        &r, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
+        qg__diag_format(&diag, err, sizeof err);
         fail_msg("rules: %s", err);
     }
     return r;
@@ -140,57 +141,57 @@ static qg_metrics_gauges gauges(void)
 static void test_render(void **state)
 {
     qg_rules *r = load(rules_a);
-    qg_metrics *m = qg_metrics_new(r);
+    qg_metrics *m = qg__metrics_new(r);
     qg_metrics_gauges g = gauges();
     (void)state;
     assert_non_null(m);
 
     /* plan free = 0: views burst_5h, weekly, concurrency, then acme's */
-    int weekly = qg_metrics_view_window(m, 0, 0, 1);
-    int monthly = qg_metrics_view_window(m, 0, 0, 3);
+    int weekly = qg__metrics_view_window(m, 0, 0, 1);
+    int monthly = qg__metrics_view_window(m, 0, 0, 3);
     assert_true(weekly >= 0 && monthly >= 0 && weekly != monthly);
-    assert_int_equal(qg_metrics_view_window(m, 0, -1, 3), -1);
-    assert_int_equal(qg_metrics_view_window(m, 0, 0, 4), -1);
-    assert_int_equal(qg_metrics_view_window(m, 9, 0, 0), -1);
+    assert_int_equal(qg__metrics_view_window(m, 0, -1, 3), -1);
+    assert_int_equal(qg__metrics_view_window(m, 0, 0, 4), -1);
+    assert_int_equal(qg__metrics_view_window(m, 9, 0, 0), -1);
     /* the same name in another plan has the same id */
-    assert_int_equal(qg_metrics_view_window(m, 1, -1, 0), weekly);
+    assert_int_equal(qg__metrics_view_window(m, 1, -1, 0), weekly);
 
     for (int i = 0; i < 5; i++)
-        qg_metrics_decision(m, 0, -1, QG_M_ALLOW);
-    qg_metrics_decision(m, 0, weekly, QG_M_REJECT);
-    qg_metrics_decision(m, 0, monthly, QG_M_REJECT);
-    qg_metrics_decision(m, 0, 0, QG_M_REJECT_NEVER);
-    qg_metrics_decision(m, 7, 0, QG_M_ALLOW);   /* ignored */
-    qg_metrics_decision(m, 0, 99, QG_M_ALLOW);  /* ignored */
+        qg__metrics_decision(m, 0, -1, QG_M_ALLOW);
+    qg__metrics_decision(m, 0, weekly, QG_M_REJECT);
+    qg__metrics_decision(m, 0, monthly, QG_M_REJECT);
+    qg__metrics_decision(m, 0, 0, QG_M_REJECT_NEVER);
+    qg__metrics_decision(m, 7, 0, QG_M_ALLOW);   /* ignored */
+    qg__metrics_decision(m, 0, 99, QG_M_ALLOW);  /* ignored */
 
     qg_decision d;
     memset(&d, 0, sizeof d);
     d.outcome = QG_REJECT;
     d.plan = r->plans[1].name;
     d.binding = 0;
-    qg_metrics_record(m, &d);
+    qg__metrics_record(m, &d);
     d.outcome = QG_ALLOW;
     d.plan = "pro"; /* another pointer: found by name */
-    qg_metrics_record(m, &d);
+    qg__metrics_record(m, &d);
     d.plan = "nosuch";
-    qg_metrics_record(m, &d);
+    qg__metrics_record(m, &d);
 
     qg_settle_result s = {0, 0, 16500, 2250, 2250, 0, QG_SETTLE_COMPLETED,
                           0, 0};
-    qg_metrics_settle(m, &s);
+    qg__metrics_settle(m, &s);
     s.actual_milli = 20000;
     s.status = QG_SETTLE_FAILED;
-    qg_metrics_settle(m, &s);
+    qg__metrics_settle(m, &s);
     s.actual_milli = 16500;
-    qg_metrics_settle(m, &s);
+    qg__metrics_settle(m, &s);
     s.replayed = 1;
-    qg_metrics_settle(m, &s);
+    qg__metrics_settle(m, &s);
 
-    qg_metrics_http(m, QG_ROUTE_CHECK, 200);
-    qg_metrics_http(m, QG_ROUTE_CHECK, 200);
-    qg_metrics_http(m, QG_ROUTE_CHECK, 429);
-    qg_metrics_http(m, QG_ROUTE_USAGE, 418);
-    qg_metrics_http(m, 99, 404);
+    qg__metrics_http(m, QG_ROUTE_CHECK, 200);
+    qg__metrics_http(m, QG_ROUTE_CHECK, 200);
+    qg__metrics_http(m, QG_ROUTE_CHECK, 429);
+    qg__metrics_http(m, QG_ROUTE_USAGE, 418);
+    qg__metrics_http(m, 99, 404);
 
     /* connections: every reason of the HTTP layer's table, in its family */
     qg_http_stats hs;
@@ -203,7 +204,7 @@ static void test_render(void **state)
         hs.drops[i] = (uint64_t)(i + 1) * 10;
     g.http = &hs;
 
-    char *t = qg_metrics_render(m, &g);
+    char *t = qg__metrics_render(m, &g);
     assert_non_null(t);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"none\",outcome=\"allow\"}"), 5);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"weekly\",outcome=\"reject\"}"), 1);
@@ -267,56 +268,56 @@ static void test_render(void **state)
     free(t);
 
     /* without gauges: the counters, up, the rules info and the ratio */
-    t = qg_metrics_render(m, NULL);
+    t = qg__metrics_render(m, NULL);
     assert_non_null(t);
     assert_null(strstr(t, "quotagate_ledger"));
     assert_true(has_line(t, "quotagate_up 1"));
     promtool_check(t);
     free(t);
-    qg_metrics_free(m);
+    qg__metrics_free(m);
     qg_rules_free(r);
 }
 
 static void test_empty(void **state)
 {
     qg_rules *r = load(rules_a);
-    qg_metrics *m = qg_metrics_new(r);
+    qg_metrics *m = qg__metrics_new(r);
     qg_metrics_gauges g = gauges();
     (void)state;
-    char *t = qg_metrics_render(m, &g);
+    char *t = qg__metrics_render(m, &g);
     assert_true(has_line(t, "quotagate_refusal_ratio 0"));
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"none\",outcome=\"allow\"}"), 0);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"weekly\",outcome=\"reject_never\"}"), 0);
     promtool_check(t);
     free(t);
-    qg_metrics_free(m);
+    qg__metrics_free(m);
     qg_rules_free(r);
 }
 
 static void test_rules_swap(void **state)
 {
     qg_rules *a = load(rules_a), *b = load(rules_b);
-    qg_metrics *m = qg_metrics_new(a);
+    qg_metrics *m = qg__metrics_new(a);
     (void)state;
 
-    int weekly_a = qg_metrics_view_window(m, 0, -1, 1);
-    qg_metrics_decision(m, 0, weekly_a, QG_M_REJECT);
-    qg_metrics_decision(m, 0, weekly_a, QG_M_REJECT);
-    qg_metrics_decision(m, 0, -1, QG_M_ALLOW);
-    qg_metrics_decision(m, 1, -1, QG_M_ALLOW); /* pro, gone in b */
+    int weekly_a = qg__metrics_view_window(m, 0, -1, 1);
+    qg__metrics_decision(m, 0, weekly_a, QG_M_REJECT);
+    qg__metrics_decision(m, 0, weekly_a, QG_M_REJECT);
+    qg__metrics_decision(m, 0, -1, QG_M_ALLOW);
+    qg__metrics_decision(m, 1, -1, QG_M_ALLOW); /* pro, gone in b */
 
-    assert_int_equal(qg_metrics_rules(m, b), 0);
+    assert_int_equal(qg__metrics_rules(m, b), 0);
     qg_rules_free(a); /* the registry keeps nothing of the old rules */
 
     /* free is plan 1 in b, weekly its view 1 */
-    int weekly_b = qg_metrics_view_window(m, 1, -1, 1);
-    int hourly = qg_metrics_view_window(m, 1, -1, 0);
+    int weekly_b = qg__metrics_view_window(m, 1, -1, 1);
+    int hourly = qg__metrics_view_window(m, 1, -1, 0);
     assert_true(weekly_b >= 0 && hourly >= 0);
-    qg_metrics_decision(m, 1, weekly_b, QG_M_REJECT);
-    qg_metrics_decision(m, 1, hourly, QG_M_REJECT);
-    qg_metrics_decision(m, 0, -1, QG_M_ALLOW);  /* team */
+    qg__metrics_decision(m, 1, weekly_b, QG_M_REJECT);
+    qg__metrics_decision(m, 1, hourly, QG_M_REJECT);
+    qg__metrics_decision(m, 0, -1, QG_M_ALLOW);  /* team */
 
-    char *t = qg_metrics_render(m, NULL);
+    char *t = qg__metrics_render(m, NULL);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"weekly\",outcome=\"reject\"}"), 3);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"hourly\",outcome=\"reject\"}"), 1);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"none\",outcome=\"allow\"}"), 1);
@@ -329,14 +330,14 @@ static void test_rules_swap(void **state)
 
     /* and back again: still nothing lost */
     a = load(rules_a);
-    assert_int_equal(qg_metrics_rules(m, a), 0);
-    qg_metrics_decision(m, 0, qg_metrics_view_window(m, 0, -1, 1),
+    assert_int_equal(qg__metrics_rules(m, a), 0);
+    qg__metrics_decision(m, 0, qg__metrics_view_window(m, 0, -1, 1),
                         QG_M_REJECT);
-    t = qg_metrics_render(m, NULL);
+    t = qg__metrics_render(m, NULL);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"weekly\",outcome=\"reject\"}"), 4);
     assert_int_equal(sample(t, "quotagate_decisions_total{plan=\"free\",window=\"hourly\",outcome=\"reject\"}"), 1);
     free(t);
-    qg_metrics_free(m);
+    qg__metrics_free(m);
     qg_rules_free(a);
     qg_rules_free(b);
 }
@@ -350,7 +351,7 @@ static void *counter_thread(void *arg)
 {
     qg_metrics *m = arg;
     for (int i = 0; i < PER_THREAD; i++)
-        qg_metrics_decision(m, 0, -1, QG_M_ALLOW);
+        qg__metrics_decision(m, 0, -1, QG_M_ALLOW);
     return NULL;
 }
 
@@ -359,17 +360,17 @@ static void *counter_thread(void *arg)
 static void test_concurrent_swap(void **state)
 {
     qg_rules *a = load(rules_a), *b = load(rules_b);
-    qg_metrics *m = qg_metrics_new(a);
+    qg_metrics *m = qg__metrics_new(a);
     pthread_t th[THREADS];
     (void)state;
 
     for (int i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, counter_thread, m), 0);
     for (int k = 0; k < 50; k++)
-        assert_int_equal(qg_metrics_rules(m, (k & 1) ? a : b), 0);
+        assert_int_equal(qg__metrics_rules(m, (k & 1) ? a : b), 0);
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
-    char *t = qg_metrics_render(m, NULL);
+    char *t = qg__metrics_render(m, NULL);
     long long f = sample(t, "quotagate_decisions_total{plan=\"free\",window=\"none\",outcome=\"allow\"}");
     long long tm = sample(t, "quotagate_decisions_total{plan=\"team\",window=\"none\",outcome=\"allow\"}");
     /* a zero series of a plan absent from the final rules is not shown */
@@ -377,7 +378,7 @@ static void test_concurrent_swap(void **state)
     assert_int_equal(f + (tm > 0 ? tm : 0), THREADS * PER_THREAD);
     assert_true(has_line(t, "quotagate_refusal_ratio 0"));
     free(t);
-    qg_metrics_free(m);
+    qg__metrics_free(m);
     qg_rules_free(a);
     qg_rules_free(b);
 }

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dblproc.h"
 #include "httpc.h"
 #include "srvtest.h"
 #include "qgproc.h"
@@ -47,25 +48,12 @@ static int dbl_port;
 
 /* ------------------------------------------------------------ garbage */
 
-
-
 static int gc_teardown(void **state)
 {
     (void)state;
     tst_gc_free_all();
     return 0;
 }
-
-
-
-
-
-
-
-
-
-
-
 
 static const char *hdr(const http_resp *r, const char *name, const char *what)
 {
@@ -249,46 +237,16 @@ static const char *raw_request(const char *path, const char *key,
 
 /* ------------------------------------------------------- the double */
 
+/* The double through dblproc (tests/support), its pid and port kept in
+ * this file's globals. */
 static int double_start(const char *bin)
 {
-    int out[2];
-    char line[256];
-    size_t n = 0;
-    long long t0;
-    if (pipe(out) < 0)
+    dblproc d = {0, 0};
+    if (dblproc_start(&d, bin) != 0)
         return -1;
-    dbl_pid = fork();
-    if (dbl_pid < 0)
-        return -1;
-    if (dbl_pid == 0) {
-        char *argv[] = {(char *)bin, "--listen", "127.0.0.1:0", NULL};
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execv(bin, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    t0 = qg_now_ms();
-    while (n < sizeof line - 1 && qg_now_ms() - t0 < 10000) {
-        struct pollfd pf = {out[0], POLLIN, 0};
-        ssize_t k;
-        if (poll(&pf, 1, 100) <= 0)
-            continue;
-        k = read(out[0], line + n, 1);
-        if (k <= 0)
-            break;
-        if (line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    {
-        const char *c = strrchr(line, ':');
-        dbl_port = c && strstr(line, "listening") ? atoi(c + 1) : 0;
-    }
-    return dbl_port > 0 ? 0 : -1;
+    dbl_pid = d.pid;
+    dbl_port = d.port;
+    return 0;
 }
 
 static void double_stop(void)
@@ -686,6 +644,167 @@ static void test_upstream_timeout(void **state)
     assert_int_equal(row.out, 1);               /* message_start's count */
 }
 
+/* Issue 8, failure 5: a non-streamed answer over the 64 MiB the proxy
+ * holds to read its usage was passed on cut (200, a damaged body).  Now:
+ * 502 upstream_response_too_large as soon as it passes the bound, the
+ * upstream call cancelled, one settle at the reservation (cancelled,
+ * estimated), the slot freed (plan single: concurrency 1, so the next
+ * call is admitted only if it was) and the server serving.  The double's
+ * big=MIB makes the body as it goes (Content-Length; big-chunked: chunked
+ * coding), for both API shapes. */
+static void test_body_too_large(void **state)
+{
+    const char *s = new_subject("single"), *key = new_key(s);
+    const char *rid = tst_uid("big"), *detail;
+    const char *h[5] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: big=1", NULL};
+    http_resp *r;
+    json_t *j;
+    lrow row;
+    (void)state;
+    /* under the bound: passed on whole (1 MiB of text, valid JSON) */
+    r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+    WANT(r, 200, "a 1 MiB answer");
+    j = tst_jparse(r, "1 MiB");
+    assert_int_equal(strlen(tst_jstr(json_object_get(json_array_get(
+                         json_object_get(j, "choices"), 0), "message"),
+                         "content", "1 MiB")), 1u << 20);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 2);
+    assert_int_equal(row.estimated, 0);
+    /* over it, with Content-Length */
+    rid = tst_uid("big");
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = "X-Double-Mode: big=65";
+    r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+    WANT(r, 502, "a 65 MiB answer");
+    assert_string_equal(tst_error_type(r, "65 MiB"),
+                        "upstream_response_too_large");
+    assert_non_null(strstr(r->body, "67108864 bytes"));
+    assert_string_equal(hdr(r, "X-Request-Id", "65 MiB"), rid);
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);            /* cancelled */
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);                /* the reservation: */
+    assert_int_equal(row.out, 7);               /* input estimate, max_tokens */
+    assert_int_equal(row.weight_milli, 1012);
+    detail = tst_ledger_cols(P.data, rid, "detail", 1, 1)[0];
+    if (!strstr(detail, "passed 67108864 bytes"))
+        fail_msg("detail: %s", detail);
+    /* the slot was freed and the server serves */
+    WANT(post("/v1/chat/completions",
+              (const char *const[]){h[0], NULL}, openai_body(0, 2, NULL)),
+         200, "after the 65 MiB answer");
+    assert_true(NEAR(used_in(s), 1.0 + 12 / 1000.0 + 1.0 + 12 / 1000.0 +
+                                     1.0 + 7 / 1000.0));
+    /* Anthropic, chunked; no max_tokens cut of the text changes that */
+    rid = tst_uid("bigc");
+    h[0] = tst_fmt("x-api-key: %s", key);
+    h[1] = tst_fmt("X-Request-Id: %s", rid);
+    h[2] = "X-Double-Mode: big-chunked=65";
+    h[3] = "anthropic-version: 2023-06-01";
+    r = post("/v1/messages", h, anthropic_body(0, 9));
+    WANT(r, 502, "a 65 MiB chunked answer");
+    assert_string_equal(tst_error_type(r, "65 MiB chunked"),
+                        "upstream_response_too_large");
+    row = ledger_row(rid);
+    assert_int_equal(row.status, 3);
+    assert_int_equal(row.estimated, 1);
+    assert_int_equal(row.in, 5);
+    assert_int_equal(row.out, 9);
+    assert_int_equal(row.weight_milli, 1014);
+    h[1] = "anthropic-version: 2023-06-01";
+    h[2] = NULL;
+    WANT(post("/v1/messages", h, anthropic_body(0, 2)), 200,
+         "after the 65 MiB chunked answer");
+}
+
+/* The port the double saw the last API request come from (its
+ * connection from the gateway). */
+static int double_last_port(void)
+{
+    return (int)tst_jnum(double_last(), "peer_port", "last");
+}
+
+/* The text of an OpenAI answer's first choice. */
+static const char *choice_text(const http_resp *r, const char *what)
+{
+    json_t *j = tst_jparse(r, what);
+    return tst_jstr(json_object_get(json_array_get(json_object_get(j,
+                        "choices"), 0), "message"), "content", what);
+}
+
+/* Issue 8: two upstream responses in one write reached the caller joined
+ * (the parser went on into the second).  The double's twice mode writes
+ * its answer and then a second complete response in the same write.  The
+ * caller must get exactly the first (its body, valid JSON, its
+ * Content-Length) and be charged its usage, not the second's; the
+ * connection must be closed, not pooled: the next call goes out on
+ * another connection (the double sees another client port) and gets a
+ * fresh, correct answer, not the stale second response. */
+static void test_two_responses_one_write(void **state)
+{
+    const char *s = new_subject("roomy"), *key = new_key(s);
+    const char *rid = tst_uid("twice");
+    const char *h[4] = {tst_fmt("Authorization: Bearer %s", key),
+                        tst_fmt("X-Request-Id: %s", rid),
+                        "X-Double-Mode: twice", NULL};
+    http_resp *r;
+    lrow row;
+    int port;
+    (void)state;
+    for (int shape = 0; shape < 2; shape++) {
+        rid = tst_uid("twice");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 7, NULL));
+            WANT(r, 200, "twice");
+            assert_string_equal(choice_text(r, "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        } else {
+            h[0] = tst_fmt("x-api-key: %s", key);
+            r = post("/v1/messages", h, anthropic_body(0, 7));
+            WANT(r, 200, "twice, anthropic");
+            assert_string_equal(tst_jstr(json_array_get(json_object_get(
+                                    tst_jparse(r, "twice"), "content"), 0),
+                                    "text", "twice"),
+                                "tok0 tok1 tok2 tok3 tok4 tok5 tok6");
+        }
+        assert_null(strstr(r->body, "stale"));
+        assert_int_equal(strlen(r->body), r->body_len);
+        assert_int_equal(atol(hdr(r, "Content-Length", "twice")),
+                         (long)r->body_len);
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 7);
+        port = double_last_port();
+        /* the next call on that worker's pool: a fresh connection */
+        rid = tst_uid("after");
+        h[1] = tst_fmt("X-Request-Id: %s", rid);
+        h[2] = NULL;
+        if (shape == 0) {
+            r = post("/v1/chat/completions", h, openai_body(0, 3, NULL));
+            WANT(r, 200, "after twice");
+            assert_string_equal(choice_text(r, "after twice"),
+                                "tok0 tok1 tok2");
+        } else {
+            r = post("/v1/messages", h, anthropic_body(0, 3));
+            WANT(r, 200, "after twice, anthropic");
+            assert_null(strstr(r->body, "stale"));
+        }
+        row = ledger_row(rid);
+        assert_int_equal(row.status, 2);
+        assert_int_equal(row.in, 5);
+        assert_int_equal(row.out, 3);
+        if (double_last_port() == port)
+            fail_msg("the connection that carried a second response was "
+                     "reused (port %d)", port);
+        h[2] = "X-Double-Mode: twice";
+    }
+}
+
 static void test_refusal(void **state)
 {
     const char *s = new_subject("tiny"), *key = new_key(s);
@@ -824,7 +943,7 @@ static void test_downgrade_stream(void **state)
     assert_true(NEAR(used_in_window(s, "light_5h"), 1.012));
 }
 
-/* The Anthropic shape downgrades the same way (qg_request_replace_model). */
+/* The Anthropic shape downgrades the same way (qg__request_replace_model). */
 static void test_downgrade_anthropic(void **state)
 {
     const char *s = new_subject("dg"), *key = new_key(s);
@@ -1301,7 +1420,7 @@ static long long tcp_mem_max(const char *name, long long dflt)
  * net.ipv4.tcp_rmem's maximum (measured under load: 9.07 MB left the
  * double in all, more than a bound without this term); plus 3 MiB for
  * the rest: the gateway's pending output (the 256 KiB high-water mark of
- * qg_http_stream_write plus one upstream read) and the double's pinned
+ * qg__http_stream_write plus one upstream read) and the double's pinned
  * 64 KiB send buffer (doubled by the kernel) and 64 KiB batch.  Without
  * backpressure the whole stream leaves the double. */
 static long long in_flight_bound(void)
@@ -1321,7 +1440,7 @@ static int flood_events(void)
 }
 
 /* A caller that stops reading a long stream (flood_events()): the gateway must pause
- * reading from the upstream (qg_http_stream_write returns 1 above the
+ * reading from the upstream (qg__http_stream_write returns 1 above the
  * high-water mark; h_proxy.c then disables the upstream bufferevent's
  * reads until the drain callback), so the double, which writes only as
  * fast as its socket takes bytes (flood mode), stops far short of the
@@ -1649,6 +1768,8 @@ int main(void)
         cmocka_unit_test_teardown(test_upstream_429, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_500, gc_teardown),
         cmocka_unit_test_teardown(test_upstream_timeout, gc_teardown),
+        cmocka_unit_test_teardown(test_body_too_large, gc_teardown),
+        cmocka_unit_test_teardown(test_two_responses_one_write, gc_teardown),
         cmocka_unit_test_teardown(test_refusal, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade, gc_teardown),
         cmocka_unit_test_teardown(test_downgrade_stream, gc_teardown),
@@ -1665,5 +1786,7 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_waits_again, gc_teardown),
         cmocka_unit_test_teardown(test_backpressure_events, gc_teardown),
     };
+    if (getenv("QG_TEST_FILTER"))           /* e.g. "*too_large*" */
+        cmocka_set_test_filter(getenv("QG_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

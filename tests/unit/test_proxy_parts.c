@@ -10,6 +10,7 @@
 
 #include <string.h>
 #include "proxy.h"
+#include "sse.h"
 #include "usage.h"
 
 /* Feed text in pieces of `step` bytes; record each event's end offset. */
@@ -21,7 +22,7 @@ static int split_all(const char *text, size_t step, size_t *ends, int max)
     while (off < len) {
         size_t piece = len - off < step ? len - off : step, done = 0;
         while (done < piece) {
-            size_t k = qg_sse_split_next(&s, text + off + done,
+            size_t k = qg__sse_split_next(&s, text + off + done,
                                          piece - done);
             if (k == 0)
                 break;
@@ -78,14 +79,14 @@ static void test_content_bytes(void **state)
                      "tok1\"}}]}";
     const char *aj = "{\"content\":[{\"type\":\"text\",\"text\":\"abcd\"}]}";
     (void)state;
-    assert_int_equal(qg_content_bytes_openai_chunk(oc, strlen(oc)), 7);
-    assert_int_equal(qg_content_bytes_openai_chunk("[DONE]", 6), 0);
-    assert_int_equal(qg_content_bytes_anthropic_event(ae, strlen(ae)), 3);
-    assert_int_equal(qg_content_bytes_json(oj, strlen(oj), QG_SHAPE_OPENAI),
+    assert_int_equal(qg__content_bytes_openai_chunk(oc, strlen(oc)), 7);
+    assert_int_equal(qg__content_bytes_openai_chunk("[DONE]", 6), 0);
+    assert_int_equal(qg__content_bytes_anthropic_event(ae, strlen(ae)), 3);
+    assert_int_equal(qg__content_bytes_json(oj, strlen(oj), QG_SHAPE_OPENAI),
                      9);
-    assert_int_equal(qg_content_bytes_json(aj, strlen(aj),
+    assert_int_equal(qg__content_bytes_json(aj, strlen(aj),
                                            QG_SHAPE_ANTHROPIC), 4);
-    assert_int_equal(qg_content_bytes_json("nope", 4, QG_SHAPE_OPENAI), 0);
+    assert_int_equal(qg__content_bytes_json("nope", 4, QG_SHAPE_OPENAI), 0);
 }
 
 /* Stream events count the bytes of the decoded UTF-8 text, at the exact
@@ -135,9 +136,9 @@ static void test_content_bytes_edges(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *t = cases[i].text;
-        assert_int_equal(qg_content_bytes_openai_chunk(t, strlen(t)),
+        assert_int_equal(qg__content_bytes_openai_chunk(t, strlen(t)),
                          cases[i].openai);
-        assert_int_equal(qg_content_bytes_anthropic_event(t, strlen(t)),
+        assert_int_equal(qg__content_bytes_anthropic_event(t, strlen(t)),
                          cases[i].anthropic);
     }
 }
@@ -154,10 +155,10 @@ static void test_forward_header(void **state)
         "X-Double-Mode", "OpenAI-Organization", "User-Agent", "Accept"};
     (void)state;
     for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
-        assert_int_equal(qg_proxy_forward_header(drop[i], strlen(drop[i])),
+        assert_int_equal(qg__proxy_forward_header(drop[i], strlen(drop[i])),
                          0);
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
-        assert_int_equal(qg_proxy_forward_header(keep[i], strlen(keep[i])),
+        assert_int_equal(qg__proxy_forward_header(keep[i], strlen(keep[i])),
                          1);
 }
 

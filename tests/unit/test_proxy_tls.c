@@ -33,7 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dblproc.h"
 #include "httpc.h"
+#include "ports.h"
 #include "qgproc.h"
 
 #define ADMIN QGPROC_ADMIN_KEY
@@ -54,38 +56,6 @@ static void sleep_ms(int ms)
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
-}
-
-static int free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-    if (fd < 0)
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
-static int port_open(int port)
-{
-    struct sockaddr_in a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-    if (fd < 0)
-        return 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
 }
 
 /* Run argv, wait; 0 when it exited 0. */
@@ -109,36 +79,16 @@ static int run(char *const argv[])
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
+/* The double through dblproc (tests/support), its pid and port kept in
+ * this file's globals. */
 static int double_start(const char *bin)
 {
-    int out[2];
-    char line[256];
-    size_t n = 0;
-    long long t0;
-    if (pipe(out) < 0 || (dbl_pid = fork()) < 0)
+    dblproc d = {0, 0};
+    if (dblproc_start(&d, bin) != 0)
         return -1;
-    if (dbl_pid == 0) {
-        char *argv[] = {(char *)bin, "--listen", "127.0.0.1:0", NULL};
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execv(bin, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    t0 = qg_now_ms();
-    while (n < sizeof line - 1 && qg_now_ms() - t0 < 10000) {
-        struct pollfd pf = {out[0], POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0)
-            continue;
-        if (read(out[0], line + n, 1) <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    dbl_port = strrchr(line, ':') ? atoi(strrchr(line, ':') + 1) : 0;
-    return dbl_port > 0 ? 0 : -1;
+    dbl_pid = d.pid;
+    dbl_port = d.port;
+    return 0;
 }
 
 static void child_stop(pid_t *pid)
@@ -211,7 +161,7 @@ static int nginx_start(void)
             nginx_pid = 0;
             return -1;
         }
-        if (port_open(tls_port))
+        if (tst_port_open(tls_port))
             return 0;
         sleep_ms(50);
     }
@@ -326,7 +276,7 @@ static int group_setup(void **state)
             return -1;
         }
     }
-    if (double_start(ub) < 0 || (tls_port = free_port()) <= 0 ||
+    if (double_start(ub) < 0 || (tls_port = tst_free_port()) <= 0 ||
         nginx_start() < 0) {
         fprintf(stderr, "cannot start the double or nginx (%s/error.log)\n",
                 dir);

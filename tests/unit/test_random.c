@@ -253,9 +253,9 @@ static void harness_init(harness *h, const char *text, int exact)
     qg_memory_opts mo = { .shards = 4, .max_reservations = 1u << 19 };
 
     memset(h, 0, sizeof *h);
-    if (qg_rules_parse(text, strlen(text), "test", qg_tz_load_system, NULL,
+    if (qg__rules_parse(text, strlen(text), "test", qg__tz_load_system, NULL,
                        &rules, &diag) != 0) {
-        qg_diag_format(&diag, err, sizeof err);
+        qg__diag_format(&diag, err, sizeof err);
         fail_msg("rules: %s", err);
     }
     h->store = qg_store_memory_new(&mo);
@@ -274,8 +274,8 @@ static void harness_init(harness *h, const char *text, int exact)
         assert_int_equal(qg_engine_set_subject(h->eng, h->subj[i], plan, org,
                                                anchor, err, sizeof err), 0);
         assert_int_equal(ref_set_subject(h->ref, h->subj[i],
-                                         qg_rules_find_plan(h->rules, plan),
-                                         qg_rules_find_org(h->rules, org),
+                                         qg__rules_find_plan(h->rules, plan),
+                                         qg__rules_find_org(h->rules, org),
                                          anchor), 0);
     }
     snprintf(h->subj[NSUBJ], sizeof h->subj[NSUBJ], "walkin");
@@ -386,7 +386,7 @@ static void do_check(harness *h, long op, int64_t now)
         req.max_output_tokens = out_est;
         if (out_est < 0)
             out_est = QG_DEFAULT_OUTPUT_ESTIMATE;
-        weight = qg_weight_milli(&h->rules->models[model], in, out_est);
+        weight = qg__weight_milli(&h->rules->models[model], in, out_est);
     }
     describe(what, sizeof what, op, subject, rid, model, weight, now);
 
@@ -593,7 +593,7 @@ static void do_settle(harness *h, long op, int64_t now)
         sr.input_tokens = p.in_tokens;
         sr.output_tokens = out;
         sr.weight_milli = -1;
-        actual = qg_weight_milli(&h->rules->models[p.model], p.in_tokens, out);
+        actual = qg__weight_milli(&h->rules->models[p.model], p.in_tokens, out);
         if (actual > QG_AMOUNT_MAX_MILLI)
             actual = QG_AMOUNT_MAX_MILLI;   /* a settle charges the bound */
     }

@@ -14,15 +14,15 @@
 
 static const char *const keys[] = {"weight", NULL};
 
-/* qg_reqjson_milli on {"weight": <num>}: 1 with *v, or -1. */
+/* qg__reqjson_milli on {"weight": <num>}: 1 with *v, or -1. */
 static int milli_of(const char *num, int64_t *v)
 {
     char body[128], err[256];
     int n = snprintf(body, sizeof body, "{\"weight\":%s}", num), rc;
-    json_t *o = qg_reqjson_parse(body, (size_t)n, keys, err, sizeof err);
+    json_t *o = qg__reqjson_parse(body, (size_t)n, keys, err, sizeof err);
     assert_non_null(o);
     *v = -7;
-    rc = qg_reqjson_milli(o, "weight", 1, v, err, sizeof err);
+    rc = qg__reqjson_milli(o, "weight", 1, v, err, sizeof err);
     json_decref(o);
     return rc;
 }

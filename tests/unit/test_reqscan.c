@@ -1,4 +1,4 @@
-/* test_reqscan.c - qg_request_fields (now one yajl pass, reqscan.c)
+/* test_reqscan.c - qg__request_fields (now one yajl pass, reqscan.c)
  * against the jansson reader it replaced, kept here as the reference: the
  * same return and, on success, the same fields, on real-looking request
  * bodies of both shapes, on edge cases (paths, duplicate keys, escapes,
@@ -214,7 +214,7 @@ static void test_pinned(void **state)
 {
     qg_request_info ri;
     (void)state;
-#define FIELDS(s, shape) qg_request_fields(s, strlen(s), shape, &ri)
+#define FIELDS(s, shape) qg__request_fields(s, strlen(s), shape, &ri)
     /* only top-level keys count */
     assert_int_equal(FIELDS(EDGES[1], QG_SHAPE_ANTHROPIC), 0);
     assert_int_equal(ri.max_output_tokens, 1);
@@ -278,7 +278,7 @@ static void test_pinned(void **state)
     for (int i = 0; i < 255; i++)
         n += (size_t)sprintf(b + n, "\\u0041");
     n += (size_t)sprintf(b + n, "\",\"max_tokens\":1}");
-    assert_int_equal(qg_request_fields(b, n, QG_SHAPE_OPENAI, &ri), 0);
+    assert_int_equal(qg__request_fields(b, n, QG_SHAPE_OPENAI, &ri), 0);
     assert_int_equal(strlen(ri.model), 255);
 #undef FIELDS
 }
@@ -334,7 +334,7 @@ static void test_many_keys_agree(void **state)
             n += (size_t)sprintf(s + n, "}}");
             assert_true(agree(s, n));
             qg_request_info ri;
-            assert_int_equal(qg_request_fields(s, n, QG_SHAPE_OPENAI, &ri),
+            assert_int_equal(qg__request_fields(s, n, QG_SHAPE_OPENAI, &ri),
                              dup == 1 ? QG_EINVAL : 0);
             free(s);
         }

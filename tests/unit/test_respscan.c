@@ -227,7 +227,7 @@ static void test_depth_agrees(void **state)
         assert_true(agree(s, n));
         qg_usage_counts u;
         /* the innermost 1 is k + 1 deep */
-        assert_int_equal(qg_usage_openai_json(s, n, &u), k < 2048 ? 1 : -1);
+        assert_int_equal(qg__usage_openai_json(s, n, &u), k < 2048 ? 1 : -1);
         free(s);
     }
 }
@@ -249,7 +249,7 @@ static void test_long_text_agrees(void **state)
         }
         n += (size_t)sprintf(s + n, "\"}}]}");
         assert_true(agree(s, n));
-        assert_int_equal(qg_content_bytes_openai_chunk(s, n),
+        assert_int_equal(qg__content_bytes_openai_chunk(s, n),
                          (int64_t)reps * 6);
         free(s);
     }

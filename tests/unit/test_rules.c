@@ -22,7 +22,7 @@ static qg_tz *utc_only(const char *name, void *ud, char *err, size_t errcap)
     if (ud)
         (*(int *)ud)++;
     if (strcmp(name, "UTC") == 0)
-        return qg_tz_utc();
+        return qg__tz_utc();
     snprintf(err, errcap, "no zone named %s", name);
     return NULL;
 }
@@ -83,7 +83,7 @@ static void test_example(void **state)
     int calls = 0, rc;
     (void)state;
 
-    rc = qg_rules_parse(example, strlen(example), "ex.yaml", utc_only, &calls,
+    rc = qg__rules_parse(example, strlen(example), "ex.yaml", utc_only, &calls,
                         &r, &d);
     if (rc != 0)
         fail_msg("%s:%d:%d: %s", d.path, d.line, d.column, d.message);
@@ -111,7 +111,7 @@ static void test_example(void **state)
     free_p = &r->plans[0];
     max_p = &r->plans[1];
     payg = &r->plans[2];
-    assert_int_equal(qg_rules_find_plan(r, "max20"), 1);
+    assert_int_equal(qg__rules_find_plan(r, "max20"), 1);
     assert_int_equal(max_p->index, 1);
     assert_int_equal(free_p->line, 12);
     assert_int_equal(max_p->line, 20);
@@ -138,8 +138,8 @@ static void test_example(void **state)
     assert_int_equal(w->cal.weekday, 0);
     assert_int_equal(w->cal.minute_of_day, 0);
     assert_non_null(w->cal.tz);
-    assert_string_equal(qg_tz_name(w->cal.tz), "UTC");
-    w = qg_plan_find_window(free_p, "rpm");
+    assert_string_equal(qg__tz_name(w->cal.tz), "UTC");
+    w = qg__plan_find_window(free_p, "rpm");
     assert_non_null(w);
     assert_int_equal(w->type, QG_WIN_RATE);
     assert_int_equal(w->unit, QG_UNIT_REQUESTS);
@@ -153,7 +153,7 @@ static void test_example(void **state)
     assert_true(w->lease_ttl_ms == 15 * 60000LL);
     assert_true(free_p->concurrency == 2);
     assert_int_equal(free_p->overage.policy, QG_POLICY_REJECT);
-    assert_null(qg_plan_find_window(free_p, "nope"));
+    assert_null(qg__plan_find_window(free_p, "nope"));
 
     /* max20 */
     assert_int_equal(max_p->nwindows, 5);
@@ -165,12 +165,12 @@ static void test_example(void **state)
     assert_int_equal(w->type, QG_WIN_SESSION);
     assert_true(w->limit_milli == 2500);
     assert_true(w->model_mask == 2);
-    assert_true(qg_window_applies(w, 1));
-    assert_false(qg_window_applies(w, 0));
+    assert_true(qg__window_applies(w, 1));
+    assert_false(qg__window_applies(w, 0));
     w = &max_p->windows[3];
     assert_int_equal(w->cal.every, QG_EVERY_DAY);
     assert_int_equal(w->cal.minute_of_day, 6 * 60 + 15);
-    assert_string_equal(qg_tz_name(w->cal.tz), "UTC");
+    assert_string_equal(qg__tz_name(w->cal.tz), "UTC");
     w = &max_p->windows[4];
     assert_true(w->limit_milli == 8000);
     assert_true(w->lease_ttl_ms == 120000);
@@ -212,7 +212,7 @@ static void test_example(void **state)
     assert_int_equal(r->subjects[0].org, 0);
     assert_true(r->subjects[0].billing_anchor_ms == 1769850000000LL);
     assert_int_equal(r->subjects[1].org, -1);
-    assert_int_equal(qg_rules_find_org(r, "acme"), 0);
+    assert_int_equal(qg__rules_find_org(r, "acme"), 0);
     assert_int_equal(r->default_plan, 0);
 
     assert_int_equal(r->analysis.model, 1);
@@ -246,7 +246,7 @@ static void test_defaults(void **state)
     qg_rules *r = NULL;
     qg_diag d;
     (void)state;
-    assert_int_equal(qg_rules_parse(base, strlen(base), "b.yaml", utc_only,
+    assert_int_equal(qg__rules_parse(base, strlen(base), "b.yaml", utc_only,
                                     NULL, &r, &d), 0);
     assert_string_equal(r->unit, "weight points");
     assert_true(r->notice_ms == 30 * 86400000LL);
@@ -275,8 +275,8 @@ static void expect_err(const char *tail, int line, int col, const char *phrase)
     int rc;
 
     snprintf(text, sizeof text, "%s%s", base, tail);
-    rc = qg_rules_parse(text, strlen(text), "t.yaml", utc_only, NULL, &r, &d);
-    qg_diag_format(&d, shown, sizeof shown);
+    rc = qg__rules_parse(text, strlen(text), "t.yaml", utc_only, NULL, &r, &d);
+    qg__diag_format(&d, shown, sizeof shown);
     if (rc != QG_ERULES || r != NULL || d.line != line || d.column != col ||
         !strstr(d.message, phrase))
         fail_msg("rc %d, want %d:%d \"%s\"; got %s", rc, line, col, phrase,
@@ -409,13 +409,13 @@ static void test_err_missing_top(void **state)
     qg_rules *r = NULL;
     qg_diag d;
     (void)state;
-    assert_int_equal(qg_rules_parse(text, strlen(text), "m.yaml", utc_only,
+    assert_int_equal(qg__rules_parse(text, strlen(text), "m.yaml", utc_only,
                                     NULL, &r, &d), QG_ERULES);
     assert_null(r);
     assert_int_equal(d.line, 1);
     assert_int_equal(d.column, 1);
     assert_non_null(strstr(d.message, "missing required key \"weights\""));
-    assert_int_equal(qg_rules_parse("", 0, "e.yaml", utc_only, NULL, &r, &d),
+    assert_int_equal(qg__rules_parse("", 0, "e.yaml", utc_only, NULL, &r, &d),
                      QG_ERULES);
     assert_non_null(strstr(d.message, "empty rules file"));
 }
@@ -501,7 +501,7 @@ static void test_upstreams(void **state)
     qg_rules *r = NULL;
     qg_diag d;
     (void)state;
-    assert_int_equal(qg_rules_parse(text, n, "upstreams.yaml", utc_only,
+    assert_int_equal(qg__rules_parse(text, n, "upstreams.yaml", utc_only,
                                     NULL, &r, &d), 0);
     assert_int_equal(r->nmodels, 3);
     assert_null(r->models[qg_rules_find_model(r, "light")].upstream);
@@ -520,9 +520,9 @@ static void test_err_upstream(void **state)
     qg_rules *r = NULL;
     qg_diag d;
     (void)state;
-    assert_int_equal(qg_rules_parse(text, n, "bad_upstream_url.yaml",
+    assert_int_equal(qg__rules_parse(text, n, "bad_upstream_url.yaml",
                                     utc_only, NULL, &r, &d), QG_ERULES);
-    qg_diag_format(&d, shown, sizeof shown);
+    qg__diag_format(&d, shown, sizeof shown);
     /* the file's first line says what is expected */
     assert_non_null(strstr(text, shown));
     assert_int_equal(d.line, 8);
@@ -548,8 +548,8 @@ static void expect_upstream_err(const char *value, int col, const char *why)
              "  free:\n"
              "    windows: [ { name: b, type: rolling, length: 5h, "
              "limit: 5 } ]\n", value);
-    rc = qg_rules_parse(text, strlen(text), "u.yaml", utc_only, NULL, &r, &d);
-    qg_diag_format(&d, shown, sizeof shown);
+    rc = qg__rules_parse(text, strlen(text), "u.yaml", utc_only, NULL, &r, &d);
+    qg__diag_format(&d, shown, sizeof shown);
     if (rc != QG_ERULES || r != NULL || d.line != 6 || d.column != col ||
         !strstr(d.message, "weights.models.m.upstream: expected an "
                            "upstream URL") ||
@@ -577,7 +577,7 @@ static void test_prefixes(void **state)
     for (n = 0; n < sizeof example - 1; n++) {
         qg_rules *r = NULL;
         qg_diag d;
-        int rc = qg_rules_parse(example, n, "p.yaml", utc_only, NULL, &r, &d);
+        int rc = qg__rules_parse(example, n, "p.yaml", utc_only, NULL, &r, &d);
         if (rc == 0) {
             qg_rules_free(r);
             continue;
@@ -595,7 +595,7 @@ static void test_no_resolver(void **state)
     qg_rules *r = NULL;
     qg_diag d;
     (void)state;
-    assert_int_equal(qg_rules_parse(example, strlen(example), "x.yaml", NULL,
+    assert_int_equal(qg__rules_parse(example, strlen(example), "x.yaml", NULL,
                                     NULL, &r, &d), 0);
     assert_int_equal(r->nzones, 1);
     qg_rules_free(r);
@@ -611,10 +611,10 @@ static void test_diag_format(void **state)
     d.line = 3;
     d.column = 7;
     strcpy(d.message, "boom");
-    qg_diag_format(&d, buf, sizeof buf);
+    qg__diag_format(&d, buf, sizeof buf);
     assert_string_equal(buf, "r.yaml:3:7: boom");
     d.line = 0;
-    qg_diag_format(&d, buf, sizeof buf);
+    qg__diag_format(&d, buf, sizeof buf);
     assert_string_equal(buf, "r.yaml: boom");
 }
 
@@ -653,15 +653,15 @@ static void test_many_names(void **state)
     char *t;
     (void)state;
     t = many_names(20000, 40000, -1, 0);
-    assert_int_equal(qg_rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
+    assert_int_equal(qg__rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
                                     &r, &d), QG_OK);
     assert_int_equal(r->norgs, 20000);
     assert_int_equal(r->nsubjects, 40000);
-    assert_int_equal(qg_rules_find_org(r, "org19999"), 19999);
-    assert_int_equal(qg_rules_find_org(r, "org0"), 0);
-    assert_int_equal(qg_rules_find_org(r, "org123"), 123);
-    assert_int_equal(qg_rules_find_org(r, "org20000"), -1);
-    assert_int_equal(qg_rules_find_org(r, ""), -1);
+    assert_int_equal(qg__rules_find_org(r, "org19999"), 19999);
+    assert_int_equal(qg__rules_find_org(r, "org0"), 0);
+    assert_int_equal(qg__rules_find_org(r, "org123"), 123);
+    assert_int_equal(qg__rules_find_org(r, "org20000"), -1);
+    assert_int_equal(qg__rules_find_org(r, ""), -1);
     assert_int_equal(r->subjects[0].org, 19999);
     assert_int_equal(r->subjects[39999].org, 20000 - 1 - 39999 % 20000);
     assert_int_equal(qg_rules_find_subject(r, "user39999"), 39999);
@@ -673,7 +673,7 @@ static void test_many_names(void **state)
      * is on line 12, one line per org) */
     t = many_names(20000, 10, 15000, 7);
     r = (qg_rules *)1;
-    assert_int_equal(qg_rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
+    assert_int_equal(qg__rules_parse(t, strlen(t), "many.yaml", utc_only, NULL,
                                     &r, &d), QG_ERULES);
     assert_null(r);
     assert_int_equal(d.line, 12 + 15000);
@@ -694,7 +694,7 @@ static void test_many_names(void **state)
             "  b: { windows: [] }\n"
             "  a: { windows: [] }\n";
         r = (qg_rules *)1;
-        assert_int_equal(qg_rules_parse(two, strlen(two), "two.yaml",
+        assert_int_equal(qg__rules_parse(two, strlen(two), "two.yaml",
                                         utc_only, NULL, &r, &d), QG_ERULES);
         assert_int_equal(d.line, 15);
         assert_non_null(strstr(d.message, "duplicate name \"b\""));

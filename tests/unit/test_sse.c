@@ -58,20 +58,20 @@ static int on_event(const char *ev, size_t elen, const char *data,
 static int parse_cut(const char *s, size_t n, const size_t *cuts, int ncuts,
                      size_t cap, rec *r, int *finish_rc)
 {
-    qg_sse *p = qg_sse_new(cap);
+    qg_sse *p = qg__sse_new(cap);
     assert_non_null(p);
     memset(r, 0, sizeof *r);
     size_t at = 0;
     int rc = 0;
     for (int i = 0; i <= ncuts && rc == 0; i++) {
         size_t end = i < ncuts ? cuts[i] : n;
-        rc = qg_sse_feed(p, s + at, end - at, on_event, r);
+        rc = qg__sse_feed(p, s + at, end - at, on_event, r);
         at = end;
     }
-    int frc = qg_sse_finish(p);
+    int frc = qg__sse_finish(p);
     if (finish_rc)
         *finish_rc = frc;
-    qg_sse_free(p);
+    qg__sse_free(p);
     return rc;
 }
 
@@ -281,16 +281,16 @@ static void test_oversize(void **state)
     assert_int_equal(parse_cut(big, sizeof big, cuts, 2, 16, &r, NULL),
                      QG_ERANGE);
     /* the failure is sticky until finish, which reports it and resets */
-    qg_sse *p = qg_sse_new(16);
+    qg_sse *p = qg__sse_new(16);
     assert_non_null(p);
     memset(&r, 0, sizeof r);
-    assert_int_equal(qg_sse_feed(p, big, sizeof big, on_event, &r), QG_ERANGE);
-    assert_int_equal(qg_sse_feed(p, "data: ok\n\n", 10, on_event, &r),
+    assert_int_equal(qg__sse_feed(p, big, sizeof big, on_event, &r), QG_ERANGE);
+    assert_int_equal(qg__sse_feed(p, "data: ok\n\n", 10, on_event, &r),
                      QG_ERANGE);
-    assert_int_equal(qg_sse_finish(p), QG_ERANGE);
-    assert_int_equal(qg_sse_feed(p, "data: ok\n\n", 10, on_event, &r), 0);
+    assert_int_equal(qg__sse_finish(p), QG_ERANGE);
+    assert_int_equal(qg__sse_feed(p, "data: ok\n\n", 10, on_event, &r), 0);
     assert_string_equal(r.s, "message=ok");
-    qg_sse_free(p);
+    qg__sse_free(p);
 }
 
 static void test_finish(void **state)
@@ -314,39 +314,39 @@ static void test_finish(void **state)
     assert_int_equal(frc, 0);
     assert_int_equal(r.n, 0);
     /* after finish the handle parses a new stream from scratch */
-    qg_sse *p = qg_sse_new(64);
+    qg_sse *p = qg__sse_new(64);
     assert_non_null(p);
     memset(&r, 0, sizeof r);
-    assert_int_equal(qg_sse_feed(p, "event: t\ndata: x", 16, on_event, &r), 0);
-    assert_int_equal(qg_sse_finish(p), 1);
-    assert_int_equal(qg_sse_feed(p, "\xEF\xBB\xBF" "data: y\n\n", 12, on_event,
+    assert_int_equal(qg__sse_feed(p, "event: t\ndata: x", 16, on_event, &r), 0);
+    assert_int_equal(qg__sse_finish(p), 1);
+    assert_int_equal(qg__sse_feed(p, "\xEF\xBB\xBF" "data: y\n\n", 12, on_event,
                                  &r), 0);
     assert_string_equal(r.s, "message=y");
-    assert_int_equal(qg_sse_finish(p), 0);
-    qg_sse_free(p);
-    qg_sse_free(NULL);
+    assert_int_equal(qg__sse_finish(p), 0);
+    qg__sse_free(p);
+    qg__sse_free(NULL);
 }
 
 static void test_callback_stops(void **state)
 {
     (void)state;
-    qg_sse *p = qg_sse_new(64);
+    qg_sse *p = qg__sse_new(64);
     assert_non_null(p);
     rec r;
     memset(&r, 0, sizeof r);
     r.stop_at = 2;
     const char *s = "data: 1\n\ndata: 2\n\ndata: 3\n\n";
-    assert_int_equal(qg_sse_feed(p, s, strlen(s), on_event, &r), 7);
+    assert_int_equal(qg__sse_feed(p, s, strlen(s), on_event, &r), 7);
     assert_string_equal(r.s, "message=1|message=2");
-    assert_int_equal(qg_sse_feed(p, "data: 4\n\n", 9, on_event, &r), 7);
+    assert_int_equal(qg__sse_feed(p, "data: 4\n\n", 9, on_event, &r), 7);
     assert_int_equal(r.n, 2);
-    qg_sse_free(p);
+    qg__sse_free(p);
     /* a NULL callback parses and drops */
-    p = qg_sse_new(64);
+    p = qg__sse_new(64);
     assert_non_null(p);
-    assert_int_equal(qg_sse_feed(p, s, strlen(s), NULL, NULL), 0);
-    assert_int_equal(qg_sse_finish(p), 0);
-    qg_sse_free(p);
+    assert_int_equal(qg__sse_feed(p, s, strlen(s), NULL, NULL), 0);
+    assert_int_equal(qg__sse_finish(p), 0);
+    qg__sse_free(p);
 }
 
 /* Data with NUL bytes and arbitrary bytes round-trips by length. */

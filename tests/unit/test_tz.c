@@ -27,7 +27,7 @@ static int64_t T(const char *iso)
 static qg_tz *load(const char *name)
 {
     char err[256] = "";
-    qg_tz *tz = qg_tz_load_system(name, NULL, err, sizeof err);
+    qg_tz *tz = qg__tz_load_system(name, NULL, err, sizeof err);
     if (!tz)
         fail_msg("load %s: %s", name, err);
     return tz;
@@ -35,20 +35,20 @@ static qg_tz *load(const char *name)
 
 static void expect_off(const qg_tz *tz, const char *iso, int32_t want)
 {
-    int32_t got = qg_tz_offset_at(tz, T(iso));
+    int32_t got = qg__tz_offset_at(tz, T(iso));
     if (got != want)
-        fail_msg("%s at %s: offset %d, want %d", qg_tz_name(tz), iso, got,
+        fail_msg("%s at %s: offset %d, want %d", qg__tz_name(tz), iso, got,
                  want);
 }
 
 /* local_ms from "YYYY-MM-DDTHH:MM:SSZ" read as a wall clock */
 static void expect_l2u(const qg_tz *tz, const char *local, const char *want)
 {
-    int64_t got = qg_tz_local_to_utc(tz, T(local));
+    int64_t got = qg__tz_local_to_utc(tz, T(local));
     if (got != T(want)) {
         char buf[40];
         qg_iso8601_format(got, buf, sizeof buf);
-        fail_msg("%s local %s -> %s, want %s", qg_tz_name(tz), local, buf,
+        fail_msg("%s local %s -> %s, want %s", qg__tz_name(tz), local, buf,
                  want);
     }
 }
@@ -57,7 +57,7 @@ static void test_new_york_2026(void **state)
 {
     qg_tz *ny = load("America/New_York");
     (void)state;
-    assert_string_equal(qg_tz_name(ny), "America/New_York");
+    assert_string_equal(qg__tz_name(ny), "America/New_York");
     expect_off(ny, "2026-01-15T12:00:00Z", -5 * H);
     expect_off(ny, "2026-03-08T06:59:59.999Z", -5 * H);
     expect_off(ny, "2026-03-08T07:00:00Z", -4 * H);
@@ -69,9 +69,9 @@ static void test_new_york_2026(void **state)
     expect_off(ny, "1990-12-01T00:00:00Z", -5 * H);
     /* before any transition: local mean time -4:56:02 */
     expect_off(ny, "1800-01-01T00:00:00Z", -(4 * H + 56 * 60 + 2));
-    assert_int_equal(qg_tz_utc_to_local(ny, T("2026-07-01T12:00:00Z")),
+    assert_int_equal(qg__tz_utc_to_local(ny, T("2026-07-01T12:00:00Z")),
                      T("2026-07-01T08:00:00Z"));
-    qg_tz_free(ny);
+    qg__tz_free(ny);
 }
 
 static void test_berlin_2026(void **state)
@@ -83,7 +83,7 @@ static void test_berlin_2026(void **state)
     expect_off(be, "2026-03-29T01:00:00Z", 2 * H);
     expect_off(be, "2026-10-25T00:59:59Z", 2 * H);
     expect_off(be, "2026-10-25T01:00:00Z", 1 * H);
-    qg_tz_free(be);
+    qg__tz_free(be);
 }
 
 static void test_far_future_footer(void **state)
@@ -105,8 +105,8 @@ static void test_far_future_footer(void **state)
     expect_off(be, "2399-07-01T00:00:00Z", 2 * H);
     expect_l2u(ny, "2040-03-11T02:30:00Z", "2040-03-11T07:00:00Z");
     expect_l2u(ny, "2040-11-04T01:30:00Z", "2040-11-04T05:30:00Z");
-    qg_tz_free(ny);
-    qg_tz_free(be);
+    qg__tz_free(ny);
+    qg__tz_free(be);
 }
 
 static void test_sydney(void **state)
@@ -128,7 +128,7 @@ static void test_sydney(void **state)
     expect_off(sy, "2050-04-02T16:00:00Z", 10 * H);
     expect_off(sy, "2050-10-01T15:59:59Z", 10 * H);
     expect_off(sy, "2050-10-01T16:00:00Z", 11 * H);
-    qg_tz_free(sy);
+    qg__tz_free(sy);
 }
 
 static void test_gap_and_overlap(void **state)
@@ -165,42 +165,42 @@ static void test_gap_and_overlap(void **state)
     for (int64_t l = t0; l < t0 + 366 * QG_MS_PER_DAY; l += 17 * 60000 + 7) {
         const qg_tz *zs[3] = {ny, be, sy};
         for (int z = 0; z < 3; z++) {
-            int64_t u = qg_tz_local_to_utc(zs[z], l);
-            int64_t back = qg_tz_utc_to_local(zs[z], u);
+            int64_t u = qg__tz_local_to_utc(zs[z], l);
+            int64_t back = qg__tz_utc_to_local(zs[z], u);
             /* in a gap the answer lies after l, never before it */
             assert_true(back >= l);
             assert_true(back - l <= 3600000);
         }
     }
-    qg_tz_free(ny);
-    qg_tz_free(be);
-    qg_tz_free(sy);
+    qg__tz_free(ny);
+    qg__tz_free(be);
+    qg__tz_free(sy);
 }
 
 static void test_utc_and_loader_errors(void **state)
 {
     char err[256];
-    qg_tz *u = qg_tz_utc(), *z;
+    qg_tz *u = qg__tz_utc(), *z;
     (void)state;
-    assert_string_equal(qg_tz_name(u), "UTC");
-    assert_int_equal(qg_tz_offset_at(u, T("2026-07-01T00:00:00Z")), 0);
-    assert_int_equal(qg_tz_local_to_utc(u, 12345), 12345);
-    qg_tz_free(u);
+    assert_string_equal(qg__tz_name(u), "UTC");
+    assert_int_equal(qg__tz_offset_at(u, T("2026-07-01T00:00:00Z")), 0);
+    assert_int_equal(qg__tz_local_to_utc(u, 12345), 12345);
+    qg__tz_free(u);
 
     /* UTC works without any zoneinfo directory */
     err[0] = '\0';
-    z = qg_tz_load_system("UTC", (void *)"/nonexistent/zoneinfo", err,
+    z = qg__tz_load_system("UTC", (void *)"/nonexistent/zoneinfo", err,
                           sizeof err);
     assert_non_null(z);
-    assert_int_equal(qg_tz_offset_at(z, 0), 0);
-    qg_tz_free(z);
-    z = qg_tz_load_system("Etc/UTC", (void *)"/nonexistent/zoneinfo", err,
+    assert_int_equal(qg__tz_offset_at(z, 0), 0);
+    qg__tz_free(z);
+    z = qg__tz_load_system("Etc/UTC", (void *)"/nonexistent/zoneinfo", err,
                           sizeof err);
     assert_non_null(z);
-    assert_string_equal(qg_tz_name(z), "Etc/UTC");
-    qg_tz_free(z);
+    assert_string_equal(qg__tz_name(z), "Etc/UTC");
+    qg__tz_free(z);
 
-    z = qg_tz_load_system("Mars/Base", (void *)"/usr/share/zoneinfo", err,
+    z = qg__tz_load_system("Mars/Base", (void *)"/usr/share/zoneinfo", err,
                           sizeof err);
     assert_null(z);
     assert_string_equal(
@@ -213,16 +213,16 @@ static void test_utc_and_loader_errors(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
-        z = qg_tz_load_system(bad[i], NULL, err, sizeof err);
+        z = qg__tz_load_system(bad[i], NULL, err, sizeof err);
         if (z)
             fail_msg("name \"%s\" should be rejected", bad[i]);
         assert_non_null(strstr(err, "invalid time zone name"));
     }
     /* a directory and a non-TZif file are not zones */
-    z = qg_tz_load_system("Europe", (void *)"/usr/share/zoneinfo", err,
+    z = qg__tz_load_system("Europe", (void *)"/usr/share/zoneinfo", err,
                           sizeof err);
     assert_null(z);
-    assert_null(qg_tz_load_system(NULL, NULL, err, sizeof err));
+    assert_null(qg__tz_load_system(NULL, NULL, err, sizeof err));
 }
 
 /* ---- built TZif buffers ------------------------------------------------ */
@@ -307,7 +307,7 @@ static qg_tz *from_footer(const char *footer)
     unsigned char dst = 0;
     char err[128];
     build(&t, 0, NULL, NULL, 1, &off, &dst, footer);
-    return qg_tz_from_tzif("test", t.b, t.n, err, sizeof err);
+    return qg__tz_from_tzif("test", t.b, t.n, err, sizeof err);
 }
 
 static void test_built_v1(void **state)
@@ -321,14 +321,14 @@ static void test_built_v1(void **state)
     tzb t;
     (void)state;
     build(&t, 2, times, idx, 2, offs, dst, NULL);
-    qg_tz *tz = qg_tz_from_tzif("v1", t.b, t.n, err, sizeof err);
+    qg_tz *tz = qg__tz_from_tzif("v1", t.b, t.n, err, sizeof err);
     assert_non_null(tz);
-    assert_int_equal(qg_tz_offset_at(tz, 999999999999LL), 3600);
-    assert_int_equal(qg_tz_offset_at(tz, 1000000000000LL), 7200);
-    assert_int_equal(qg_tz_offset_at(tz, 1099999999999LL), 7200);
-    assert_int_equal(qg_tz_offset_at(tz, 1100000000000LL), 3600);
-    assert_int_equal(qg_tz_offset_at(tz, 4000000000000LL), 3600);
-    qg_tz_free(tz);
+    assert_int_equal(qg__tz_offset_at(tz, 999999999999LL), 3600);
+    assert_int_equal(qg__tz_offset_at(tz, 1000000000000LL), 7200);
+    assert_int_equal(qg__tz_offset_at(tz, 1099999999999LL), 7200);
+    assert_int_equal(qg__tz_offset_at(tz, 1100000000000LL), 3600);
+    assert_int_equal(qg__tz_offset_at(tz, 4000000000000LL), 3600);
+    qg__tz_free(tz);
 
     /* before the first transition the first non-DST type applies even if
      * type 0 is a DST type */
@@ -336,13 +336,13 @@ static void test_built_v1(void **state)
     unsigned char dst2[2] = {1, 0};
     unsigned char idx2[2] = {0, 1};
     build(&t, 2, times, idx2, 2, offs2, dst2, "");
-    tz = qg_tz_from_tzif("v2", t.b, t.n, err, sizeof err);
+    tz = qg__tz_from_tzif("v2", t.b, t.n, err, sizeof err);
     assert_non_null(tz);
-    assert_int_equal(qg_tz_offset_at(tz, 0), 3600);
-    assert_int_equal(qg_tz_offset_at(tz, 1000000000000LL), 7200);
+    assert_int_equal(qg__tz_offset_at(tz, 0), 3600);
+    assert_int_equal(qg__tz_offset_at(tz, 1000000000000LL), 7200);
     /* empty footer: the last type stays */
-    assert_int_equal(qg_tz_offset_at(tz, 9000000000000LL), 3600);
-    qg_tz_free(tz);
+    assert_int_equal(qg__tz_offset_at(tz, 9000000000000LL), 3600);
+    qg__tz_free(tz);
 }
 
 static void test_footers(void **state)
@@ -354,12 +354,12 @@ static void test_footers(void **state)
     assert_non_null(tz);
     expect_off(tz, "2026-06-01T00:00:00Z", 3 * H);
     expect_off(tz, "1900-06-01T00:00:00Z", 3 * H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     tz = from_footer("<-0330>3:30");
     assert_non_null(tz);
     expect_off(tz, "2026-06-01T00:00:00Z", -(3 * H + 1800));
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     tz = from_footer("EST5EDT,M3.2.0,M11.1.0");
     assert_non_null(tz);
@@ -367,7 +367,7 @@ static void test_footers(void **state)
     expect_off(tz, "2026-03-08T07:00:00Z", -4 * H);
     expect_off(tz, "2026-11-01T05:59:59Z", -4 * H);
     expect_off(tz, "2026-11-01T06:00:00Z", -5 * H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     tz = from_footer("CET-1CEST,M3.5.0,M10.5.0/3");
     assert_non_null(tz);
@@ -375,7 +375,7 @@ static void test_footers(void **state)
     expect_off(tz, "2026-03-29T01:00:00Z", 2 * H);
     expect_off(tz, "2026-10-25T00:59:59Z", 2 * H);
     expect_off(tz, "2026-10-25T01:00:00Z", 1 * H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     tz = from_footer("AEST-10AEDT,M10.1.0,M4.1.0/3");
     assert_non_null(tz);
@@ -385,7 +385,7 @@ static void test_footers(void **state)
     expect_off(tz, "2026-10-03T15:59:59Z", 10 * H);
     expect_off(tz, "2026-10-03T16:00:00Z", 11 * H);
     expect_off(tz, "2026-12-31T23:00:00Z", 11 * H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     /* Jn never counts Feb 29: J60 is March 1 in every year */
     tz = from_footer("AAA0BBB,J60/2,J300");
@@ -393,7 +393,7 @@ static void test_footers(void **state)
     expect_off(tz, "2028-03-01T01:59:59Z", 0);
     expect_off(tz, "2028-03-01T02:00:00Z", H);
     expect_off(tz, "2026-03-01T02:00:00Z", H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     /* n is zero-based and counts Feb 29: 59 is Feb 29 in 2028 */
     tz = from_footer("AAA0BBB,59/2,300");
@@ -402,7 +402,7 @@ static void test_footers(void **state)
     expect_off(tz, "2028-02-29T02:00:00Z", H);
     expect_off(tz, "2026-03-01T01:59:59Z", 0);
     expect_off(tz, "2026-03-01T02:00:00Z", H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     /* signed and long times: last Sunday of March at -1:00 (Saturday
      * 23:00 local) and last Sunday of October + 167h */
@@ -413,14 +413,14 @@ static void test_footers(void **state)
     /* Oct 25 + 167h = Oct 31 23:00 local DST = 22:00Z */
     expect_off(tz, "2026-10-31T21:59:59Z", H);
     expect_off(tz, "2026-10-31T22:00:00Z", 0);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     /* explicit DST offset and a fixed time with minutes */
     tz = from_footer("<+1030>-10:30<+11>-11,M10.1.0,M4.1.0");
     assert_non_null(tz);
     expect_off(tz, "2026-07-01T00:00:00Z", 10 * H + 1800);
     expect_off(tz, "2026-01-01T00:00:00Z", 11 * H);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     static const char *const bad[] = {
         "EST", "5", "EST5EDT,M13.1.0,M11.1.0", "EST5EDT,M3.2.0",
@@ -431,7 +431,7 @@ static void test_footers(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tz = from_footer(bad[i]);
         if (tz) {
-            qg_tz_free(tz);
+            qg__tz_free(tz);
             fail_msg("footer \"%s\" should be rejected", bad[i]);
         }
     }
@@ -460,9 +460,9 @@ static void test_malformed(void **state)
     qg_tz *tz;
     (void)state;
 
-    tz = qg_tz_from_tzif("ny", buf, len, err, sizeof err);
+    tz = qg__tz_from_tzif("ny", buf, len, err, sizeof err);
     assert_non_null(tz);
-    qg_tz_free(tz);
+    qg__tz_free(tz);
 
     /* every truncation fails cleanly (a cut exactly at the end of the data,
      * before the footer, is a valid footer-less file) */
@@ -470,23 +470,23 @@ static void test_malformed(void **state)
         unsigned char *copy = malloc(n ? n : 1);
         memcpy(copy, buf, n);
         err[0] = '\0';
-        tz = qg_tz_from_tzif("ny", copy, n, err, sizeof err);
+        tz = qg__tz_from_tzif("ny", copy, n, err, sizeof err);
         if (tz)
-            qg_tz_free(tz);
+            qg__tz_free(tz);
         else
             assert_true(err[0] != '\0');
         free(copy);
     }
-    tz = qg_tz_from_tzif("ny", buf, 30, err, sizeof err);
+    tz = qg__tz_from_tzif("ny", buf, 30, err, sizeof err);
     assert_null(tz);
-    tz = qg_tz_from_tzif("ny", buf, len - 1, err, sizeof err);
+    tz = qg__tz_from_tzif("ny", buf, len - 1, err, sizeof err);
     assert_null(tz);                                 /* footer cut */
 
     /* bad magic */
     unsigned char *copy = malloc(len);
     memcpy(copy, buf, len);
     copy[0] = 'X';
-    tz = qg_tz_from_tzif("ny", copy, len, err, sizeof err);
+    tz = qg__tz_from_tzif("ny", copy, len, err, sizeof err);
     assert_null(tz);
     assert_string_equal(err, "bad TZif magic");
 
@@ -494,21 +494,21 @@ static void test_malformed(void **state)
     for (size_t i = 0; i < len; i++) {
         memcpy(copy, buf, len);
         copy[i] ^= 0xA5;
-        tz = qg_tz_from_tzif("ny", copy, len, err, sizeof err);
+        tz = qg__tz_from_tzif("ny", copy, len, err, sizeof err);
         if (tz) {
-            (void)qg_tz_offset_at(tz, T("2026-03-08T07:00:00Z"));
-            (void)qg_tz_local_to_utc(tz, T("2026-03-08T02:30:00Z"));
-            qg_tz_free(tz);
+            (void)qg__tz_offset_at(tz, T("2026-03-08T07:00:00Z"));
+            (void)qg__tz_local_to_utc(tz, T("2026-03-08T02:30:00Z"));
+            qg__tz_free(tz);
         }
     }
     /* huge counts in the header */
     memcpy(copy, buf, len);
     memset(copy + 32, 0xff, 4);
-    assert_null(qg_tz_from_tzif("ny", copy, len, err, sizeof err));
+    assert_null(qg__tz_from_tzif("ny", copy, len, err, sizeof err));
     free(copy);
     free(buf);
-    assert_null(qg_tz_from_tzif("x", NULL, 0, err, sizeof err));
-    assert_null(qg_tz_from_tzif("x", (const unsigned char *)"TZif", 4, err,
+    assert_null(qg__tz_from_tzif("x", NULL, 0, err, sizeof err));
+    assert_null(qg__tz_from_tzif("x", (const unsigned char *)"TZif", 4, err,
                                 sizeof err));
 }
 

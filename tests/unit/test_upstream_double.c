@@ -847,6 +847,115 @@ static void test_flood(void **state)
     http_resp_free(&r);
 }
 
+/* big=MIB: the text is MIB MiB of 'x' with Content-Length (big-chunked:
+ * chunked), the rest of the body as usual; a client that leaves in the
+ * middle of one does not upset the double.  With a stream, a 400. */
+static void test_big(void **state)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET,
+                              .sin_port = htons((uint16_t)dbl_port) };
+    const char *req = "POST " OPENAI " HTTP/1.1\r\nHost: x\r\n"
+                      "X-Double-Mode: big=64\r\nContent-Length: 2\r\n\r\n{}";
+    char buf[4096];
+    http_resp r;
+    json_t *j, *c;
+    const char *t;
+    (void)state;
+    assert_int_equal(post(OPENAI, "big=1", "{\"max_tokens\":3}", &r, &j),
+                     200);
+    assert_int_equal(atol(http_resp_header(&r, "Content-Length")),
+                     (long)r.body_len);
+    t = jstr(json_array_get(json_object_get(j, "choices"), 0),
+             "message.content");
+    assert_non_null(t);
+    assert_int_equal(strlen(t), 1u << 20);
+    assert_int_equal(strspn(t, "x"), 1u << 20);
+    assert_int_equal(jint(j, "usage.completion_tokens"), 3);
+    json_decref(j);
+    http_resp_free(&r);
+    assert_int_equal(post(ANTHROPIC, "big-chunked=2", "{}", &r, &j), 200);
+    assert_null(http_resp_header(&r, "Content-Length"));
+    assert_non_null(strcasestr(http_resp_header(&r, "Transfer-Encoding"),
+                               "chunked"));
+    t = json_string_value(json_object_get(json_array_get(
+        json_object_get(j, "content"), 0), "text"));
+    assert_non_null(t);
+    assert_int_equal(strlen(t), 2u << 20);
+    json_decref(j);
+    http_resp_free(&r);
+    assert_int_equal(post(OPENAI, "big=1", "{\"stream\":true}", &r, &j), 400);
+    json_decref(j);
+    http_resp_free(&r);
+    /* read a little of 64 MiB, then leave */
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    assert_true(read(fd, buf, sizeof buf) > 0);
+    close(fd);
+    usleep(100000);
+    c = get_json("/_double/count");
+    json_decref(c);
+}
+
+/* twice: the answer, its own Content-Length, then a second complete
+ * response in the same write; the connection then serves normally.
+ * close: Connection: close, and the double closes.  /_double/last names
+ * the client's port. */
+static void test_twice_close_peer(void **state)
+{
+    const char *req = "POST " OPENAI " HTTP/1.1\r\nHost: x\r\n"
+                      "X-Double-Mode: twice\r\nContent-Length: 16\r\n\r\n"
+                      "{\"max_tokens\":2}";
+    const char *plain = "POST " OPENAI " HTTP/1.1\r\nHost: x\r\n"
+                        "Content-Length: 16\r\n\r\n{\"max_tokens\":2}";
+    char buf[8192] = "";
+    const char *second;
+    size_t got = 0;
+    httpc c;
+    http_resp r;
+    json_t *j, *last;
+    (void)state;
+    httpc_init(&c, dbl_port);
+    assert_int_equal(httpc_connect(&c), 0);
+    assert_int_equal(httpc_send_raw(&c, req, strlen(req)),
+                     (long)strlen(req));
+    /* both responses: read until the second one's body has ended */
+    while (!((second = strstr(buf, "}}HTTP/1.1 200 OK\r\n")) &&
+             strstr(second, "stale second response") &&
+             strstr(second, "\"total_tokens\"") &&
+             buf[got - 1] == '}')) {
+        assert_true(got < sizeof buf - 1);
+        assert_int_equal(httpc_wait_readable(&c, 5000), 1);
+        ssize_t k = recv(c.fd, buf + got, sizeof buf - 1 - got, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+        buf[got] = '\0';
+    }
+    assert_non_null(strstr(buf, "\"tok0 tok1\""));
+    assert_null(strstr(second, "tok0"));
+    /* the first's Content-Length is its own body's */
+    assert_int_equal(atol(strcasestr(buf, "Content-Length: ") + 16),
+                     (long)(second + 2 - (strstr(buf, "\r\n\r\n") + 4)));
+    /* the same connection answers the next request normally */
+    assert_int_equal(httpc_send_raw(&c, plain, strlen(plain)),
+                     (long)strlen(plain));
+    assert_int_equal(httpc_read_response(&c, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"tok0 tok1\""));
+    assert_null(strstr(r.body, "stale"));
+    http_resp_free(&r);
+    httpc_close(&c);
+    assert_int_equal(post(OPENAI, "close", "{\"max_tokens\":2}", &r, &j), 200);
+    assert_string_equal(http_resp_header(&r, "Connection"), "close");
+    assert_true(r.closed);
+    json_decref(j);
+    http_resp_free(&r);
+    last = get_json("/_double/last");
+    assert_true(jint(last, "peer_port") > 0);
+    json_decref(last);
+}
+
 /* A client that leaves mid-stream must not upset the double. */
 static void test_client_leaves(void **state)
 {
@@ -893,6 +1002,8 @@ int main(void)
         cmocka_unit_test(test_bad_mode_and_route),
         cmocka_unit_test(test_flood),
         cmocka_unit_test(test_client_leaves),
+        cmocka_unit_test(test_big),
+        cmocka_unit_test(test_twice_close_peer),
         cmocka_unit_test(test_shutdown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

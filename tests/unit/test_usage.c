@@ -149,7 +149,7 @@ static int oa_event(const char *ev, size_t elen, const char *data,
     (void)elen;
     if (r->done)
         r->after_done++;
-    int rc = qg_usage_openai_chunk(data, dlen, &r->u, &only);
+    int rc = qg__usage_openai_chunk(data, dlen, &r->u, &only);
     assert_true(only == 0 || only == 1);
     r->chunks++;
     switch (rc) {
@@ -167,13 +167,13 @@ static int oa_event(const char *ev, size_t elen, const char *data,
 static int run_oa(const char *s, size_t n, size_t cut, oa_run *r)
 {
     memset(r, 0, sizeof *r);
-    qg_sse *p = qg_sse_new(1 << 16);
+    qg_sse *p = qg__sse_new(1 << 16);
     assert_non_null(p);
-    int rc = qg_sse_feed(p, s, cut, oa_event, r);
+    int rc = qg__sse_feed(p, s, cut, oa_event, r);
     if (rc == 0)
-        rc = qg_sse_feed(p, s + cut, n - cut, oa_event, r);
-    int frc = qg_sse_finish(p);
-    qg_sse_free(p);
+        rc = qg__sse_feed(p, s + cut, n - cut, oa_event, r);
+    int frc = qg__sse_finish(p);
+    qg__sse_free(p);
     return rc ? rc : frc;
 }
 
@@ -187,7 +187,7 @@ static int an_event(const char *ev, size_t elen, const char *data,
 {
     an_run *r = ud;
     r->events++;
-    switch (qg_usage_anthropic_event(ev, elen, data, dlen, &r->u)) {
+    switch (qg__usage_anthropic_event(ev, elen, data, dlen, &r->u)) {
     case 2: r->stop++; break;
     case 1: r->usage_hits++; break;
     case 0: break;
@@ -201,13 +201,13 @@ static int an_event(const char *ev, size_t elen, const char *data,
 static int run_an(const char *s, size_t n, size_t cut, an_run *r)
 {
     memset(r, 0, sizeof *r);
-    qg_sse *p = qg_sse_new(1 << 16);
+    qg_sse *p = qg__sse_new(1 << 16);
     assert_non_null(p);
-    int rc = qg_sse_feed(p, s, cut, an_event, r);
+    int rc = qg__sse_feed(p, s, cut, an_event, r);
     if (rc == 0)
-        rc = qg_sse_feed(p, s + cut, n - cut, an_event, r);
-    int frc = qg_sse_finish(p);
-    qg_sse_free(p);
+        rc = qg__sse_feed(p, s + cut, n - cut, an_event, r);
+    int frc = qg__sse_finish(p);
+    qg__sse_free(p);
     return rc ? rc : frc;
 }
 
@@ -217,28 +217,28 @@ static void test_openai_body(void **state)
 {
     (void)state;
     qg_usage_counts u;
-    assert_int_equal(qg_usage_openai_json(OA_BODY, strlen(OA_BODY), &u), 1);
+    assert_int_equal(qg__usage_openai_json(OA_BODY, strlen(OA_BODY), &u), 1);
     assert_int_equal(u.input_tokens, 19);
     assert_int_equal(u.output_tokens, 10);
     assert_true(u.have_input && u.have_output);
     assert_string_equal(u.error, "");
 
-    assert_int_equal(qg_usage_openai_json(OA_RESPONSES_BODY,
+    assert_int_equal(qg__usage_openai_json(OA_RESPONSES_BODY,
                                           strlen(OA_RESPONSES_BODY), &u), 1);
     assert_int_equal(u.input_tokens, 36);
     assert_int_equal(u.output_tokens, 87);
 
-    assert_int_equal(qg_usage_openai_json(OA_ERROR_BODY,
+    assert_int_equal(qg__usage_openai_json(OA_ERROR_BODY,
                                           strlen(OA_ERROR_BODY), &u), 0);
     assert_string_equal(u.error, "requests");
     assert_false(u.have_input || u.have_output);
 
     const char *s = "{\"choices\":[],\"usage\":null}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     s = "{\"usage\":{\"total_tokens\":5}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     s = "{\"usage\":{\"prompt_tokens\":5}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_true(u.have_input && !u.have_output);
     /* wrong shapes are malformed */
     const char *bad[] = {"", "[]", "42", "null", "{\"usage\":[]}",
@@ -247,10 +247,10 @@ static void test_openai_body(void **state)
                          "{\"usage\":{\"completion_tokens\":1.5}}",
                          "{\"usage\":{}}x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(qg_usage_openai_json(bad[i], strlen(bad[i]), &u), -1);
+        assert_int_equal(qg__usage_openai_json(bad[i], strlen(bad[i]), &u), -1);
         assert_false(u.have_input || u.have_output);
     }
-    assert_int_equal(qg_usage_openai_json(NULL, 0, &u), -1);
+    assert_int_equal(qg__usage_openai_json(NULL, 0, &u), -1);
 }
 
 static void test_openai_stream(void **state)
@@ -294,29 +294,29 @@ static void test_openai_chunk_cases(void **state)
     qg_usage_counts u;
     int only = 5;
     memset(&u, 0, sizeof u);
-    assert_int_equal(qg_usage_openai_chunk(" [DONE] \r\n", 10, &u, &only), 2);
+    assert_int_equal(qg__usage_openai_chunk(" [DONE] \r\n", 10, &u, &only), 2);
     assert_int_equal(only, 0);
     /* usage on a chunk that still has choices: counted, not usage-only */
     const char *s = "{\"choices\":[{\"index\":0,\"delta\":{}}],\"usage\":"
                     "{\"prompt_tokens\":4,\"completion_tokens\":2}}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 1);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), 1);
     assert_int_equal(only, 0);
     assert_int_equal(u.output_tokens, 2);
     /* no choices member at all: not the include_usage chunk either */
     s = "{\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, NULL), 1);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, NULL), 1);
     assert_int_equal(u.output_tokens, 3);
     /* an error chunk mid-stream */
     s = "{\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), -2);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), -2);
     assert_string_equal(u.error, "server_error");
     /* malformed leaves the counts alone */
     s = "{\"choices\":[],\"usage\":{\"prompt_tokens\":-4}}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), -1);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), -1);
     assert_int_equal(u.input_tokens, 4);
-    assert_int_equal(qg_usage_openai_chunk("[DONE", 5, &u, &only), -1);
-    assert_int_equal(qg_usage_openai_chunk("", 0, &u, &only), -1);
-    assert_int_equal(qg_usage_openai_chunk("{\"usage\":3}", 11, &u, &only), -1);
+    assert_int_equal(qg__usage_openai_chunk("[DONE", 5, &u, &only), -1);
+    assert_int_equal(qg__usage_openai_chunk("", 0, &u, &only), -1);
+    assert_int_equal(qg__usage_openai_chunk("{\"usage\":3}", 11, &u, &only), -1);
 }
 
 /* ---------------------------------------------------- Anthropic */
@@ -325,17 +325,17 @@ static void test_anthropic_body(void **state)
 {
     (void)state;
     qg_usage_counts u;
-    assert_int_equal(qg_usage_anthropic_json(AN_BODY, strlen(AN_BODY), &u), 1);
+    assert_int_equal(qg__usage_anthropic_json(AN_BODY, strlen(AN_BODY), &u), 1);
     assert_int_equal(u.input_tokens, 175);
     assert_int_equal(u.output_tokens, 12);
-    assert_int_equal(qg_usage_anthropic_json(AN_ERROR_BODY,
+    assert_int_equal(qg__usage_anthropic_json(AN_ERROR_BODY,
                                              strlen(AN_ERROR_BODY), &u), 0);
     assert_string_equal(u.error, "overloaded_error");
     const char *s = "{\"usage\":{\"input_tokens\":9223372036854775807,"
                     "\"cache_read_input_tokens\":1,\"output_tokens\":1}}";
-    assert_int_equal(qg_usage_anthropic_json(s, strlen(s), &u), -1);
+    assert_int_equal(qg__usage_anthropic_json(s, strlen(s), &u), -1);
     s = "{\"type\":\"message\"}";
-    assert_int_equal(qg_usage_anthropic_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_anthropic_json(s, strlen(s), &u), 0);
 }
 
 static void test_anthropic_stream(void **state)
@@ -372,35 +372,35 @@ static void test_anthropic_error_event(void **state)
     char big[200];
     int n = snprintf(big, sizeof big, "{\"type\":\"error\",\"error\":{\"type\":"
                      "\"%0100d\"}}", 0);
-    assert_int_equal(qg_usage_anthropic_event("error", 5, big, (size_t)n, &u),
+    assert_int_equal(qg__usage_anthropic_event("error", 5, big, (size_t)n, &u),
                      -2);
     assert_int_equal(strlen(u.error), 63);
     const char *s = "{\"type\":\"error\"}";
-    assert_int_equal(qg_usage_anthropic_event("error", 5, s, strlen(s), &u),
+    assert_int_equal(qg__usage_anthropic_event("error", 5, s, strlen(s), &u),
                      -2);
     assert_string_equal(u.error, "error");
     /* the SSE type is the fallback when the payload has none */
     memset(&u, 0, sizeof u);
     s = "{\"usage\":{\"output_tokens\":9}}";
     assert_int_equal(
-        qg_usage_anthropic_event("message_delta", 13, s, strlen(s), &u), 1);
+        qg__usage_anthropic_event("message_delta", 13, s, strlen(s), &u), 1);
     assert_int_equal(u.output_tokens, 9);
-    assert_int_equal(qg_usage_anthropic_event("message_stop", 12, "{}", 2, &u),
+    assert_int_equal(qg__usage_anthropic_event("message_stop", 12, "{}", 2, &u),
                      2);
     /* a message_delta that also reports input (cumulative) replaces it */
     s = "{\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,"
         "\"cache_read_input_tokens\":5,\"output_tokens\":11}}";
-    assert_int_equal(qg_usage_anthropic_event("message_delta", 13, s,
+    assert_int_equal(qg__usage_anthropic_event("message_delta", 13, s,
                                               strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, 35);
     assert_int_equal(u.output_tokens, 11);
     /* malformed: -1 and acc unchanged */
     s = "{\"type\":\"message_delta\",\"usage\":{\"output_tokens\":\"x\"}}";
-    assert_int_equal(qg_usage_anthropic_event("message_delta", 13, s,
+    assert_int_equal(qg__usage_anthropic_event("message_delta", 13, s,
                                               strlen(s), &u), -1);
     assert_int_equal(u.output_tokens, 11);
     s = "{\"type\":\"message_start\",\"message\":[]}";
-    assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), -1);
+    assert_int_equal(qg__usage_anthropic_event(NULL, 0, s, strlen(s), &u), -1);
 }
 
 /* ------------------------------------------- responses: the edges */
@@ -418,55 +418,55 @@ static void test_response_edges(void **state)
     /* "usage" only at the top, never inside a choice or a string */
     const char *s = "{\"choices\":[{\"usage\":{\"prompt_tokens\":5}}],"
                     "\"x\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":6}\"}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     s = "{\"choices\":[],\"meta\":{\"usage\":{\"prompt_tokens\":5}}}";
     memset(&u, 0, sizeof u);
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 0);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), 0);
     assert_false(u.have_input);
     /* only usage's own members: a nested prompt_tokens is not one */
     s = "{\"usage\":{\"details\":{\"prompt_tokens\":-1},\"prompt_tokens\":2}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, 2);
     /* Anthropic message_start reads message.usage, not a top usage */
     s = "{\"type\":\"message_start\",\"usage\":{\"input_tokens\":99},"
         "\"message\":{\"usage\":{\"input_tokens\":3}}}";
     memset(&u, 0, sizeof u);
-    assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, 3);
     /* an escaped key is the key it spells */
     s = "{\"usag\\u0065\":{\"prompt_tokens\":4}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, 4);
 
     /* duplicate keys: the last one wins, whole */
     s = "{\"usage\":{\"prompt_tokens\":1},\"usage\":{\"completion_tokens\":2}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_false(u.have_input);
     assert_int_equal(u.output_tokens, 2);
     s = "{\"usage\":{\"prompt_tokens\":-1,\"prompt_tokens\":3}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, 3);
     s = "{\"usage\":{\"prompt_tokens\":3,\"prompt_tokens\":1.5}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), -1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), -1);
     s = "{\"usage\":{\"prompt_tokens\":3},\"usage\":null}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     s = "{\"choices\":[],\"usage\":{\"prompt_tokens\":1},\"choices\":[{}]}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 1);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), 1);
     assert_int_equal(only, 0);
     s = "{\"choices\":[{}],\"usage\":{\"prompt_tokens\":1},\"choices\":[]}";
-    assert_int_equal(qg_usage_openai_chunk(s, strlen(s), &u, &only), 1);
+    assert_int_equal(qg__usage_openai_chunk(s, strlen(s), &u, &only), 1);
     assert_int_equal(only, 1);
     s = "{\"type\":\"error\",\"type\":\"message_delta\",\"usage\":{"
         "\"output_tokens\":4}}";
-    assert_int_equal(qg_usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_anthropic_event(NULL, 0, s, strlen(s), &u), 1);
     assert_int_equal(u.output_tokens, 4);
 
     /* error types: cut at a NUL (as a C string), empty falls to code */
     s = "{\"error\":{\"type\":\"\",\"code\":\"rate\\u0000x\"}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     assert_string_equal(u.error, "rate");
     s = "{\"error\":{\"type\":5,\"code\":7}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 0);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 0);
     assert_string_equal(u.error, "error");
 
     /* counts: negative, fractional, exponent, string, too big: -1 */
@@ -485,7 +485,7 @@ static void test_response_edges(void **state)
         "{\"n\":1e999,\"usage\":{\"prompt_tokens\":1}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(qg_usage_openai_json(bad[i], strlen(bad[i]), &u),
+        assert_int_equal(qg__usage_openai_json(bad[i], strlen(bad[i]), &u),
                          -1);
         /* the same with Anthropic's name for the count */
         char an[128];
@@ -493,15 +493,15 @@ static void test_response_edges(void **state)
         assert_non_null(k);
         int n = snprintf(an, sizeof an, "%.*sinput_tokens%s",
                          (int)(k - bad[i]), bad[i], k + 13);
-        assert_int_equal(qg_usage_anthropic_json(an, (size_t)n, &u), -1);
+        assert_int_equal(qg__usage_anthropic_json(an, (size_t)n, &u), -1);
     }
     s = "{\"usage\":{\"prompt_tokens\":9223372036854775807,"
         "\"completion_tokens\":-0}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
     assert_int_equal(u.input_tokens, INT64_MAX);
     assert_int_equal(u.output_tokens, 0);
     s = "{\"n\":1e-999,\"m\":-0.0,\"usage\":{\"prompt_tokens\":1}}";
-    assert_int_equal(qg_usage_openai_json(s, strlen(s), &u), 1);
+    assert_int_equal(qg__usage_openai_json(s, strlen(s), &u), 1);
 
     /* not JSON: -1 */
     static const char *const broken[] = {
@@ -513,11 +513,11 @@ static void test_response_edges(void **state)
     };
     for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
         memset(&u, 0, sizeof u);
-        assert_int_equal(qg_usage_openai_json(broken[i], strlen(broken[i]),
+        assert_int_equal(qg__usage_openai_json(broken[i], strlen(broken[i]),
                                               &u), -1);
-        assert_int_equal(qg_usage_openai_chunk(broken[i], strlen(broken[i]),
+        assert_int_equal(qg__usage_openai_chunk(broken[i], strlen(broken[i]),
                                                &u, &only), -1);
-        assert_int_equal(qg_usage_anthropic_event("message_delta", 13,
+        assert_int_equal(qg__usage_anthropic_event("message_delta", 13,
                                                   broken[i], strlen(broken[i]),
                                                   &u), -1);
     }
@@ -541,7 +541,7 @@ static void test_response_depth(void **state)
         for (int i = 2; i <= k; i++)
             s[n++] = ']';
         s[n++] = '}';
-        assert_int_equal(qg_usage_openai_json(s, n, &u), k <= 2048 ? 1 : -1);
+        assert_int_equal(qg__usage_openai_json(s, n, &u), k <= 2048 ? 1 : -1);
         free(s);
     }
 }
@@ -552,7 +552,7 @@ static void test_request_fields(void **state)
 {
     (void)state;
     qg_request_info ri;
-    assert_int_equal(qg_request_fields(OA_REQ, strlen(OA_REQ),
+    assert_int_equal(qg__request_fields(OA_REQ, strlen(OA_REQ),
                                        QG_SHAPE_OPENAI, &ri), 0);
     assert_string_equal(ri.model, "gpt-4o");
     assert_int_equal(ri.stream, 1);
@@ -563,19 +563,19 @@ static void test_request_fields(void **state)
 
     const char *s = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
                     "\"content\":\"abcd\"}],\"max_tokens\":7,\"stream\":null}";
-    assert_int_equal(qg_request_fields(s, strlen(s), QG_SHAPE_OPENAI, &ri), 0);
+    assert_int_equal(qg__request_fields(s, strlen(s), QG_SHAPE_OPENAI, &ri), 0);
     assert_int_equal(ri.max_output_tokens, 7);
     assert_int_equal(ri.stream, 0);
     assert_int_equal(ri.input_tokens_estimate, 1);
     s = "{\"model\":\"m\",\"messages\":[]}";
-    assert_int_equal(qg_request_fields(s, strlen(s), QG_SHAPE_OPENAI, &ri), 0);
+    assert_int_equal(qg__request_fields(s, strlen(s), QG_SHAPE_OPENAI, &ri), 0);
     assert_int_equal(ri.max_output_tokens, -1);
     assert_int_equal(ri.input_bytes, 0);
     /* the same body is not a valid Anthropic request: max_tokens required */
-    assert_int_equal(qg_request_fields(s, strlen(s), QG_SHAPE_ANTHROPIC, &ri),
+    assert_int_equal(qg__request_fields(s, strlen(s), QG_SHAPE_ANTHROPIC, &ri),
                      QG_EINVAL);
 
-    assert_int_equal(qg_request_fields(AN_REQ, strlen(AN_REQ),
+    assert_int_equal(qg__request_fields(AN_REQ, strlen(AN_REQ),
                                        QG_SHAPE_ANTHROPIC, &ri), 0);
     assert_string_equal(ri.model, "claude-sonnet-4-5");
     assert_int_equal(ri.stream, 1);
@@ -599,19 +599,19 @@ static void test_request_fields(void **state)
         "{\"model\":\"m\",\"stream_options\":[]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(qg_request_fields(bad[i], strlen(bad[i]),
+        assert_int_equal(qg__request_fields(bad[i], strlen(bad[i]),
                                            QG_SHAPE_OPENAI, &ri), QG_EINVAL);
         assert_string_equal(ri.model, "");
     }
     /* not a member of the Anthropic shape: ignored there */
     s = "{\"model\":\"m\",\"max_tokens\":1,\"stream_options\":50}";
-    assert_int_equal(qg_request_fields(s, strlen(s), QG_SHAPE_ANTHROPIC, &ri),
+    assert_int_equal(qg__request_fields(s, strlen(s), QG_SHAPE_ANTHROPIC, &ri),
                      0);
     char big[400];
     int n = snprintf(big, sizeof big, "{\"model\":\"%0300d\"}", 0);
-    assert_int_equal(qg_request_fields(big, (size_t)n, QG_SHAPE_OPENAI, &ri),
+    assert_int_equal(qg__request_fields(big, (size_t)n, QG_SHAPE_OPENAI, &ri),
                      QG_EINVAL);
-    assert_int_equal(qg_request_fields(OA_REQ, strlen(OA_REQ), 0, &ri),
+    assert_int_equal(qg__request_fields(OA_REQ, strlen(OA_REQ), 0, &ri),
                      QG_EINVAL);
 }
 
@@ -639,7 +639,7 @@ static void test_rewrite(void **state)
     /* streaming without stream_options: added, everything else in order */
     const char *s = "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\","
                     "\"content\":\"hi\"}],\"stream\":true}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, NULL), 0);
     assert_int_equal(added, 1);
     assert_string_equal(out, "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":"
@@ -649,7 +649,7 @@ static void test_rewrite(void **state)
     free(out);
 
     /* the full request: every field kept, reals exactly */
-    assert_int_equal(qg_request_rewrite_openai(OA_REQ, strlen(OA_REQ), &out,
+    assert_int_equal(qg__request_rewrite_openai(OA_REQ, strlen(OA_REQ), &out,
                                                &outlen, &added, NULL), 0);
     assert_int_equal(added, 1);
     json_error_t je;
@@ -669,7 +669,7 @@ static void test_rewrite(void **state)
     /* include_usage false: set true, other stream_options keys kept */
     s = "{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\""
         ":false,\"include_obfuscation\":false}}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, NULL), 0);
     assert_int_equal(added, 1);
     assert_string_equal(out, "{\"model\":\"m\",\"stream\":true,"
@@ -680,7 +680,7 @@ static void test_rewrite(void **state)
     /* already asked for: unchanged, not added */
     s = "{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\""
         ":true}}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, NULL), 0);
     assert_int_equal(added, 0);
     assert_string_equal(out, s);
@@ -688,7 +688,7 @@ static void test_rewrite(void **state)
 
     /* stream_options null counts as absent */
     s = "{\"model\":\"m\",\"stream_options\":null,\"stream\":true}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, NULL), 0);
     assert_int_equal(added, 1);
     assert_string_equal(out, "{\"model\":\"m\",\"stream_options\":{"
@@ -697,7 +697,7 @@ static void test_rewrite(void **state)
 
     /* not streaming: nothing added, even with no stream_options */
     s = "{\"model\":\"m\",\"stream\":false,\"n\":2}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, NULL), 0);
     assert_int_equal(added, 0);
     assert_string_equal(out, s);
@@ -706,7 +706,7 @@ static void test_rewrite(void **state)
     /* downgrade: the model replaced in place */
     s = "{\"model\":\"gpt-4o\",\"messages\":[],\"stream\":true,"
         "\"stream_options\":{\"include_usage\":true}}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, "gpt-4o-mini"), 0);
     assert_int_equal(added, 0);
     assert_string_equal(out, "{\"model\":\"gpt-4o-mini\",\"messages\":[],"
@@ -715,11 +715,11 @@ static void test_rewrite(void **state)
     free(out);
 
     /* the shape-agnostic replacement (Anthropic downgrade) */
-    assert_int_equal(qg_request_replace_model(AN_REQ, strlen(AN_REQ),
+    assert_int_equal(qg__request_replace_model(AN_REQ, strlen(AN_REQ),
                                               "claude-haiku-4-5", &out,
                                               &outlen), 0);
     qg_request_info ri;
-    assert_int_equal(qg_request_fields(out, outlen, QG_SHAPE_ANTHROPIC, &ri),
+    assert_int_equal(qg__request_fields(out, outlen, QG_SHAPE_ANTHROPIC, &ri),
                      0);
     assert_string_equal(ri.model, "claude-haiku-4-5");
     assert_int_equal(ri.input_bytes, 31);
@@ -731,17 +731,17 @@ static void test_rewrite(void **state)
                          "{\"a\":1,\"a\":2}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         out = (char *)"sentinel";
-        assert_int_equal(qg_request_rewrite_openai(bad[i], strlen(bad[i]),
+        assert_int_equal(qg__request_rewrite_openai(bad[i], strlen(bad[i]),
                                                    &out, &outlen, &added,
                                                    NULL), QG_EINVAL);
         assert_null(out);
         assert_int_equal(added, 0);
     }
     s = "{\"model\":\"m\"}";
-    assert_int_equal(qg_request_rewrite_openai(s, strlen(s), &out, &outlen,
+    assert_int_equal(qg__request_rewrite_openai(s, strlen(s), &out, &outlen,
                                                &added, "bad\xff"), QG_EINVAL);
     assert_null(out);
-    assert_int_equal(qg_request_replace_model(s, strlen(s), NULL, &out,
+    assert_int_equal(qg__request_replace_model(s, strlen(s), NULL, &out,
                                               &outlen), QG_EINVAL);
 }
 
@@ -766,20 +766,20 @@ static void test_truncated_prefixes(void **state)
             char *p = malloc(k ? k : 1);
             assert_non_null(p);
             memcpy(p, bodies[b], k);
-            assert_int_equal(qg_usage_openai_json(p, k, &u), -1);
-            assert_int_equal(qg_usage_anthropic_json(p, k, &u), -1);
+            assert_int_equal(qg__usage_openai_json(p, k, &u), -1);
+            assert_int_equal(qg__usage_anthropic_json(p, k, &u), -1);
             memset(&u, 0, sizeof u);
-            assert_int_equal(qg_usage_openai_chunk(p, k, &u, &added), -1);
-            assert_int_equal(qg_usage_anthropic_event("message_start", 13, p,
+            assert_int_equal(qg__usage_openai_chunk(p, k, &u, &added), -1);
+            assert_int_equal(qg__usage_anthropic_event("message_start", 13, p,
                                                       k, &u), -1);
-            assert_int_equal(qg_request_fields(p, k, QG_SHAPE_OPENAI, &ri),
+            assert_int_equal(qg__request_fields(p, k, QG_SHAPE_OPENAI, &ri),
                              QG_EINVAL);
-            assert_int_equal(qg_request_fields(p, k, QG_SHAPE_ANTHROPIC, &ri),
+            assert_int_equal(qg__request_fields(p, k, QG_SHAPE_ANTHROPIC, &ri),
                              QG_EINVAL);
-            assert_int_equal(qg_request_rewrite_openai(p, k, &out, &outlen,
+            assert_int_equal(qg__request_rewrite_openai(p, k, &out, &outlen,
                                                        &added, "x"),
                              QG_EINVAL);
-            assert_int_equal(qg_request_replace_model(p, k, "x", &out,
+            assert_int_equal(qg__request_replace_model(p, k, "x", &out,
                                                       &outlen), QG_EINVAL);
             free(p);
         }

@@ -15,7 +15,7 @@ static void test_slots_and_expiry(void **state)
     (void)state;
     qg_window_spec s = tst_conc_spec(2, 10000);
     qg_win_state st = { 0 };
-    assert_int_equal(qg_win_amount(&s, 5555), 1000);
+    assert_int_equal(qg__win_amount(&s, 5555), 1000);
     assert_int_equal(tst_conc_admit(&s, &st, 1000), 1000);
     assert_int_equal(tst_conc_charge(&s, &st, 1000, 11), 0);
     assert_int_equal(tst_conc_admit(&s, &st, 2000), 2000);
@@ -35,7 +35,7 @@ static void test_slots_and_expiry(void **state)
     v = tst_win_view(&s, &st, 12000);
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_release(void **state)
@@ -58,7 +58,7 @@ static void test_release(void **state)
     r.type = QG_WIN_SESSION;
     qg_win_state rs = { 0 };
     assert_int_equal(tst_conc_release(&r, &rs, 1, 11), 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_same_rid_refreshes(void **state)
@@ -71,7 +71,7 @@ static void test_same_rid_refreshes(void **state)
     qg_window_view v = tst_win_view(&s, &st, 5000);
     assert_int_equal(v.used_milli, 1000);
     assert_int_equal(v.reset_at_ms, 15000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_never_default_ttl(void **state)
@@ -81,13 +81,13 @@ static void test_never_default_ttl(void **state)
     qg_win_state st = { 0 };
     assert_int_equal(tst_conc_admit(&z, &st, 1000), QG_NEVER);
     qg_win_ctx c = { .now_ms = 1000 };
-    assert_int_equal(qg_win_admit_at(&z, &st, &c, 0), 1000);
-    qg_win_free(&z, &st);
+    assert_int_equal(qg__win_admit_at(&z, &st, &c, 0), 1000);
+    qg__win_free(&z, &st);
 
     qg_window_spec s = tst_conc_spec(1, 0);             /* ttl 15 min */
     tst_conc_charge(&s, &st, 1000, 1);
     assert_int_equal(tst_conc_admit(&s, &st, 1000), 1000 + 15 * 60 * 1000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_hard_cap_and_bytes(void **state)
@@ -102,14 +102,14 @@ static void test_hard_cap_and_bytes(void **state)
         n++;
     assert_int_equal(rc, QG_EFULL);
     assert_int_equal(n, 17);
-    assert_int_equal(qg_win_bytes(&s, &st), st.u.conc.cap * sizeof(qg_lease));
+    assert_int_equal(qg__win_bytes(&s, &st), st.u.conc.cap * sizeof(qg_lease));
     assert_true(st.u.conc.cap <= 17);
     /* with 17 leases on 1 slot, 17 must go: all expire at 11000 */
     assert_int_equal(tst_conc_admit(&s, &st, 2000), 11000);
     /* once they expire there is room again */
     assert_int_equal(tst_conc_charge(&s, &st, 11000, 999), 0);
-    qg_win_free(&s, &st);
-    assert_int_equal(qg_win_bytes(&s, &st), 0);
+    qg__win_free(&s, &st);
+    assert_int_equal(qg__win_bytes(&s, &st), 0);
     assert_null(st.u.conc.leases);
 }
 
@@ -121,13 +121,13 @@ static void test_overfull_and_recovery(void **state)
     qg_win_ctx c = { .now_ms = 3500 };
     qg_recovery_point p[4];
     qg_win_state empty = { 0 };
-    assert_int_equal(qg_win_recovery(&s, &empty, &c, p, 4), 0);
+    assert_int_equal(qg__win_recovery(&s, &empty, &c, p, 4), 0);
     tst_conc_charge(&s, &st, 3000, 3);      /* out of order on purpose */
     tst_conc_charge(&s, &st, 1000, 1);      /* clamped to 3000 */
     tst_conc_charge(&s, &st, 3000, 2);
     /* all three expire at 13000 */
     assert_int_equal(tst_conc_admit(&s, &st, 3500), 13000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     tst_conc_charge(&s, &st, 1000, 1);
     tst_conc_charge(&s, &st, 2000, 2);
@@ -135,16 +135,16 @@ static void test_overfull_and_recovery(void **state)
     /* two must go for one slot: the second expiry */
     assert_int_equal(tst_conc_admit(&s, &st, 3500), 12000);
     assert_int_equal(tst_conc_admit(&s, &st, 11999), 12000);
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 2);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 2);
     assert_int_equal(p[0].at_ms, 12000);          /* 11000 frees nothing */
     assert_int_equal(p[0].remaining_milli, 1000);
     assert_int_equal(p[1].at_ms, 13000);
     assert_int_equal(p[1].remaining_milli, 2000);
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 1), 1);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 1), 1);
     assert_int_equal(p[0].at_ms, 13000);
     assert_int_equal(p[0].remaining_milli, 2000);
     assert_int_equal(tst_conc_admit(&s, &st, 12000), 12000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_time_backwards(void **state)
@@ -157,7 +157,7 @@ static void test_time_backwards(void **state)
     assert_int_equal(tst_win_view(&s, &st, 16000).used_milli, 0);
     tst_conc_charge(&s, &st, 2000, 2);      /* clamped to 16000 */
     assert_int_equal(tst_win_view(&s, &st, 2000).reset_at_ms, 26000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 int main(void)

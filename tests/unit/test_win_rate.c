@@ -28,7 +28,7 @@ static void test_burst_then_steady(void **state)
     (void)state;
     qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_REQUESTS);
     qg_win_state st = { 0 };
-    int64_t a = qg_win_amount(&s, 123456);    /* requests: always 1000 */
+    int64_t a = qg__win_amount(&s, 123456);    /* requests: always 1000 */
     assert_int_equal(a, 1000);
     const int64_t t0 = 100000;
     for (int i = 0; i < 10; i++) {
@@ -72,7 +72,7 @@ static void test_retry_multi_unit(void **state)
     (void)state;
     qg_window_spec s = tst_rate_spec(10000, 60000, 0, QG_UNIT_WEIGHT);
     qg_win_state st = { 0 };
-    assert_int_equal(qg_win_amount(&s, 3000), 3000);
+    assert_int_equal(qg__win_amount(&s, 3000), 3000);
     tst_win_charge(&s, &st, 0, 10000);                   /* bucket full */
     check_retry(&s, &st, 0, 3000, 18000);        /* 3 units at 6 s each */
     check_retry(&s, &st, 0, 10000, 60000);
@@ -106,14 +106,14 @@ static void test_adjust(void **state)
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 0 };
     tst_win_charge(&s, &st, 0, 4000);
-    qg_win_adjust(&s, &st, &c, 0, 2000);         /* settle up */
+    qg__win_adjust(&s, &st, &c, 0, 2000);         /* settle up */
     assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 6000);
     check_retry(&s, &st, 0, 6000, 12000);
-    qg_win_adjust(&s, &st, &c, 0, -5000);        /* settle down */
+    qg__win_adjust(&s, &st, &c, 0, -5000);        /* settle down */
     assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 1000);
     assert_int_equal(tst_win_view(&s, &st, 0).reset_at_ms, 6000);
     /* a refund larger than the fill leaves a full bucket, no credit */
-    qg_win_adjust(&s, &st, &c, 0, -100000);
+    qg__win_adjust(&s, &st, &c, 0, -100000);
     assert_int_equal(tst_win_view(&s, &st, 0).used_milli, 0);
     assert_int_equal(tst_win_view(&s, &st, 0).reset_at_ms, 0);
     assert_int_equal(tst_win_admit(&s, &st, 0, 10000), 0);
@@ -143,7 +143,7 @@ static void test_view_recovery(void **state)
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 100000 };
     qg_recovery_point p[4];
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 0);
     for (int i = 0; i < 10; i++)
         tst_win_charge(&s, &st, 100000, 1000);
     qg_window_view v = tst_win_view(&s, &st, 100000);
@@ -156,7 +156,7 @@ static void test_view_recovery(void **state)
     qg_win_state s2 = { 0 };
     for (int i = 0; i < 10; i++)
         tst_win_charge(&s, &s2, 100000, 1000);
-    assert_int_equal(qg_win_recovery(&s, &s2, &c, p, 4), 4);
+    assert_int_equal(qg__win_recovery(&s, &s2, &c, p, 4), 4);
     const int64_t want_at[4] = { 115000, 130000, 145000, 160000 };
     const int64_t want_r[4] = { 2500, 5000, 7500, 10000 };
     for (int i = 0; i < 4; i++) {
@@ -169,11 +169,11 @@ static void test_view_recovery(void **state)
         assert_int_equal(tst_win_view(&s, &a, p[i].at_ms).remaining_milli,
                          p[i].remaining_milli);
     }
-    assert_int_equal(qg_win_recovery(&s, &s2, &c, p, 1), 1);
+    assert_int_equal(qg__win_recovery(&s, &s2, &c, p, 1), 1);
     assert_int_equal(p[0].at_ms, 160000);
     assert_int_equal(p[0].remaining_milli, 10000);
-    assert_int_equal(qg_win_bytes(&s, &s2), 0);
-    qg_win_free(&s, &s2);
+    assert_int_equal(qg__win_bytes(&s, &s2), 0);
+    qg__win_free(&s, &s2);
     assert_true(s2.u.rate.tat == 0);
 }
 

@@ -22,7 +22,7 @@ static void test_boundary_instant(void **state)
     assert_int_equal(tst_win_view(&s, &st, 6000).used_milli, 0);
     assert_int_equal(tst_win_view(&s, &st, 6000).reset_at_ms, 0);
     assert_int_equal(tst_win_admit(&s, &st, 6000, 1000), 6000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_retry_exact(void **state)
@@ -42,7 +42,7 @@ static void test_retry_exact(void **state)
     assert_int_equal(tst_win_admit(&s, &st, t, 5000), t);          /* fits */
     /* 3000 needs only the first: 6000 (already past; fits at 7000). */
     assert_int_equal(tst_win_admit(&s, &st, t, 3000), t);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     qg_win_state st2 = { 0 };
     tst_win_charge(&s, &st2, 1000, 3000);
@@ -52,7 +52,7 @@ static void test_retry_exact(void **state)
     assert_int_equal(tst_win_admit(&s, &st2, 5999, 3000), 6000);
     assert_int_equal(tst_win_admit(&s, &st2, 6000, 3000), 6000);
     assert_int_equal(tst_win_admit(&s, &st2, 6000, 10000), 8000);
-    qg_win_free(&s, &st2);
+    qg__win_free(&s, &st2);
 }
 
 static void test_never(void **state)
@@ -65,7 +65,7 @@ static void test_never(void **state)
     tst_win_charge(&s, &st, 1000, 10000);
     assert_int_equal(tst_win_admit(&s, &st, 1000, 10001), QG_NEVER);
     assert_int_equal(tst_win_admit(&s, &st, 1000, 1), 6000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_same_ms_coalesces(void **state)
@@ -77,7 +77,7 @@ static void test_same_ms_coalesces(void **state)
         tst_win_charge(&s, &st, 1000, 1000);
     assert_int_equal(st.u.roll.count, 1);
     assert_int_equal(tst_win_view(&s, &st, 1000).used_milli, 10000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_adjust(void **state)
@@ -91,7 +91,7 @@ static void test_adjust(void **state)
     assert_int_equal(tst_win_view(&s, &st, 2500).used_milli, 8000);
     /* the adjusted entry is the one at 1000: it leaves at 6000 */
     assert_int_equal(tst_win_view(&s, &st, 6000).used_milli, 1000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     tst_win_charge(&s, &st, 1000, 5000);
     tst_win_charge(&s, &st, 2000, 1000);
@@ -104,14 +104,14 @@ static void test_adjust(void **state)
     tst_win_adjust(&s, &st, 2500, 2000, 20000);
     assert_int_equal(tst_win_view(&s, &st, 2500).used_milli, 20600);
     assert_int_equal(tst_win_view(&s, &st, 2500).remaining_milli, 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     /* after expiry the adjustment is ignored */
     tst_win_charge(&s, &st, 1000, 5000);
     tst_win_charge(&s, &st, 6000, 1000);
     tst_win_adjust(&s, &st, 6000, 1000, 3000);
     assert_int_equal(tst_win_view(&s, &st, 6000).used_milli, 1000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_time_backwards(void **state)
@@ -127,7 +127,7 @@ static void test_time_backwards(void **state)
     assert_int_equal(tst_win_view(&s, &st, 14999).used_milli, 10000);
     assert_int_equal(tst_win_admit(&s, &st, 3000, 1), 15000);
     assert_int_equal(tst_win_view(&s, &st, 15000).used_milli, 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_view_recovery(void **state)
@@ -137,7 +137,7 @@ static void test_view_recovery(void **state)
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 3500 };
     qg_recovery_point p[4];
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 0);
     tst_win_charge(&s, &st, 1000, 3000);
     tst_win_charge(&s, &st, 2000, 4000);
     tst_win_charge(&s, &st, 3000, 3000);
@@ -151,7 +151,7 @@ static void test_view_recovery(void **state)
     assert_int_equal(v.remaining_milli, 0);
     assert_int_equal(v.reset_at_ms, 6000);
 
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 3);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 3);
     assert_int_equal(p[0].at_ms, 6000);
     assert_int_equal(p[0].remaining_milli, 3000);
     assert_int_equal(p[1].at_ms, 7000);
@@ -159,22 +159,22 @@ static void test_view_recovery(void **state)
     assert_int_equal(p[2].at_ms, 8000);
     assert_int_equal(p[2].remaining_milli, 10000);
 
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 2), 2);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 2), 2);
     assert_int_equal(p[0].at_ms, 6000);
     assert_int_equal(p[1].at_ms, 8000);
     assert_int_equal(p[1].remaining_milli, 10000);
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 1), 1);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 1), 1);
     assert_int_equal(p[0].at_ms, 8000);
     assert_int_equal(p[0].remaining_milli, 10000);
 
     /* over the limit: a departure that leaves remaining at 0 is no step */
     tst_win_adjust(&s, &st, 3500, 3000, 4000);            /* used 14000 */
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 2);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 2);
     assert_int_equal(p[0].at_ms, 7000);
     assert_int_equal(p[0].remaining_milli, 3000);
     assert_int_equal(p[1].at_ms, 8000);
     assert_int_equal(p[1].remaining_milli, 10000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_growth_bytes_free(void **state)
@@ -182,20 +182,20 @@ static void test_growth_bytes_free(void **state)
     (void)state;
     qg_window_spec s = tst_roll_spec(1000000, 100000, 0, 64);
     qg_win_state st = { 0 };
-    assert_int_equal(qg_win_bytes(&s, &st), 0);
+    assert_int_equal(qg__win_bytes(&s, &st), 0);
     for (int i = 0; i < 40; i++)
         tst_win_charge(&s, &st, 1000 + i, 10);
     assert_int_equal(st.u.roll.count, 40);
     assert_int_equal(st.u.roll.cap, 64);
-    assert_int_equal(qg_win_bytes(&s, &st), 64 * sizeof(qg_roll_entry));
+    assert_int_equal(qg__win_bytes(&s, &st), 64 * sizeof(qg_roll_entry));
     assert_int_equal(tst_win_view(&s, &st, 2000).used_milli, 400);
     /* ring wraps around while entries expire at the head */
     for (int i = 0; i < 200; i++)
         tst_win_charge(&s, &st, 101000 + i * 1000, 10);
     assert_true(st.u.roll.cap <= 64);
     assert_int_equal(tst_win_view(&s, &st, 300000).used_milli, 100 * 10);
-    qg_win_free(&s, &st);
-    assert_int_equal(qg_win_bytes(&s, &st), 0);
+    qg__win_free(&s, &st);
+    assert_int_equal(qg__win_bytes(&s, &st), 0);
     assert_null(st.u.roll.ring);
     assert_int_equal(st.u.roll.count, 0);
 }
@@ -245,8 +245,8 @@ static void test_compaction_total_preserved(void **state)
         assert_true(st.u.roll.cap <= 16);
     }
     assert_int_equal(tst_win_view(&s, &st, 20000).used_milli, sum);
-    assert_true(qg_win_bytes(&s, &st) <= 16 * sizeof(qg_roll_entry));
-    qg_win_free(&s, &st);
+    assert_true(qg__win_bytes(&s, &st) <= 16 * sizeof(qg_roll_entry));
+    qg__win_free(&s, &st);
 }
 
 static void test_compaction_never_admits_more(void **state)
@@ -280,7 +280,7 @@ static void test_compaction_never_admits_more(void **state)
     }
     assert_true(refused > 100);   /* the comparison was not vacuous */
     assert_true(later > 0);       /* and compaction did cost something */
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_compaction_small_literal(void **state)
@@ -303,7 +303,7 @@ static void test_compaction_small_literal(void **state)
     assert_int_equal(tst_win_admit(&s, &st, 17, 5000), 180);
     assert_int_equal(tst_win_admit(&s, &st, 179, 5000), 180);
     assert_int_equal(tst_win_admit(&s, &st, 180, 5000), 180);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_bucketed(void **state)
@@ -325,19 +325,19 @@ static void test_bucketed(void **state)
     assert_int_equal(tst_win_view(&s, &st, 11999).used_milli, 8000);
     assert_int_equal(tst_win_admit(&s, &st, 12000, 3000), 12000);
     assert_int_equal(tst_win_view(&s, &st, 12000).used_milli, 0);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     /* entries stay within L/p + 1 */
     for (int i = 0; i < 1000; i++)
         tst_win_charge(&s, &st, 50000 + i * 37, 1);
     assert_true(st.u.roll.count <= 11);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 
     /* clamp lower bound: real charge at 1001 stored at 2000 */
     tst_win_charge(&s, &st, 1001, 1000);
     assert_int_equal(tst_win_admit(&s, &st, 1500, 1000), 1500);
     assert_int_equal(tst_win_admit(&s, &st, 900, 1000), 1001);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 int main(void)

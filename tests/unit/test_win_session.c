@@ -32,8 +32,8 @@ static void test_opens_at_first_charge(void **state)
     /* the next session opens at the next charge, not at 11000 */
     tst_win_charge(&s, &st, 15000, 1000);
     assert_int_equal(tst_win_view(&s, &st, 15000).reset_at_ms, 25000);
-    assert_int_equal(qg_win_bytes(&s, &st), 0);
-    qg_win_free(&s, &st);
+    assert_int_equal(qg__win_bytes(&s, &st), 0);
+    qg__win_free(&s, &st);
 }
 
 static void test_retry_exact(void **state)
@@ -50,7 +50,7 @@ static void test_retry_exact(void **state)
     tst_win_charge(&s, &st, t, 4000);
     assert_int_equal(tst_win_view(&s, &st, t).used_milli, 4000);
     assert_int_equal(tst_win_view(&s, &st, t).reset_at_ms, t + 10000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_never_and_zero(void **state)
@@ -63,7 +63,7 @@ static void test_never_and_zero(void **state)
     assert_int_equal(tst_win_admit(&s, &st, 2000, 5001), QG_NEVER);
     assert_int_equal(tst_win_admit(&s, &st, 2000, 0), 2000);
     assert_int_equal(tst_win_admit(&s, &st, 2000, 1), 11000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_adjust(void **state)
@@ -89,7 +89,7 @@ static void test_adjust(void **state)
     assert_int_equal(tst_win_view(&s, &st, 12500).used_milli, 1000);
     tst_win_adjust(&s, &st, 12500, 12000, 500);
     assert_int_equal(tst_win_view(&s, &st, 12500).used_milli, 1500);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_time_backwards(void **state)
@@ -106,7 +106,7 @@ static void test_time_backwards(void **state)
     assert_int_equal(tst_win_view(&s, &st, 14000).used_milli, 0);
     tst_win_charge(&s, &st, 14000, 1000);   /* clamped to 16000: opens there */
     assert_int_equal(tst_win_view(&s, &st, 14000).reset_at_ms, 26000);
-    qg_win_free(&s, &st);
+    qg__win_free(&s, &st);
 }
 
 static void test_recovery(void **state)
@@ -116,15 +116,15 @@ static void test_recovery(void **state)
     qg_win_state st = { 0 };
     qg_win_ctx c = { .now_ms = 500 };
     qg_recovery_point p[4];
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 0);
     tst_win_charge(&s, &st, 1000, 4000);
     c.now_ms = 2000;
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 1);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 1);
     assert_int_equal(p[0].at_ms, 11000);
     assert_int_equal(p[0].remaining_milli, 5000);
     c.now_ms = 11000;
-    assert_int_equal(qg_win_recovery(&s, &st, &c, p, 4), 0);
-    qg_win_free(&s, &st);
+    assert_int_equal(qg__win_recovery(&s, &st, &c, p, 4), 0);
+    qg__win_free(&s, &st);
 }
 
 int main(void)

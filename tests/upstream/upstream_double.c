@@ -11,7 +11,9 @@
  *                               {"method","path","headers":{lowercased
  *                               name: value, repeats joined by ", "},
  *                               "body": raw text, "body_json": parsed or
- *                               null}; 404 before the first one
+ *                               null, "peer_port": the client's port, which
+ *                               names its connection}; 404 before the
+ *                               first one
  *   GET  /_double/count         {"count": API requests received}
  *   GET  /_double/stats         {"flood_bytes": body bytes of flood
  *                               streams handed to the socket so far (at
@@ -66,6 +68,20 @@
  *                    DBL_FLOOD_SNDBUF (the kernel doubles it) instead of
  *                    growing to net.ipv4.tcp_wmem's maximum, so that what
  *                    was written is close to what the reader's side took
+ *   big=MIB          (not streamed) the answer's text is MIB MiB of 'x'
+ *                    (1..1024), with Content-Length; the body is made as
+ *                    it goes, a batch whenever less than DBL_FLOOD_BATCH
+ *                    bytes wait in the double's output buffer, never held
+ *                    whole (the proxy's bound on a buffered answer)
+ *   big-chunked=MIB  the same in chunked transfer coding
+ *   close            answer with Connection: close (the connection ends
+ *                    after the answer: the proxy cannot pool it)
+ *   twice            (not streamed) the answer, then at once a second
+ *                    complete response nobody asked for (200, Content-Length,
+ *                    its text "stale second response", usage 999 and 999),
+ *                    both in one write: the answer's Content-Length is its
+ *                    own, and the second rides as the bytes after it.  The
+ *                    connection then serves the next request normally
  * An unknown mode is a 400, so a typo in a test fails loudly.
  *
  * SIGTERM/SIGINT stop the loop; everything is freed and the exit is 0.
@@ -99,6 +115,8 @@
 #define DBL_FLOOD_TEXT    1024
 #define DBL_FLOOD_BATCH   (64 * 1024)
 #define DBL_FLOOD_SNDBUF  (64 * 1024)
+#define DBL_MAX_BIG_MIB   1024
+#define DBL_BIG_MARK      "@@big@@"
 
 enum api { API_OPENAI, API_ANTHROPIC };
 
@@ -113,6 +131,10 @@ typedef struct mode {
     int flood;                 /* content events of a flood, 0: none */
     long long usage_in;        /* reported counts: -1 = the real ones */
     long long usage_out;
+    int big_mib;               /* big / big-chunked: MiB of text, 0: none */
+    int big_chunked;
+    int twice;                 /* a second response after the answer */
+    int close;                 /* Connection: close */
 } mode;
 
 /* A stream in progress: its events, rendered up front, go out one per
@@ -127,6 +149,9 @@ typedef struct stream {
     int flood_i;               /* flood content events sent */
     int include_usage;         /* flood: chunks carry "usage": null */
     char id[64], model[128];   /* flood: of every chunk */
+    char *big_head, *big_tail; /* big: the JSON around the text */
+    long long big_left;        /* big: bytes of text still to send */
+    int big_phase;             /* big: 0 head, 1 text, 2 tail, 3 done */
     struct stream *prev, *nxt;
 } stream;
 
@@ -199,6 +224,7 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
     m->reset_after = -1;
     m->no_usage = m->status = m->hang = m->flood = 0;
     m->usage_in = m->usage_out = -1;
+    m->big_mib = m->big_chunked = m->twice = m->close = 0;
     if (!hdr)
         return 0;
     char *copy = strdup(hdr), *save = NULL, *tok;
@@ -235,12 +261,21 @@ static int parse_mode(const char *hdr, mode *m, char *msg, size_t cap)
             m->no_usage = 1;
         else if (!strcmp(tok, "hang") && !eq)
             m->hang = 1;
+        else if (!strcmp(tok, "twice") && !eq)
+            m->twice = 1;
+        else if (!strcmp(tok, "close") && !eq)
+            m->close = 1;
         else if (!strcmp(tok, "flood") && eq && v >= 1 && v <= DBL_MAX_FLOOD)
             m->flood = (int)v;
         else if (!strcmp(tok, "usage-in") && eq)
             m->usage_in = v;
         else if (!strcmp(tok, "usage-out") && eq)
             m->usage_out = v;
+        else if ((!strcmp(tok, "big") || !strcmp(tok, "big-chunked")) && eq &&
+                 v >= 1 && v <= DBL_MAX_BIG_MIB) {
+            m->big_mib = (int)v;
+            m->big_chunked = tok[3] == '-';
+        }
         else if (*tok || eq)
             rc = -1;
         if (rc)
@@ -313,10 +348,16 @@ static void record(dbl *d, struct evhttp_request *req, const char *body,
     }
     json_t *parsed = json_loadb(body, len, 0, NULL);
     json_decref(d->last);
-    d->last = json_pack("{s:s, s:s, s:o, s:s%, s:o}", "method", "POST",
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    char *peer = NULL;
+    ev_uint16_t peer_port = 0;
+    if (evcon)
+        evhttp_connection_get_peer(evcon, &peer, &peer_port);
+    d->last = json_pack("{s:s, s:s, s:o, s:s%, s:o, s:i}", "method", "POST",
                         "path", evhttp_request_get_uri(req), "headers", h,
                         "body", body, len,
-                        "body_json", parsed ? parsed : json_null());
+                        "body_json", parsed ? parsed : json_null(),
+                        "peer_port", (int)peer_port);
     d->count++;
 }
 
@@ -501,6 +542,8 @@ static void stream_free(stream *s)
     for (int i = 0; i < s->nevents; i++)
         free(s->events[i]);
     free(s->events);
+    free(s->big_head);
+    free(s->big_tail);
     free(s);
 }
 
@@ -565,6 +608,48 @@ static void flood_tick(stream *s, struct evhttp_connection *evcon)
     evtimer_add(s->timer, &now);
 }
 
+/* The next piece of a big answer (the JSON before the text, the text a
+ * batch at a time, the JSON after it), added only while less than
+ * DBL_FLOOD_BATCH bytes wait in the double's output buffer, else looked
+ * at again in 1 ms; the reply ends after the last piece. */
+static void big_tick(stream *s, struct evhttp_connection *evcon)
+{
+    static char text[DBL_FLOOD_BATCH];
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    struct timeval later = { 0, 1000 }, now = { 0, 0 };
+    struct evbuffer *b;
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) >=
+        DBL_FLOOD_BATCH) {
+        evtimer_add(s->timer, &later);
+        return;
+    }
+    if (s->big_phase == 3) {
+        evhttp_send_reply_end(s->req);
+        stream_free(s);
+        return;
+    }
+    if (text[0] != 'x')
+        memset(text, 'x', sizeof text);
+    b = evbuffer_new();
+    if (s->big_phase == 0) {
+        evbuffer_add(b, s->big_head, strlen(s->big_head));
+        s->big_phase = s->big_left ? 1 : 2;
+    } else if (s->big_phase == 1) {
+        size_t k = s->big_left < (long long)sizeof text
+                       ? (size_t)s->big_left : sizeof text;
+        evbuffer_add(b, text, k);
+        s->big_left -= (long long)k;
+        if (s->big_left == 0)
+            s->big_phase = 2;
+    } else {
+        evbuffer_add(b, s->big_tail, strlen(s->big_tail));
+        s->big_phase = 3;
+    }
+    evhttp_send_reply_chunk(s->req, b);
+    evbuffer_free(b);
+    evtimer_add(s->timer, &now);
+}
+
 static void stream_tick(evutil_socket_t fd, short what, void *arg)
 {
     stream *s = arg;
@@ -574,6 +659,10 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
     if (!evcon) {                    /* the client went away */
         evhttp_send_reply_end(s->req);   /* frees a detached request */
         stream_free(s);
+        return;
+    }
+    if (s->m.big_mib) {
+        big_tick(s, evcon);
         return;
     }
     if (s->m.reset_after >= 0 && s->next >= s->m.reset_after) {
@@ -614,6 +703,88 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ routes */
 
+/* twice: the answer with its own Content-Length, and after it, in the
+ * same buffer (evhttp writes head and body in one go), a second complete
+ * response: the one write a broken keep-alive upstream makes. */
+static void send_twice(struct evhttp_request *req, json_t *body, enum api api)
+{
+    json_t *stale = json_deep_copy(body);
+    json_t *holder = api == API_OPENAI
+        ? json_object_get(json_array_get(json_object_get(stale, "choices"), 0),
+                          "message")
+        : json_array_get(json_object_get(stale, "content"), 0);
+    json_t *u = json_object_get(stale, "usage");
+    char *a = json_dumps(body, JSON_COMPACT), *b, cl[32];
+    struct evbuffer *out = evbuffer_new();
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
+    json_object_set_new(holder, api == API_OPENAI ? "content" : "text",
+                        json_string("stale second response"));
+    if (u) {
+        json_object_set_new(u, api == API_OPENAI ? "prompt_tokens"
+                                                 : "input_tokens",
+                            json_integer(999));
+        json_object_set_new(u, api == API_OPENAI ? "completion_tokens"
+                                                 : "output_tokens",
+                            json_integer(999));
+    }
+    b = json_dumps(stale, JSON_COMPACT);
+    evbuffer_add(out, a, strlen(a));
+    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\nContent-Type: "
+                        "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                        strlen(b), b);
+    snprintf(cl, sizeof cl, "%zu", strlen(a));
+    evhttp_add_header(oh, "Content-Type", "application/json");
+    evhttp_add_header(oh, "Content-Length", cl);
+    evhttp_send_reply(req, 200, NULL, out);
+    evbuffer_free(out);
+    free(a);
+    free(b);
+    json_decref(stale);
+    json_decref(body);
+}
+
+/* Start a big answer (big / big-chunked): the API's usual body, its text
+ * replaced by MIB MiB of 'x' sent as it is made (big_tick). */
+static void big_start(dbl *d, struct evhttp_request *req, enum api api,
+                      json_t *body, const mode *m)
+{
+    json_t *holder = api == API_OPENAI
+        ? json_object_get(json_array_get(json_object_get(body, "choices"), 0),
+                          "message")
+        : json_array_get(json_object_get(body, "content"), 0);
+    char *text, *mark;
+    stream *s = calloc(1, sizeof *s);
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
+    struct timeval now = { 0, 0 };
+    json_object_set_new(holder, api == API_OPENAI ? "content" : "text",
+                        json_string(DBL_BIG_MARK));
+    text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    mark = strstr(text, DBL_BIG_MARK);
+    *mark = '\0';
+    s->d = d;
+    s->req = req;
+    s->m = *m;
+    s->big_head = strdup(text);
+    s->big_tail = strdup(mark + strlen(DBL_BIG_MARK));
+    s->big_left = (long long)m->big_mib << 20;
+    free(text);
+    s->timer = evtimer_new(d->base, stream_tick, s);
+    s->nxt = d->streams;
+    if (d->streams)
+        d->streams->prev = s;
+    d->streams = s;
+    evhttp_add_header(oh, "Content-Type", "application/json");
+    if (!m->big_chunked) {
+        char cl[32];
+        snprintf(cl, sizeof cl, "%lld", (long long)strlen(s->big_head) +
+                 (long long)strlen(s->big_tail) + s->big_left);
+        evhttp_add_header(oh, "Content-Length", cl);
+    }
+    evhttp_send_reply_start(req, 200, "OK");
+    evtimer_add(s->timer, &now);
+}
+
 static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
@@ -625,8 +796,13 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
     record(d, req, body, len);
     json_t *j = json_loadb(body, len, 0, NULL);
     free(body);
-    if (parse_mode(evhttp_find_header(evhttp_request_get_input_headers(req),
-                                      "X-Double-Mode"), &m, msg, sizeof msg)) {
+    int bad = parse_mode(evhttp_find_header(
+        evhttp_request_get_input_headers(req), "X-Double-Mode"), &m, msg,
+        sizeof msg);
+    if (!bad && m.close)
+        evhttp_add_header(evhttp_request_get_output_headers(req),
+                          "Connection", "close");
+    if (bad) {
         send_api_error(req, api, 400, msg);
     } else if (m.hang) {
         held *h = calloc(1, sizeof *h);
@@ -643,13 +819,25 @@ static void handle_api(dbl *d, struct evhttp_request *req, enum api api)
                            !json_is_true(json_object_get(j, "stream")))) {
         send_api_error(req, api, 400, "X-Double-Mode: flood needs an "
                        "OpenAI stream");
+    } else if ((m.big_mib || m.twice) &&
+               json_is_true(json_object_get(j, "stream"))) {
+        send_api_error(req, api, 400, "X-Double-Mode: big and twice are "
+                       "not for streams");
     } else {
         const char *model = json_string_value(json_object_get(j, "model"));
         int p = prompt_tokens(j),
             n = m.flood ? m.flood : completion_tokens(j);
         if (!model)
             model = "double";
-        if (!json_is_true(json_object_get(j, "stream"))) {
+        if (m.big_mib && !json_is_true(json_object_get(j, "stream"))) {
+            big_start(d, req, api, api == API_OPENAI
+                      ? openai_body(d, model, p, n, &m)
+                      : anthropic_body(d, model, p, n, &m), &m);
+        } else if (m.twice && !json_is_true(json_object_get(j, "stream"))) {
+            send_twice(req, api == API_OPENAI
+                       ? openai_body(d, model, p, n, &m)
+                       : anthropic_body(d, model, p, n, &m), api);
+        } else if (!json_is_true(json_object_get(j, "stream"))) {
             send_json(req, 200, api == API_OPENAI
                       ? openai_body(d, model, p, n, &m)
                       : anthropic_body(d, model, p, n, &m));

@@ -57,7 +57,7 @@ function U.idiv(a, b)
   return q, r
 end
 
--- qg_ceil_div (fixed.h).
+-- qg__ceil_div (fixed.h).
 function U.ceil_div(a, b)
   if a <= 0 then
     local q = U.idiv(-a, b)
@@ -67,7 +67,7 @@ function U.ceil_div(a, b)
   return r ~= 0 and q + 1 or q
 end
 
--- qg_amount_add / qg_money_add with the Redis store's bounds.
+-- qg__amount_add / qg__money_add with the Redis store's bounds.
 function U.amount_add(a, b)
   if b > AMAX then b = AMAX end
   a = a + b
@@ -82,13 +82,13 @@ end
 
 function U.fmt(x) return string.format('%d', x) end
 
--- qg_window_applies (rules.h): mask false = every model.
+-- qg__window_applies (rules.h): mask false = every model.
 function U.applies(w, model)
   if not w.mask then return true end
   return model >= 0 and w.mask[model] == true
 end
 
--- qg_win_amount (window.h).
+-- qg__win_amount (window.h).
 function U.amount(w, weight)
   if w.unit == 1 or w.type == 5 then return 1000 end
   return weight

@@ -1,7 +1,7 @@
 -- win_calendar.lua - calendar windows: usage resets at fixed local instants.
 --
 -- The script twin of src/core/win_calendar.c.  Lua cannot compute time
--- zones, so the period is C's job (qg_calendar_period): every call that
+-- zones, so the period is C's job (qg__calendar_period): every call that
 -- may need a new period carries, for each calendar window, the period
 -- [s, e) containing the instant C expects the script to use (st.pp, set
 -- by ops.lua; pp.bad when C found no period there).  Before anything is

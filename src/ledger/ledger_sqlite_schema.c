@@ -1,0 +1,139 @@
+/* ledger_sqlite_schema.c - the SQLite ledger's schema: the migrations
+ * (PRAGMA user_version is the schema version; migrations[i] brings
+ * version i to i + 1, all pending ones in one transaction at open; a file
+ * newer than this build is refused) and the messages of a database that
+ * cannot be used. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+#include <xxhash.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+
+#include "ledger_sqlite.h"
+
+static const char *const migrations[] = {
+    /* 0 -> 1 */
+    "CREATE TABLE requests ("
+    " request_id TEXT PRIMARY KEY, subject TEXT NOT NULL, org TEXT,"
+    " plan TEXT, rules_version TEXT, weights_version TEXT, model TEXT,"
+    " \"window\" TEXT, decision INTEGER NOT NULL, status INTEGER NOT NULL,"
+    " estimated INTEGER NOT NULL DEFAULT 0,"
+    " input_tokens INTEGER NOT NULL DEFAULT 0,"
+    " output_tokens INTEGER NOT NULL DEFAULT 0,"
+    " reserved_milli INTEGER NOT NULL DEFAULT 0,"
+    " weight_milli INTEGER NOT NULL DEFAULT 0,"
+    " created_ms INTEGER NOT NULL, settled_ms INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX requests_created ON requests(created_ms);"
+    "CREATE TABLE subjects ("
+    " subject TEXT PRIMARY KEY, plan TEXT NOT NULL, org TEXT,"
+    " billing_anchor_ms INTEGER NOT NULL DEFAULT 0,"
+    " updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE keys ("
+    " id TEXT PRIMARY KEY, subject TEXT, role TEXT NOT NULL,"
+    " hash BLOB NOT NULL, created_ms INTEGER NOT NULL,"
+    " revoked_ms INTEGER NOT NULL DEFAULT 0);",
+    /* 1 -> 2: pay-as-you-go overage (ledger.h) */
+    "ALTER TABLE requests ADD COLUMN overage_milli INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN overage_price_micro INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN overage_cost_micro INTEGER NOT NULL"
+    " DEFAULT 0;"
+    "ALTER TABLE requests ADD COLUMN headroom_milli INTEGER NOT NULL"
+    " DEFAULT -1;",
+    /* 2 -> 3: why a charge differs from the usage reported (ledger.h) */
+    "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
+};
+
+_Static_assert(sizeof migrations / sizeof migrations[0] ==
+                   QG_LEDGER_SCHEMA_VERSION,
+               "one migration per schema version");
+
+int qg__sq_fail_db(sqlite3 *db, const char *path, const char *what,
+                   char *err, size_t errcap)
+{
+    snprintf(err, errcap, "ledger %s: %s: %s", path, what,
+             db ? sqlite3_errmsg(db) : "out of memory");
+    return QG_EIO;
+}
+
+int qg__sq_user_version(sqlite3 *db, int *out)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        *out = sqlite3_column_int(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int qg__sq_too_new(int v, const char *path, char *err, size_t errcap)
+{
+    snprintf(err, errcap, "ledger %s: schema version %d is newer than this "
+             "build of quotagate knows (%d); use a newer quotagate",
+             path, v, QG_LEDGER_SCHEMA_VERSION);
+    return QG_ESTATE;
+}
+
+/* Apply the pending migrations in one write transaction (another process
+ * may be migrating the same file: the version is read again under the
+ * lock). */
+int qg__sq_migrate(sqlite3 *db, const char *path, char *err, size_t errcap)
+{
+    char sql[64];
+    int v = 0, rc;
+    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        return qg__sq_fail_db(db, path, "cannot lock for migration", err, errcap);
+    if ((rc = qg__sq_user_version(db, &v)) != SQLITE_OK) {
+        rc = qg__sq_fail_db(db, path, "cannot read the schema version", err,
+                     errcap);
+        goto fail;
+    }
+    if (v > QG_LEDGER_SCHEMA_VERSION) {
+        rc = qg__sq_too_new(v, path, err, errcap);
+        goto fail;
+    }
+    if (v < 0) {
+        snprintf(err, errcap, "ledger %s: invalid schema version %d", path,
+                 v);
+        rc = QG_ESTATE;
+        goto fail;
+    }
+    if (v == QG_LEDGER_SCHEMA_VERSION) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return QG_OK;
+    }
+    for (; v < QG_LEDGER_SCHEMA_VERSION; v++)
+        if (sqlite3_exec(db, migrations[v], NULL, NULL, NULL) != SQLITE_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "migration to schema version %d",
+                     v + 1);
+            rc = qg__sq_fail_db(db, path, what, err, errcap);
+            goto fail;
+        }
+    snprintf(sql, sizeof sql, "PRAGMA user_version=%d",
+             QG_LEDGER_SCHEMA_VERSION);
+    if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        rc = qg__sq_fail_db(db, path, "cannot commit the migration", err, errcap);
+        goto fail;
+    }
+    return QG_OK;
+fail:
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return rc;
+}
+

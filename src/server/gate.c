@@ -1,0 +1,243 @@
+/* gate.c - see gate.h: admission and settlement, once for every route.
+ *
+ * Back-pressure is the ledger's own bound (qg__ledger_behind): a decision
+ * is refused with 503 overloaded while the writer's backlog is at it, so
+ * that the rows of what was admitted always find room.  A settle's row is
+ * written by the ledger's writer thread; when the caller waits for it,
+ * the answer comes back to the caller's worker through qg__http_post, so
+ * that every callback of this file runs on the thread that holds the
+ * request. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gate.h"
+#include "metrics.h"
+#include "rules.h"
+#include "weights.h"
+
+static const char behind[] = "the ledger is behind; retry shortly";
+
+/* ----------------------------------------------------------- admission */
+
+void qg__gate_decide(qg_server *s, qg__admit *a)
+{
+    a->err[0] = '\0';
+    a->now_ms = qg__server_now(s);
+    if (qg__ledger_behind(s->ledger)) {
+        a->rc = QG_EFULL;
+        snprintf(a->err, sizeof a->err, "%s", behind);
+        return;
+    }
+    a->rc = qg__server_check(s, &a->req, a->now_ms, &a->d, &a->prior, a->err,
+                             sizeof a->err);
+}
+
+void qg__gate_record(qg_server *s, const qg__admit *a, const char *window)
+{
+    qg_ledger_row row;
+    qg__metrics_record(s->metrics, &a->d);
+    if (a->d.replayed)               /* recorded when first decided */
+        return;
+    qg__row_of_decision(&row, &a->d, a->req.request_id, a->req.subject,
+                        a->req.input_tokens, a->row_output_tokens);
+    row.estimated = a->estimated;
+    if (window)
+        qg__row_copy(row.window, sizeof row.window, window);
+    if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
+        fprintf(stderr, "quotagate: ledger queue full: the row of request "
+                "%s was not queued\n", a->req.request_id);
+}
+
+void qg__gate_headers(qg_server *s, const qg__admit *a, qg_hdr_buf *hb)
+{
+    if (qg__headers_for_decision(&a->d, qg_engine_rules(s->engine),
+                                 a->now_ms, hb) < 0)
+        hb->n = 0;
+}
+
+/* ---------------------------------------------------------- settlement */
+
+static const struct {
+    const char *word;
+    qg_settle_status status;
+    int row_status;
+} statuses[] = {
+    {"completed", QG_SETTLE_COMPLETED, QG_ROW_COMPLETED},
+    {"cancelled", QG_SETTLE_CANCELLED, QG_ROW_CANCELLED},
+    {"failed", QG_SETTLE_FAILED, QG_ROW_FAILED},
+};
+#define NSTATUSES (sizeof statuses / sizeof statuses[0])
+
+int qg__settle_status_parse(const char *word)
+{
+    for (size_t i = 0; word && i < NSTATUSES; i++)
+        if (strcmp(statuses[i].word, word) == 0)
+            return (int)statuses[i].status;
+    return -1;
+}
+
+int qg__row_status_of(qg_settle_status st)
+{
+    for (size_t i = 0; i < NSTATUSES; i++)
+        if (statuses[i].status == st)
+            return statuses[i].row_status;
+    return QG_ROW_FAILED;
+}
+
+/* A settle whose reservation nobody knows (lost in a crash before its row
+ * was durable): record the charge from the settle itself, which names the
+ * subject (and the model, for token counts). */
+static int recover(qg_server *s, qg__settle *st)
+{
+    const qg_rules *rules = qg_engine_rules(s->engine);
+    const qg_settle_req *q = &st->req;
+    qg_ledger_row *row = &st->row;
+    qg_restore_req rr;
+    qg_decision *u;
+    int64_t w = q->weight_milli;
+    int rc;
+
+    if (st->model) {
+        int mi = qg_rules_find_model(rules, st->model);
+        if (mi < 0) {
+            snprintf(st->err, sizeof st->err, "unknown model \"%s\"",
+                     st->model);
+            return QG_EMODEL;
+        }
+        /* tokens within the bound (parsed so); a weight over the bound is
+         * charged at the bound, as every settle is (engine.c) */
+        w = qg__weight_milli(&rules->models[mi], q->input_tokens,
+                             q->output_tokens);
+        if (w > QG_AMOUNT_MAX_MILLI)
+            w = QG_AMOUNT_MAX_MILLI;
+    } else if (w < 0) {
+        snprintf(st->err, sizeof st->err, "no reservation for request_id "
+                 "\"%s\": a settle that records a lost reservation needs "
+                 "model and tokens, or weight", q->request_id);
+        return QG_ENOTFOUND;
+    }
+    rr = (qg_restore_req){.subject = q->subject, .request_id = q->request_id,
+                          .model = st->model, .decided_at_ms = st->now_ms,
+                          .reserved_milli = w, .charged_milli = w,
+                          .settled = 1, .status = q->status,
+                          .headroom_milli = -1};
+    if ((rc = qg_engine_restore(s->engine, &rr, st->err, sizeof st->err)) !=
+        QG_OK)
+        return rc;
+    if (!(u = malloc(sizeof *u)))
+        return QG_ENOMEM;
+    rc = qg_engine_usage(s->engine, q->subject, st->now_ms, u);
+    memset(&st->res, 0, sizeof st->res);
+    st->res.reserved_milli = st->res.actual_milli = st->res.charged_milli = w;
+    st->res.decided_at_ms = st->now_ms;
+    st->res.status = q->status;
+    qg__row_copy(row->subject, sizeof row->subject, q->subject);
+    if (rc == QG_OK) {
+        qg__row_copy(row->org, sizeof row->org, u->org);
+        qg__row_copy(row->plan, sizeof row->plan, u->plan);
+        qg__row_copy(row->rules_version, sizeof row->rules_version,
+                     u->rules_version);
+        qg__row_copy(row->weights_version, sizeof row->weights_version,
+                     u->weights_version);
+    }
+    free(u);
+    qg__row_copy(row->model, sizeof row->model, st->model);
+    row->decision = QG_ALLOW;
+    row->created_ms = st->now_ms;
+    row->reserved_milli = w;
+    return QG_OK;
+}
+
+/* On the settling worker: the row is durable (or failed). */
+static void settle_answer(void *arg)
+{
+    qg__settle *st = arg;
+    st->done(st, st->rc, st->ud);
+}
+
+/* The ledger's writer thread: hand the outcome to the worker. */
+static void settle_durable(void *arg, int rc)
+{
+    qg__settle *st = arg;
+    st->rc = rc == QG_OK || rc == QG_ESTATE ? rc : QG_EIO;
+    if (qg__http_post(st->s->http, st->worker, settle_answer, st) != 0) {
+        /* the server is stopping: the connection goes with it; done is
+         * told so (it may only release what it holds) */
+        st->rc = QG_ESTATE;
+        st->stopping = 1;
+        st->done(st, st->rc, st->ud);
+    }
+}
+
+int qg__gate_settle(qg_server *s, qg__settle *st, int worker,
+                    qg__settle_done done, void *ud)
+{
+    const qg_settle_req *q = &st->req;
+    int rc, from_ledger = 0, qrc;
+
+    st->s = s;
+    st->worker = worker;
+    st->done = done;
+    st->ud = ud;
+    st->recovered = st->answered = st->stopping = 0;
+    st->err[0] = '\0';
+    st->now_ms = qg__server_now(s);
+    memset(&st->row, 0, sizeof st->row);
+    st->row.headroom_milli = -1;
+    /* back-pressure only for a caller who waits and can retry: a settle
+     * nobody waits for (a proxied call that ended) is always applied, its
+     * row queued in the room the bound keeps for exactly these */
+    if (done && qg__ledger_behind(s->ledger)) {
+        snprintf(st->err, sizeof st->err, "%s", behind);
+        return st->rc = QG_EFULL;
+    }
+    rc = qg_engine_settle(s->engine, q, st->now_ms, &st->res, st->err,
+                          sizeof st->err);
+    if (rc == QG_ENOTFOUND) {
+        /* the counters do not know it: the ledger may (reqid.c) */
+        char lerr[QG_GATE_ERRCAP];
+        int lrc = qg__server_settle_prior(s, q, st->now_ms, &st->res,
+                                          &st->row, lerr, sizeof lerr);
+        if (lrc != QG_ENOTFOUND) {
+            rc = lrc;
+            from_ledger = rc == QG_OK;
+            memcpy(st->err, lerr, sizeof st->err);
+        }
+    }
+    if (rc == QG_ENOTFOUND && st->recover && q->subject) {
+        rc = recover(s, st);
+        st->recovered = rc == QG_OK;
+    }
+    if (rc != QG_OK)
+        return st->rc = rc;
+    if (from_ledger && st->res.replayed) {
+        /* settled long ago: its original answer, durable already */
+        st->answered = 1;
+        return st->rc = QG_OK;
+    }
+    qg__metrics_settle(s->metrics, &st->res);
+    /* a recovered settle's row is whole (recover), else only the settle's
+     * columns change, of the row of the subject the settle named (the
+     * engine checked it) or that the ledger holds */
+    st->row.settle_only = !st->recovered;
+    if (!st->recovered && !from_ledger)
+        qg__row_copy(st->row.subject, sizeof st->row.subject,
+                     q->subject ? q->subject : st->row_subject);
+    qg__row_fill_settle(&st->row, q->request_id, qg__row_status_of(q->status),
+                        q->input_tokens, q->output_tokens, &st->res,
+                        st->now_ms);
+    st->row.estimated = st->estimated;
+    if (st->detail)
+        qg__row_copy(st->row.detail, sizeof st->row.detail, st->detail);
+    qrc = qg__ledger_submit(s->ledger, &st->row, done ? settle_durable : NULL,
+                            done ? st : NULL);
+    if (qrc != QG_OK) {
+        fprintf(stderr, "quotagate: ledger queue full: the settle of "
+                "request %s was not queued\n", q->request_id);
+        if (done) {
+            snprintf(st->err, sizeof st->err, "%s", behind);
+            return st->rc = QG_EFULL;
+        }
+    }
+    return st->rc = QG_OK;
+}
