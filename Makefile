@@ -19,7 +19,7 @@
 
 CC      ?= cc
 PKGS    := yaml-0.1 jansson yajl libxxhash libevent libevent_pthreads \
-           libevent_openssl sqlite3 libssl libcrypto
+           libevent_openssl sqlite3 libssl libcrypto hiredis
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE
@@ -47,8 +47,14 @@ OPT     := -O2
 SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
            -fno-sanitize-recover=all
 
+# the Redis store's scripts, embedded at build time (scripts/embed.sh):
+# the library in this order (each file uses the ones before it)
+REDIS_LUA := $(addprefix src/store/redis/,bignum.lua common.lua \
+               win_rolling.lua win_calendar.lua win_session.lua win_rate.lua \
+               win_concurrency.lua decide.lua ops.lua)
+GEN_SRC := build/gen/redis_lua_lib.c build/gen/redis_lua_claim.c
 LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c \
-             src/http/*.c src/ledger/*.c src/server/*.c src/proxy/*.c)
+             src/http/*.c src/ledger/*.c src/server/*.c src/proxy/*.c) $(GEN_SRC)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
@@ -109,6 +115,13 @@ FUZZ_CC      := clang
 FUZZ_FLAGS   := -O1 -fsanitize=fuzzer-no-link,address,undefined \
                 -fno-omit-frame-pointer -fno-sanitize-recover=all
 FUZZ_TIME    ?= 60
+
+build/gen/redis_lua_lib.c: $(REDIS_LUA) scripts/embed.sh
+	@mkdir -p $(dir $@)
+	scripts/embed.sh $@ qg__redis_lua_lib $(REDIS_LUA)
+build/gen/redis_lua_claim.c: src/store/redis/claim.lua scripts/embed.sh
+	@mkdir -p $(dir $@)
+	scripts/embed.sh $@ qg__redis_lua_claim src/store/redis/claim.lua
 
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))

@@ -168,6 +168,51 @@ typedef struct qg_memory_opts {
 qg_store *qg_store_memory_new(const qg_memory_opts *opts);
 void qg_store_free(qg_store *s);
 
+/* Counters in Redis or Valkey (docs/redis-store.md): every decision is
+ * one server-side script execution on one node, so any number of
+ * gateways on the same Redis behave as one.  url is
+ * "redis://HOST[:PORT][/DB]"; the password, when one is needed, comes
+ * from the environment (QUOTAGATE_REDIS_PASSWORD).  Returns NULL with
+ * the reason in err (unreachable server, malformed URL, rules outside the
+ * store's exact range).  Store I/O failures are QG_EIO, data loss
+ * QG_ESTATE (see qg_store_redis_data_lost); details in
+ * qg_store_redis_error. */
+typedef struct qg_redis_opts {
+    const qg_rules *rules;     /* rules to check and script at once (the
+                                  engine's); NULL: at first use */
+    int server_time;           /* 1: decide at Redis's clock (TIME), now_ms
+                                  is only the estimate; 0: at now_ms */
+    int64_t request_id_ttl_ms; /* how long request ids are remembered;
+                                  0: the rules' reach (at least every
+                                  lease) plus an hour */
+    int timeout_ms;            /* connect and reply timeout; 0: 1000 */
+} qg_redis_opts;
+
+/* opts may be NULL (server time, defaults). */
+qg_store *qg_store_redis_new(const char *url, const qg_redis_opts *opts,
+                             char *err, size_t errcap);
+/* The last error's message (owned by the store; "" when none). */
+const char *qg_store_redis_error(qg_store *s);
+/* 1 when the data set behind the store is not the one its counters were
+ * built on (qg:epoch changed: a flush, a restart without persistence):
+ * checks answer QG_ESTATE until the counters are rebuilt from the ledger
+ * (qg_engine_restore) and the loss accepted. */
+int qg_store_redis_data_lost(qg_store *s);
+int qg_store_redis_accept_loss(qg_store *s);
+
+typedef struct qg_redis_counters {
+    uint64_t round_trips;      /* times the store waited for replies */
+    uint64_t commands;         /* commands sent */
+    uint64_t script_loads;     /* SCRIPT LOAD after NOSCRIPT */
+    uint64_t voids;            /* admissions taken back (an id of another
+                                  tag, or a loss noticed) */
+    uint64_t void_rollbacks;   /* of those, taken back by a rollback (the
+                                  entities changed meanwhile), not exactly */
+    uint64_t lookups;          /* ids answered from another tag */
+    uint64_t period_retries;   /* calendar periods recomputed */
+} qg_redis_counters;
+void qg_store_redis_counters(qg_store *s, qg_redis_counters *out);
+
 typedef struct qg_store_stats {
     const char *backend;
     uint64_t subjects;         /* members and orgs with state */

@@ -5,12 +5,12 @@
 # fuzz corpora with gcc and needs neither)
 set -e
 want="gcc make pkg-config libyaml-dev libjansson-dev libyajl-dev libxxhash-dev tzdata \
-      libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev"
+      libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev libhiredis-dev"
 case "${1:-build}" in
-  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl"
+  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl redis-server"
          # tests/sdk: the openai npm package under node --test
          { command -v node && command -v npm; } >/dev/null || want="$want nodejs npm" ;;
-  bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3" ;;
+  bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3 redis-server" ;;
   fuzz)  want="$want clang libfuzzer-14-dev" ;;
 esac
 missing=""

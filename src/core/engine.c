@@ -516,6 +516,7 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
         return rc;
     }
     r = g->rules;
+    in.rules = r;
     in.model = -1;
     in.model_spec = NULL;
     if (req->model) {
@@ -619,6 +620,18 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     in.member = in.has_member ? hash_key(req->subject, strlen(req->subject),
                                          SEED_SUBJECT)
                               : (qg_key){0, 0};
+    in.has_org = 0;
+    in.org = (qg_key){0, 0};
+    if (in.has_member) {
+        /* the subject's org now: where a remote store finds its keys */
+        subject s;
+        qg_key k;
+        gen *g;
+        if (reg_get(e, req->subject, &k, &s, &g) == QG_OK && s.org >= 0) {
+            in.has_org = 1;
+            in.org = g->org_keys[s.org];
+        }
+    }
     rc = e->store->m->settle(e->store, &in, out);
     if (rc == QG_ENOTFOUND)
         qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "
@@ -654,6 +667,7 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
         return QG_EINVAL;
     if ((rc = reg_get(e, subject_name, &in.member, &s, &g)) != QG_OK)
         return rc;
+    in.rules = g->rules;
     in.has_org = s.org >= 0;
     in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
     in.plan = &g->rules->plans[s.plan];
@@ -727,6 +741,7 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
         if (in.model >= 0)
             in.model_spec = &g->rules->models[in.model];
     }
+    in.rules = g->rules;
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
     in.has_org = s.org >= 0;
     in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};

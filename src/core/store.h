@@ -31,6 +31,9 @@ typedef struct qg_key {
 
 /* One decision, fully resolved by the engine. */
 typedef struct qg_store_check {
+    const qg_rules *rules;      /* the generation plan and orgspec belong
+                                   to (a remote store scripts each rules
+                                   version once, redis_script.h) */
     qg_key rid;                 /* request id */
     qg_key member;              /* subject */
     qg_key org;                 /* zero when has_org is 0 */
@@ -67,10 +70,14 @@ typedef struct qg_store_settle {
     int no_charge;              /* actual = 0 whatever the model */
     int has_member;             /* the settle names a subject: it must be */
     qg_key member;              /* the reservation's (else QG_EINVAL) */
+    int has_org;                /* has_member: the subject's org now (a */
+    qg_key org;                 /* hint: a remote store finds the keys of
+                                   the reservation without a lookup) */
 } qg_store_settle;
 
 /* Rebuild: re-apply a charge the ledger recorded, without deciding. */
 typedef struct qg_store_restore {
+    const qg_rules *rules;      /* as in qg_store_check */
     qg_key rid, member, org;
     int has_org;
     const qg_plan *plan;
@@ -93,6 +100,7 @@ typedef struct qg_store_restore {
 
 /* The view of one subject. */
 typedef struct qg_store_usage {
+    const qg_rules *rules;      /* as in qg_store_check */
     qg_key member, org;
     int has_org;
     const qg_plan *plan;

@@ -1,0 +1,356 @@
+/* redis_args.c - key names and the command arguments of every script
+ * operation (redis_script.h), built from the store.h inputs alone.
+ *
+ * The argument order of each operation is the one its entry point in
+ * src/store/redis/ops.lua reads, field by field; keep the two together.
+ * Numbers are decimal text (Redis passes strings); keys and request ids
+ * are hex.  Calendar periods: for each calendar window of the member's
+ * plan, then of the org, the period [start, end) containing pnow, as
+ * qg__calendar_period computes it (the member's billing anchor for plan
+ * windows, none for org windows, as store_memory.c's gather passes), or
+ * "-1 -1" when it has none. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "calendar.h"
+#include "redis_script.h"
+
+#define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
+
+void qg__rs_args_init(qg__rs_args *a)
+{
+    memset(a, 0, sizeof *a);
+}
+
+void qg__rs_args_reset(qg__rs_args *a)
+{
+    for (int i = 0; i < a->argc; i++)
+        free(a->argv[i]);
+    a->argc = 0;
+    a->failed = 0;
+}
+
+void qg__rs_args_free(qg__rs_args *a)
+{
+    qg__rs_args_reset(a);
+    free(a->argv);
+    free(a->len);
+    memset(a, 0, sizeof *a);
+}
+
+void qg__rs_add(qg__rs_args *a, const char *s, size_t n)
+{
+    char *c;
+    if (a->failed)
+        return;
+    if (a->argc == a->cap) {
+        int nc = a->cap ? a->cap * 2 : 64;
+        char **nv;
+        size_t *nl;
+        if (nc > QG__RS_MAX_ARGS) {
+            a->failed = 1;
+            return;
+        }
+        if (!(nv = realloc(a->argv, (size_t)nc * sizeof *nv))) {
+            a->failed = 1;
+            return;
+        }
+        a->argv = nv;
+        if (!(nl = realloc(a->len, (size_t)nc * sizeof *nl))) {
+            a->failed = 1;
+            return;
+        }
+        a->len = nl;
+        a->cap = nc;
+    }
+    if (!(c = malloc(n + 1))) {
+        a->failed = 1;
+        return;
+    }
+    memcpy(c, s, n);
+    c[n] = 0;
+    a->argv[a->argc] = c;
+    a->len[a->argc] = n;
+    a->argc++;
+}
+
+void qg__rs_adds(qg__rs_args *a, const char *s)
+{
+    qg__rs_add(a, s, strlen(s));
+}
+
+void qg__rs_addi(qg__rs_args *a, int64_t v)
+{
+    char b[24];
+    int n = snprintf(b, sizeof b, "%lld", (long long)v);
+    qg__rs_add(a, b, (size_t)n);
+}
+
+void qg__rs_hex(qg_key k, char out[33])
+{
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)k.hi,
+             (unsigned long long)k.lo);
+}
+
+void qg__rs_hex_lo(qg_key k, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)k.lo);
+}
+
+void qg__rs_key_state(const char *tag, const char *ent, char *out)
+{
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:s:%s", tag, ent);
+}
+
+void qg__rs_key_log(const char *tag, const char *ent, char *out)
+{
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:z:%s", tag, ent);
+}
+
+void qg__rs_key_rec(const char *tag, const char *rid, char *out)
+{
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:q:%s", tag, rid);
+}
+
+void qg__rs_key_index(const char *rid, char *out)
+{
+    snprintf(out, QG__RS_KEY_MAX, "qg:rid:{%s}", rid);
+}
+
+void qg__rs_place_of(qg_key member, int has_org, qg_key org,
+                     qg__rs_place *out)
+{
+    qg__rs_hex(member, out->member);
+    if (has_org) {
+        qg__rs_hex(org, out->org);
+        memcpy(out->tag, out->org, sizeof out->tag);
+    } else {
+        snprintf(out->org, sizeof out->org, "-");
+        memcpy(out->tag, out->member, sizeof out->tag);
+    }
+}
+
+void qg__rs_index_value(const qg__rs_place *p, char out[65])
+{
+    snprintf(out, 65, "%s%s", p->tag, p->member);
+}
+
+static int is_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+int qg__rs_index_parse(const char *v, size_t len, qg__rs_place *out)
+{
+    if (len != 64 || !is_hex(v, 64))
+        return -1;
+    memcpy(out->tag, v, 32);
+    out->tag[32] = 0;
+    memcpy(out->member, v + 32, 32);
+    out->member[32] = 0;
+    /* a member without an org is its own tag */
+    if (strcmp(out->tag, out->member) == 0)
+        snprintf(out->org, sizeof out->org, "-");
+    else
+        memcpy(out->org, out->tag, sizeof out->org);
+    return 0;
+}
+
+void qg__rs_eval_head(qg__rs_args *a, const char *sha, const qg__rs_place *p,
+                      const char *rid)
+{
+    char k[QG__RS_KEY_MAX];
+    int has_org = strcmp(p->org, "-") != 0;
+    qg__rs_adds(a, "EVALSHA");
+    qg__rs_adds(a, sha);
+    qg__rs_addi(a, has_org ? 5 : 3);
+    qg__rs_key_rec(p->tag, rid, k);
+    qg__rs_adds(a, k);
+    qg__rs_key_state(p->tag, p->member, k);
+    qg__rs_adds(a, k);
+    qg__rs_key_log(p->tag, p->member, k);
+    qg__rs_adds(a, k);
+    if (has_org) {
+        qg__rs_key_state(p->tag, p->org, k);
+        qg__rs_adds(a, k);
+        qg__rs_key_log(p->tag, p->org, k);
+        qg__rs_adds(a, k);
+    }
+}
+
+int64_t qg__rs_lease_ttl(const qg_plan *p)
+{
+    for (int i = 0; i < p->nwindows; i++)
+        if (p->windows[i].type == QG_WIN_CONCURRENCY &&
+            p->windows[i].lease_ttl_ms > 0)
+            return p->windows[i].lease_ttl_ms;
+    return p->lease_ttl_ms > 0 ? p->lease_ttl_ms : DEFAULT_LEASE_MS;
+}
+
+static int count_cal(const qg_window_spec *w, int n)
+{
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        c += w[i].type == QG_WIN_CALENDAR;
+    return c;
+}
+
+static void add_cal(qg__rs_args *a, const qg_window_spec *w, int n,
+                    int64_t anchor, int64_t pnow)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t s, e;
+        if (w[i].type != QG_WIN_CALENDAR)
+            continue;
+        if (qg__calendar_period(&w[i].cal, anchor, pnow, &s, &e) != 0 ||
+            !(s <= pnow && pnow < e)) {
+            s = -1;
+            e = -1;
+        }
+        qg__rs_addi(a, s);
+        qg__rs_addi(a, e);
+    }
+}
+
+/* pnow, the number of calendar windows, their periods. */
+static void add_periods(qg__rs_args *a, const qg_plan *plan,
+                        const qg_org_spec *os, int64_t anchor, int64_t pnow)
+{
+    int n = count_cal(plan->windows, plan->nwindows) +
+            (os ? count_cal(os->windows, os->nwindows) : 0);
+    qg__rs_addi(a, pnow);
+    qg__rs_addi(a, n);
+    add_cal(a, plan->windows, plan->nwindows, anchor, pnow);
+    if (os)
+        add_cal(a, os->windows, os->nwindows, 0, pnow);
+}
+
+static void add_model(qg__rs_args *a, const qg_model *m)
+{
+    qg__rs_addi(a, m ? m->per_request_milli : -1);
+    qg__rs_addi(a, m ? m->input_per_1k_micro : 0);
+    qg__rs_addi(a, m ? m->output_per_1k_micro : 0);
+}
+
+void qg__rs_args_check(qg__rs_args *a, const qg__rs_check_args *c)
+{
+    const qg_store_check *in = c->in;
+    const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
+    qg__rs_place p;
+    char rid[17];
+    qg__rs_place_of(in->member, in->has_org && os, in->org, &p);
+    qg__rs_hex_lo(in->rid, rid);
+    qg__rs_adds(a, "check");
+    qg__rs_addi(a, c->now_arg);
+    qg__rs_addi(a, in->weight_milli);
+    qg__rs_addi(a, in->model);
+    qg__rs_addi(a, c->ver->plan_list[in->plan->index]);
+    qg__rs_addi(a, os ? c->ver->org_list[os->index] : 0);
+    qg__rs_addi(a, in->anchor_ms);
+    qg__rs_adds(a, rid);
+    qg__rs_adds(a, p.member);
+    qg__rs_adds(a, p.org);
+    qg__rs_addi(a, qg__rs_lease_ttl(in->plan));
+    qg__rs_addi(a, c->rid_ttl_ms);
+    qg__rs_addi(a, in->payg_mask);
+    qg__rs_addi(a, in->payg_mask ? in->price_micro : 0);
+    qg__rs_addi(a, in->payg_mask ? in->cap_micro : 0);
+    qg__rs_addi(a, in->payg_mask ? c->cap_start : 0);
+    qg__rs_addi(a, in->payg_mask ? c->cap_end : 0);
+    add_model(a, in->model_spec);
+    qg__rs_addi(a, c->check_cap);
+    add_periods(a, in->plan, os, in->anchor_ms, c->pnow);
+}
+
+void qg__rs_args_settle(qg__rs_args *a, const qg_store_settle *in,
+                        int64_t now_arg, const qg__rs_place *keys)
+{
+    char member[33], rid[17];
+    qg__rs_hex(in->member, member);
+    qg__rs_hex_lo(in->rid, rid);
+    qg__rs_adds(a, "settle");
+    qg__rs_addi(a, now_arg);
+    qg__rs_addi(a, (int64_t)in->status);
+    qg__rs_addi(a, in->input_tokens);
+    qg__rs_addi(a, in->output_tokens);
+    qg__rs_addi(a, in->weight_milli);
+    qg__rs_addi(a, in->no_charge != 0);
+    qg__rs_addi(a, in->has_member != 0);
+    qg__rs_adds(a, in->has_member ? member : "-");
+    qg__rs_adds(a, keys->member);
+    qg__rs_adds(a, keys->org);
+    qg__rs_adds(a, rid);
+}
+
+void qg__rs_args_usage(qg__rs_args *a, const qg_store_usage *in,
+                       const qg__rs_version *ver, int64_t now_arg,
+                       int64_t pnow)
+{
+    const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
+    qg__rs_adds(a, "usage");
+    qg__rs_addi(a, now_arg);
+    qg__rs_addi(a, ver->plan_list[in->plan->index]);
+    qg__rs_addi(a, os ? ver->org_list[os->index] : 0);
+    qg__rs_addi(a, in->anchor_ms);
+    qg__rs_addi(a, in->cap_start_ms);
+    add_periods(a, in->plan, os, in->anchor_ms, pnow);
+}
+
+void qg__rs_args_restore(qg__rs_args *a, const qg_store_restore *in,
+                         const qg__rs_version *ver, int64_t pnow,
+                         int64_t rid_ttl_ms)
+{
+    const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
+    qg__rs_place p;
+    char rid[17];
+    qg__rs_place_of(in->member, in->has_org && os, in->org, &p);
+    qg__rs_hex_lo(in->rid, rid);
+    qg__rs_adds(a, "restore");
+    qg__rs_addi(a, in->at_ms);
+    qg__rs_addi(a, in->charged_milli);
+    qg__rs_addi(a, in->reserved_milli);
+    qg__rs_addi(a, in->model);
+    qg__rs_addi(a, ver->plan_list[in->plan->index]);
+    qg__rs_addi(a, os ? ver->org_list[os->index] : 0);
+    qg__rs_addi(a, in->anchor_ms);
+    qg__rs_addi(a, in->settled != 0);
+    qg__rs_addi(a, in->status);
+    qg__rs_addi(a, in->headroom_milli);
+    qg__rs_addi(a, in->price_micro);
+    qg__rs_addi(a, in->cost_micro);
+    qg__rs_addi(a, in->cap_start_ms);
+    qg__rs_addi(a, in->charge_only != 0);
+    qg__rs_adds(a, rid);
+    qg__rs_adds(a, p.member);
+    qg__rs_adds(a, p.org);
+    qg__rs_addi(a, qg__rs_lease_ttl(in->plan));
+    qg__rs_addi(a, rid_ttl_ms);
+    add_model(a, in->model_spec);
+    add_periods(a, in->plan, os, in->anchor_ms, pnow);
+}
+
+void qg__rs_args_lookup(qg__rs_args *a, int64_t now_arg, const char *member)
+{
+    qg__rs_adds(a, "lookup");
+    qg__rs_addi(a, now_arg);
+    qg__rs_adds(a, member);
+}
+
+void qg__rs_args_void(qg__rs_args *a, const qg__rs_result *res,
+                      const char *rid_lo)
+{
+    qg__rs_adds(a, "void");
+    qg__rs_addi(a, res->mv);
+    qg__rs_addi(a, res->ov);
+    qg__rs_adds(a, rid_lo);
+    qg__rs_addi(a, res->nundo);
+    for (int i = 0; i < 4 * res->nundo; i++) {
+        if (res->undo[i].is_str)
+            qg__rs_add(a, res->undo[i].s, res->undo[i].len);
+        else
+            qg__rs_addi(a, res->undo[i].i);
+    }
+}
