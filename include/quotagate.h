@@ -34,14 +34,21 @@ typedef enum qg_err {
     QG_EIO = -7,         /* file or network I/O failed */
     QG_ESTATE = -8,      /* operation not valid in this state */
     QG_ERANGE = -9,      /* a number out of range (overflow) */
-    QG_EMODEL = -10      /* unknown model */
+    QG_EMODEL = -10,     /* unknown model */
+    QG_ESTORE = -11      /* the counters' store cannot be reached (in
+                            time): answered 503 store_unavailable */
 } qg_err;
+
+/* Not an error: an asynchronous call will complete later, through its
+ * callback (qg_engine_check_async and its kin). */
+#define QG_PENDING 1
 
 /* Static message for an error code. */
 const char *qg_strerror(int rc);
 
 typedef struct qg_rules qg_rules;
 typedef struct qg_store qg_store;
+typedef struct qg_store_lane qg_store_lane;
 typedef struct qg_engine qg_engine;
 
 /* --------------------------------------------------------------- bounds */
@@ -222,11 +229,30 @@ typedef struct qg_store_stats {
 } qg_store_stats;
 void qg_store_stats_get(qg_store *s, qg_store_stats *out);
 
+#define QG_STORE_SHARED 1u     /* other processes decide on the same
+                                  counters: never replay the ledger into
+                                  them at start */
+#define QG_STORE_PERSISTENT 2u /* the counters outlive this process */
+unsigned qg_store_flags(const qg_store *s);
+/* The store's name ("memory", "redis", "redis-cluster"). */
+const char *qg_store_name(const qg_store *s);
+
+/* A lane: one thread's context for the asynchronous calls below, the
+ * store's connections on that thread's event loop (loop: a libevent
+ * struct event_base *).  Returns NULL and leaves err empty when the store
+ * needs none (its calls complete at once; pass NULL as the lane), NULL
+ * with a message in err when it cannot be made.  Free it on its thread,
+ * before the loop (pending calls complete with an error first). */
+qg_store_lane *qg_store_lane_new(qg_store *s, void *loop, char *err,
+                                 size_t errcap);
+void qg_store_lane_free(qg_store *s, qg_store_lane *l);
+
 /* --------------------------------------------------------------- engine */
 
 /* An engine decides with `rules` (ownership passes to the engine) against
  * `store` (borrowed; must outlive the engine).  Subjects listed in the
- * rules are registered.  Returns NULL on out of memory. */
+ * rules are registered.  Returns NULL on out of memory, or for a store
+ * built against another version of the store contract. */
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store);
 void qg_engine_free(qg_engine *e);
 const qg_rules *qg_engine_rules(const qg_engine *e);
@@ -384,6 +410,28 @@ int qg_engine_remembers(qg_engine *e, const char *request_id);
  * schedules).  QG_ENOSUBJECT for an unknown subject. */
 int qg_engine_usage(qg_engine *e, const char *subject, int64_t now_ms,
                     qg_decision *out);
+
+/* The same three on a lane (qg_store_lane_new), for a store across a
+ * network: many decisions in flight on one thread.  Each returns
+ * QG_PENDING when done(ud, rc) will run later, on the lane's thread from
+ * its event loop, with out filled and err written then; or completes at
+ * once with 0 or an error, and done is not called (the libuv rule: a
+ * callback is never called when its call returned an error).  req's
+ * strings need not outlive the call; out and err must live until done.
+ * A lane of NULL (or a store without asynchronous calls) always
+ * completes at once. */
+typedef void (*qg_engine_done)(void *ud, int rc);
+int qg_engine_check_async(qg_engine *e, qg_store_lane *lane,
+                          const qg_check_req *req, int64_t now_ms,
+                          qg_decision *out, char *err, size_t errcap,
+                          qg_engine_done done, void *ud);
+int qg_engine_settle_async(qg_engine *e, qg_store_lane *lane,
+                           const qg_settle_req *req, int64_t now_ms,
+                           qg_settle_result *out, char *err, size_t errcap,
+                           qg_engine_done done, void *ud);
+int qg_engine_usage_async(qg_engine *e, qg_store_lane *lane,
+                          const char *subject, int64_t now_ms,
+                          qg_decision *out, qg_engine_done done, void *ud);
 
 /* ------------------------------------------------------------- API keys */
 

@@ -291,10 +291,11 @@ static void gen_free_chain(gen *g)
 
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
 {
-    qg_engine *e = calloc(1, sizeof *e);
+    qg_engine *e;
     gen *g;
-    if (!e)
-        return NULL;
+    if (!store || store->m->api != QG_STORE_API ||
+        !(e = calloc(1, sizeof *e)))
+        return NULL;            /* another contract: refused */
     e->store = store;
     if (!(e->utc = qg__tz_utc())) {
         free(e);
@@ -490,13 +491,34 @@ static void fill_names(const gen *g, const subject *s, int model,
     out->anchor_ms = s->anchor_ms;
 }
 
-int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
-                    qg_decision *out, char *err, size_t errcap)
+/* One call of the engine to its store, from the request's checks to the
+ * answer's names: built by prepare_*, finished by finish_* once the store
+ * has answered (at once, or later on a lane). */
+typedef struct call {
+    qg_engine *e;
+    int kind;                    /* CALL_CHECK, CALL_SETTLE, CALL_USAGE */
+    union {
+        qg_store_check check;
+        qg_store_settle settle;
+        qg_store_usage usage;
+    } in;
+    subject s;                   /* check, usage: the subject */
+    gen *g;
+    char rid[QG_REQUEST_ID_MAX + 1], subject[256];
+    void *out;
+    char *err;
+    size_t errcap;
+    qg_engine_done done;
+    void *ud;
+} call;
+
+enum { CALL_CHECK = 1, CALL_SETTLE, CALL_USAGE };
+
+static int prepare_check(qg_engine *e, const qg_check_req *req,
+                         int64_t now_ms, call *c, char *err, size_t errcap)
 {
     const qg_rules *r;
-    qg_store_check in;
-    subject s;
-    gen *g;
+    qg_store_check *in = &c->in.check;
     size_t idlen;
     int rc;
 
@@ -511,19 +533,20 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     }
     if (!time_ok(now_ms, "the decision's instant", err, errcap))
         return QG_EINVAL;
-    if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
+    if ((rc = reg_get(e, req->subject, &in->member, &c->s, &c->g)) != QG_OK) {
         qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
     }
-    r = g->rules;
-    in.rules = r;
-    in.model = -1;
-    in.model_spec = NULL;
+    memcpy(c->rid, req->request_id, idlen + 1);
+    r = c->g->rules;
+    in->rules = r;
+    in->model = -1;
+    in->model_spec = NULL;
     if (req->model) {
         int64_t out_tokens = req->max_output_tokens < 0
                                  ? QG_DEFAULT_OUTPUT_ESTIMATE
                                  : req->max_output_tokens;
-        if ((in.model = qg_rules_find_model(r, req->model)) < 0) {
+        if ((in->model = qg_rules_find_model(r, req->model)) < 0) {
             qg__errf(err, errcap, "unknown model \"%s\"", req->model);
             return QG_EMODEL;
         }
@@ -532,10 +555,10 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
             (rc = tokens_ok(out_tokens, "max_output_tokens", err,
                             errcap)) != QG_OK)
             return rc;
-        in.model_spec = &r->models[in.model];
-        in.weight_milli = qg__weight_milli(in.model_spec, req->input_tokens,
-                                          out_tokens);
-        if (in.weight_milli > QG_AMOUNT_MAX_MILLI) {
+        in->model_spec = &r->models[in->model];
+        in->weight_milli = qg__weight_milli(in->model_spec,
+                                            req->input_tokens, out_tokens);
+        if (in->weight_milli > QG_AMOUNT_MAX_MILLI) {
             qg__errf(err, errcap, "the weight of input_tokens and "
                      "max_output_tokens for model \"%s\" is over %lld "
                      "points (the bound on one request's weight)",
@@ -546,46 +569,68 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
         if ((rc = weight_ok(req->weight_milli, "weight", err, errcap)) !=
             QG_OK)
             return rc;
-        in.weight_milli = req->weight_milli;
+        in->weight_milli = req->weight_milli;
     }
-    in.rid = hash_key(req->request_id, idlen, SEED_RID);
-    in.has_org = s.org >= 0;
-    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
-    in.plan = &r->plans[s.plan];
-    in.orgspec = in.has_org ? &r->orgs[s.org] : NULL;
-    in.anchor_ms = s.anchor_ms;
-    in.now_ms = now_ms;
-    qg__payg_fill(e->utc, &in);
-    {
-        void *before = atomic_load_explicit(&s.hint, memory_order_relaxed);
-        void *hint = before;
-        in.hint = &hint;
-        rc = e->store->m->check(e->store, &in, out);
-        if (hint != before)
-            reg_set_hint(e, in.member, before, hint);
-    }
+    in->rid = hash_key(req->request_id, idlen, SEED_RID);
+    in->has_org = c->s.org >= 0;
+    in->org = in->has_org ? c->g->org_keys[c->s.org] : (qg_key){0, 0};
+    in->plan = &r->plans[c->s.plan];
+    in->orgspec = in->has_org ? &r->orgs[c->s.org] : NULL;
+    in->anchor_ms = c->s.anchor_ms;
+    in->now_ms = now_ms;
+    in->hint = NULL;
+    qg__payg_fill(e->utc, in);
+    return QG_OK;
+}
+
+static int finish_check(call *c, int rc, qg_decision *out, char *err,
+                        size_t errcap)
+{
+    const qg_store_check *in = &c->in.check;
     if (rc == QG_EINVAL)
         qg__errf(err, errcap, "request_id \"%s\" was already used by another "
-               "subject", req->request_id);
+               "subject", c->rid);
     else if (rc == QG_EFULL)
         qg__errf(err, errcap, "%s", "too many unsettled reservations; settle "
                "requests or raise the reservation limit");
+    else if (rc == QG_ESTORE)
+        qg__errf(err, errcap, "%s", "the counters' store cannot be reached");
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
     if (rc == QG_OK) {
-        fill_names(g, &s, in.model, out);
-        out->spending_cap_micro = in.payg_mask ? in.cap_micro : 0;
-        out->cap_period_end_ms = in.payg_mask ? in.cap_end_ms : 0;
-        if (!in.payg_mask)
+        fill_names(c->g, &c->s, in->model, out);
+        out->spending_cap_micro = in->payg_mask ? in->cap_micro : 0;
+        out->cap_period_end_ms = in->payg_mask ? in->cap_end_ms : 0;
+        if (!in->payg_mask)
             out->spent_micro = 0;
     }
     return rc;
 }
 
-int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
-                     qg_settle_result *out, char *err, size_t errcap)
+int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
+                    qg_decision *out, char *err, size_t errcap)
 {
-    qg_store_settle in;
+    call c;
+    int rc;
+    c.e = e;
+    if ((rc = prepare_check(e, req, now_ms, &c, err, errcap)) != QG_OK)
+        return rc;
+    {
+        /* the memory store's entity of this member, to skip a probe */
+        void *before = atomic_load_explicit(&c.s.hint, memory_order_relaxed);
+        void *hint = before;
+        c.in.check.hint = &hint;
+        rc = e->store->m->check(e->store, &c.in.check, out);
+        if (hint != before)
+            reg_set_hint(e, c.in.check.member, before, hint);
+    }
+    return finish_check(&c, rc, out, err, errcap);
+}
+
+static int prepare_settle(qg_engine *e, const qg_settle_req *req,
+                          int64_t now_ms, call *c, char *err, size_t errcap)
+{
+    qg_store_settle *in = &c->in.settle;
     size_t idlen;
     int rc;
 
@@ -609,40 +654,62 @@ int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
     if (req->weight_milli >= 0 &&
         (rc = weight_ok(req->weight_milli, "weight", err, errcap)) != QG_OK)
         return rc;
-    in.rid = hash_key(req->request_id, idlen, SEED_RID);
-    in.now_ms = now_ms;
-    in.status = req->status;
-    in.input_tokens = req->input_tokens;
-    in.output_tokens = req->output_tokens;
-    in.weight_milli = req->weight_milli;
-    in.no_charge = req->no_charge;
-    in.has_member = req->subject && *req->subject;
-    in.member = in.has_member ? hash_key(req->subject, strlen(req->subject),
+    memcpy(c->rid, req->request_id, idlen + 1);
+    c->subject[0] = '\0';
+    if (req->subject)
+        snprintf(c->subject, sizeof c->subject, "%s", req->subject);
+    in->rid = hash_key(req->request_id, idlen, SEED_RID);
+    in->now_ms = now_ms;
+    in->status = req->status;
+    in->input_tokens = req->input_tokens;
+    in->output_tokens = req->output_tokens;
+    in->weight_milli = req->weight_milli;
+    in->no_charge = req->no_charge;
+    in->has_member = req->subject && *req->subject;
+    in->member = in->has_member ? hash_key(req->subject, strlen(req->subject),
                                          SEED_SUBJECT)
                               : (qg_key){0, 0};
-    in.has_org = 0;
-    in.org = (qg_key){0, 0};
-    if (in.has_member) {
+    in->has_org = 0;
+    in->org = (qg_key){0, 0};
+    if (in->has_member) {
         /* the subject's org now: where a remote store finds its keys */
         subject s;
         qg_key k;
         gen *g;
         if (reg_get(e, req->subject, &k, &s, &g) == QG_OK && s.org >= 0) {
-            in.has_org = 1;
-            in.org = g->org_keys[s.org];
+            in->has_org = 1;
+            in->org = g->org_keys[s.org];
         }
     }
-    rc = e->store->m->settle(e->store, &in, out);
+    return QG_OK;
+}
+
+static int finish_settle(call *c, int rc, char *err, size_t errcap)
+{
     if (rc == QG_ENOTFOUND)
         qg__errf(err, errcap, "no reservation for request_id \"%s\" (never "
-               "admitted, or forgotten)", req->request_id);
+               "admitted, or forgotten)", c->rid);
     else if (rc == QG_EINVAL)
         qg__errf(err, errcap, "request_id \"%s\" was reserved for another "
-               "subject than \"%s\"; nothing was settled", req->request_id,
-               req->subject);
+               "subject than \"%s\"; nothing was settled", c->rid,
+               c->subject);
+    else if (rc == QG_ESTORE)
+        qg__errf(err, errcap, "%s", "the counters' store cannot be reached");
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
     return rc;
+}
+
+int qg_engine_settle(qg_engine *e, const qg_settle_req *req, int64_t now_ms,
+                     qg_settle_result *out, char *err, size_t errcap)
+{
+    call c;
+    int rc;
+    c.e = e;
+    if ((rc = prepare_settle(e, req, now_ms, &c, err, errcap)) != QG_OK)
+        return rc;
+    rc = e->store->m->settle(e->store, &c.in.settle, out);
+    return finish_settle(&c, rc, err, errcap);
 }
 
 int qg_engine_remembers(qg_engine *e, const char *request_id)
@@ -654,43 +721,154 @@ int qg_engine_remembers(qg_engine *e, const char *request_id)
                               hash_key(request_id, len, SEED_RID));
 }
 
-int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
-                    qg_decision *out)
+static int prepare_usage(qg_engine *e, const char *subject_name,
+                         int64_t now_ms, call *c, qg_decision *out)
 {
-    qg_store_usage in;
-    subject s;
-    gen *g;
+    qg_store_usage *in = &c->in.usage;
     int rc;
 
     if (!subject_name || !*subject_name ||
         !time_ok(now_ms, "now", NULL, 0))
         return QG_EINVAL;
-    if ((rc = reg_get(e, subject_name, &in.member, &s, &g)) != QG_OK)
+    if ((rc = reg_get(e, subject_name, &in->member, &c->s, &c->g)) != QG_OK)
         return rc;
-    in.rules = g->rules;
-    in.has_org = s.org >= 0;
-    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
-    in.plan = &g->rules->plans[s.plan];
-    in.orgspec = in.has_org ? &g->rules->orgs[s.org] : NULL;
-    in.anchor_ms = s.anchor_ms;
-    in.now_ms = now_ms;
+    in->rules = c->g->rules;
+    in->has_org = c->s.org >= 0;
+    in->org = in->has_org ? c->g->org_keys[c->s.org] : (qg_key){0, 0};
+    in->plan = &c->g->rules->plans[c->s.plan];
+    in->orgspec = in->has_org ? &c->g->rules->orgs[c->s.org] : NULL;
+    in->anchor_ms = c->s.anchor_ms;
+    in->now_ms = now_ms;
     memset(out, 0, sizeof *out);
     out->headroom_milli = -1;
     {
         const qg_overage *ov;
         int64_t end = 0;
-        in.cap_start_ms = -1;
-        if (qg__payg_mask(in.plan, in.orgspec, &ov)) {
-            qg__payg_cap_period(e->utc, in.anchor_ms, now_ms,
-                                &in.cap_start_ms, &end);
+        in->cap_start_ms = -1;
+        if (qg__payg_mask(in->plan, in->orgspec, &ov)) {
+            qg__payg_cap_period(e->utc, in->anchor_ms, now_ms,
+                                &in->cap_start_ms, &end);
             out->spending_cap_micro = ov->spending_cap_micro;
             out->overage_price_micro = ov->price_per_unit_micro;
             out->cap_period_end_ms = end;
         }
     }
-    rc = e->store->m->usage(e->store, &in, out);
+    return QG_OK;
+}
+
+static int finish_usage(call *c, int rc, qg_decision *out)
+{
     if (rc == QG_OK)
-        fill_names(g, &s, -1, out);
+        fill_names(c->g, &c->s, -1, out);
+    return rc;
+}
+
+int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
+                    qg_decision *out)
+{
+    call c;
+    int rc;
+    c.e = e;
+    if ((rc = prepare_usage(e, subject_name, now_ms, &c, out)) != QG_OK)
+        return rc;
+    rc = e->store->m->usage(e->store, &c.in.usage, out);
+    return finish_usage(&c, rc, out);
+}
+
+/* ------------------------------------------------------------ on lanes */
+
+/* The store answered a pending call: finish it, tell the caller. */
+static void call_done(void *arg, int rc)
+{
+    call *c = arg;
+    if (c->kind == CALL_CHECK)
+        rc = finish_check(c, rc, c->out, c->err, c->errcap);
+    else if (c->kind == CALL_SETTLE)
+        rc = finish_settle(c, rc, c->err, c->errcap);
+    else
+        rc = finish_usage(c, rc, c->out);
+    c->done(c->ud, rc);
+    free(c);
+}
+
+static call *call_new(qg_engine *e, int kind, void *out, char *err,
+                      size_t errcap, qg_engine_done done, void *ud)
+{
+    call *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    c->e = e;
+    c->kind = kind;
+    c->out = out;
+    c->err = err;
+    c->errcap = errcap;
+    c->done = done;
+    c->ud = ud;
+    return c;
+}
+
+int qg_engine_check_async(qg_engine *e, qg_store_lane *lane,
+                          const qg_check_req *req, int64_t now_ms,
+                          qg_decision *out, char *err, size_t errcap,
+                          qg_engine_done done, void *ud)
+{
+    call *c;
+    int rc;
+    if (!lane || !e->store->m->check_async)
+        return qg_engine_check(e, req, now_ms, out, err, errcap);
+    if (!(c = call_new(e, CALL_CHECK, out, err, errcap, done, ud)))
+        return QG_ENOMEM;
+    if ((rc = prepare_check(e, req, now_ms, c, err, errcap)) == QG_OK) {
+        rc = e->store->m->check_async(e->store, lane, &c->in.check, out,
+                                      call_done, c);
+        if (rc == QG_PENDING)
+            return QG_PENDING;
+        rc = finish_check(c, rc, out, err, errcap);
+    }
+    free(c);
+    return rc;
+}
+
+int qg_engine_settle_async(qg_engine *e, qg_store_lane *lane,
+                           const qg_settle_req *req, int64_t now_ms,
+                           qg_settle_result *out, char *err, size_t errcap,
+                           qg_engine_done done, void *ud)
+{
+    call *c;
+    int rc;
+    if (!lane || !e->store->m->settle_async)
+        return qg_engine_settle(e, req, now_ms, out, err, errcap);
+    if (!(c = call_new(e, CALL_SETTLE, out, err, errcap, done, ud)))
+        return QG_ENOMEM;
+    if ((rc = prepare_settle(e, req, now_ms, c, err, errcap)) == QG_OK) {
+        rc = e->store->m->settle_async(e->store, lane, &c->in.settle, out,
+                                       call_done, c);
+        if (rc == QG_PENDING)
+            return QG_PENDING;
+        rc = finish_settle(c, rc, err, errcap);
+    }
+    free(c);
+    return rc;
+}
+
+int qg_engine_usage_async(qg_engine *e, qg_store_lane *lane,
+                          const char *subject_name, int64_t now_ms,
+                          qg_decision *out, qg_engine_done done, void *ud)
+{
+    call *c;
+    int rc;
+    if (!lane || !e->store->m->usage_async)
+        return qg_engine_usage(e, subject_name, now_ms, out);
+    if (!(c = call_new(e, CALL_USAGE, out, NULL, 0, done, ud)))
+        return QG_ENOMEM;
+    if ((rc = prepare_usage(e, subject_name, now_ms, c, out)) == QG_OK) {
+        rc = e->store->m->usage_async(e->store, lane, &c->in.usage, out,
+                                      call_done, c);
+        if (rc == QG_PENDING)
+            return QG_PENDING;
+        rc = finish_usage(c, rc, out);
+    }
+    free(c);
     return rc;
 }
 

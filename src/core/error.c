@@ -16,6 +16,7 @@ static const char *const messages[] = {
     [8] = "invalid state",
     [9] = "number out of range",
     [10] = "unknown model",
+    [11] = "the store cannot be reached",
 };
 
 const char *qg_strerror(int rc)

@@ -111,8 +111,26 @@ typedef struct qg_store_usage {
                                    cap period; -1 none */
 } qg_store_usage;
 
+/* The method table's version: a store built against another contract is
+ * refused by qg_engine_new. */
+#define QG_STORE_API 2
+
+/* What qg_store_methods.flags may say (also quotagate.h's qg_store_flags):
+ *   QG_STORE_SHARED      other processes decide on the same counters: a
+ *                        start must not replay the ledger into it (that
+ *                        would charge everything twice);
+ *   QG_STORE_PERSISTENT  the counters outlive this process. */
+
+/* The completion of an asynchronous call: exactly once, on the thread of
+ * the lane it was made on, from its event loop (never inside the call
+ * that took it), with 0 or an error (QG_EIO: the store could not be
+ * reached in time). */
+typedef void (*qg_store_done)(void *ud, int rc);
+
 typedef struct qg_store_methods {
+    int api;                    /* QG_STORE_API */
     const char *name;
+    unsigned flags;
     /* Decide, charge when allowed, remember the request id.  Fills out's
      * outcome, weight, decided_at, retry_after, binding, views and (on
      * refusal) recovery.  Returns 0 or QG_EFULL / QG_ENOMEM / QG_EINVAL
@@ -131,6 +149,27 @@ typedef struct qg_store_methods {
     int (*known)(qg_store *s, qg_key rid);
     void (*stats)(qg_store *s, qg_store_stats *out);
     void (*free)(qg_store *s);
+
+    /* Asynchronous calls, for a store across a network (NULL when the
+     * store has none: the engine then calls the synchronous ones).  A lane
+     * is one thread's context: the store's connections on that thread's
+     * event loop (loop is a libevent struct event_base *), on which many
+     * calls are in flight at once.  An asynchronous call returns
+     * QG_PENDING (done runs later; in and its pointers need not outlive
+     * the call, out must live until done), or completes at once with 0 or
+     * an error (done is then not called). */
+    qg_store_lane *(*lane_new)(qg_store *s, void *loop, char *err,
+                               size_t errcap);
+    void (*lane_free)(qg_store *s, qg_store_lane *l);
+    int (*check_async)(qg_store *s, qg_store_lane *l,
+                       const qg_store_check *in, qg_decision *out,
+                       qg_store_done done, void *ud);
+    int (*settle_async)(qg_store *s, qg_store_lane *l,
+                        const qg_store_settle *in, qg_settle_result *out,
+                        qg_store_done done, void *ud);
+    int (*usage_async)(qg_store *s, qg_store_lane *l,
+                       const qg_store_usage *in, qg_decision *out,
+                       qg_store_done done, void *ud);
 } qg_store_methods;
 
 /* Every store begins with this. */

@@ -6,7 +6,11 @@
  * written by the ledger's writer thread; when the caller waits for it,
  * the answer comes back to the caller's worker through qg__http_post, so
  * that every callback of this file runs on the thread that holds the
- * request. */
+ * request.  Decisions and settles reach the store through the worker's
+ * lane: with a remote store they are in flight while the worker serves
+ * others, and the gate's callbacks run when the answer comes.  The gate
+ * keeps its own copies of a request's strings, so a route may release
+ * its request body as soon as it has asked. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,19 +21,75 @@
 
 static const char behind[] = "the ledger is behind; retry shortly";
 
+/* ---------------------------------------------------------------- lanes */
+
+qg_store_lane *qg__gate_lane(qg_server *s, int worker,
+                             struct event_base *base)
+{
+    char err[256];
+    if (!s->lanes || worker < 0 || worker >= s->nlanes)
+        return NULL;
+    if (!s->lanes[worker] && !s->lane_failed[worker]) {
+        /* on the worker's own thread: nobody else touches this slot */
+        s->lanes[worker] = qg_store_lane_new(s->store, base, err, sizeof err);
+        if (!s->lanes[worker]) {
+            s->lane_failed[worker] = 1;      /* a store without lanes */
+            if (err[0])
+                fprintf(stderr, "quotagate: store: worker %d: %s\n", worker,
+                        err);
+        }
+    }
+    return s->lanes[worker];
+}
+
 /* ----------------------------------------------------------- admission */
 
-void qg__gate_decide(qg_server *s, qg__admit *a)
+static void copy_str(char *dst, size_t cap, const char **field)
 {
+    if (*field) {
+        qg__row_copy(dst, cap, *field);
+        *field = dst;
+    }
+}
+
+static void admit_done(void *arg, int rc)
+{
+    qg__admit *a = arg;
+    a->rc = rc;
+    a->done(a, a->ud);
+}
+
+void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
+                        qg__admit *a, qg__admit_done done, void *ud)
+{
+    int rc;
+    a->s = s;
+    a->done = done;
+    a->ud = ud;
     a->err[0] = '\0';
+    copy_str(a->subject, sizeof a->subject, &a->req.subject);
+    copy_str(a->request_id, sizeof a->request_id, &a->req.request_id);
+    copy_str(a->model, sizeof a->model, &a->req.model);
     a->now_ms = qg__server_now(s);
     if (qg__ledger_behind(s->ledger)) {
         a->rc = QG_EFULL;
         snprintf(a->err, sizeof a->err, "%s", behind);
+        done(a, ud);
         return;
     }
-    a->rc = qg__server_check(s, &a->req, a->now_ms, &a->d, &a->prior, a->err,
-                             sizeof a->err);
+    rc = qg__server_check_async(s, qg__gate_lane(s, worker, base), &a->req,
+                                a->now_ms, &a->d, &a->prior, a->err,
+                                sizeof a->err, admit_done, a);
+    if (rc != QG_PENDING) {
+        a->rc = rc;
+        done(a, ud);
+    }
+}
+
+void qg__gate_decide(qg_server *s, qg_http_req *r, qg__admit *a,
+                     qg__admit_done done, void *ud)
+{
+    qg__gate_decide_on(s, r->worker, qg__http_req_base(r), a, done, ud);
 }
 
 void qg__gate_record(qg_server *s, const qg__admit *a, const char *window)
@@ -152,7 +212,8 @@ static int recover(qg_server *s, qg__settle *st)
 static void settle_answer(void *arg)
 {
     qg__settle *st = arg;
-    st->done(st, st->rc, st->ud);
+    st->done(st, st->ud);
+    free(st);
 }
 
 /* The ledger's writer thread: hand the outcome to the worker. */
@@ -165,34 +226,32 @@ static void settle_durable(void *arg, int rc)
          * told so (it may only release what it holds) */
         st->rc = QG_ESTATE;
         st->stopping = 1;
-        st->done(st, st->rc, st->ud);
+        st->done(st, st->ud);
+        free(st);
     }
 }
 
-int qg__gate_settle(qg_server *s, qg__settle *st, int worker,
-                    qg__settle_done done, void *ud)
+/* The end of a settle that stops before its row: tell a waiting caller
+ * (or log), release st. */
+static void settle_end(qg__settle *st)
 {
-    const qg_settle_req *q = &st->req;
-    int rc, from_ledger = 0, qrc;
+    if (st->done)
+        st->done(st, st->ud);
+    else if (st->rc != QG_OK)
+        fprintf(stderr, "quotagate: settle of %s: %s\n", st->req.request_id,
+                st->err[0] ? st->err : qg_strerror(st->rc));
+    free(st);
+}
 
-    st->s = s;
-    st->worker = worker;
-    st->done = done;
-    st->ud = ud;
-    st->recovered = st->answered = st->stopping = 0;
-    st->err[0] = '\0';
-    st->now_ms = qg__server_now(s);
-    memset(&st->row, 0, sizeof st->row);
-    st->row.headroom_milli = -1;
-    /* back-pressure only for a caller who waits and can retry: a settle
-     * nobody waits for (a proxied call that ended) is always applied, its
-     * row queued in the room the bound keeps for exactly these */
-    if (done && qg__ledger_behind(s->ledger)) {
-        snprintf(st->err, sizeof st->err, "%s", behind);
-        return st->rc = QG_EFULL;
-    }
-    rc = qg_engine_settle(s->engine, q, st->now_ms, &st->res, st->err,
-                          sizeof st->err);
+/* The store has applied the settle (or not): the ledger's answer for an
+ * id the counters forgot, recovery, then the row. */
+static void settle_applied(void *arg, int rc)
+{
+    qg__settle *st = arg;
+    qg_server *s = st->s;
+    const qg_settle_req *q = &st->req;
+    int from_ledger = 0, qrc;
+
     if (rc == QG_ENOTFOUND) {
         /* the counters do not know it: the ledger may (reqid.c) */
         char lerr[QG_GATE_ERRCAP];
@@ -208,12 +267,15 @@ int qg__gate_settle(qg_server *s, qg__settle *st, int worker,
         rc = recover(s, st);
         st->recovered = rc == QG_OK;
     }
-    if (rc != QG_OK)
-        return st->rc = rc;
+    if ((st->rc = rc) != QG_OK) {
+        settle_end(st);
+        return;
+    }
     if (from_ledger && st->res.replayed) {
         /* settled long ago: its original answer, durable already */
         st->answered = 1;
-        return st->rc = QG_OK;
+        settle_end(st);
+        return;
     }
     qg__metrics_settle(s->metrics, &st->res);
     /* a recovered settle's row is whole (recover), else only the settle's
@@ -229,15 +291,56 @@ int qg__gate_settle(qg_server *s, qg__settle *st, int worker,
     st->row.estimated = st->estimated;
     if (st->detail)
         qg__row_copy(st->row.detail, sizeof st->row.detail, st->detail);
-    qrc = qg__ledger_submit(s->ledger, &st->row, done ? settle_durable : NULL,
-                            done ? st : NULL);
+    qrc = qg__ledger_submit(s->ledger, &st->row,
+                            st->done ? settle_durable : NULL,
+                            st->done ? st : NULL);
+    if (qrc == QG_OK && st->done)
+        return;                       /* answered by settle_durable */
     if (qrc != QG_OK) {
         fprintf(stderr, "quotagate: ledger queue full: the settle of "
                 "request %s was not queued\n", q->request_id);
-        if (done) {
-            snprintf(st->err, sizeof st->err, "%s", behind);
-            return st->rc = QG_EFULL;
-        }
+        snprintf(st->err, sizeof st->err, "%s", behind);
+        st->rc = QG_EFULL;
     }
-    return st->rc = QG_OK;
+    settle_end(st);
+}
+
+int qg__gate_settle(qg_server *s, const qg__settle *proto, int worker,
+                    struct event_base *base, qg__settle_done done, void *ud)
+{
+    qg__settle *st = malloc(sizeof *st);
+    int rc;
+    if (!st)
+        return QG_ENOMEM;
+    *st = *proto;
+    st->s = s;
+    st->worker = worker;
+    st->done = done;
+    st->ud = ud;
+    st->recovered = st->answered = st->stopping = 0;
+    st->err[0] = '\0';
+    copy_str(st->rid_buf, sizeof st->rid_buf, &st->req.request_id);
+    copy_str(st->subject_buf, sizeof st->subject_buf, &st->req.subject);
+    copy_str(st->model_buf, sizeof st->model_buf, &st->model);
+    copy_str(st->row_subject_buf, sizeof st->row_subject_buf,
+             &st->row_subject);
+    copy_str(st->detail_buf, sizeof st->detail_buf, &st->detail);
+    st->now_ms = qg__server_now(s);
+    memset(&st->row, 0, sizeof st->row);
+    st->row.headroom_milli = -1;
+    /* back-pressure only for a caller who waits and can retry: a settle
+     * nobody waits for (a proxied call that ended) is always applied, its
+     * row queued in the room the bound keeps for exactly these */
+    if (done && qg__ledger_behind(s->ledger)) {
+        snprintf(st->err, sizeof st->err, "%s", behind);
+        st->rc = QG_EFULL;
+        settle_end(st);
+        return QG_OK;
+    }
+    rc = qg_engine_settle_async(s->engine, qg__gate_lane(s, worker, base),
+                                &st->req, st->now_ms, &st->res, st->err,
+                                sizeof st->err, settle_applied, st);
+    if (rc != QG_PENDING)
+        settle_applied(st, rc);
+    return QG_OK;
 }

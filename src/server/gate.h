@@ -14,9 +14,12 @@
  * reservation lost in a crash when the settle names its subject, the
  * metrics, and the settle's row, which the caller may wait for.
  *
- * Every function runs on the worker thread that holds the request; when
- * decisions become asynchronous (a remote store), this file is where the
- * round trip goes, and the callbacks below are where its answer lands. */
+ * Decisions and settles may be a round trip to a remote store: they go
+ * out on the worker's lane (qg_store_lane, made on first use on each
+ * worker) and their callbacks run on that worker, from its event loop.
+ * With the memory store they complete at once, and the callbacks run
+ * before the call returns.  Every function runs on the worker thread
+ * that holds the request. */
 #ifndef QG_GATE_H
 #define QG_GATE_H
 
@@ -26,10 +29,14 @@
 
 #define QG_GATE_ERRCAP 320
 
+typedef struct qg__admit qg__admit;
+/* The decision is made (a->rc says whether a->d is one). */
+typedef void (*qg__admit_done)(qg__admit *a, void *ud);
+
 /* One admission: the request, and what was decided. */
-typedef struct qg__admit {
+struct qg__admit {
     /* in */
-    qg_check_req req;
+    qg_check_req req;            /* its strings are copied by decide */
     int64_t row_output_tokens;   /* the row's output tokens (the estimate
                                     the reservation was made for) */
     int estimated;               /* the row's token counts are estimates */
@@ -41,12 +48,25 @@ typedef struct qg__admit {
     qg_decision d;
     qg_ledger_row prior;         /* a replay answered from the ledger:
                                     d's names point into it */
-} qg__admit;
+    /* private: the copies req points to, the callback */
+    char subject[256], request_id[QG_REQUEST_ID_MAX + 1];
+    char model[QG_NAME_MAX];
+    qg_server *s;
+    qg__admit_done done;
+    void *ud;
+};
 
-/* Decide a->req now (fills a's outputs; a->rc says whether *a->d is a
- * decision).  QG_EFULL "the ledger is behind" when the writer's backlog
- * is at its bound. */
-void qg__gate_decide(qg_server *s, qg__admit *a);
+/* Decide a->req on r's worker: then done(a, ud), at once (before this
+ * returns) or later from the worker's loop.  a must live until done;
+ * done may free it.  a->rc QG_EFULL "the ledger is behind" when the
+ * writer's backlog is at its bound, QG_EIO when the store cannot be
+ * reached. */
+void qg__gate_decide(qg_server *s, qg_http_req *r, qg__admit *a,
+                     qg__admit_done done, void *ud);
+/* The same from a worker's own thread without a request (the proxy's
+ * held calls): worker's lane on base. */
+void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
+                        qg__admit *a, qg__admit_done done, void *ud);
 
 /* Count the decision and queue its ledger row (not for a replay, which
  * was recorded when first decided).  window, when non-NULL, replaces the
@@ -62,13 +82,8 @@ void qg__gate_headers(qg_server *s, const qg__admit *a, qg_hdr_buf *hb);
 int qg__settle_status_parse(const char *word);
 int qg__row_status_of(qg_settle_status st);
 
-typedef struct qg__settle qg__settle;
-/* Called on the worker that settled, once the row is durable (rc QG_OK),
- * could not be written (QG_EIO), or was refused by the ledger's guard
- * (QG_ESTATE: another request's row holds the id). */
-typedef void (*qg__settle_done)(qg__settle *st, int rc, void *ud);
-
-struct qg__settle {
+/* One settlement, as the gate keeps it (its own copy of the strings). */
+typedef struct qg__settle {
     /* in */
     qg_settle_req req;           /* request_id, status, tokens, weight,
                                     no_charge, subject */
@@ -79,33 +94,46 @@ struct qg__settle {
     const char *detail;          /* the row's detail, or NULL */
     const char *row_subject;     /* the subject the row names when the
                                     settle does not (the proxy's) */
-    /* out */
-    int rc;                      /* QG_OK, or an engine error */
+    /* out, in done */
+    int rc;                      /* QG_OK, an engine error, or after the
+                                    row: QG_EIO (not durable), QG_ESTATE
+                                    (the ledger's guard refused it) */
     char err[QG_GATE_ERRCAP];
     int64_t now_ms;
     qg_settle_result res;
     int recovered;               /* the reservation was lost: recorded */
     int answered;                /* settled before: res is the original
                                     answer, nothing was written */
-    int stopping;                /* in done: the server is stopping, done
-                                    runs on the ledger's thread and may
-                                    only release what it holds */
+    int stopping;                /* the server is stopping: done runs on
+                                    the ledger's thread and may only
+                                    release what it holds */
     qg_ledger_row row;
     /* private */
+    char rid_buf[QG_REQUEST_ID_MAX + 1], subject_buf[256];
+    char model_buf[QG_NAME_MAX], row_subject_buf[256], detail_buf[160];
     qg_server *s;
     int worker;
-    qg__settle_done done;
+    void (*done)(struct qg__settle *st, void *ud);
     void *ud;
-};
+} qg__settle;
 
-/* Settle st->req now (a caller who waits is refused with QG_EFULL while
- * the ledger is behind; a settle nobody waits for never is).  On QG_OK
- * the row is queued: with done NULL nobody
- * waits for it (the proxy and forward-auth; st may be freed at once),
- * else done(st, rc, ud) runs on `worker` once it is durable, and st must
- * live until then (/v1/settle answers only then).  done is never called
- * when this returns an error or st->answered is set. */
-int qg__gate_settle(qg_server *s, qg__settle *st, int worker,
-                    qg__settle_done done, void *ud);
+/* Called once with the gate's copy st (freed after it returns): st->rc
+ * says how it ended.  Runs on `worker`, except with st->stopping. */
+typedef void (*qg__settle_done)(qg__settle *st, void *ud);
+
+/* Settle proto->req (copied; proto may go at once).  With done NULL
+ * nobody waits: the row is queued once the settle is applied (the proxy,
+ * forward-auth), and a failure is logged.  With done: done runs once the
+ * row is durable, or with the error that stopped it (an engine error, a
+ * ledger behind: QG_EFULL, which a waiting caller is refused with while
+ * the ledger is at its bound).  Returns 0, or QG_ENOMEM (done is then not
+ * called). */
+int qg__gate_settle(qg_server *s, const qg__settle *proto, int worker,
+                    struct event_base *base, qg__settle_done done, void *ud);
+
+/* The worker's lane of the store (NULL for a store that needs none),
+ * made on first use; base is the worker's event base. */
+qg_store_lane *qg__gate_lane(qg_server *s, int worker,
+                             struct event_base *base);
 
 #endif

@@ -385,41 +385,67 @@ static int authz_what(qg_http_req *r, int64_t now, authz_req *q,
     return 0;
 }
 
-/* Decide a (filled from q), and when admitted settle at once: one phase. */
-static void authz_decide(qg_server *s, qg_http_req *r, const authz_req *q,
-                         qg__admit *a)
+/* One forward-auth call while it is decided (the store may answer
+ * later): the admission, the request, the answer's mode. */
+typedef struct authz_call {
+    qg__admit a;
+    authz_req q;
+    int nginx;
+    qg_http_req *r;
+} authz_call;
+
+static void authz_answer(qg_server *s, authz_call *c);
+
+/* The immediate settle gave the concurrency slot back: the answer's views
+ * as they now stand.  A store that answers at once is asked again (exact);
+ * with a remote one the settle is still on its way, so the one lease of
+ * this request is taken off the concurrency views instead. */
+static void release_lease(qg_server *s, authz_call *c, qg_decision *d)
 {
-    qg_decision *d = &a->d;
-    a->req = (qg_check_req){.subject = q->subject, .request_id = q->rid,
-                            .model = q->has_model > 0 ? q->model : NULL,
-                            .input_tokens = q->in_tokens,
-                            .max_output_tokens = q->max_out,
-                            .weight_milli = q->has_model > 0 ? 0 : q->weight};
-    a->row_output_tokens = q->has_model > 0
-                               ? (q->max_out < 0 ? QG_DEFAULT_OUTPUT_ESTIMATE
-                                                 : q->max_out)
-                               : 0;
-    a->estimated = 0;
-    qg__gate_decide(s, a);
-    if (a->rc != QG_OK)
+    if (!qg__gate_lane(s, c->r->worker, qg__http_req_base(c->r))) {
+        refresh_views(s, c->q.subject, c->a.now_ms, d);
         return;
+    }
+    for (int i = 0; i < d->nviews; i++) {
+        qg_window_view *v = &d->views[i];
+        if (v->type != QG_WIN_CONCURRENCY || v->used_milli < QG_MILLI)
+            continue;
+        v->used_milli -= QG_MILLI;
+        v->remaining_milli = v->limit_milli > v->used_milli
+                                 ? v->limit_milli - v->used_milli : 0;
+    }
+}
+
+/* Decided (gate.c): when admitted, settle at once at the reserved weight
+ * (one phase: nobody will settle it), then answer. */
+static void authz_decided(qg__admit *a, void *ud)
+{
+    authz_call *c = ud;
+    qg_server *s = a->s;
+    qg_decision *d = &a->d;
+    if (a->rc != QG_OK) {
+        fail_engine(s, c->r, c->nginx, a->rc, a->err);
+        free(c);
+        return;
+    }
     qg__gate_record(s, a, NULL);
     if (!d->replayed && d->outcome == QG_ALLOW) {
         qg__settle st;
         memset(&st, 0, sizeof st);
-        st.req = (qg_settle_req){.request_id = q->rid,
+        st.req = (qg_settle_req){.request_id = c->q.rid,
                                  .status = QG_SETTLE_COMPLETED,
-                                 .input_tokens = q->in_tokens,
+                                 .input_tokens = c->q.in_tokens,
                                  .output_tokens = a->row_output_tokens,
                                  .weight_milli = -1};
-        st.row_subject = q->subject;
-        st.estimated = q->has_model > 0;
-        if (qg__gate_settle(s, &st, r->worker, NULL, NULL) == QG_OK)
-            refresh_views(s, q->subject, a->now_ms, d);
-        else
-            fprintf(stderr, "quotagate: authz: settle of %s: %s\n", q->rid,
-                    st.err);
+        st.row_subject = c->q.subject;
+        st.estimated = c->q.has_model > 0;
+        if (qg__gate_settle(s, &st, c->r->worker, qg__http_req_base(c->r),
+                            NULL, NULL) != QG_OK)
+            fprintf(stderr, "quotagate: authz: settle of %s: out of "
+                    "memory\n", c->q.rid);
+        release_lease(s, c, d);
     }
+    authz_answer(s, c);
 }
 
 /* A weight in points as text without trailing zeros ("1.5"). */
@@ -436,15 +462,31 @@ static void weight_text(int64_t w, char *buf, size_t cap)
         buf[--len] = '\0';
 }
 
-void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
+static void authz_answer(qg_server *s, authz_call *c)
 {
-    authz_req q = {.max_out = -1, .weight = 1000};
-    authz_fail f;
     char wtext[64];
-    qg__admit *a;
     qg_hdr_buf hb;
     qg_http_out_header extra[QG_HDR_MAX + NEXTRA];
-    int nginx, n = 0;
+    int n = 0;
+    qg__gate_headers(s, &c->a, &hb);
+    for (int i = 0; i < hb.n; i++)
+        extra[n++] = hb.h[i];
+    weight_text(c->a.d.weight_milli, wtext, sizeof wtext);
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Subject", c->q.subject};
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Weight", wtext};
+    extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", c->q.rid};
+    answer(s, c->r, c->nginx, c->a.d.outcome == QG_ALLOW ? 200 : 429,
+           qg__json_check(&c->a.d, c->q.rid,
+                          qg_engine_rules(s->engine)->unit),
+           extra, n);
+    free(c);
+}
+
+void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
+{
+    authz_fail f;
+    authz_call *c;
+    int nginx;
     int64_t now = qg__server_now(s);
 
     (void)caller;
@@ -453,29 +495,30 @@ void qg__h_authz(qg_server *s, qg_http_req *r, const char *caller)
              "mode must be nginx (or absent)");
         return;
     }
-    if (authz_who(s, r, now, &q, &f) < 0 || authz_what(r, now, &q, &f) < 0) {
-        fail(s, r, nginx, f.status, f.type, f.msg);
-        return;
-    }
-    if (!(a = malloc(sizeof *a))) {
+    if (!(c = calloc(1, sizeof *c))) {
         fail(s, r, nginx, 503, "overloaded", "out of memory");
         return;
     }
-    authz_decide(s, r, &q, a);
-    if (a->rc != QG_OK) {
-        fail_engine(s, r, nginx, a->rc, a->err);
-        free(a);
+    c->q.max_out = -1;
+    c->q.weight = 1000;
+    c->nginx = nginx;
+    c->r = r;
+    if (authz_who(s, r, now, &c->q, &f) < 0 ||
+        authz_what(r, now, &c->q, &f) < 0) {
+        fail(s, r, nginx, f.status, f.type, f.msg);
+        free(c);
         return;
     }
-    qg__gate_headers(s, a, &hb);
-    for (int i = 0; i < hb.n; i++)
-        extra[n++] = hb.h[i];
-    weight_text(a->d.weight_milli, wtext, sizeof wtext);
-    extra[n++] = (qg_http_out_header){"X-Quotagate-Subject", q.subject};
-    extra[n++] = (qg_http_out_header){"X-Quotagate-Weight", wtext};
-    extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", q.rid};
-    answer(s, r, nginx, a->d.outcome == QG_ALLOW ? 200 : 429,
-           qg__json_check(&a->d, q.rid, qg_engine_rules(s->engine)->unit),
-           extra, n);
-    free(a);
+    c->a.req = (qg_check_req){
+        .subject = c->q.subject, .request_id = c->q.rid,
+        .model = c->q.has_model > 0 ? c->q.model : NULL,
+        .input_tokens = c->q.in_tokens, .max_output_tokens = c->q.max_out,
+        .weight_milli = c->q.has_model > 0 ? 0 : c->q.weight};
+    c->a.row_output_tokens = c->q.has_model > 0
+                                 ? (c->q.max_out < 0
+                                        ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                        : c->q.max_out)
+                                 : 0;
+    c->a.estimated = 0;
+    qg__gate_decide(s, r, &c->a, authz_decided, c);
 }

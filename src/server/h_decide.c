@@ -26,13 +26,31 @@ static const char *const check_keys[] = {
     "subject", "request_id", "model", "input_tokens", "max_output_tokens",
     "weight", NULL};
 
+/* The decision is made (gate.c): record it and answer. */
+static void check_decided(qg__admit *a, void *ud)
+{
+    qg_http_req *r = ud;
+    qg_server *s = a->s;
+    qg_hdr_buf hb;
+    if (a->rc != QG_OK) {
+        qg__reply_engine_error(s, r, a->rc, a->err);
+    } else {
+        qg__gate_record(s, a, NULL);
+        qg__gate_headers(s, a, &hb);
+        qg__reply_json(s, r, a->d.outcome == QG_ALLOW ? 200 : 429,
+                       qg__json_check(&a->d, a->req.request_id,
+                                      qg_engine_rules(s->engine)->unit),
+                       hb.h, hb.n);
+    }
+    free(a);
+}
+
 void qg__h_check(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[ERRCAP];
     const char *subject = NULL, *rid = NULL, *model = NULL;
     int64_t in_tokens = 0, max_out = -1, weight = 0;
-    qg__admit *a;                   /* ~7 KB: the heap, not the stack */
-    qg_hdr_buf hb;
+    qg__admit *a;                   /* ~8 KB: the heap, not the stack */
     json_t *o;
     int rc, has_weight = 0;
 
@@ -73,18 +91,7 @@ void qg__h_check(qg_server *s, qg_http_req *r, const char *caller)
                                                 : max_out)
                                  : 0;
     a->estimated = 0;
-    qg__gate_decide(s, a);
-    if (a->rc != QG_OK) {
-        qg__reply_engine_error(s, r, a->rc, a->err);
-    } else {
-        qg__gate_record(s, a, NULL);
-        qg__gate_headers(s, a, &hb);
-        qg__reply_json(s, r, a->d.outcome == QG_ALLOW ? 200 : 429,
-                       qg__json_check(&a->d, rid,
-                                      qg_engine_rules(s->engine)->unit),
-                       hb.h, hb.n);
-    }
-    free(a);
+    qg__gate_decide(s, r, a, check_decided, r);  /* copies the strings */
     goto out;
 bad:
     qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
@@ -99,47 +106,11 @@ static const char *const settle_keys[] = {
     "request_id", "status", "input_tokens", "output_tokens", "weight",
     "subject", "model", NULL};
 
-/* A settle waiting for its row; the strings are copies (the request's
- * JSON is gone by then). */
-typedef struct pending {
-    qg__settle st;
-    qg_http_req *r;
-    char *body;                     /* the answer, once settled */
-    char rid[QG_REQUEST_ID_MAX + 1], subject[256], model[QG_NAME_MAX];
-} pending;
-
-/* The row is durable (or not): answer (gate.c, on the worker). */
-static void settle_done(qg__settle *st, int rc, void *ud)
-{
-    pending *p = ud;
-    qg_server *s = st->s;
-    if (st->stopping) {
-        ;                           /* the connection goes with the server */
-    } else if (rc == QG_OK && p->body) {
-        qg__reply_json(s, p->r, 200, p->body, NULL, 0);
-        p->body = NULL;
-    } else if (rc == QG_OK) {
-        qg__reply_error(s, p->r, 503, "overloaded",
-                        "out of memory writing the answer; the settle is "
-                        "recorded (a retry answers it)");
-    } else if (rc == QG_ESTATE) {
-        /* the ledger's guard kept another request's row (reqid.c) */
-        qg__reply_error(s, p->r, 400, "invalid_request",
-                        "the ledger holds this request_id for another "
-                        "request; the settle was not recorded");
-    } else {
-        qg__reply_error(s, p->r, 503, "ledger_unavailable",
-                        "the settle could not be made durable; retry it");
-    }
-    free(p->body);
-    free(p);
-}
-
 /* The answer's body: /v1/settle's JSON, saying so when the reservation
  * had been lost and the settle recorded it. */
-static char *settle_body(const qg__settle *st, const char *rid)
+static char *settle_body(const qg__settle *st)
 {
-    char *body = qg__json_settle(&st->res, rid);
+    char *body = qg__json_settle(&st->res, st->req.request_id);
     json_t *j;
     if (!body || !st->recovered)
         return body;
@@ -151,13 +122,34 @@ static char *settle_body(const qg__settle *st, const char *rid)
     return body;
 }
 
+/* The settle ended (gate.c, on the worker): answer. */
+static void settle_done(qg__settle *st, void *ud)
+{
+    qg_http_req *r = ud;
+    qg_server *s = st->s;
+    if (st->stopping)
+        return;                     /* the connection goes with the server */
+    if (st->rc == QG_OK)
+        qg__reply_json(s, r, 200, settle_body(st), NULL, 0);
+    else if (st->rc == QG_ESTATE)
+        /* the ledger's guard kept another request's row (reqid.c) */
+        qg__reply_error(s, r, 400, "invalid_request",
+                        "the ledger holds this request_id for another "
+                        "request; the settle was not recorded");
+    else if (st->rc == QG_EIO && st->row.request_id[0])
+        qg__reply_error(s, r, 503, "ledger_unavailable",
+                        "the settle could not be made durable; retry it");
+    else
+        qg__reply_engine_error(s, r, st->rc, st->err);
+}
+
 void qg__h_settle(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[ERRCAP];
     const char *rid = NULL, *status = NULL, *subject = NULL, *model = NULL;
     int64_t in_t = 0, out_t = 0, weight = -1;
     int has_weight, st_code, rc;
-    pending *p;
+    qg__settle st;
     json_t *o;
 
     (void)caller;
@@ -187,34 +179,19 @@ void qg__h_settle(qg_server *s, qg_http_req *r, const char *caller)
         rc = -1;
         goto bad;
     }
-    if (!(p = calloc(1, sizeof *p))) {
+    memset(&st, 0, sizeof st);
+    st.req = (qg_settle_req){.request_id = rid,
+                             .status = (qg_settle_status)st_code,
+                             .input_tokens = in_t, .output_tokens = out_t,
+                             .weight_milli = has_weight ? weight : -1,
+                             .subject = subject};
+    st.model = model;
+    st.recover = 1;
+    /* answered by settle_done once the row is durable, or with what
+     * stopped it (the gate copies the strings) */
+    if (qg__gate_settle(s, &st, r->worker, qg__http_req_base(r), settle_done,
+                        r) != QG_OK)
         qg__reply_error(s, r, 503, "overloaded", "out of memory");
-        goto out;
-    }
-    p->r = r;
-    qg__row_copy(p->rid, sizeof p->rid, rid);
-    qg__row_copy(p->subject, sizeof p->subject, subject);
-    qg__row_copy(p->model, sizeof p->model, model);
-    p->st.req = (qg_settle_req){.request_id = p->rid,
-                                .status = (qg_settle_status)st_code,
-                                .input_tokens = in_t, .output_tokens = out_t,
-                                .weight_milli = has_weight ? weight : -1,
-                                .subject = subject ? p->subject : NULL};
-    p->st.model = model ? p->model : NULL;
-    p->st.recover = 1;
-    rc = qg__gate_settle(s, &p->st, r->worker, settle_done, p);
-    if (rc == QG_OK && p->st.answered) {
-        /* settled long ago: its original answer, durable already */
-        qg__reply_json(s, r, 200, qg__json_settle(&p->st.res, rid), NULL, 0);
-        free(p);
-    } else if (rc == QG_OK) {
-        /* answered by settle_done once the row is durable (gate.c posts
-         * it to this worker, so it cannot run before we return) */
-        p->body = settle_body(&p->st, rid);
-    } else {
-        qg__reply_engine_error(s, r, rc, p->st.err);
-        free(p);
-    }
     goto out;
 bad:
     qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",

@@ -5,14 +5,41 @@
 #include <string.h>
 #include "json_out.h"
 #include "metrics.h"
+#include "gate.h"
 #include "server.h"
+
+/* A usage read while the store answers. */
+typedef struct usage_call {
+    qg_server *s;
+    qg_http_req *r;
+    int64_t now;
+    char subject[256];
+    qg_decision d;
+} usage_call;
+
+static void usage_answer(void *ud, int rc)
+{
+    usage_call *u = ud;
+    qg_server *s = u->s;
+    char msg[320];
+    if (rc == QG_ENOSUBJECT) {
+        snprintf(msg, sizeof msg, "unknown subject \"%s\"", u->subject);
+        qg__reply_error(s, u->r, 404, "unknown_subject", msg);
+    } else if (rc != QG_OK) {
+        qg__reply_engine_error(s, u->r, rc, qg_strerror(rc));
+    } else {
+        qg__reply_json(s, u->r, 200,
+                       qg__json_usage(&u->d, u->subject, u->now,
+                                      qg_engine_rules(s->engine)->unit),
+                       NULL, 0);
+    }
+    free(u);
+}
 
 void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
 {
     const char *subject = caller;
-    int64_t now = qg__server_now(s);
-    qg_decision *d;
-    char msg[320];
+    usage_call *u;
     int rc;
 
     if (strncmp(r->path, "/v1/usage/", 10) == 0) {
@@ -28,23 +55,20 @@ void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
         qg__reply_error(s, r, 400, "invalid_request", "no subject");
         return;
     }
-    if (!(d = malloc(sizeof *d))) {
+    if (!(u = malloc(sizeof *u))) {
         qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
-    rc = qg_engine_usage(s->engine, subject, now, d);
-    if (rc == QG_ENOSUBJECT) {
-        snprintf(msg, sizeof msg, "unknown subject \"%s\"", subject);
-        qg__reply_error(s, r, 404, "unknown_subject", msg);
-    } else if (rc != QG_OK) {
-        qg__reply_error(s, r, 500, "internal_error", qg_strerror(rc));
-    } else {
-        qg__reply_json(s, r, 200,
-                      qg__json_usage(d, subject, now,
-                                    qg_engine_rules(s->engine)->unit),
-                      NULL, 0);
-    }
-    free(d);
+    u->s = s;
+    u->r = r;
+    u->now = qg__server_now(s);
+    qg__row_copy(u->subject, sizeof u->subject, subject);
+    rc = qg_engine_usage_async(s->engine,
+                               qg__gate_lane(s, r->worker,
+                                             qg__http_req_base(r)),
+                               u->subject, u->now, &u->d, usage_answer, u);
+    if (rc != QG_PENDING)
+        usage_answer(u, rc);
 }
 
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *caller)

@@ -16,6 +16,7 @@
  *   3. the admitted call is forwarded (proxy_call.c). */
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,91 +159,100 @@ static void px_refuse(qg__px *p, const qg__admit *a, int queue_full,
     qg__px_free(p);
 }
 
-/* The admission of p in a (heap: two decisions are ~14 KB), requested
- * model m.  Returns the decision to act on: a itself, or b when the
- * downgrade to a lighter model was admitted (*window then names the
- * refusal); NULL when p was answered and freed. */
-static qg__admit *px_decide(qg__px *p, const qg_rules *rules, int m,
-                            qg__admit *a, qg__admit *b,
-                            qg__overage_choice *ch, char *window,
-                            size_t wcap)
+/* One admission of p, while the store decides (heap: two decisions are
+ * ~16 KB): the decision for the model asked (a), the one for the lighter
+ * model of a downgrade (b), the overage choice, the row's window note. */
+typedef struct px_adm {
+    qg__admit a, b;
+    qg__overage_choice ch;
+    int model;                     /* the model asked, an index */
+    char window[sizeof ((qg_ledger_row *)0)->window];
+} px_adm;
+
+static void px_conclude(qg__px *p, px_adm *x, qg__admit *d);
+
+/* The lighter model's decision is made: it serves when admitted, else
+ * the original refusal stands. */
+static void px_downgraded(qg__admit *b, void *ud)
 {
-    qg_server *s = p->s;
+    qg__px *p = ud;
+    px_adm *x = (px_adm *)((char *)b - offsetof(px_adm, b));
+    const qg_rules *rules = qg_engine_rules(p->s->engine);
     char err[QG_GATE_ERRCAP];
-    a->req = (qg_check_req){.subject = p->subject, .request_id = p->rid,
-                            .model = p->info.model,
-                            .input_tokens = p->info.input_tokens_estimate,
-                            .max_output_tokens = p->info.max_output_tokens};
-    a->row_output_tokens = p->info.max_output_tokens < 0
-                               ? QG_DEFAULT_OUTPUT_ESTIMATE
-                               : p->info.max_output_tokens;
-    a->estimated = 1;
-    qg__gate_decide(s, a);
+    if (b->rc != QG_OK || b->d.replayed || b->d.outcome != QG_ALLOW) {
+        px_conclude(p, x, &x->a);
+        return;
+    }
+    p->up = qg__proxy_upstream(p->s->proxy, p->worker, rules,
+                               x->ch.to_model, err, sizeof err);
+    qg__row_copy(p->dg_from, sizeof p->dg_from, p->info.model);
+    qg__row_copy(p->dg_model, sizeof p->dg_model, b->req.model);
+    snprintf(x->window, sizeof x->window, "downgraded:%s",
+             x->a.d.binding >= 0 ? x->a.d.views[x->a.d.binding].name : "");
+    px_conclude(p, x, b);
+}
+
+/* The decision for the model asked is made: answer an error or a replay,
+ * or act on the overage choice (a downgrade decides again, for the
+ * lighter model under the same request id: the refusal charged nothing
+ * and is not remembered). */
+static void px_decided(qg__admit *a, void *ud)
+{
+    qg__px *p = ud;
+    px_adm *x = (px_adm *)((char *)a - offsetof(px_adm, a));
+    qg_server *s = p->s;
+    qg_http_req *r = p->r;
+    const qg_rules *rules = qg_engine_rules(s->engine);
+    char err[QG_GATE_ERRCAP];
+
     if (a->rc == QG_ERANGE && p->info.max_output_tokens > QG_TOKENS_MAX)
         snprintf(a->err, sizeof a->err, "%s must be at most %lld (the bound "
                  "on a token count)", p->shape == QG_SHAPE_OPENAI
                      ? "max_tokens (or max_completion_tokens)" : "max_tokens",
                  (long long)QG_TOKENS_MAX);
     if (a->rc != QG_OK) {
-        qg_http_req *r = p->r;
         px_discard(p);
         qg__reply_engine_error(s, r, a->rc, a->err);
-        return NULL;
+        free(x);
+        return;
     }
     if (a->d.replayed) {
-        qg_http_req *r = p->r;
         px_discard(p);
         qg__reply_error(s, r, 409, "duplicate_request_id",
                         "this X-Request-Id was already used; every proxied "
                         "call needs a fresh one");
-        return NULL;
+        free(x);
+        return;
     }
-    qg__overage_choose(rules, &a->d, m,
-                       p->queued ? a->now_ms - p->q_start_ms : 0, ch);
-    if (ch->act != QG_OVERAGE_DOWNGRADE)
-        return a;
-    {
-        /* the refusal charged nothing and is not remembered: the lighter
-         * model is checked under the same request id */
-        const char *to = rules->models[ch->to_model].name;
-        qg_upstream *to_up = qg__proxy_upstream(s->proxy, p->worker, rules,
-                                                ch->to_model, err,
-                                                sizeof err);
-        if (!to_up) {
-            px_no_upstream(p, to, err);
-            return NULL;
-        }
-        *b = *a;
-        b->req.model = to;
-        qg__gate_decide(s, b);
-        if (b->rc != QG_OK || b->d.replayed || b->d.outcome != QG_ALLOW)
-            return a;                   /* the original refusal stands */
-        p->up = to_up;
-        qg__row_copy(p->dg_from, sizeof p->dg_from, p->info.model);
-        qg__row_copy(p->dg_model, sizeof p->dg_model, to);
-        snprintf(window, wcap, "downgraded:%s",
-                 a->d.binding >= 0 ? a->d.views[a->d.binding].name : "");
-        return b;
+    qg__overage_choose(rules, &a->d, x->model,
+                       p->queued ? a->now_ms - p->q_start_ms : 0, &x->ch);
+    if (x->ch.act != QG_OVERAGE_DOWNGRADE) {
+        px_conclude(p, x, a);
+        return;
     }
+    if (!qg__proxy_upstream(s->proxy, p->worker, rules, x->ch.to_model, err,
+                            sizeof err)) {
+        px_no_upstream(p, rules->models[x->ch.to_model].name, err);
+        free(x);
+        return;
+    }
+    x->b = *a;
+    x->b.req.model = rules->models[x->ch.to_model].name;
+    qg__gate_decide_on(s, p->worker, p->base, &x->b, px_downgraded, p);
 }
 
-/* Admission, first or again for a held request (docs/proxy.md): decide,
- * then downgrade, hold (queue) or refuse as the overage policy says, or
- * forward. */
+/* Admission, first or again for a held request (docs/proxy.md): decide
+ * (px_decided, px_downgraded), then hold (queue) or refuse as the
+ * overage policy says, or forward (px_conclude). */
 static void px_admit(qg__px *p)
 {
     qg_server *s = p->s;
     qg_http_req *r = p->r;
     const qg_rules *rules = qg_engine_rules(s->engine);
-    qg__admit *ab = NULL, *d;
-    qg__overage_choice ch;
-    char err[QG_GATE_ERRCAP], window[sizeof ((qg_ledger_row *)0)->window];
-    char *nbody = NULL;
-    const char *body = r->body;
-    size_t blen = r->body_len, nlen;
-    int m, added = 0, rewrite_failed = 0, queue_full = 0, rc;
+    char err[QG_GATE_ERRCAP];
+    px_adm *x;
+    int m;
 
-    window[0] = '\0';
     /* the model's upstream (an unknown model is the engine's to refuse) */
     m = qg_rules_find_model(rules, p->info.model);
     if (m >= 0 && !(p->up = qg__proxy_upstream(s->proxy, p->worker, rules, m,
@@ -250,28 +260,50 @@ static void px_admit(qg__px *p)
         px_no_upstream(p, p->info.model, err);
         return;
     }
-    if (qg__alloc_fails("admission") || !(ab = malloc(2 * sizeof *ab))) {
+    if (qg__alloc_fails("admission") || !(x = malloc(sizeof *x))) {
         px_discard(p);
         qg__reply_error(s, r, 500, "internal_error", "out of memory");
         return;
     }
-    if (!(d = px_decide(p, rules, m, &ab[0], &ab[1], &ch, window,
-                        sizeof window)))
-        goto out;                       /* answered */
-    /* queue: hold while the exact retry instant still fits max_wait (the
-     * refusal charged nothing and is not remembered: the decision is made
-     * again under the same request id); only the final one is recorded */
-    if (d->d.outcome != QG_ALLOW && ch.act == QG_OVERAGE_HOLD) {
-        rc = px_hold(p, d->d.plan, ch.queue_size, ch.hold_ms, d->now_ms);
+    x->model = m;
+    x->window[0] = '\0';
+    x->a.req = (qg_check_req){.subject = p->subject, .request_id = p->rid,
+                              .model = p->info.model,
+                              .input_tokens = p->info.input_tokens_estimate,
+                              .max_output_tokens =
+                                  p->info.max_output_tokens};
+    x->a.row_output_tokens = p->info.max_output_tokens < 0
+                                 ? QG_DEFAULT_OUTPUT_ESTIMATE
+                                 : p->info.max_output_tokens;
+    x->a.estimated = 1;
+    qg__gate_decide_on(s, p->worker, p->base, &x->a, px_decided, p);
+}
+
+/* The final decision d: hold while the exact retry instant still fits
+ * max_wait (the refusal charged nothing and is not remembered: the
+ * decision is made again under the same request id; only the final one
+ * is recorded), refuse, or forward. */
+static void px_conclude(qg__px *p, px_adm *x, qg__admit *d)
+{
+    qg_server *s = p->s;
+    qg_http_req *r = p->r;
+    char *nbody = NULL;
+    const char *body = r->body;
+    size_t blen = r->body_len, nlen;
+    int added = 0, rewrite_failed = 0, queue_full = 0, rc;
+
+    if (d->d.outcome != QG_ALLOW && x->ch.act == QG_OVERAGE_HOLD) {
+        rc = px_hold(p, d->d.plan, x->ch.queue_size, x->ch.hold_ms,
+                     d->now_ms);
         if (rc == 0)
             goto out;
         queue_full = rc == 1;
     }
     px_unhold(p, d->now_ms);
-    qg__gate_record(s, d, p->dg_from[0] ? window : NULL);
+    qg__gate_record(s, d, p->dg_from[0] ? x->window : NULL);
     qg__gate_headers(s, d, &p->hb);
     if (d->d.outcome != QG_ALLOW) {
-        px_refuse(p, d, queue_full, ch.queue_size);
+        px_refuse(p, d, queue_full, x->ch.queue_size);
         goto out;
     }
 
@@ -309,7 +341,7 @@ static void px_admit(qg__px *p)
     qg__px_forward(p, body, blen);
 out:
     free(nbody);
-    free(ab);
+    free(x);
 }
 
 /* ------------------------------------------------------------- routes */

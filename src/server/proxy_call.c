@@ -94,9 +94,10 @@ static void px_settle_with(qg__px *p, qg_settle_status st,
     se.row_subject = p->subject;
     se.estimated = c->est;
     se.detail = c->detail;
-    if (qg__gate_settle(p->s, &se, p->worker, NULL, NULL) != QG_OK)
-        fprintf(stderr, "quotagate: proxy: settle of %s: %s\n", p->rid,
-                se.err);
+    /* nobody waits: the gate applies it, queues the row, logs a failure */
+    if (qg__gate_settle(p->s, &se, p->worker, p->base, NULL, NULL) != QG_OK)
+        fprintf(stderr, "quotagate: proxy: settle of %s: out of memory\n",
+                p->rid);
 }
 
 void qg__px_settle(qg__px *p, qg_settle_status st, int64_t in, int64_t out,

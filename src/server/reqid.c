@@ -58,24 +58,15 @@ static int other_subject(const char *rid, char *err, size_t errcap)
     return QG_EINVAL;
 }
 
-int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
-                    qg_decision *d, qg_ledger_row *prior, char *err,
-                    size_t errcap)
+/* An admitted request of this subject found in the ledger: its original
+ * decision, with the windows as they stand now (as a remembered replay
+ * has them). */
+static int replay_of_row(qg_server *s, const qg_check_req *req,
+                         int64_t now_ms, qg_decision *d,
+                         const qg_ledger_row *prior, char *err,
+                         size_t errcap)
 {
-    int found, rc;
-
-    if (!req->request_id || !req->subject ||
-        qg_engine_remembers(s->engine, req->request_id))
-        return qg_engine_check(s->engine, req, now_ms, d, err, errcap);
-    if ((found = lookup(s, req->request_id, prior, err, errcap)) < 0)
-        return found;
-    if (found && strncmp(prior->subject, req->subject,
-                         sizeof prior->subject) != 0)
-        return other_subject(req->request_id, err, errcap);
-    if (!found || prior->decision != QG_ALLOW)
-        return qg_engine_check(s->engine, req, now_ms, d, err, errcap);
-    /* an admitted request of this subject: its original decision, with
-     * the windows as they stand now (as a remembered replay has them) */
+    int rc;
     if ((rc = qg_engine_usage(s->engine, req->subject, now_ms, d)) != QG_OK) {
         snprintf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
@@ -98,6 +89,41 @@ int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
     d->overage_cost_micro = prior->overage_cost_micro;
     d->cap_reached = 0;
     return QG_OK;
+}
+
+int qg__server_check_async(qg_server *s, qg_store_lane *lane,
+                           const qg_check_req *req, int64_t now_ms,
+                           qg_decision *d, qg_ledger_row *prior, char *err,
+                           size_t errcap, qg_engine_done done, void *ud)
+{
+    int found;
+
+    /* A shared store is not asked whether it remembers the id (a round
+     * trip): its own record answers a replay within the decision, and the
+     * ledger (its id filter answers new ids without reading the file) is
+     * asked first for what the counters may have forgotten. */
+    if (!req->request_id || !req->subject ||
+        (!(qg_store_flags(s->store) & QG_STORE_SHARED) &&
+         qg_engine_remembers(s->engine, req->request_id)))
+        return qg_engine_check_async(s->engine, lane, req, now_ms, d, err,
+                                     errcap, done, ud);
+    if ((found = lookup(s, req->request_id, prior, err, errcap)) < 0)
+        return found;
+    if (found && strncmp(prior->subject, req->subject,
+                         sizeof prior->subject) != 0)
+        return other_subject(req->request_id, err, errcap);
+    if (!found || prior->decision != QG_ALLOW)
+        return qg_engine_check_async(s->engine, lane, req, now_ms, d, err,
+                                     errcap, done, ud);
+    return replay_of_row(s, req, now_ms, d, prior, err, errcap);
+}
+
+int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
+                    qg_decision *d, qg_ledger_row *prior, char *err,
+                    size_t errcap)
+{
+    return qg__server_check_async(s, NULL, req, now_ms, d, prior, err, errcap,
+                                  NULL, NULL);
 }
 
 static qg_settle_status status_of_row(int row_status)

@@ -316,6 +316,12 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         return -1;
     }
     *rules = NULL;               /* the engine owns them */
+    s->nlanes = s->opts.workers > 0 ? s->opts.workers : 2;
+    if (!(s->lanes = calloc((size_t)s->nlanes, sizeof *s->lanes)) ||
+        !(s->lane_failed = calloc((size_t)s->nlanes, 1))) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        return -1;
+    }
     if (!(s->proxy = qg__proxy_new(s->opts.workers > 0 ? s->opts.workers : 2,
                                    s->opts.upstream, t ? atoi(t) : 0,
                                    getenv("QUOTAGATE_UPSTREAM_CA"), err,
@@ -415,6 +421,11 @@ static void serve_close(qg_server *s)
      * dropped with their connections) before the HTTP server goes. */
     qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
     qg__ledger_close(s->ledger);
+    /* the lanes before the loops they were made on go */
+    for (int i = 0; s->lanes && i < s->nlanes; i++)
+        qg_store_lane_free(s->store, s->lanes[i]);
+    free(s->lanes);
+    free(s->lane_failed);
     qg__http_server_free(s->http);
     qg__metrics_free(s->metrics);
     qg_engine_free(s->engine);

@@ -30,6 +30,9 @@ typedef struct qg_server {
     qg__proxy *proxy;            /* the metering proxy (always set up:
                                     models may name their own upstream) */
     qg_reloader *reloader;       /* loads rules off the workers */
+    qg_store_lane **lanes;       /* per worker: the store's lane (gate.c) */
+    unsigned char *lane_failed;  /* per worker: the store made none */
+    int nlanes;
     pthread_mutex_t reload_mu;   /* one reload at a time */
     int64_t wall0_ms;            /* CLOCK_REALTIME at start */
     int64_t mono0_ms;            /* CLOCK_MONOTONIC at start */
@@ -127,6 +130,12 @@ void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
 int qg__server_check(qg_server *s, const qg_check_req *req, int64_t now_ms,
                     qg_decision *d, qg_ledger_row *prior, char *err,
                     size_t errcap);
+/* The same on a lane (qg_engine_check_async's rules: QG_PENDING, then
+ * done(ud, rc) on the lane's thread; else complete at once). */
+int qg__server_check_async(qg_server *s, qg_store_lane *lane,
+                           const qg_check_req *req, int64_t now_ms,
+                           qg_decision *d, qg_ledger_row *prior, char *err,
+                           size_t errcap, qg_engine_done done, void *ud);
 int qg__server_settle_prior(qg_server *s, const qg_settle_req *req,
                            int64_t now_ms, qg_settle_result *res,
                            qg_ledger_row *row, char *err, size_t errcap);

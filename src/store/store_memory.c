@@ -476,7 +476,9 @@ static void mem_free(qg_store *s)
 }
 
 static const qg_store_methods memory_methods = {
+    .api = QG_STORE_API,
     .name = "memory",
+    .flags = 0,
     .check = mem_check,
     .settle = mem_settle,
     .usage = mem_usage,

@@ -1055,7 +1055,9 @@ static void r_free(qg_store *st)
 }
 
 static const qg_store_methods redis_methods = {
+    .api = QG_STORE_API,
     .name = "redis",
+    .flags = QG_STORE_SHARED | QG_STORE_PERSISTENT,
     .check = r_check,
     .settle = r_settle,
     .usage = r_usage,
