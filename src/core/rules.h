@@ -122,6 +122,21 @@ typedef struct qg_analysis_spec {
     int64_t period_ms;       /* 0 = the longest window */
 } qg_analysis_spec;
 
+/* The counters' store as the rules want it run (PRODUCT.md 5.1 point 4):
+ * how long a call may take before the store counts as down, and what a
+ * gateway does then. */
+typedef enum qg_store_down {
+    QG_DOWN_LOCAL = 0,       /* conservative local limits (the default) */
+    QG_DOWN_CLOSED           /* refuse: 503 store_unavailable */
+} qg_store_down;
+
+typedef struct qg_store_spec {
+    int64_t timeout_ms;      /* default 100 */
+    qg_store_down down;
+    int64_t share_milli;     /* local: this instance's fraction of what
+                                each window has left, 1..1000 (default 500) */
+} qg_store_spec;
+
 typedef struct qg_rules {
     char *path;              /* file it came from, for messages */
     char *version;           /* rule version id */
@@ -144,6 +159,7 @@ typedef struct qg_rules {
     int *subject_by_name;    /* likewise for subjects */
     int default_plan;        /* -1 none: unknown subjects are refused */
     qg_analysis_spec analysis;
+    qg_store_spec store;
     qg_tz **zones;           /* owned zones referenced by calendar specs */
     int nzones;
 } qg_rules;

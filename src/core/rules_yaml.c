@@ -524,6 +524,51 @@ static int c_analysis(qg__rctx *c, yaml_node_t *n, const char *path)
     return 0;
 }
 
+/* -------------------------------------------------------------- store */
+
+static const qg__ykey store_keys[] = {
+    { "timeout", QG_Y_ALL }, { "down", QG_Y_ALL }, { "share", QG_Y_ALL },
+};
+
+static const qg__yenum down_names[] = {
+    { "local", QG_DOWN_LOCAL }, { "closed", QG_DOWN_CLOSED },
+};
+
+static int c_store(qg__rctx *c, yaml_node_t *n, const char *path)
+{
+    char sub[QG_Y_PATHCAP];
+    qg_store_spec *st = &c->r->store;
+    yaml_node_t *v;
+    int down;
+
+    if (qg__y_check_map(&c->y, n, path, store_keys, QG_Y_NKEYS(store_keys),
+                        QG_Y_ALL, "") < 0)
+        return -1;
+    if ((v = qg__y_get(&c->y, n, "timeout"))) {
+        qg__y_path_key(sub, path, "timeout");
+        if (qg__y_duration(&c->y, v, sub, QG_Y_POSITIVE, &st->timeout_ms) < 0)
+            return -1;
+        if (st->timeout_ms > 60000)
+            return qg__y_fail(&c->y, v, sub, "a store timeout of at most 60s "
+                              "(a decision waits this long before it falls "
+                              "back)");
+    }
+    if ((v = qg__y_get(&c->y, n, "down"))) {
+        qg__y_path_key(sub, path, "down");
+        if (qg__y_enum(&c->y, v, sub, "store.down", down_names,
+                       sizeof down_names / sizeof down_names[0], &down) < 0)
+            return -1;
+        st->down = (qg_store_down)down;
+    }
+    if ((v = qg__y_get(&c->y, n, "share"))) {
+        qg__y_path_key(sub, path, "share");
+        if (qg__y_decimal_max(&c->y, v, sub, 3, QG_Y_POSITIVE, QG_MILLI,
+                              &st->share_milli) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------- top level */
 
 static const qg__ykey top_keys[] = {
@@ -532,7 +577,7 @@ static const qg__ykey top_keys[] = {
     { "notice", QG_Y_ALL },    { "weights", QG_Y_ALL },
     { "plans", QG_Y_ALL },     { "orgs", QG_Y_ALL },
     { "subjects", QG_Y_ALL },  { "default_plan", QG_Y_ALL },
-    { "analysis", QG_Y_ALL },
+    { "analysis", QG_Y_ALL },  { "store", QG_Y_ALL },
 };
 
 /* Optional top-level dates and durations: key, parser kind, field. */
@@ -595,6 +640,11 @@ static int compile(qg__rctx *c, yaml_node_t *root)
     r->analysis.model = -1;
     r->analysis.weight_milli = QG_MILLI;
     r->analysis.duration_ms = 60000;
+    r->store.timeout_ms = 100;
+    r->store.down = QG_DOWN_LOCAL;
+    r->store.share_milli = 500;
+    if ((v = qg__y_get(&c->y, root, "store")) && c_store(c, v, "store") < 0)
+        return -1;
     if ((v = qg__y_get(&c->y, root, "analysis")) &&
         c_analysis(c, v, "analysis") < 0)
         return -1;
