@@ -181,7 +181,7 @@ void qg_store_free(qg_store *s);
  * "redis://HOST[:PORT][/DB]"; the password, when one is needed, comes
  * from the environment (QUOTAGATE_REDIS_PASSWORD).  Returns NULL with
  * the reason in err (unreachable server, malformed URL, rules outside the
- * store's exact range).  Store I/O failures are QG_EIO, data loss
+ * store's exact range).  Store I/O failures are QG_ESTORE, data loss
  * QG_ESTATE (see qg_store_redis_data_lost); details in
  * qg_store_redis_error. */
 typedef struct qg_redis_opts {

@@ -251,9 +251,10 @@ static int serve_check(qg_server *s, qg_rules **rules, char *host,
                 s->opts.listen);
         return 2;
     }
-    if (s->opts.store_url && strcmp(s->opts.store_url, "memory") != 0) {
-        fprintf(stderr, "quotagate: --store %s: only \"memory\" is supported "
-                "in this build\n", s->opts.store_url);
+    if (s->opts.store_url && strcmp(s->opts.store_url, "memory") != 0 &&
+        strncmp(s->opts.store_url, "redis://", 8) != 0) {
+        fprintf(stderr, "quotagate: --store %s: expected memory or "
+                "redis://HOST:PORT[/DB]\n", s->opts.store_url);
         return 2;
     }
     if (!*rules &&
@@ -309,8 +310,21 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         fprintf(stderr, "quotagate: cannot set up the API keys\n");
         return -1;
     }
-    if (!(s->store = qg_store_memory_new(&mo)) ||
-        !(s->engine = qg_engine_new(*rules, s->store)) ||
+    if (s->opts.store_url && strncmp(s->opts.store_url, "redis://", 8) == 0) {
+        /* the password from the environment, never argv */
+        qg_redis_opts ro = {.rules = *rules, .server_time = 1,
+                            .timeout_ms = (int)(*rules)->store.timeout_ms};
+        if (!(s->store = qg_store_redis_new(s->opts.store_url, &ro, err,
+                                            sizeof err))) {
+            fprintf(stderr, "quotagate: --store %s: %s\n", s->opts.store_url,
+                    err);
+            return -1;
+        }
+    } else if (!(s->store = qg_store_memory_new(&mo))) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        return -1;
+    }
+    if (!(s->engine = qg_engine_new(*rules, s->store)) ||
         !(s->metrics = qg__metrics_new(*rules))) {
         fprintf(stderr, "quotagate: out of memory\n");
         return -1;
@@ -338,7 +352,9 @@ static int serve_rebuild(qg_server *s)
 {
     const char *what = "the subjects created through the admin API";
     int lrc = qg__ledger_scan_subjects(s->ledger, put_subject, s);
-    if (lrc == QG_OK) {
+    /* a shared store holds the counters of every instance: replaying this
+     * instance's ledger into it would charge everything twice */
+    if (lrc == QG_OK && !(qg_store_flags(s->store) & QG_STORE_SHARED)) {
         what = "the request rows to rebuild the counters";
         lrc = rebuild(s);
     }
@@ -402,13 +418,15 @@ static void serve_banner(qg_server *s, const char *host, long nofile)
             "address (ulimit -n %ld)\n",
             (unsigned long long)hs.max_connections, per, nofile);
     fprintf(stdout,
-            "quotagate: rules %s (version %s), ledger %s, store memory\n"
+            "quotagate: rules %s (version %s), ledger %s, store %s\n"
             "quotagate: try: curl -s -X POST http://%s:%d/v1/check "
             "-H \"Authorization: Bearer $QUOTAGATE_SERVICE_KEY\" "
             "-d '{\"subject\":\"bob\",\"request_id\":\"r1\",\"weight\":1}'\n"
             "quotagate: listening on http://%s:%d\n",
             s->opts.rules_path, qg_rules_version(qg_engine_rules(s->engine)),
-            s->opts.ledger_url, host, port, host, port);
+            s->opts.ledger_url,
+            s->opts.store_url ? s->opts.store_url : "memory", host, port,
+            host, port);
     fflush(stdout);
 }
 

@@ -36,7 +36,7 @@
  * qg_store_redis_accept_loss (after the counters were rebuilt from the
  * ledger); the check that noticed it is voided.
  *
- * Errors: a Redis error or a lost connection is QG_EIO with the reason in
+ * Errors: a Redis error or a lost connection is QG_ESTORE with the reason in
  * qg_store_redis_error(); the next call reconnects.  Thread-safe (one
  * mutex: this prototype serialises its callers). */
 #include <pthread.h>
@@ -134,14 +134,14 @@ static int epoch_sync(redis_store *s)
     redisReply *r;
     random_hex(fresh);
     if (!(r = cmd1(s, 4, set)))
-        return QG_EIO;
+        return QG_ESTORE;
     freeReplyObject(r);
     if (!(r = cmd1(s, 2, get)))
-        return QG_EIO;
+        return QG_ESTORE;
     if (r->type != REDIS_REPLY_STRING || r->len >= sizeof s->epoch) {
         freeReplyObject(r);
         set_err(s, "%s", "unexpected reply reading qg:epoch");
-        return QG_EIO;
+        return QG_ESTORE;
     }
     if (s->have_epoch && strcmp(s->epoch, r->str) != 0)
         s->lost = 1;
@@ -163,7 +163,7 @@ static int ensure_conn(redis_store *s)
         set_err(s, "cannot connect to Redis: %s",
                 s->c ? s->c->errstr : "out of memory");
         drop_conn(s);
-        return QG_EIO;
+        return QG_ESTORE;
     }
     redisSetTimeout(s->c, tv);
     if (s->password) {
@@ -174,7 +174,7 @@ static int ensure_conn(redis_store *s)
             if (r)
                 freeReplyObject(r);
             drop_conn(s);
-            return QG_EIO;
+            return QG_ESTORE;
         }
         freeReplyObject(r);
     }
@@ -188,7 +188,7 @@ static int ensure_conn(redis_store *s)
             if (r)
                 freeReplyObject(r);
             drop_conn(s);
-            return QG_EIO;
+            return QG_ESTORE;
         }
         freeReplyObject(r);
     }
@@ -196,7 +196,7 @@ static int ensure_conn(redis_store *s)
         if (!s->err[0])
             set_err(s, "Redis: %s", s->c ? s->c->errstr : "");
         drop_conn(s);
-        return QG_EIO;
+        return QG_ESTORE;
     }
     return QG_OK;
 }
@@ -206,7 +206,7 @@ static int io_fail(redis_store *s)
 {
     set_err(s, "Redis connection lost: %s", s->c ? s->c->errstr : "");
     drop_conn(s);
-    return QG_EIO;
+    return QG_ESTORE;
 }
 
 /* Send n commands in one write and read their replies (after those of
@@ -285,7 +285,7 @@ static int load_script(redis_store *s, const char *text, size_t len)
     if (r->type == REDIS_REPLY_ERROR) {
         set_err(s, "Redis refused the script: %s", r->str);
         freeReplyObject(r);
-        return QG_EIO;
+        return QG_ESTORE;
     }
     freeReplyObject(r);
     return QG_OK;
@@ -410,7 +410,7 @@ static int reply_take(redis_store *s, redisReply *r, reply_buf *b)
     b->r = r;
     if (!(b->it = items_of(s, r, &b->n))) {
         reply_free(b);
-        return QG_EIO;
+        return QG_ESTORE;
     }
     return QG_OK;
 }
@@ -434,7 +434,7 @@ static int void_check(redis_store *s, const qg__rs_version *v,
     s->cnt.voids++;
     if (r->type == REDIS_REPLY_ERROR) {
         set_err(s, "Redis void failed: %s", r->str);
-        rc = QG_EIO;
+        rc = QG_ESTORE;
     } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
                r->element[1]->type == REDIS_REPLY_INTEGER &&
                r->element[1]->integer == 2) {
@@ -469,7 +469,7 @@ static int lookup_foreign(redis_store *s, const qg__rs_version *v,
     if (res.kind == QG__RS_BAD) {
         set_err(s, "%s", "a request id recorded under another org could not "
                 "be replayed");
-        return QG_EIO;
+        return QG_ESTORE;
     }
     return QG_OK;
 }
@@ -654,7 +654,7 @@ static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
          * script's instant, decided at it */
         s->cnt.period_retries++;
         if (attempt + 1 >= MAX_ATTEMPTS) {
-            rc = QG_EIO;
+            rc = QG_ESTORE;
             set_err(s, "%s", "calendar periods did not settle");
             goto out;
         }
@@ -677,7 +677,7 @@ static int r_check(qg_store *st, const qg_store_check *in, qg_decision *out)
         rc = res.rc;
         break;
     default:
-        rc = QG_EIO;
+        rc = QG_ESTORE;
         set_err(s, "%s", "unexpected reply from the Redis check script");
         goto out;
     }
@@ -810,12 +810,12 @@ static int r_settle(qg_store *st, const qg_store_settle *in,
                     "instance does not have");
             goto out;
         default:
-            rc = QG_EIO;
+            rc = QG_ESTORE;
             set_err(s, "%s", "unexpected reply from the Redis settle script");
             goto out;
         }
     }
-    rc = QG_EIO;
+    rc = QG_ESTORE;
     set_err(s, "%s", "the reservation kept moving");
 out:
     qg__rs_args_free(&a);
@@ -857,7 +857,7 @@ static int r_usage(qg_store *st, const qg_store_usage *in, qg_decision *out)
         if (res.kind == QG__RS_OK)
             goto ok;
         if (res.kind != QG__RS_PERIOD) {
-            rc = QG_EIO;
+            rc = QG_ESTORE;
             set_err(s, "%s", "unexpected reply from the Redis usage script");
             goto out;
         }
@@ -865,7 +865,7 @@ static int r_usage(qg_store *st, const qg_store_usage *in, qg_decision *out)
         now_arg = res.raw_now;
         pnow = res.need_now;
     }
-    rc = QG_EIO;
+    rc = QG_ESTORE;
     set_err(s, "%s", "calendar periods did not settle");
     goto out;
 ok:
@@ -975,14 +975,14 @@ static int r_restore(qg_store *st, const qg_store_restore *in)
             goto out;
         }
         if (res.kind != QG__RS_PERIOD) {
-            rc = QG_EIO;
+            rc = QG_ESTORE;
             set_err(s, "%s", "unexpected reply from the Redis restore script");
             goto out;
         }
         s->cnt.period_retries++;
         pnow = res.need_now;
     }
-    rc = QG_EIO;
+    rc = QG_ESTORE;
     set_err(s, "%s", "calendar periods did not settle");
 out:
     for (int i = 0; i < 2; i++)

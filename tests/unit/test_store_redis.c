@@ -16,7 +16,7 @@
  *    subject's, without a subject), concurrency lease expiry, restores,
  *    the refusal of rules outside the store's exact range, a flushed
  *    script cache (NOSCRIPT), a flushed data set (FLUSHALL: the epoch),
- *    a server that went away (QG_EIO), round trips per operation, and the
+ *    a server that went away (QG_ESTORE), round trips per operation, and the
  *    bignum helper the scripts use for 128-bit arithmetic;
  *  - the differential test: long random streams of checks, settles,
  *    usage, restores and known-id queries over rules with every window
@@ -1075,7 +1075,7 @@ static void test_server_gone(void **state)
     assert_non_null(strstr(err, "connect"));
     assert_null(qg_store_redis_new("http://x", &o, err, sizeof err));
     assert_null(qg_store_redis_new("redis://h:99999", &o, err, sizeof err));
-    /* a server that goes away: QG_EIO with a message, no crash */
+    /* a server that goes away: QG_ESTORE with a message, no crash */
     assert_int_equal(redisproc_start(&other, NULL), 0);
     s = qg_store_redis_new(redisproc_url(&other), &o, err, sizeof err);
     assert_non_null(s);
@@ -1089,10 +1089,10 @@ static void test_server_gone(void **state)
         qg_settle_result sr;
         assert_int_equal(qg_engine_check(e, &q, T0_MS, &d, err, sizeof err), 0);
         redisproc_stop(&other);
-        assert_int_equal(qg_engine_check(e, &q, T0_MS, &d, err, sizeof err), QG_EIO);
+        assert_int_equal(qg_engine_check(e, &q, T0_MS, &d, err, sizeof err), QG_ESTORE);
         print_message("server gone: %s\n", qg_store_redis_error(s));
-        assert_int_equal(qg_engine_settle(e, &sq, T0_MS, &sr, err, sizeof err), QG_EIO);
-        assert_int_equal(qg_engine_usage(e, "r1", T0_MS, &d), QG_EIO);
+        assert_int_equal(qg_engine_settle(e, &sq, T0_MS, &sr, err, sizeof err), QG_ESTORE);
+        assert_int_equal(qg_engine_usage(e, "r1", T0_MS, &d), QG_ESTORE);
         assert_int_equal(qg_engine_remembers(e, "x"), 0);
         qg_engine_free(e);
     }
