@@ -236,6 +236,9 @@ void qg_store_stats_get(qg_store *s, qg_store_stats *out);
 unsigned qg_store_flags(const qg_store *s);
 /* The store's name ("memory", "redis", "redis-cluster"). */
 const char *qg_store_name(const qg_store *s);
+/* Is the store there?  0, QG_ESTORE (not reached in time), QG_ESTATE (it
+ * lost its data).  A store in this process always is. */
+int qg_store_probe(qg_store *s);
 
 /* A lane: one thread's context for the asynchronous calls below, the
  * store's connections on that thread's event loop (loop: a libevent
@@ -432,6 +435,34 @@ int qg_engine_settle_async(qg_engine *e, qg_store_lane *lane,
 int qg_engine_usage_async(qg_engine *e, qg_store_lane *lane,
                           const char *subject, int64_t now_ms,
                           qg_decision *out, qg_engine_done done, void *ud);
+
+/* -------------------------------------------------- the store down */
+
+/* While a shared store does not answer (PRODUCT.md 5.1 point 4, `down:
+ * local`), decisions are made locally with conservative limits: per
+ * window share (milli, 1..1000) x what it had left in the last view this
+ * engine saw of the subject (its whole limit when it saw none), no
+ * recovery during the outage; rates at share x their rate, concurrency at
+ * share x its slots (at least 1).  Enable the notes of the last views
+ * once (max_subjects members and orgs; 0: 262144); then check_local and
+ * settle_local decide and settle without the store, every admission is
+ * journalled, and local_drain hands the journal to fn (oldest first) as
+ * restores of the store once it answers again (fn returns 0 to go on);
+ * an emptied journal ends the outage's local state.  settle_local is
+ * QG_ENOTFOUND for a request not admitted locally. */
+int qg_engine_fallback_enable(qg_engine *e, uint32_t max_subjects);
+int qg_engine_check_local(qg_engine *e, const qg_check_req *req,
+                          int64_t now_ms, int64_t share_milli,
+                          qg_decision *out, char *err, size_t errcap);
+int qg_engine_settle_local(qg_engine *e, const qg_settle_req *req,
+                           int64_t now_ms, qg_settle_result *out, char *err,
+                           size_t errcap);
+int qg_engine_local_knows(qg_engine *e, const char *request_id);
+int qg_engine_local_drain(qg_engine *e,
+                          int (*fn)(const qg_restore_req *rr, void *ud),
+                          void *ud);
+uint64_t qg_engine_local_pending(qg_engine *e);
+uint64_t qg_engine_local_decisions(qg_engine *e);
 
 /* ------------------------------------------------------------- API keys */
 

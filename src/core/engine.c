@@ -33,6 +33,7 @@
 #include "civil.h"
 #include "error.h"
 #include "fixed.h"
+#include "fallback.h"
 #include "payg.h"
 #include "rules.h"
 #include "store.h"
@@ -68,6 +69,8 @@ typedef struct gen {
 struct qg_engine {
     gen *_Atomic cur;
     qg_store *store;
+    qg__fallback *fb;            /* local decisions while the store is down
+                                    (fallback.h), NULL until enabled */
     pthread_mutex_t reload_mu;
     qg_tz *utc;                  /* payg cap periods (payg.c) */
     reg_shard reg[REG_SHARDS];
@@ -322,6 +325,8 @@ fail:
 
 void qg_engine_free(qg_engine *e)
 {
+    if (e)
+        qg__fallback_free(e->fb);
     if (!e)
         return;
     for (int i = 0; i < REG_SHARDS; i++) {
@@ -598,6 +603,8 @@ static int finish_check(call *c, int rc, qg_decision *out, char *err,
     else if (rc != QG_OK)
         qg__errf(err, errcap, "%s", qg_strerror(rc));
     if (rc == QG_OK) {
+        if (c->e->fb)
+            qg__fallback_note(c->e->fb, in, out);
         fill_names(c->g, &c->s, in->model, out);
         out->spending_cap_micro = in->payg_mask ? in->cap_micro : 0;
         out->cap_period_end_ms = in->payg_mask ? in->cap_end_ms : 0;
@@ -945,4 +952,95 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     if (rc != QG_OK)
         qg__errf(err, errcap, "restore: %s", qg_strerror(rc));
     return rc;
+}
+
+/* ------------------------------------------------- the store down */
+
+int qg_engine_fallback_enable(qg_engine *e, uint32_t max_subjects)
+{
+    if (e->fb)
+        return QG_OK;
+    return (e->fb = qg__fallback_new(max_subjects)) ? QG_OK : QG_ENOMEM;
+}
+
+int qg_engine_check_local(qg_engine *e, const qg_check_req *req,
+                          int64_t now_ms, int64_t share_milli,
+                          qg_decision *out, char *err, size_t errcap)
+{
+    call c;
+    int rc;
+    if (!e->fb)
+        return QG_ESTATE;
+    c.e = e;
+    if ((rc = prepare_check(e, req, now_ms, &c, err, errcap)) != QG_OK)
+        return rc;
+    rc = qg__fallback_check(e->fb, &c.in.check, share_milli, req->subject,
+                            req->request_id, req->model, out);
+    if (rc == QG_EFULL) {
+        qg__errf(err, errcap, "%s", "the counters' store is down and the "
+                 "local journal of what was admitted meanwhile is full");
+        return rc;
+    }
+    if (rc == QG_OK) {
+        fill_names(c.g, &c.s, c.in.check.model, out);
+        out->spent_micro = 0;
+    }
+    return rc;
+}
+
+int qg_engine_settle_local(qg_engine *e, const qg_settle_req *req,
+                           int64_t now_ms, qg_settle_result *out, char *err,
+                           size_t errcap)
+{
+    call c;
+    char model[QG_NAME_MAX];
+    int64_t actual;
+    int rc;
+    if (!e->fb)
+        return QG_ENOTFOUND;
+    c.e = e;
+    if ((rc = prepare_settle(e, req, now_ms, &c, err, errcap)) != QG_OK)
+        return rc;
+    if (qg__fallback_model(e->fb, c.in.settle.rid, model, sizeof model) !=
+        QG_OK)
+        return QG_ENOTFOUND;
+    actual = req->weight_milli;
+    if (model[0]) {
+        const qg_rules *r = cur_gen(e)->rules;
+        int m = qg_rules_find_model(r, model);
+        actual = m >= 0 ? qg__weight_milli(&r->models[m], req->input_tokens,
+                                           req->output_tokens)
+                        : -1;
+        if (actual > QG_AMOUNT_MAX_MILLI)
+            actual = QG_AMOUNT_MAX_MILLI;
+    }
+    rc = qg__fallback_settle(e->fb, &c.in.settle, actual, out);
+    if (rc == QG_OK && actual < 0 && !req->no_charge)
+        out->charged_milli = out->actual_milli = out->reserved_milli;
+    return finish_settle(&c, rc, err, errcap);
+}
+
+int qg_engine_local_knows(qg_engine *e, const char *request_id)
+{
+    if (!e->fb || !request_id)
+        return 0;
+    return qg__fallback_knows(e->fb, hash_key(request_id, strlen(request_id),
+                                              SEED_RID));
+}
+
+int qg_engine_local_drain(qg_engine *e,
+                          int (*fn)(const qg_restore_req *rr, void *ud),
+                          void *ud)
+{
+    return e->fb ? qg__fallback_drain(e->fb, fn, ud) : QG_OK;
+}
+
+uint64_t qg_engine_local_pending(qg_engine *e)
+{
+    return e->fb ? qg__fallback_pending(e->fb) : 0;
+}
+
+uint64_t qg_engine_local_decisions(qg_engine *e)
+{
+    return e->fb ? qg__fallback_decisions(e->fb) : 0;
 }

@@ -38,3 +38,8 @@ void qg_store_lane_free(qg_store *s, qg_store_lane *l)
     if (l && s->m->lane_free)
         s->m->lane_free(s, l);
 }
+
+int qg_store_probe(qg_store *s)
+{
+    return s->m->probe ? s->m->probe(s) : QG_OK;
+}

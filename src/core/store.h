@@ -149,6 +149,9 @@ typedef struct qg_store_methods {
     int (*known)(qg_store *s, qg_key rid);
     void (*stats)(qg_store *s, qg_store_stats *out);
     void (*free)(qg_store *s);
+    /* Is the store there?  0, or QG_ESTORE (not reached in time) or
+     * QG_ESTATE (it lost its data).  NULL: always there. */
+    int (*probe)(qg_store *s);
 
     /* Asynchronous calls, for a store across a network (NULL when the
      * store has none: the engine then calls the synchronous ones).  A lane

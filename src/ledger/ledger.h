@@ -31,7 +31,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 3
+#define QG_LEDGER_SCHEMA_VERSION 4
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -74,6 +74,9 @@ typedef struct qg_ledger_row {
      * reported more output than the request allowed (docs/proxy.md).
      * Written by the settle. */
     char detail[160];
+    /* The decision was made locally while the shared store was down
+     * (schema 4; PRODUCT.md 5.1 point 4): 1 on the check's row. */
+    int fallback;
     int settle_only;           /* when a row with this request_id exists,
                                   update only status, estimated, tokens,
                                   weight_milli, settled_ms, overage_milli,

@@ -59,7 +59,8 @@
     "request_id, subject, org, plan, rules_version, weights_version, model," \
     " \"window\", decision, status, estimated, input_tokens, output_tokens," \
     " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
-    " overage_price_micro, overage_cost_micro, headroom_milli, detail"
+    " overage_price_micro, overage_cost_micro, headroom_milli, detail," \
+    " fallback"
 
 /* A row once written is changed only by its own request: a whole row
  * (a decision) replaces only a refusal of the same subject (a refused
@@ -72,8 +73,8 @@
 static const char sql_upsert[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17, ?18, ?19, ?20, ?21, ?22) ON CONFLICT(request_id) DO UPDATE SET"
-    " subject = excluded.subject, org = excluded.org, plan = excluded.plan,"
+    " ?17, ?18, ?19, ?20, ?21, ?22, ?23) ON CONFLICT(request_id) DO UPDATE"
+    " SET subject = excluded.subject, org = excluded.org, plan = excluded.plan,"
     " rules_version = excluded.rules_version,"
     " weights_version = excluded.weights_version, model = excluded.model,"
     " \"window\" = excluded.\"window\", decision = excluded.decision,"
@@ -86,7 +87,8 @@ static const char sql_upsert[] =
     " overage_milli = excluded.overage_milli,"
     " overage_price_micro = excluded.overage_price_micro,"
     " overage_cost_micro = excluded.overage_cost_micro,"
-    " headroom_milli = excluded.headroom_milli, detail = excluded.detail"
+    " headroom_milli = excluded.headroom_milli, detail = excluded.detail,"
+    " fallback = excluded.fallback"
     " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
 
 /* A settle: the row is normally there already (its check's row was
@@ -95,8 +97,8 @@ static const char sql_upsert[] =
 static const char sql_settle[] =
     "INSERT INTO requests (" ROW_COLS ") VALUES"
     " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
-    " ?17, ?18, ?19, ?20, ?21, ?22) ON CONFLICT(request_id) DO UPDATE SET"
-    " status = excluded.status, estimated = excluded.estimated,"
+    " ?17, ?18, ?19, ?20, ?21, ?22, ?23) ON CONFLICT(request_id) DO UPDATE"
+    " SET status = excluded.status, estimated = excluded.estimated,"
     " input_tokens = excluded.input_tokens,"
     " output_tokens = excluded.output_tokens,"
     " weight_milli = excluded.weight_milli,"
@@ -154,6 +156,7 @@ int qg__sq_bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
         rc = sqlite3_bind_int64(st, 20, r->overage_cost_micro);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->headroom_milli);
     if (rc == SQLITE_OK) rc = BIND_STR(st, 22, r->detail);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 23, r->fallback);
     return rc;
 }
 
@@ -181,6 +184,7 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
     r->overage_cost_micro = sqlite3_column_int64(st, 19);
     r->headroom_milli = sqlite3_column_int64(st, 20);
     COL_STR(st, 21, r->detail);
+    r->fallback = sqlite3_column_int(st, 22);
 }
 
 /* ------------------------------------------------------ opening, schema */

@@ -54,6 +54,8 @@ static const char *const migrations[] = {
     " DEFAULT -1;",
     /* 2 -> 3: why a charge differs from the usage reported (ledger.h) */
     "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
+    /* 3 -> 4: decided locally while the shared store was down */
+    "ALTER TABLE requests ADD COLUMN fallback INTEGER NOT NULL DEFAULT 0;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gate.h"
+#include "keeper.h"
 #include "metrics.h"
 #include "rules.h"
 #include "weights.h"
@@ -52,9 +53,38 @@ static void copy_str(char *dst, size_t cap, const char **field)
     }
 }
 
+/* Decide locally: the shared store is down or rebuilding (keeper.c). */
+static int decide_local(qg_server *s, qg__admit *a)
+{
+    const qg_rules *rules = qg_engine_rules(s->engine);
+    if (rules->store.down == QG_DOWN_CLOSED) {
+        snprintf(a->err, sizeof a->err, "the counters' store (%s) does not "
+                 "answer, and the rules say store.down: closed",
+                 qg_store_name(s->store));
+        return QG_ESTORE;
+    }
+    a->fallback = 1;
+    atomic_fetch_add(&s->fallback_decisions, 1);
+    a->now_ms = qg__server_now(s);
+    return qg_engine_check_local(s->engine, &a->req, a->now_ms,
+                                 rules->store.share_milli, &a->d, a->err,
+                                 sizeof a->err);
+}
+
+static int local_now(qg_server *s)
+{
+    return s->keeper &&
+           (atomic_load(&s->store_down) || atomic_load(&s->store_lost));
+}
+
 static void admit_done(void *arg, int rc)
 {
     qg__admit *a = arg;
+    qg_server *s = a->s;
+    if ((rc == QG_ESTORE || rc == QG_ESTATE) && s->keeper) {
+        qg__keeper_report(s->keeper, rc);
+        rc = decide_local(s, a);
+    }
     a->rc = rc;
     a->done(a, a->ud);
 }
@@ -67,6 +97,7 @@ void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
     a->done = done;
     a->ud = ud;
     a->err[0] = '\0';
+    a->fallback = 0;
     copy_str(a->subject, sizeof a->subject, &a->req.subject);
     copy_str(a->request_id, sizeof a->request_id, &a->req.request_id);
     copy_str(a->model, sizeof a->model, &a->req.model);
@@ -77,13 +108,16 @@ void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
         done(a, ud);
         return;
     }
+    if (local_now(s)) {
+        a->rc = decide_local(s, a);
+        done(a, ud);
+        return;
+    }
     rc = qg__server_check_async(s, qg__gate_lane(s, worker, base), &a->req,
                                 a->now_ms, &a->d, &a->prior, a->err,
                                 sizeof a->err, admit_done, a);
-    if (rc != QG_PENDING) {
-        a->rc = rc;
-        done(a, ud);
-    }
+    if (rc != QG_PENDING)
+        admit_done(a, rc);
 }
 
 void qg__gate_decide(qg_server *s, qg_http_req *r, qg__admit *a,
@@ -101,6 +135,7 @@ void qg__gate_record(qg_server *s, const qg__admit *a, const char *window)
     qg__row_of_decision(&row, &a->d, a->req.request_id, a->req.subject,
                         a->req.input_tokens, a->row_output_tokens);
     row.estimated = a->estimated;
+    row.fallback = a->fallback;
     if (window)
         qg__row_copy(row.window, sizeof row.window, window);
     if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
@@ -252,6 +287,15 @@ static void settle_applied(void *arg, int rc)
     const qg_settle_req *q = &st->req;
     int from_ledger = 0, qrc;
 
+    if ((rc == QG_ESTORE || rc == QG_ESTATE) && s->keeper) {
+        /* the store is not there: nobody waits, so the keeper applies it
+         * once it is; a caller who waits is told to retry */
+        qg__keeper_report(s->keeper, rc);
+        if (!st->done && qg__keeper_hold_settle(s->keeper, st) == QG_OK) {
+            free(st);
+            return;
+        }
+    }
     if (rc == QG_ENOTFOUND) {
         /* the counters do not know it: the ledger may (reqid.c) */
         char lerr[QG_GATE_ERRCAP];
@@ -335,6 +379,17 @@ int qg__gate_settle(qg_server *s, const qg__settle *proto, int worker,
         snprintf(st->err, sizeof st->err, "%s", behind);
         st->rc = QG_EFULL;
         settle_end(st);
+        return QG_OK;
+    }
+    if (s->keeper && qg_engine_local_knows(s->engine, st->req.request_id)) {
+        /* admitted locally while the store was down */
+        rc = qg_engine_settle_local(s->engine, &st->req, st->now_ms,
+                                    &st->res, st->err, sizeof st->err);
+        settle_applied(st, rc);
+        return QG_OK;
+    }
+    if (local_now(s)) {
+        settle_applied(st, QG_ESTORE);
         return QG_OK;
     }
     rc = qg_engine_settle_async(s->engine, qg__gate_lane(s, worker, base),

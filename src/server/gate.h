@@ -48,6 +48,7 @@ struct qg__admit {
     qg_decision d;
     qg_ledger_row prior;         /* a replay answered from the ledger:
                                     d's names point into it */
+    int fallback;                /* decided locally: the store was down */
     /* private: the copies req points to, the callback */
     char subject[256], request_id[QG_REQUEST_ID_MAX + 1];
     char model[QG_NAME_MAX];

@@ -6,6 +6,7 @@
 #include "json_out.h"
 #include "metrics.h"
 #include "gate.h"
+#include "rules.h"
 #include "server.h"
 
 /* A usage read while the store answers. */
@@ -97,14 +98,20 @@ void qg__h_healthz(qg_server *s, qg_http_req *r, const char *caller)
     json_t *j;
 
     (void)caller;
+    int down = atomic_load(&s->store_down) || atomic_load(&s->store_lost);
+    const char *fallback = !down ? "none"
+                           : qg_engine_rules(s->engine)->store.down ==
+                                     QG_DOWN_CLOSED
+                               ? "closed"
+                               : "local";
     qg_store_stats_get(s->store, &st);
     qg__ledger_stats_get(s->ledger, &ls);
     j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I,"
                   " s:I}",
-                  "status", ls.failing ? "degraded" : "ok",
-                  "store", st.backend,
-                  "store_state", "ok",
-                  "fallback", "none",
+                  "status", ls.failing || down ? "degraded" : "ok",
+                  "store", qg_store_name(s->store),
+                  "store_state", down ? "down" : "ok",
+                  "fallback", fallback,
                   "ledger", ls.backend ? ls.backend : "sqlite",
                   "ledger_state", ls.failing ? "errors" : "ok",
                   "rules_version", qg_rules_version(qg_engine_rules(s->engine)),
@@ -115,6 +122,14 @@ void qg__h_healthz(qg_server *s, qg_http_req *r, const char *caller)
                   "rebuild_ms", (json_int_t)s->rebuild_ms);
     if (j && ls.failing)
         json_object_set_new(j, "ledger_error", json_string(ls.last_error));
+    if (j && s->keeper) {
+        json_object_set_new(j, "fallback_decisions",
+                            json_integer((json_int_t)atomic_load(
+                                &s->fallback_decisions)));
+        json_object_set_new(j, "fallback_pending",
+                            json_integer((json_int_t)qg_engine_local_pending(
+                                s->engine)));
+    }
     qg__reply_json(s, r, 200, qg__json_dump_steal(j), NULL, 0);
 }
 

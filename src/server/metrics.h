@@ -23,7 +23,9 @@
  *   quotagate_ledger_up (0 while writes fail),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
- *   quotagate_store_subjects, quotagate_store_bytes, quotagate_up,
+ *   quotagate_store_subjects, quotagate_store_bytes, quotagate_store_up,
+ *   quotagate_fallback_decisions_total, quotagate_fallback_pending,
+ *   quotagate_up,
  *   quotagate_rules_info{rules_version,weights_version}
  *   quotagate_http_connections_open, quotagate_http_connections_max,
  *   quotagate_http_connections_per_client_max (0: no limit),
@@ -90,6 +92,9 @@ typedef struct qg_metrics_gauges {
     uint64_t rebuild_skipped;       /* rows it could not use */
     uint64_t store_subjects;
     uint64_t store_bytes;
+    int store_up;                   /* the store answers (1 for memory) */
+    uint64_t fallback_decisions;    /* decided locally, store down */
+    uint64_t fallback_pending;      /* admitted locally, not charged back */
     const qg_http_stats *http;      /* connections; NULL: not shown */
     const char *rules_version;      /* NULL: taken from the current rules */
     const char *weights_version;

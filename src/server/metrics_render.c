@@ -207,6 +207,16 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             g->store_subjects);
     gauge_u(f, "quotagate_store_bytes", "gauge",
             "Heap bytes held by the counter store.", g->store_bytes);
+    gauge_u(f, "quotagate_store_up", "gauge",
+            "1 while the counters' store answers; 0 while decisions are "
+            "local (store.down: local) or refused (closed).",
+            (uint64_t)g->store_up);
+    gauge_u(f, "quotagate_fallback_decisions_total", "counter",
+            "Decisions made locally while the counters' store was down.",
+            g->fallback_decisions);
+    gauge_u(f, "quotagate_fallback_pending", "gauge",
+            "Requests admitted locally and not yet charged into the store.",
+            g->fallback_pending);
 }
 
 /* The HTTP layer's connection counts.  Families and reason labels come

@@ -21,6 +21,7 @@
 #include "json_out.h"
 #include "metrics.h"
 #include "routes.h"
+#include "keeper.h"
 #include "proxy.h"
 #include "server.h"
 
@@ -45,6 +46,9 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->rebuild_clamped = s->rebuild_clamped;
     g->rebuild_skipped = s->rebuild_skipped;
     g->store_subjects = st->subjects;
+    g->store_up = !(atomic_load(&s->store_down) || atomic_load(&s->store_lost));
+    g->fallback_decisions = atomic_load(&s->fallback_decisions);
+    g->fallback_pending = qg_engine_local_pending(s->engine);
     g->store_bytes = st->bytes;
 }
 
@@ -330,6 +334,12 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         return -1;
     }
     *rules = NULL;               /* the engine owns them */
+    if ((qg_store_flags(s->store) & QG_STORE_SHARED) &&
+        (qg_engine_fallback_enable(s->engine, 0) != QG_OK ||
+         !(s->keeper = qg__keeper_new(s)))) {
+        fprintf(stderr, "quotagate: cannot start the store's keeper\n");
+        return -1;
+    }
     s->nlanes = s->opts.workers > 0 ? s->opts.workers : 2;
     if (!(s->lanes = calloc((size_t)s->nlanes, sizeof *s->lanes)) ||
         !(s->lane_failed = calloc((size_t)s->nlanes, 1))) {
@@ -435,6 +445,7 @@ static void serve_banner(qg_server *s, const char *host, long nofile)
 static void serve_close(qg_server *s)
 {
     qg__reloader_free(s->reloader);     /* after run: no request comes */
+    qg__keeper_free(s->keeper);
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
     qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */

@@ -16,6 +16,7 @@ typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
 typedef struct qg__proxy qg__proxy; /* src/proxy/proxy.h */
 typedef struct qg_reloader qg_reloader;   /* reload.c */
+typedef struct qg__keeper qg__keeper;     /* keeper.c */
 
 /* qg_serve_opts and qg_serve are public (quotagate.h). */
 
@@ -30,6 +31,11 @@ typedef struct qg_server {
     qg__proxy *proxy;            /* the metering proxy (always set up:
                                     models may name their own upstream) */
     qg_reloader *reloader;       /* loads rules off the workers */
+    qg__keeper *keeper;          /* a shared store's keeper, or NULL */
+    _Atomic int store_down;      /* the shared store did not answer:
+                                    decisions are local (keeper.c) */
+    _Atomic int store_lost;      /* it lost its data: rebuilt first */
+    _Atomic uint64_t fallback_decisions;
     qg_store_lane **lanes;       /* per worker: the store's lane (gate.c) */
     unsigned char *lane_failed;  /* per worker: the store made none */
     int nlanes;

@@ -1054,6 +1054,21 @@ static void r_free(qg_store *st)
     free(s);
 }
 
+/* Reach the server (connecting when needed) and read its epoch: 0,
+ * QG_ESTORE, or QG_ESTATE when the data set was lost. */
+static int r_probe(qg_store *st)
+{
+    redis_store *s = (redis_store *)st;
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    if ((rc = ensure_conn(s)) == QG_OK && (rc = epoch_sync(s)) != QG_OK)
+        drop_conn(s);
+    if (rc == QG_OK && s->lost)
+        rc = QG_ESTATE;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 static const qg_store_methods redis_methods = {
     .api = QG_STORE_API,
     .name = "redis",
@@ -1065,6 +1080,7 @@ static const qg_store_methods redis_methods = {
     .known = r_known,
     .stats = r_stats,
     .free = r_free,
+    .probe = r_probe,
 };
 
 /* ---------------------------------------------------------- public API */

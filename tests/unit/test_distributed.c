@@ -5,7 +5,13 @@
  *    likewise;
  *  - a request id replayed at another instance gets the original answer
  *    and no second charge;
- *  - a reservation made at one instance is settled at another.
+ *  - a reservation made at one instance is settled at another;
+ *  - Redis stopped (SIGSTOP) under load: the instances decide locally
+ *    within a third each of what was left, /healthz and /metrics say so,
+ *    and once Redis answers again what they admitted is charged into it
+ *    exactly once (the subject ends at exactly its limit);
+ *  - FLUSHALL under load: the counters are rebuilt from the ledgers, and
+ *    the subject is never admitted beyond its limit.
  * A real redis-server (redisproc) and three real servers (qgproc) on free
  * ports, each with its own SQLite ledger. */
 #include <stdarg.h>
@@ -255,6 +261,126 @@ static void test_settle_at_another_instance(void **state)
                  tst_dump(s));
 }
 
+/* ------------------------------------------------------ the store down */
+
+static int check_at(int inst, const char *subject, const char *rid)
+{
+    httpc c;
+    http_resp r;
+    int st;
+    httpc_init(&c, qgproc_port(&P[inst]));
+    memset(&r, 0, sizeof r);
+    if (httpc_post_json(&c, "/v1/check", SERVICE,
+                        tst_fmt("{\"subject\":\"%s\",\"request_id\":\"%s\","
+                                "\"weight\":1}", subject, rid), &r) < 0)
+        fail_msg("instance %d: check: %s", inst, c.err);
+    st = r.status;
+    http_resp_free(&r);
+    httpc_close(&c);
+    return st;
+}
+
+static json_t *healthz(int inst)
+{
+    httpc c;
+    http_resp *r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+    httpc_init(&c, qgproc_port(&P[inst]));
+    if (httpc_get(&c, "/healthz", NULL, r) < 0)
+        fail_msg("healthz: %s", c.err);
+    httpc_close(&c);
+    return tst_jparse(r, "healthz");
+}
+
+/* Wait until every instance's /healthz says store_state `want`. */
+static void wait_state(const char *want)
+{
+    long long t0 = qg_now_ms();
+    for (;;) {
+        int ok = 1;
+        for (int i = 0; i < NINST; i++)
+            ok &= strcmp(tst_jstr(healthz(i), "store_state", "healthz"),
+                         want) == 0;
+        if (ok)
+            return;
+        if (qg_now_ms() - t0 > 20000)
+            fail_msg("the instances did not all reach store_state %s", want);
+        tst_sleep_ms(100);
+    }
+}
+
+/* Round robin over the instances until `n` more are admitted or a round
+ * admits none; returns how many were admitted. */
+static int admit_round_robin(const char *subject, const char *tag, int n,
+                             int *seq)
+{
+    int got = 0, idle = 0;
+    while (got < n && idle < NINST * 2) {
+        int st = check_at(*seq % NINST, subject,
+                          tst_fmt("%s-%d", tag, *seq));
+        (*seq)++;
+        if (st == 200) {
+            got++;
+            idle = 0;
+        } else {
+            if (st != 429)
+                fail_msg("check %s-%d: HTTP %d", tag, *seq - 1, st);
+            idle++;
+        }
+    }
+    return got;
+}
+
+static void test_redis_stopped(void **state)
+{
+    int seq = 0, before, during, after;
+    json_t *h;
+    (void)state;
+    if (!have_redis)
+        skip();
+    before = admit_round_robin("fb", "stop", 30, &seq);
+    assert_int_equal(before, 30);
+    kill(R.pid, SIGSTOP);
+    /* everything the instances can admit locally: a third each of the 70
+     * their last views left (23 each at most, 69 in all) */
+    during = admit_round_robin("fb", "stop", 1000, &seq);
+    h = healthz(0);
+    if (strcmp(tst_jstr(h, "store_state", "healthz"), "down") != 0 ||
+        strcmp(tst_jstr(h, "fallback", "healthz"), "local") != 0)
+        fail_msg("while Redis is stopped /healthz says %s", tst_dump(h));
+    kill(R.pid, SIGCONT);
+    printf("redis stopped: %d admitted before, %d locally\n", before,
+           during);
+    if (during <= 0 || before + during > 100)
+        fail_msg("%d admitted locally after %d: beyond the limit of 100 or "
+                 "none at all", during, before);
+    wait_state("ok");
+    /* charged back exactly once: the rest of the limit, no more */
+    after = admit_round_robin("fb", "stop", 1000, &seq);
+    printf("redis back: %d more admitted (limit 100)\n", after);
+    assert_int_equal(before + during + after, 100);
+}
+
+static void test_flushall(void **state)
+{
+    int seq = 0, before, after;
+    char out[64];
+    (void)state;
+    if (!have_redis)
+        skip();
+    before = admit_round_robin("fl", "flush", 60, &seq);
+    assert_int_equal(before, 60);
+    tst_sleep_ms(300);                  /* the check rows are committed */
+    assert_int_equal(redisproc_cmd(&R, out, sizeof out, "FLUSHALL", NULL), 0);
+    after = admit_round_robin("fl", "flush", 1000, &seq);
+    wait_state("ok");
+    after += admit_round_robin("fl", "flush", 1000, &seq);
+    printf("flushall: %d admitted before, %d after (limit 100)\n", before,
+           after);
+    if (before + after > 100)
+        fail_msg("after FLUSHALL %d more were admitted over the 60 before: "
+                 "beyond the limit of 100", after);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -264,6 +390,8 @@ int main(void)
                                   gc_teardown),
         cmocka_unit_test_teardown(test_settle_at_another_instance,
                                   gc_teardown),
+        cmocka_unit_test_teardown(test_redis_stopped, gc_teardown),
+        cmocka_unit_test_teardown(test_flushall, gc_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
