@@ -130,14 +130,18 @@ static int ping(int port)
     if (!c)
         return 0;
     if ((r = redisCommand(c, "PING"))) {
-        ok = r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+        /* a server with --requirepass answers too, with NOAUTH */
+        ok = (r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0) ||
+             (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0);
         freeReplyObject(r);
     }
     redisFree(c);
     return ok;
 }
 
-static int start_args(redisproc *r, int bus, char **extra, int nextra)
+/* Start redis-server on r->port in r->dir with r's extra arguments and
+ * wait for PING; -1 with r->why (the caller cleans up). */
+static int spawn(redisproc *r)
 {
     const char *bin = redisproc_binary();
     char port[16], log[300];
@@ -145,20 +149,8 @@ static int start_args(redisproc *r, int bus, char **extra, int nextra)
     int n = 0;
     long long t0;
 
-    memset(r, 0, sizeof *r);
     if (!bin) {
         snprintf(r->why, sizeof r->why, "redis-server not found");
-        return -1;
-    }
-    snprintf(r->dir, sizeof r->dir, "/tmp/qgredis.XXXXXX");
-    if (!mkdtemp(r->dir)) {
-        snprintf(r->why, sizeof r->why, "mkdtemp: %s", strerror(errno));
-        r->dir[0] = 0;
-        return -1;
-    }
-    if ((r->port = pick_port(bus)) < 0) {
-        snprintf(r->why, sizeof r->why, "no free port");
-        redisproc_stop(r);
         return -1;
     }
     snprintf(port, sizeof port, "%d", r->port);
@@ -176,17 +168,16 @@ static int start_args(redisproc *r, int bus, char **extra, int nextra)
     argv[n++] = r->dir;
     argv[n++] = "--daemonize";
     argv[n++] = "no";
-    for (int i = 0; i < nextra && n < MAX_ARGS - 1; i++)
-        argv[n++] = extra[i];
+    for (int i = 0; i < r->nextra && n < MAX_ARGS - 1; i++)
+        argv[n++] = r->extra[i];
     argv[n] = NULL;
     if ((r->pid = fork()) < 0) {
         r->pid = 0;
         snprintf(r->why, sizeof r->why, "fork: %s", strerror(errno));
-        redisproc_stop(r);
         return -1;
     }
     if (r->pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -202,7 +193,6 @@ static int start_args(redisproc *r, int bus, char **extra, int nextra)
         if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
             r->pid = 0;
             snprintf(r->why, sizeof r->why, "redis-server exited (see %.200s)", log);
-            redisproc_stop(r);
             return -1;
         }
         if (ping(r->port))
@@ -210,17 +200,74 @@ static int start_args(redisproc *r, int bus, char **extra, int nextra)
         sleep_ms(20);
     }
     snprintf(r->why, sizeof r->why, "redis-server did not answer PING");
-    redisproc_stop(r);
+    kill(r->pid, SIGKILL);
+    waitpid(r->pid, NULL, 0);
+    r->pid = 0;
     return -1;
+}
+
+static int start_args(redisproc *r, int bus, char **extra, int nextra)
+{
+    memset(r, 0, sizeof *r);
+    r->bus = bus;
+    if (!redisproc_binary()) {
+        snprintf(r->why, sizeof r->why, "redis-server not found");
+        return -1;
+    }
+    for (int i = 0; i < nextra && i < REDISPROC_EXTRA; i++) {
+        if (strlen(extra[i]) >= sizeof r->extra[0]) {
+            snprintf(r->why, sizeof r->why, "argument too long: %.60s", extra[i]);
+            return -1;
+        }
+        snprintf(r->extra[i], sizeof r->extra[i], "%s", extra[i]);
+        r->nextra = i + 1;
+    }
+    snprintf(r->dir, sizeof r->dir, "/tmp/qgredis.XXXXXX");
+    if (!mkdtemp(r->dir)) {
+        snprintf(r->why, sizeof r->why, "mkdtemp: %s", strerror(errno));
+        r->dir[0] = 0;
+        return -1;
+    }
+    if ((r->port = pick_port(bus)) < 0) {
+        snprintf(r->why, sizeof r->why, "no free port");
+        redisproc_stop(r);
+        return -1;
+    }
+    if (spawn(r) != 0) {
+        char why[256];
+        memcpy(why, r->why, sizeof why);
+        redisproc_stop(r);
+        memcpy(r->why, why, sizeof why);
+        return -1;
+    }
+    return 0;
+}
+
+void redisproc_kill(redisproc *r)
+{
+    if (r->pid > 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    r->pid = 0;
+}
+
+int redisproc_restart(redisproc *r)
+{
+    if (r->pid > 0 || !r->port || !r->dir[0]) {
+        snprintf(r->why, sizeof r->why, "not a killed server");
+        return -1;
+    }
+    return spawn(r);
 }
 
 int redisproc_start(redisproc *r, ...)
 {
-    char *extra[MAX_ARGS];
+    char *extra[REDISPROC_EXTRA];
     int n = 0;
     va_list ap;
     va_start(ap, r);
-    for (char *a; (a = va_arg(ap, char *)) != NULL && n < MAX_ARGS - 16;)
+    for (char *a; (a = va_arg(ap, char *)) != NULL && n < REDISPROC_EXTRA;)
         extra[n++] = a;
     va_end(ap);
     return start_args(r, 0, extra, n);
@@ -317,27 +364,60 @@ static int cluster_ok(int port)
            strstr(buf, "cluster_state:ok") != NULL;
 }
 
-int rediscluster_start(rediscluster *c)
+/* ROLE's first word on a node: "master", "slave", or "" */
+static void role_of(int port, char *out, size_t cap)
+{
+    redisproc tmp;
+    char buf[1024];
+    memset(&tmp, 0, sizeof tmp);
+    tmp.port = port;
+    out[0] = 0;
+    if (redisproc_cmd(&tmp, buf, sizeof buf, "ROLE", NULL) == 0)
+        snprintf(out, cap, "%.*s", (int)strcspn(buf, "\n"), buf);
+}
+
+static int replica_synced(int port)
+{
+    char buf[4096];
+    redisproc tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.port = port;
+    return redisproc_cmd(&tmp, buf, sizeof buf, "INFO", "replication", NULL) == 0 &&
+           strstr(buf, "master_link_status:up") != NULL;
+}
+
+int rediscluster_start_opts(rediscluster *c, int masters, int replicas,
+                            int node_timeout_ms, int partial)
 {
     const char *cli = cli_binary();
-    char addr[REDISCLUSTER_NODES][32];
+    char addr[REDISCLUSTER_MAX][32], timeout[16], nrep[16];
     char *extra[] = {"--cluster-enabled", "yes", "--cluster-config-file",
-                     "nodes.conf", "--cluster-node-timeout", "2000"};
+                     "nodes.conf", "--cluster-node-timeout", timeout,
+                     "--cluster-require-full-coverage", "no"};
+    int total = masters * (1 + replicas);
     pid_t pid;
     int st;
     long long t0;
 
     memset(c, 0, sizeof *c);
+    if (masters < 3 || replicas < 0 || total > REDISCLUSTER_MAX) {
+        snprintf(c->why, sizeof c->why, "3 to %d nodes, at least 3 masters",
+                 REDISCLUSTER_MAX);
+        return -1;
+    }
     if (!cli) {
         snprintf(c->why, sizeof c->why, "redis-cli not found");
         return -1;
     }
-    for (int i = 0; i < REDISCLUSTER_NODES; i++) {
-        if (start_args(&c->node[i], 1, extra, 6) != 0) {
+    snprintf(timeout, sizeof timeout, "%d", node_timeout_ms);
+    snprintf(nrep, sizeof nrep, "%d", replicas);
+    for (int i = 0; i < total; i++) {
+        if (start_args(&c->node[i], 1, extra, partial ? 8 : 6) != 0) {
             snprintf(c->why, sizeof c->why, "node %d: %s", i, c->node[i].why);
             rediscluster_stop(c);
             return -1;
         }
+        c->n = i + 1;
         snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", c->node[i].port);
     }
     if ((pid = fork()) < 0) {
@@ -346,10 +426,17 @@ int rediscluster_start(rediscluster *c)
         return -1;
     }
     if (pid == 0) {
-        char *argv[] = {(char *)cli, "--cluster", "create", addr[0], addr[1],
-                        addr[2], "--cluster-replicas", "0", "--cluster-yes",
-                        NULL};
-        int fd = open("/dev/null", O_WRONLY);
+        char *argv[REDISCLUSTER_MAX + 8];
+        int n = 0, fd = open("/dev/null", O_WRONLY);
+        argv[n++] = (char *)cli;
+        argv[n++] = "--cluster";
+        argv[n++] = "create";
+        for (int i = 0; i < total; i++)
+            argv[n++] = addr[i];
+        argv[n++] = "--cluster-replicas";
+        argv[n++] = nrep;
+        argv[n++] = "--cluster-yes";
+        argv[n] = NULL;
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -364,12 +451,30 @@ int rediscluster_start(rediscluster *c)
         return -1;
     }
     t0 = now_ms();
-    while (now_ms() - t0 < 20000) {
+    while (now_ms() - t0 < 30000) {
         int ok = 1;
-        for (int i = 0; i < REDISCLUSTER_NODES && ok; i++)
+        for (int i = 0; i < total && ok; i++)
             ok = cluster_ok(c->node[i].port);
-        if (ok)
+        for (int i = 0; i < total && ok; i++) {
+            char role[32];
+            role_of(c->node[i].port, role, sizeof role);
+            ok = strcmp(role, "master") == 0 ||
+                 (strcmp(role, "slave") == 0 && replica_synced(c->node[i].port));
+        }
+        if (ok) {
+            /* masters first: redis-cli chose which are which */
+            for (int i = 0, m = 0; i < total; i++) {
+                char role[32];
+                role_of(c->node[i].port, role, sizeof role);
+                if (strcmp(role, "master") == 0) {
+                    redisproc t = c->node[m];
+                    c->node[m] = c->node[i];
+                    c->node[i] = t;
+                    m++;
+                }
+            }
             return 0;
+        }
         sleep_ms(50);
     }
     snprintf(c->why, sizeof c->why, "the cluster did not reach cluster_state:ok");
@@ -377,8 +482,14 @@ int rediscluster_start(rediscluster *c)
     return -1;
 }
 
+int rediscluster_start(rediscluster *c)
+{
+    return rediscluster_start_opts(c, REDISCLUSTER_NODES, 0, 2000, 0);
+}
+
 void rediscluster_stop(rediscluster *c)
 {
-    for (int i = 0; i < REDISCLUSTER_NODES; i++)
+    for (int i = 0; i < REDISCLUSTER_MAX; i++)
         redisproc_stop(&c->node[i]);
+    c->n = 0;
 }
