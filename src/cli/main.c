@@ -112,7 +112,7 @@ static const struct command {
     { "serve", qg__cmd_serve,
       "the gateway: decision API, usage ledger, metrics",
       "quotagate serve -c RULES [--listen HOST:PORT] [--data DIR] "
-      "[--ledger URL] [--store memory] [--workers N] [--max-connections N]",
+      "[--ledger URL] [--store memory|redis://...|redis-cluster://...] [--workers N] [--max-connections N]",
       FL(F_CONFIG) | FL(F_LISTEN) | FL(F_DATA) | FL(F_LEDGER) | FL(F_STORE) |
           FL(F_UPSTREAM) | FL(F_WORKERS) | FL(F_HEADER_TIMEOUT) |
           FL(F_MIN_BODY_RATE) | FL(F_MAX_CONNECTIONS) |

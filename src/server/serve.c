@@ -245,6 +245,12 @@ static int mkdir_p(const char *dir)
 
 /* Options and limits, before anything is opened: 0, or the exit status
  * (2) with a message.  *rules (owned from here) is loaded if not given. */
+static int is_redis_url(const char *url)
+{
+    return strncmp(url, "redis://", 8) == 0 ||
+           strncmp(url, "redis-cluster://", 16) == 0;
+}
+
 static int serve_check(qg_server *s, qg_rules **rules, char *host,
                        size_t hostcap, int *port, long *nofile)
 {
@@ -256,9 +262,10 @@ static int serve_check(qg_server *s, qg_rules **rules, char *host,
         return 2;
     }
     if (s->opts.store_url && strcmp(s->opts.store_url, "memory") != 0 &&
-        strncmp(s->opts.store_url, "redis://", 8) != 0) {
-        fprintf(stderr, "quotagate: --store %s: expected memory or "
-                "redis://HOST:PORT[/DB]\n", s->opts.store_url);
+        !is_redis_url(s->opts.store_url)) {
+        fprintf(stderr, "quotagate: --store %s: expected memory, "
+                "redis://HOST:PORT[/DB] or redis-cluster://HOST:PORT[,HOST:PORT...]\n",
+                s->opts.store_url);
         return 2;
     }
     if (!*rules &&
@@ -314,7 +321,7 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         fprintf(stderr, "quotagate: cannot set up the API keys\n");
         return -1;
     }
-    if (s->opts.store_url && strncmp(s->opts.store_url, "redis://", 8) == 0) {
+    if (s->opts.store_url && is_redis_url(s->opts.store_url)) {
         /* the password from the environment, never argv */
         qg_redis_opts ro = {.rules = *rules, .server_time = 1,
                             .timeout_ms = (int)(*rules)->store.timeout_ms};

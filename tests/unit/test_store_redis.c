@@ -83,9 +83,18 @@ static void need_server(void)
     }
 }
 
+static rediscluster *g_cluster;  /* test_diff_cluster: the store's Cluster */
+static char g_url[256];          /* its redis-cluster:// URL */
+
 static void flushall(void)
 {
     char out[64];
+    if (g_cluster) {
+        for (int i = 0; i < g_cluster->n; i++)
+            assert_int_equal(redisproc_cmd(&g_cluster->node[i], out,
+                                           sizeof out, "FLUSHALL", NULL), 0);
+        return;
+    }
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FLUSHALL", NULL), 0);
 }
 
@@ -93,7 +102,8 @@ static qg_store *redis_store(qg_rules *rules)
 {
     qg_redis_opts o = {.rules = rules, .server_time = 0};
     char err[300];
-    qg_store *s = qg_store_redis_new(redisproc_url(&srv), &o, err, sizeof err);
+    qg_store *s = qg_store_redis_new(g_cluster ? g_url : redisproc_url(&srv),
+                                     &o, err, sizeof err);
     if (!s)
         fail_msg("qg_store_redis_new: %s", err);
     return s;
@@ -133,6 +143,10 @@ static int teardown(void **state)
     (void)state;
     if (open_twin)
         twin_close(open_twin);
+    if (g_cluster) {
+        rediscluster_stop(g_cluster);
+        g_cluster = NULL;
+    }
     return 0;
 }
 
@@ -1786,6 +1800,24 @@ static void test_diff_bounded_precision(void **state)
     run_diff(diff_precision, "precision 1m", 0x5eedd003ULL, DIFF_OPS / 3, 0);
 }
 
+/* The same differential over a Redis Cluster of three masters: a
+ * decision's keys on the master of its tag's slot, its request id's index
+ * on the master of the id's, so one check talks to two nodes at once. */
+static void test_diff_cluster(void **state)
+{
+    static rediscluster c;
+    (void)state;
+    need_server();
+    if (rediscluster_start(&c) != 0)
+        fail_msg("cluster: %s", c.why);
+    snprintf(g_url, sizeof g_url, "redis-cluster://127.0.0.1:%d,127.0.0.1:%d",
+             c.node[0].port, c.node[1].port);
+    g_cluster = &c;
+    run_diff(diff_exact, "cluster", 0x5eedd004ULL, DIFF_OPS / 2, 0);
+    g_cluster = NULL;
+    rediscluster_stop(&c);
+}
+
 /* Memory per active subject: 1000 members in 100 orgs on a plan with
  * every window type, each with 4 settled requests a minute apart, and
  * the MEMORY USAGE of it all (docs/redis-store.md reports the figures). */
@@ -2000,6 +2032,7 @@ int main(void)
         cmocka_unit_test_teardown(test_diff_exact, teardown),
         cmocka_unit_test_teardown(test_diff_bounded_entries, teardown),
         cmocka_unit_test_teardown(test_diff_bounded_precision, teardown),
+        cmocka_unit_test_teardown(test_diff_cluster, teardown),
         cmocka_unit_test_teardown(test_memory_per_subject, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
