@@ -36,6 +36,7 @@ typedef struct ent {
     qg_win_state rate[QG_MAX_PLAN_WINDOWS];
     int64_t slots[QG_MAX_PLAN_WINDOWS];   /* concurrency */
     int64_t leases[QG_MAX_PLAN_WINDOWS];
+    int64_t share;                        /* milli, as decided with */
 } ent;
 
 typedef struct entry {
@@ -88,12 +89,43 @@ qg__fallback *qg__fallback_new(uint32_t max_subjects)
     return f;
 }
 
+static view *view_find(qg__fallback *f, qg_key k);
+static view *view_slot(qg__fallback *f, qg_key k);
+
+/* What an outage spent stays spent: the entity's view (made when it had
+ * none) loses what was admitted locally, counted as if every instance
+ * admitted as much (used / share).  A store that comes back and goes
+ * again before this instance sees a fresh view of the subject then never
+ * grants the same allowance twice. */
+static void carry_over(qg__fallback *f, const ent *e)
+{
+    view *v = view_find(f, e->key);
+    if (!v || v->specs != e->specs) {
+        v = view_slot(f, e->key);
+        v->key = e->key;
+        v->specs = e->specs;
+        v->n = e->n;
+        v->at_ms = 0;
+        for (uint32_t i = 0; i < e->n; i++)
+            v->left[i] = e->specs[i].limit_milli;
+    }
+    for (uint32_t i = 0; i < e->n; i++) {
+        int t = e->specs[i].type;
+        __int128 spent;
+        if (t == QG_WIN_RATE || t == QG_WIN_CONCURRENCY || e->used[i] <= 0)
+            continue;
+        spent = (__int128)e->used[i] * QG_MILLI / (e->share > 0 ? e->share : 1);
+        v->left[i] = spent >= v->left[i] ? 0 : v->left[i] - (int64_t)spent;
+    }
+}
+
 static void drop_ents(qg__fallback *f)
 {
     for (uint32_t i = 0; i < f->capents; i++) {
         ent *e = f->ents[i];
         if (!e)
             continue;
+        carry_over(f, e);
         for (uint32_t w = 0; w < e->n; w++)
             if (e->specs[w].type == QG_WIN_RATE)
                 qg__win_free(&e->rate_spec[w], &e->rate[w]);
@@ -219,6 +251,7 @@ static ent *ent_get(qg__fallback *f, qg_key k, const qg_window_spec *specs,
     e->key = k;
     e->specs = specs;
     e->n = n;
+    e->share = share;
     v = view_find(f, k);
     if (v && v->specs != specs)
         v = NULL;                     /* seen under other rules */
@@ -541,7 +574,8 @@ int qg__fallback_drain(qg__fallback *f,
     }
     if (rc == QG_OK && f->head == f->njournal) {
         f->head = f->njournal = 0;
-        drop_ents(f);                 /* the next outage starts afresh */
+        drop_ents(f);                 /* the next outage starts from the
+                                         views, less what this one spent */
     }
     pthread_mutex_unlock(&f->mu);
     return rc;

@@ -67,7 +67,9 @@ int qg__fallback_model(qg__fallback *f, qg_key rid, char *model,
  * engine (charged_milli the final charge, settled when it was), handed
  * to fn; fn returns 0 to go on (the entry is dropped), or an error to
  * stop (the entry and the rest stay for the next try).  When the journal
- * is empty the local state is dropped: the next outage starts afresh.
+ * is empty the local state is dropped, and each view keeps what the
+ * outage spent, counted for every instance (used / share): an outage that
+ * follows before a fresh view grants no allowance twice.
  * Returns 0, or fn's error. */
 int qg__fallback_drain(qg__fallback *f,
                        int (*fn)(const qg_restore_req *rr, void *ud),
