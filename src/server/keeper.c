@@ -226,8 +226,8 @@ void qg__keeper_report(qg__keeper *k, int rc)
         if (!atomic_exchange(&s->store_lost, 1))
             fprintf(stderr, "quotagate: store: it lost its data\n");
     } else if (!atomic_exchange(&s->store_down, 1)) {
-        fprintf(stderr, "quotagate: store: %s does not answer: %s\n",
-                qg_store_name(s->store),
+        fprintf(stderr, "quotagate: store: %s does not answer (%s): %s\n",
+                qg_store_name(s->store), qg_store_redis_error(s->store),
                 qg_engine_rules(s->engine)->store.down == QG_DOWN_CLOSED
                     ? "refusing (store.down: closed)"
                     : "deciding locally with conservative limits");

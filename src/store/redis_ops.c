@@ -250,10 +250,49 @@ static void slot_failed(op *o, const char *why)
     op_err(o, "Redis: %s", why && *why ? why : "no answer");
 }
 
+/* The lane's entry for (node, sha), or NULL. */
+static qg__rs_load *load_find(qg_store_lane *l, const char *node,
+                              const char *sha)
+{
+    for (int i = 0; i < QG__RS_LOADS; i++)
+        if (l->loads[i].pending >= 0 && strcmp(l->loads[i].sha, sha) == 0 &&
+            strcmp(l->loads[i].node, node) == 0)
+            return &l->loads[i];
+    return NULL;
+}
+
+static qg__rs_load *load_note(qg_store_lane *l, const char *node,
+                              const char *sha)
+{
+    qg__rs_load *e = load_find(l, node, sha);
+    if (!e) {
+        e = &l->loads[l->next_load];
+        l->next_load = (l->next_load + 1) % QG__RS_LOADS;
+        snprintf(e->node, sizeof e->node, "%s", node);
+        snprintf(e->sha, sizeof e->sha, "%s", sha);
+    }
+    e->pending = 1;
+    return e;
+}
+
+/* The SHA an EVALSHA names (its argv[1]), NUL-terminated into out. */
+static void sha_of(const qg__rs_args *a, char out[41])
+{
+    size_t n = a->argc > 1 && a->len[1] < 41 ? a->len[1] : 0;
+    memcpy(out, n ? a->argv[1] : "", n);
+    out[n] = 0;
+}
+
 static void on_loaded(void *ud, const redisReply *reply, int rc)
 {
     wait *w = ud;
     op *o = w->o;
+    const char *node = qg__rlink_reply_node(o->l->link);
+    char sha[41];
+    qg__rs_load *e;
+    sha_of(w->cmd, sha);
+    if (node && (e = load_find(o->l, node, sha)))
+        e->pending = rc < 0 || reply->type == REDIS_REPLY_ERROR ? -1 : 0;
     if (rc < 0) {
         slot_failed(o, qg__rlink_last_error(o->l->link));
     } else if (reply->type == REDIS_REPLY_ERROR) {
@@ -274,12 +313,23 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
     wait *w = ud;
     op *o = w->o;
     if (rc == 0 && w->text && is_noscript(reply) && w->loads < 3) {
-        /* the node does not have the script: load it there, then again */
+        /* the node does not have the script: load it there (unless this
+         * lane's load is already on its way), then the command again */
         const char *node = qg__rlink_reply_node(o->l->link);
         const char *argv[3] = {"SCRIPT", "LOAD", w->text};
         size_t lens[3] = {6, 4, w->len};
+        qg__rs_load *e;
+        char sha[41];
+        sha_of(w->cmd, sha);
+        if (node && (e = load_find(o->l, node, sha)) && e->pending == 1 &&
+            resend(o, w) == 0) {
+            w->loads++;
+            QG__RS_COUNT(o->s, commands, 1);
+            return;
+        }
         if (node && qg__rlink_command_at(o->l->link, node, 3, argv, lens,
                                          on_loaded, w) == 0) {
+            load_note(o->l, node, sha);
             w->loads++;
             QG__RS_COUNT(o->s, script_loads, 1);
             QG__RS_COUNT(o->s, commands, 1);
@@ -1329,6 +1379,8 @@ qg_store_lane *qg__rs_lane_open(redis_store *s, struct event_base *base,
     }
     l->s = s;
     l->base = base;
+    for (int i = 0; i < QG__RS_LOADS; i++)
+        l->loads[i].pending = -1;
     if (!(l->link = qg__rlink_new(base, s->url, s->password, s->timeout_ms,
                                   err, errcap))) {
         free(l);

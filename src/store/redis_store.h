@@ -59,11 +59,24 @@ typedef struct redis_store {
     qg_store_lane *sync_lane;
 } redis_store;
 
+/* A script this lane asked a node to load: while the load is in flight
+ * (pending), a NOSCRIPT from that node is answered by sending the command
+ * again behind it on the same connection, not by another load: a burst of
+ * decisions after a restart or SCRIPT FLUSH costs one load per node. */
+#define QG__RS_LOADS 16
+typedef struct qg__rs_load {
+    char node[QG__RLINK_ADDR_MAX];
+    char sha[41];
+    int pending;                 /* 1 in flight, 0 done, -1 unused */
+} qg__rs_load;
+
 struct qg_store_lane {
     redis_store *s;
     qg__rlink *link;
     struct event_base *base;
     uint64_t ops;                /* operations in flight */
+    qg__rs_load loads[QG__RS_LOADS];
+    int next_load;               /* the entry a new load replaces */
 };
 
 /* Counters (qg_redis_counters fields). */

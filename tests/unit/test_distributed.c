@@ -27,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
 
 #include "httpc.h"
 #include "qgproc.h"
@@ -47,10 +50,30 @@ static const char *td(const char *name)
     return tst_fmt("%s/%s", d ? d : "tests/data", name);
 }
 
+/* The three instances on the store at url, with the rules at path. */
+static int start_instances(const char *url, const char *rules)
+{
+    const char *args[3] = {"--store", url, NULL};
+    for (int i = 0; i < NINST; i++) {
+        if (qgproc_init(&P[i]) < 0 ||
+            qgproc_start_copy(&P[i], rules, args, NULL) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int finish_instances(void)
+{
+    int rc = 0;
+    for (int i = 0; i < NINST; i++)
+        if (P[i].pid && qgproc_finish(&P[i]) < 0)
+            rc = -1;
+    return rc;
+}
+
 static int setup(void **state)
 {
     char url[128];
-    const char *args[3];
     (void)state;
     signal(SIGPIPE, SIG_IGN);
     if (!redisproc_binary()) {
@@ -64,25 +87,16 @@ static int setup(void **state)
     }
     have_redis = 1;
     snprintf(url, sizeof url, "%s", redisproc_url(&R));
-    args[0] = "--store";
-    args[1] = url;
-    args[2] = NULL;
-    for (int i = 0; i < NINST; i++) {
-        if (qgproc_init(&P[i]) < 0 ||
-            qgproc_start_copy(&P[i], td("redis/rules.yaml"), args, NULL) < 0)
-            return -1;
-    }
-    return 0;
+    return start_instances(url, td("redis/rules.yaml"));
 }
 
 static int teardown(void **state)
 {
-    int rc = 0;
+    int rc;
     (void)state;
-    for (int i = 0; i < NINST; i++)
-        if (P[i].pid && qgproc_finish(&P[i]) < 0)
-            rc = -1;
+    rc = finish_instances();
     redisproc_stop(&R);
+    have_redis = 0;
     return rc;
 }
 
@@ -381,6 +395,239 @@ static void test_flushall(void **state)
                  "beyond the limit of 100", after);
 }
 
+/* ==================================================== a Redis Cluster */
+
+/* Three masters with a replica each (2 s node timeout; the others keep
+ * serving while one is down), three gateways on redis-cluster://.  With
+ * the rules' store.timeout of 1s a check waits out a slot's migration
+ * (TRYAGAIN) instead of being decided locally; a master that is gone
+ * still fails at once (its connection is refused). */
+static rediscluster C;
+static int csetup(void **state)
+{
+    char url[128];
+    (void)state;
+    if (!redisproc_binary())
+        return 0;
+    if (rediscluster_start_opts(&C, 3, 1, 2000, 1) < 0) {
+        fprintf(stderr, "cluster: %s\n", C.why);
+        return -1;
+    }
+    have_redis = 1;
+    snprintf(url, sizeof url, "redis-cluster://127.0.0.1:%d,127.0.0.1:%d",
+             C.node[0].port, C.node[1].port);
+    return start_instances(url, td("redis/rules.yaml"));
+}
+
+static int cteardown(void **state)
+{
+    int rc;
+    (void)state;
+    rc = finish_instances();
+    rediscluster_stop(&C);
+    have_redis = 0;
+    return rc;
+}
+
+static int is_master(const redisproc *n)
+{
+    char out[256];
+    return n->pid && redisproc_cmd(n, out, sizeof out, "ROLE", NULL) == 0 &&
+           strncmp(out, "master", 6) == 0;
+}
+
+/* Every tag with an entity's state on a master, "TAG@node" per line. */
+static void tags_now(char *out, size_t cap)
+{
+    static char keys[1 << 16];
+    out[0] = 0;
+    for (int i = 0; i < C.n; i++) {
+        if (!is_master(&C.node[i]))
+            continue;
+        assert_int_equal(redisproc_cmd(&C.node[i], keys, sizeof keys, "KEYS",
+                                       "qg:{*}:s:*", NULL), 0);
+        for (char *k = strtok(keys, "\n"); k; k = strtok(NULL, "\n")) {
+            const char *b = strchr(k, '{'), *e = b ? strchr(b, '}') : NULL;
+            if (b && e)
+                snprintf(out + strlen(out), cap - strlen(out), "%.*s@%d\n",
+                         (int)(e - b - 1), b + 1, i);
+        }
+    }
+}
+
+/* Admit one request for subject and find the master its keys are on:
+ * the one tag that appears.  Returns that node's index, the tag in tag. */
+static int owner_of(const char *subject, char tag[40])
+{
+    static char before[1 << 16], after[1 << 16];
+    tags_now(before, sizeof before);
+    assert_int_equal(check_at(0, subject, tst_fmt("%s-first", subject)), 200);
+    tags_now(after, sizeof after);
+    for (char *l = strtok(after, "\n"); l; l = strtok(NULL, "\n")) {
+        char *at = strchr(l, '@');
+        if (!at || strstr(before, l))
+            continue;
+        snprintf(tag, 40, "%.*s", (int)(at - l), l);
+        return atoi(at + 1);
+    }
+    fail_msg("no new tag on any master after a check of %s", subject);
+    return -1;
+}
+
+static void node_id(const redisproc *n, char *id, size_t cap)
+{
+    assert_int_equal(redisproc_cmd(n, id, cap, "CLUSTER", "MYID", NULL), 0);
+}
+
+/* Move every key of slot from src to the node on port, in one MIGRATE
+ * (as a resharding does, a pipeline of keys at a time): how many. */
+static int migrate_keys(const redisproc *src, int port, const char *slot)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", src->port, tv);
+    redisReply *k, *m;
+    const char **argv;
+    char ports[16];
+    int n;
+    assert_non_null(c);
+    assert_false(c->err);
+    k = redisCommand(c, "CLUSTER GETKEYSINSLOT %s 100000", slot);
+    assert_non_null(k);
+    assert_int_equal(k->type, REDIS_REPLY_ARRAY);
+    n = (int)k->elements;
+    argv = calloc((size_t)n + 8, sizeof *argv);
+    snprintf(ports, sizeof ports, "%d", port);
+    argv[0] = "MIGRATE";
+    argv[1] = "127.0.0.1";
+    argv[2] = ports;
+    argv[3] = "";
+    argv[4] = "0";
+    argv[5] = "5000";
+    argv[6] = "KEYS";
+    for (int i = 0; i < n; i++)
+        argv[7 + i] = k->element[i]->str;
+    if (n > 0) {
+        m = redisCommandArgv(c, n + 7, argv, NULL);
+        assert_non_null(m);
+        if (m->type == REDIS_REPLY_ERROR)
+            fail_msg("MIGRATE: %s", m->str);
+        freeReplyObject(m);
+    }
+    free(argv);
+    freeReplyObject(k);
+    redisFree(c);
+    return n;
+}
+
+static void *race_thread(void *arg)
+{
+    run_race(arg);
+    return NULL;
+}
+
+static long fallback_decisions(void)
+{
+    long n = 0;
+    for (int i = 0; i < NINST; i++)
+        n += (long)tst_jnum(healthz(i), "fallback_decisions", "healthz");
+    return n;
+}
+
+static void test_cluster_exactly_100(void **state)
+{
+    static race solo = {{"solo", "solo"}, "cluster solo", 0, 0, 0, 0, 0};
+    static race pool = {{"m1", "m2"}, "cluster pool", 0, 0, 0, 0, 0};
+    (void)state;
+    if (!have_redis)
+        skip();
+    run_race(&solo);
+    run_race(&pool);
+    assert_int_equal(solo.errors, 0);
+    assert_int_equal(solo.allowed, 100);
+    assert_int_equal(pool.errors, 0);
+    assert_int_equal(pool.allowed, 100);
+}
+
+/* The slot of a subject's keys moves to another master (IMPORTING,
+ * MIGRATING, MIGRATE key by key, SETSLOT NODE) while 64 clients race for
+ * what is left of its 100: ASK and MOVED followed, exactly 100 in all. */
+static void test_cluster_slot_migration(void **state)
+{
+    static race rc = {{"mig", "mig"}, "migration", 0, 0, 0, 0, 0};
+    char tag[40], out[256], ida[64], idb[64], slot[16];
+    int a, b, moved;
+    long fb0;
+    pthread_t th;
+    (void)state;
+    if (!have_redis)
+        skip();
+    a = owner_of("mig", tag);
+    for (b = 0; b < C.n && (b == a || !is_master(&C.node[b])); b++)
+        ;
+    assert_true(b < C.n);
+    assert_int_equal(redisproc_cmd(&C.node[a], slot, sizeof slot, "CLUSTER",
+                                   "KEYSLOT", tst_fmt("{%s}", tag), NULL), 0);
+    node_id(&C.node[a], ida, sizeof ida);
+    node_id(&C.node[b], idb, sizeof idb);
+    fb0 = fallback_decisions();
+    assert_int_equal(pthread_create(&th, NULL, race_thread, &rc), 0);
+    tst_sleep_ms(20);
+    assert_int_equal(redisproc_cmd(&C.node[b], out, sizeof out, "CLUSTER",
+                                   "SETSLOT", slot, "IMPORTING", ida, NULL), 0);
+    assert_string_equal(out, "OK");
+    assert_int_equal(redisproc_cmd(&C.node[a], out, sizeof out, "CLUSTER",
+                                   "SETSLOT", slot, "MIGRATING", idb, NULL), 0);
+    assert_string_equal(out, "OK");
+    moved = migrate_keys(&C.node[a], C.node[b].port, slot);
+    assert_int_equal(redisproc_cmd(&C.node[b], out, sizeof out, "CLUSTER",
+                                   "SETSLOT", slot, "NODE", idb, NULL), 0);
+    for (int i = 0; i < C.n; i++)
+        if (i != b && is_master(&C.node[i]))
+            redisproc_cmd(&C.node[i], out, sizeof out, "CLUSTER", "SETSLOT",
+                          slot, "NODE", idb, NULL);
+    pthread_join(th, NULL);
+    printf("slot %s moved from node %d to node %d under load: %d keys "
+           "migrated, %ld local decisions\n", slot, a, b, moved,
+           fallback_decisions() - fb0);
+    assert_true(moved > 0);
+    assert_int_equal(rc.errors, 0);
+    assert_int_equal(rc.allowed, 99);        /* and owner_of's one */
+    /* and the counters live on at the new master */
+    assert_int_equal(check_at(1, "mig", "mig-after"), 429);
+}
+
+/* The master of a subject's keys killed (kill -9) after its replica has
+ * every write: the gateways decide locally while it is gone, the replica
+ * takes over, and what was admitted locally is charged into it: exactly
+ * 100 in all. */
+static void test_cluster_failover(void **state)
+{
+    char tag[40], out[64];
+    int a, seq = 0, before, during, after;
+    (void)state;
+    if (!have_redis)
+        skip();
+    a = owner_of("fo", tag);
+    before = 1 + admit_round_robin("fo", "fo", 29, &seq);
+    assert_int_equal(before, 30);
+    assert_int_equal(redisproc_cmd(&C.node[a], out, sizeof out, "WAIT", "1",
+                                   "2000", NULL), 0);
+    assert_string_equal(out, "1");
+    redisproc_kill(&C.node[a]);
+    during = admit_round_robin("fo", "fo", 1000, &seq);
+    printf("failover: %d admitted before, %d while the master was gone\n",
+           before, during);
+    if (before + during > 100)
+        fail_msg("%d admitted locally after %d: beyond the limit", during,
+                 before);
+    wait_state("ok");
+    after = admit_round_robin("fo", "fo", 1000, &seq);
+    printf("failover: %d more once the replica took over (limit 100)\n",
+           after);
+    assert_int_equal(before + during + after, 100);
+    assert_int_equal(redisproc_restart(&C.node[a]), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,5 +640,13 @@ int main(void)
         cmocka_unit_test_teardown(test_redis_stopped, gc_teardown),
         cmocka_unit_test_teardown(test_flushall, gc_teardown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest cluster[] = {
+        cmocka_unit_test_teardown(test_cluster_exactly_100, gc_teardown),
+        cmocka_unit_test_teardown(test_cluster_slot_migration, gc_teardown),
+        cmocka_unit_test_teardown(test_cluster_failover, gc_teardown),
+    };
+    int failed = cmocka_run_group_tests_name("one Redis", tests, setup,
+                                             teardown);
+    return failed + cmocka_run_group_tests_name("a Redis Cluster", cluster,
+                                                csetup, cteardown);
 }
