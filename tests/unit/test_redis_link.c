@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <fcntl.h>
@@ -1664,9 +1665,19 @@ static void sha_cb(void *ud, const redisReply *r, int rc)
     ld->ok++;
 }
 
-/* Commands per second through one link with `window` EVALSHA in flight. */
-static double measure(qg__rlink *l, int nkeys, int window, int ms)
+static double cpu_us(void)
 {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+/* Commands per second through one link with `window` EVALSHA in flight;
+ * the client's CPU time per command in *us. */
+static double measure(qg__rlink *l, int nkeys, int window, int ms, double *us)
+{
+    double cpu0;
     load ld;
     int nodes = qg__rlink_nodes(l, NULL, 0);
     int64_t t0;
@@ -1688,9 +1699,11 @@ static double measure(qg__rlink *l, int nkeys, int window, int ms)
     run_for(300);              /* warm up */
     t0 = mono_ms();
     ok0 = ld.ok;
+    cpu0 = cpu_us();
     run_for(ms);
     {
         double rate = (double)(ld.ok - ok0) * 1000.0 / (double)(mono_ms() - t0);
+        *us = (cpu_us() - cpu0) / (double)(ld.ok - ok0);
         ld.running = 0;
         while (ld.ok + ld.bad < ld.sent)
             event_base_loop(base, EVLOOP_ONCE);
@@ -1718,18 +1731,22 @@ static void test_bench(void **state)
     assert_int_equal(redisproc_start(&srv, NULL), 0);
     l = open_link(redisproc_url(&srv), NULL, 2000);
     assert_int_equal(wait_ping(l, 3000), 0);
-    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
-        print_message("one node, one link, %4d in flight: %.0f EVALSHA/s\n",
-                      windows[i], measure(l, 1000, windows[i], ms));
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        double us, rate = measure(l, 1000, windows[i], ms, &us);
+        print_message("one node, one link, %4d in flight: %.0f EVALSHA/s, "
+                      "client CPU %.2f us each\n", windows[i], rate, us);
+    }
     qg__rlink_free(l);
     redisproc_stop(&srv);
 
     assert_int_equal(rediscluster_start(&c), 0);
     l = open_link(cluster_url(&c, 1), NULL, 2000);
     wait_map(l, 3, nodes);
-    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
-        print_message("cluster (3 masters), one link, %4d in flight: %.0f EVALSHA/s\n",
-                      windows[i], measure(l, 1000, windows[i], ms));
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        double us, rate = measure(l, 1000, windows[i], ms, &us);
+        print_message("cluster (3 masters), one link, %4d in flight: %.0f EVALSHA/s, "
+                      "client CPU %.2f us each\n", windows[i], rate, us);
+    }
     qg__rlink_free(l);
     rediscluster_stop(&c);
 }
