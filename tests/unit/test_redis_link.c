@@ -838,6 +838,8 @@ static void test_single_refused(void **state)
     run_until(all_done, t, 10000 * SLOW);
     each_once(t);
     assert_int_equal(t->eio, n);
+    print_message("refused: %d commands failed in %lld ms (timeout 2000)\n", n,
+                  (long long)(mono_ms() - t0));
     assert_true(mono_ms() - t0 < 2000);      /* not at the 2 s timeout */
     assert_non_null(strstr(qg__rlink_last_error(l), "refused"));
     tally_free(t);
