@@ -12,12 +12,13 @@
  *    QG_EIO, fail-fast while down, back when the server is), a stopped
  *    server (SIGSTOP: each command fails at its timeout, the silent
  *    connection is dropped, back after SIGCONT), AUTH (right, wrong,
- *    missing), SELECT, error replies, binary arguments, the pending cap,
- *    qg__rlink_free outside and inside a cb;
+ *    missing), SELECT, error replies, binary and large arguments, the
+ *    pending cap, qg__rlink_free outside and inside a cb, on_node (and a
+ *    free from inside it);
  *  - Cluster (3 masters): routing checked on the owning node, per-master
- *    commands, ASK during a hand-made migration, MOVED after it, a
- *    resharding with redis-cli under load (nothing lost or answered
- *    twice), a master killed (its slots fail within the timeout, the
+ *    commands, ASK during a hand-made migration, MOVED after it,
+ *    TRYAGAIN retried until a migration ends, a resharding with redis-cli
+ *    under load (nothing lost or answered twice), a master killed (its slots fail within the timeout, the
  *    others keep working, back after its restart), a failover with
  *    replicas (commands resume after the promotion), seeds down.
  *
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <fcntl.h>
@@ -619,6 +621,24 @@ static void test_single_pipeline(void **state)
         freeReplyObject(r);
         tally_free(t);
     }
+    /* a large argument (a script's text is tens of kB): 4 MB each way */
+    {
+        size_t big = 4u << 20;
+        char *v = malloc(big);
+        const char *argv[3] = {"SET", "big", v};
+        size_t len[3] = {3, 3, big};
+        memset(v, 'x', big);
+        v[big - 1] = 'y';
+        t = tally_new(2, l);
+        assert_int_equal(qg__rlink_command(l, "big", 3, 3, argv, len, tally_cb, 0), 0);
+        free(v);               /* copied */
+        send_cmd(l, t, 1, "big", 2, "GET", "big");
+        run_until(all_done, t, 5000 * SLOW);
+        assert_int_equal(t->ok, 2);
+        assert_int_equal(strlen(t->str[1]), big);
+        assert_int_equal(t->str[1][big - 1], 'y');
+        tally_free(t);
+    }
     assert_int_equal(qg__rlink_command(l, NULL, 0, 0, NULL, NULL, tally_cb, NULL), QG_EINVAL);
     assert_int_equal(qg__rlink_command(l, NULL, 0, 1, (const char *[]){"PING"}, NULL, NULL,
                                        NULL), QG_EINVAL);
@@ -818,6 +838,8 @@ static void test_single_refused(void **state)
     run_until(all_done, t, 10000 * SLOW);
     each_once(t);
     assert_int_equal(t->eio, n);
+    print_message("refused: %d commands failed in %lld ms (timeout 2000)\n", n,
+                  (long long)(mono_ms() - t0));
     assert_true(mono_ms() - t0 < 2000);      /* not at the 2 s timeout */
     assert_non_null(strstr(qg__rlink_last_error(l), "refused"));
     tally_free(t);
@@ -872,6 +894,68 @@ static void test_free_pending(void **state)
     each_once(t);
     tally_free(t);
     qg__rlink_free(NULL);
+    redisproc_stop(&srv);
+}
+
+/* on_node: up when a connection is ready, down when a ready one is lost;
+ * the link freed from inside the down notification. */
+typedef struct node_events {
+    int up, down, free_on_down;
+    char addr[QG__RLINK_ADDR_MAX];
+    qg__rlink *l;
+} node_events;
+
+static void on_node_cb(void *ud, const char *addr, int up)
+{
+    node_events *e = ud;
+    snprintf(e->addr, sizeof e->addr, "%s", addr);
+    if (up)
+        e->up++;
+    else
+        e->down++;
+    if (!up && e->free_on_down)
+        qg__rlink_free(e->l);
+}
+
+static void test_on_node(void **state)
+{
+    enum { N = 50000 };
+    redisproc srv;
+    node_events ev;
+    qg__rlink *l;
+    tally *t;
+    (void)state;
+    NEED_SERVER();
+    assert_int_equal(redisproc_start(&srv, NULL), 0);
+    memset(&ev, 0, sizeof ev);
+    l = open_link(redisproc_url(&srv), NULL, 1000);
+    qg__rlink_on_node(l, on_node_cb, &ev);
+    assert_int_equal(wait_ping(l, 3000), 0);
+    assert_int_equal(ev.up, 1);
+    assert_string_equal(ev.addr, redisproc_url(&srv) + 8);
+    redisproc_kill(&srv);
+    assert_int_not_equal(wait_ping(l, 300), 0);
+    assert_int_equal(ev.down, 1);
+    assert_int_equal(redisproc_restart(&srv), 0);
+    assert_int_equal(wait_ping(l, 5000), 0);
+    assert_int_equal(ev.up, 2);
+
+    /* freed inside the notification, with commands on the wire */
+    ev.free_on_down = 1;
+    ev.l = l;
+    t = tally_new(N, l);
+    for (int i = 0; i < N; i++)
+        send_cmd(l, t, i, "k", 2, "INCR", "k");
+    t->hook = kill_at_1000;
+    kill_me = &srv;
+    run_until(all_done, t, 10000 * SLOW);
+    each_once(t);
+    assert_int_equal(ev.down, 2);
+    assert_true(t->estate > 0);    /* those after the free */
+    assert_int_equal(t->ok + t->eio + t->estate, N);
+    run_for(50);
+    each_once(t);
+    tally_free(t);
     redisproc_stop(&srv);
 }
 
@@ -1397,6 +1481,101 @@ static void test_cluster_failover(void **state)
     rediscluster_stop(&c);
 }
 
+/* A multi-key command in a slot half migrated gets TRYAGAIN: retried
+ * until the migration ends, then MOVED to the new master. */
+typedef struct finish_mig {
+    const redisproc *a, *b, *c;
+    char slot[8], idb[64], bport[16], key[32];
+} finish_mig;
+
+static void finish_migration(evutil_socket_t fd, short what, void *arg)
+{
+    finish_mig *m = arg;
+    char out[128];
+    (void)fd;
+    (void)what;
+    redisproc_cmd(m->a, out, sizeof out, "MIGRATE", "127.0.0.1", m->bport, m->key,
+                  "0", "5000", NULL);
+    redisproc_cmd(m->b, out, sizeof out, "CLUSTER", "SETSLOT", m->slot, "NODE", m->idb,
+                  NULL);
+    redisproc_cmd(m->a, out, sizeof out, "CLUSTER", "SETSLOT", m->slot, "NODE", m->idb,
+                  NULL);
+    redisproc_cmd(m->c, out, sizeof out, "CLUSTER", "SETSLOT", m->slot, "NODE", m->idb,
+                  NULL);
+}
+
+static void test_cluster_tryagain(void **state)
+{
+    rediscluster *cl = *state;
+    qg__rlink_node nodes[3];
+    qg__rlink *l;
+    tally *t;
+    finish_mig m;
+    char ka[32], kb[32], ida[64], out[128];
+    unsigned slot;
+    qg__rlink_counters c0, c;
+    struct event *ev;
+    struct timeval tv = {0, 100000};
+    redisReply *r;
+    NEED_SERVER();
+    l = open_link(cluster_url(cl, 3), NULL, 2000);
+    wait_map(l, 3, nodes);
+    slot = nodes[0].first_slot + 11;
+    tag_key(ka, sizeof ka, "ta:", slot);
+    tag_key(kb, sizeof kb, "tb:", slot);
+    memset(&m, 0, sizeof m);
+    m.a = by_port(cl, port_of(nodes[0].addr));
+    m.b = by_port(cl, port_of(nodes[1].addr));
+    m.c = by_port(cl, port_of(nodes[2].addr));
+    node_id(m.a->port, ida, sizeof ida);
+    node_id(m.b->port, m.idb, sizeof m.idb);
+    snprintf(m.slot, sizeof m.slot, "%u", slot);
+    snprintf(m.bport, sizeof m.bport, "%d", m.b->port);
+    snprintf(m.key, sizeof m.key, "%s", kb);
+
+    t = tally_new(3, l);
+    send_cmd(l, t, 0, ka, 3, "SET", ka, "va");
+    send_cmd(l, t, 1, kb, 3, "SET", kb, "vb");
+    run_until(all_done, t, 3000);
+    assert_int_equal(t->ok, 2);
+    t->n = 3;
+    assert_int_equal(redisproc_cmd(m.b, out, sizeof out, "CLUSTER", "SETSLOT", m.slot,
+                                   "IMPORTING", ida, NULL), 0);
+    assert_int_equal(redisproc_cmd(m.a, out, sizeof out, "CLUSTER", "SETSLOT", m.slot,
+                                   "MIGRATING", m.idb, NULL), 0);
+    assert_int_equal(redisproc_cmd(m.a, out, sizeof out, "MIGRATE", "127.0.0.1",
+                                   m.bport, ka, "0", "5000", NULL), 0);
+    assert_string_equal(out, "OK");
+    {   /* what Redis answers now, to be sure of the case */
+        const char *argv[3] = {"MGET", ka, kb};
+        r = sync_cmd(m.a->port, 3, argv, NULL);
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_ERROR);
+        assert_int_equal(qg__rc_error_kind(r->str, r->len), QG__RC_TRYAGAIN);
+        freeReplyObject(r);
+    }
+    ev = evtimer_new(base, finish_migration, &m);
+    evtimer_add(ev, &tv);
+    c0 = counters(l);
+    t->done = t->next = 2;
+    send_cmd(l, t, 2, ka, 3, "MGET", ka, kb);
+    run_until(all_done, t, 5000);
+    event_free(ev);
+    assert_int_equal(t->rc[2], 0);
+    assert_int_equal(t->rtype[2], REDIS_REPLY_ARRAY);
+    c = counters(l);
+    print_message("MGET in a half-migrated slot: %llu TRYAGAIN retried, then %llu MOVED, "
+                  "answered after %lld ms\n",
+                  (unsigned long long)(c.retries - c0.retries),
+                  (unsigned long long)(c.moved - c0.moved),
+                  (long long)(t->at_ms[2] - t->sent_ms[2]));
+    assert_true(c.retries - c0.retries >= 5);
+    assert_true(c.moved - c0.moved >= 1);
+    assert_int_equal(port_of(t->node[2]), m.b->port);
+    tally_free(t);
+    qg__rlink_free(l);
+}
+
 /* A dead seed before a live one; only dead seeds; a seed that is no
  * Cluster node. */
 static void test_cluster_seeds(void **state)
@@ -1488,9 +1667,19 @@ static void sha_cb(void *ud, const redisReply *r, int rc)
     ld->ok++;
 }
 
-/* Commands per second through one link with `window` EVALSHA in flight. */
-static double measure(qg__rlink *l, int nkeys, int window, int ms)
+static double cpu_us(void)
 {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+/* Commands per second through one link with `window` EVALSHA in flight;
+ * the client's CPU time per command in *us. */
+static double measure(qg__rlink *l, int nkeys, int window, int ms, double *us)
+{
+    double cpu0;
     load ld;
     int nodes = qg__rlink_nodes(l, NULL, 0);
     int64_t t0;
@@ -1512,9 +1701,11 @@ static double measure(qg__rlink *l, int nkeys, int window, int ms)
     run_for(300);              /* warm up */
     t0 = mono_ms();
     ok0 = ld.ok;
+    cpu0 = cpu_us();
     run_for(ms);
     {
         double rate = (double)(ld.ok - ok0) * 1000.0 / (double)(mono_ms() - t0);
+        *us = (cpu_us() - cpu0) / (double)(ld.ok - ok0);
         ld.running = 0;
         while (ld.ok + ld.bad < ld.sent)
             event_base_loop(base, EVLOOP_ONCE);
@@ -1542,18 +1733,22 @@ static void test_bench(void **state)
     assert_int_equal(redisproc_start(&srv, NULL), 0);
     l = open_link(redisproc_url(&srv), NULL, 2000);
     assert_int_equal(wait_ping(l, 3000), 0);
-    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
-        print_message("one node, one link, %4d in flight: %.0f EVALSHA/s\n",
-                      windows[i], measure(l, 1000, windows[i], ms));
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        double us, rate = measure(l, 1000, windows[i], ms, &us);
+        print_message("one node, one link, %4d in flight: %.0f EVALSHA/s, "
+                      "client CPU %.2f us each\n", windows[i], rate, us);
+    }
     qg__rlink_free(l);
     redisproc_stop(&srv);
 
     assert_int_equal(rediscluster_start(&c), 0);
     l = open_link(cluster_url(&c, 1), NULL, 2000);
     wait_map(l, 3, nodes);
-    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
-        print_message("cluster (3 masters), one link, %4d in flight: %.0f EVALSHA/s\n",
-                      windows[i], measure(l, 1000, windows[i], ms));
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        double us, rate = measure(l, 1000, windows[i], ms, &us);
+        print_message("cluster (3 masters), one link, %4d in flight: %.0f EVALSHA/s, "
+                      "client CPU %.2f us each\n", windows[i], rate, us);
+    }
     qg__rlink_free(l);
     rediscluster_stop(&c);
 }
@@ -1613,6 +1808,7 @@ int main(void)
         cmocka_unit_test(test_single_stopped),
         cmocka_unit_test(test_single_auth_db),
         cmocka_unit_test(test_free_pending),
+        cmocka_unit_test(test_on_node),
         cmocka_unit_test(test_cluster_master_killed),
         cmocka_unit_test(test_cluster_failover),
         cmocka_unit_test(test_bench),
@@ -1622,6 +1818,7 @@ int main(void)
         cmocka_unit_test(test_cluster_routing),
         cmocka_unit_test(test_cluster_ask_moved),
         cmocka_unit_test(test_cluster_reshard),
+        cmocka_unit_test(test_cluster_tryagain),
         cmocka_unit_test(test_cluster_seeds),
     };
     int rc = 0;
