@@ -170,12 +170,15 @@ build/asan/upstream_double: tests/upstream/upstream_double.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
-bench: deps-bench build/bench_engine build/bench_ledger build/quotagate build/upstream_double
+bench: deps-bench build/bench_engine build/bench_ledger build/quotagate build/upstream_double \
+       build/tests/test_store_redis
 	@build/bench_engine
 	@build/bench_ledger
 	@bench/http_bench.sh
 	@bench/proxy_bench.sh
 	@bench/rebuild_bench.sh
+	@bench/redis_bench.sh
+	@bench/redis_diff.sh
 
 soak: deps-bench build/quotagate build/upstream_double build/soak_chaos
 	@tests/soak/soak.sh

@@ -25,6 +25,11 @@
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_store_up,
  *   quotagate_fallback_decisions_total, quotagate_fallback_pending,
+ *   on a Redis store only: quotagate_store_round_trips_total (waits for
+ *       replies), quotagate_store_commands_total (commands sent),
+ *       quotagate_store_script_loads_total (after NOSCRIPT),
+ *       quotagate_store_voids_total, quotagate_store_lookups_total,
+ *       quotagate_store_period_retries_total (qg_redis_counters),
  *   quotagate_up,
  *   quotagate_rules_info{rules_version,weights_version}
  *   quotagate_http_connections_open, quotagate_http_connections_max,
@@ -95,6 +100,8 @@ typedef struct qg_metrics_gauges {
     int store_up;                   /* the store answers (1 for memory) */
     uint64_t fallback_decisions;    /* decided locally, store down */
     uint64_t fallback_pending;      /* admitted locally, not charged back */
+    int store_remote;               /* a Redis store: redis below is shown */
+    qg_redis_counters redis;
     const qg_http_stats *http;      /* connections; NULL: not shown */
     const char *rules_version;      /* NULL: taken from the current rules */
     const char *weights_version;

@@ -217,6 +217,25 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_fallback_pending", "gauge",
             "Requests admitted locally and not yet charged into the store.",
             g->fallback_pending);
+    if (!g->store_remote)
+        return;
+    gauge_u(f, "quotagate_store_round_trips_total", "counter",
+            "Times the Redis store waited for replies (one per decision "
+            "when nothing is retried).", g->redis.round_trips);
+    gauge_u(f, "quotagate_store_commands_total", "counter",
+            "Commands sent to Redis.", g->redis.commands);
+    gauge_u(f, "quotagate_store_script_loads_total", "counter",
+            "SCRIPT LOAD sent after Redis answered NOSCRIPT.",
+            g->redis.script_loads);
+    gauge_u(f, "quotagate_store_voids_total", "counter",
+            "Admissions taken back (a request id already answered under "
+            "another tag, or a loss of the store's data noticed).",
+            g->redis.voids);
+    gauge_u(f, "quotagate_store_lookups_total", "counter",
+            "Request ids answered from another hash tag.", g->redis.lookups);
+    gauge_u(f, "quotagate_store_period_retries_total", "counter",
+            "Calls sent again with a calendar period recomputed.",
+            g->redis.period_retries);
 }
 
 /* The HTTP layer's connection counts.  Families and reason labels come

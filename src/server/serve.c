@@ -50,6 +50,10 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->fallback_decisions = atomic_load(&s->fallback_decisions);
     g->fallback_pending = qg_engine_local_pending(s->engine);
     g->store_bytes = st->bytes;
+    if (strncmp(qg_store_name(s->store), "redis", 5) == 0) {
+        g->store_remote = 1;
+        qg_store_redis_counters(s->store, &g->redis);
+    }
 }
 
 /* The ledger's reports (ledger.h, opts.log): one line on stderr each. */

@@ -488,8 +488,40 @@ static void check_fini(op *o)
 }
 
 /* Extend the index key to the request-id TTL, or (val) write it. */
+/* The places of recent admissions (redis_store.h, QG__RS_PLACES). */
+static qg__rs_placed *placed_slot(redis_store *s, qg_key rid)
+{
+    return &s->placed[(rid.lo ^ rid.hi) & (QG__RS_PLACES - 1)];
+}
+
+static void placed_put(redis_store *s, qg_key rid, const qg__rs_place *p)
+{
+    qg__rs_placed *e = placed_slot(s, rid);
+    pthread_mutex_lock(&s->placed_mu);
+    e->rid = rid;
+    e->p = *p;
+    e->used = 1;
+    pthread_mutex_unlock(&s->placed_mu);
+}
+
+/* 1 and *p when rid's place is remembered (the entry is forgotten). */
+static int placed_take(redis_store *s, qg_key rid, qg__rs_place *p)
+{
+    qg__rs_placed *e = placed_slot(s, rid);
+    int found;
+    pthread_mutex_lock(&s->placed_mu);
+    found = e->used && e->rid.lo == rid.lo && e->rid.hi == rid.hi;
+    if (found) {
+        *p = e->p;
+        e->used = 0;
+    }
+    pthread_mutex_unlock(&s->placed_mu);
+    return found;
+}
+
 static void index_keep(check_op *c, const char *val)
 {
+    placed_put(c->o.s, c->in.rid, &c->p);
     qg__rs_args a;
     qg__rs_args_init(&a);
     qg__rs_adds(&a, val ? "SET" : "PEXPIRE");
@@ -888,8 +920,12 @@ static int settle_begin(op *o)
         return QG_ERANGE;
     }
     qg__rs_hex_lo(t->in.rid, t->rid);
-    if (!t->in.has_member)
-        return settle_send_index(t);
+    if (!t->in.has_member) {
+        /* admitted here: the place is known; else GET the index */
+        if (!placed_take(o->s, t->in.rid, &t->p))
+            return settle_send_index(t);
+        return settle_send_eval(t);
+    }
     /* the subject's place now: its org's tag (one round trip) */
     qg__rs_place_of(t->in.member, t->in.has_org, t->in.org, &t->p);
     return settle_send_eval(t);

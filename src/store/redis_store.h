@@ -29,6 +29,18 @@
                                       * (periods, moves) */
 #define QG__RS_SLOTS 4               /* replies one step waits for */
 
+/* Where this process's recent admissions live, by request id: a settle
+ * that names no subject finds its reservation's place here and needs one
+ * round trip instead of two (GET the index first).  Direct-mapped, a
+ * newer id overwrites; a stale or wrong place only costs the lookup it
+ * would have cost anyway (the script answers "not found" there). */
+#define QG__RS_PLACES 8192           /* a power of two */
+typedef struct qg__rs_placed {
+    qg_key rid;
+    int used;
+    qg__rs_place p;
+} qg__rs_placed;
+
 /* A per-node epoch key seen in a Cluster ("qg:epoch:{TAG}") and its value. */
 typedef struct qg__rs_epoch {
     char key[32];
@@ -53,6 +65,9 @@ typedef struct redis_store {
     char claim_sha[41];
     qg_tz *utc;
     qg_redis_counters cnt;       /* atomic */
+
+    pthread_mutex_t placed_mu;   /* placed */
+    qg__rs_placed *placed;       /* QG__RS_PLACES entries */
 
     pthread_mutex_t sync_mu;     /* the synchronous calls' lane */
     struct event_base *sync_base;

@@ -268,6 +268,8 @@ static void r_free(qg_store *st)
     free(s->password);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->placed_mu);
+    free(s->placed);
     free(s);
 }
 
@@ -328,6 +330,11 @@ qg_store *qg_store_redis_new(const char *url, const qg_redis_opts *opts,
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->sync_mu, NULL);
+    pthread_mutex_init(&s->placed_mu, NULL);
+    if (!(s->placed = calloc(QG__RS_PLACES, sizeof *s->placed))) {
+        snprintf(err, errcap, "%s", "out of memory");
+        goto fail;
+    }
     if (!url || (strncmp(url, "redis://", 8) != 0 &&
                  strncmp(url, "redis-cluster://", 16) != 0)) {
         snprintf(err, errcap, "%s", "a Redis store URL is redis://HOST:PORT[/DB] "

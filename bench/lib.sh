@@ -1,0 +1,88 @@
+# bench/lib.sh - what the HTTP benchmarks share (sourced, not run): free
+# ports, stopping what they started, quotagate serve started and waited
+# for, wrk runs parsed, medians and ratios.  The caller sets TMP (its
+# temporary folder), RUN_ID, THREADS, CONNS, DUR and SERVICE_KEY.
+
+say() { printf '%s\n' "$*"; }
+
+port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$1\$"; }
+# a free port, starting from $1 (default a port derived from our pid)
+pick_port() {
+    p=${1:-$((20000 + $$ % 20000))}
+    while ! port_free $p; do p=$((p + 1)); done
+    echo $p
+}
+
+# stop one process we started, by its pid: TERM, then KILL after 5 s
+stop_pid() {
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || return 0
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+
+# start_qg NAME RULES [serve arguments...]: quotagate serve in $TMP/NAME
+# on a free port; sets QG_PID and QG_URL (exits when it does not start).
+start_qg() {
+    name=$1 rules=$2
+    shift 2
+    mkdir -p "$TMP/$name"
+    QUOTAGATE_ADMIN_KEY=$ADMIN_KEY QUOTAGATE_SERVICE_KEY=$SERVICE_KEY \
+        ${PIN_SRV:-} "$QG" serve -c "$rules" --listen 127.0.0.1:0 \
+        --data "$TMP/$name" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    QG_PID=$!
+    port="" i=0
+    while [ $i -lt 200 ]; do
+        port=$(sed -n 's|^quotagate: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$TMP/$name.out" | head -1)
+        [ -n "$port" ] && break
+        kill -0 "$QG_PID" 2>/dev/null || break
+        sleep 0.1; i=$((i + 1))
+    done
+    if [ -z "$port" ]; then
+        say "quotagate serve ($name) did not start; its stderr:"
+        cat "$TMP/$name.err"; exit 1
+    fi
+    QG_URL="http://127.0.0.1:$port"
+}
+
+# run_wrk NAME URL SCRIPT [SPREAD]: writes $TMP/NAME.txt and sets R_RPS
+# R_P50 R_P99 (microseconds) R_REQS R_NON2XX R_SECS
+run_wrk() {
+    QUOTAGATE_SERVICE_KEY=$SERVICE_KEY ${PIN_WRK:-} wrk -t"$THREADS" -c"$CONNS" \
+        -d"$DUR" --latency -s "$3" "$2" -- "$RUN_ID-$1" bench ${4:-0} \
+        >"$TMP/$1.txt" 2>&1
+    wrk_parse "$1"
+}
+
+wrk_parse() {
+    R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
+    R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "50%" {print us($2)}' "$TMP/$1.txt")
+    R_P99=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
+                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
+                 $1 == "99%" {print us($2)}' "$TMP/$1.txt")
+    R_REQS=$(awk '/requests in/ {print $1}' "$TMP/$1.txt")
+    R_SECS=$(awk '/requests in/ {v=$4; sub(/,$/, "", v);
+                 if (v ~ /ms$/) print (v+0)/1000; else if (v ~ /m$/) print (v+0)*60; else print v+0}' "$TMP/$1.txt")
+    R_NON2XX=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$TMP/$1.txt")
+    R_NON2XX=${R_NON2XX:-0}
+    if [ -z "$R_RPS" ] || [ -z "$R_P50" ] || [ -z "$R_P99" ]; then
+        say "could not parse wrk's output for $1:"; cat "$TMP/$1.txt"; exit 1
+    fi
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
+# median and range of the numbers given: "MEDIAN (MIN-MAX)"
+spread() {
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+              printf "%.0f (%.0f-%.0f)", m, v[1], v[NR] }'
+}
+median() {
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m }'
+}
