@@ -29,6 +29,7 @@ set -u
 
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
+. bench/lib.sh
 QG=${QG_BIN:-$ROOT/build/quotagate}
 DUR=${BENCH_DURATION:-10s}
 THREADS=${BENCH_THREADS:-2}
@@ -37,7 +38,6 @@ ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 RUN_ID="r$$-$(date +%s)"
 
-say() { printf '%s\n' "$*"; }
 skip() { say "http_bench: $*; skipping the HTTP benchmark"; exit 0; }
 
 command -v wrk >/dev/null 2>&1 || skip "wrk is not installed (apt-get install wrk)"
@@ -56,15 +56,6 @@ fi
 
 TMP=$(mktemp -d /tmp/qg-http-bench.XXXXXX) || exit 1
 QG_PID=""; NGX_PID=""
-stop_pid() {
-    # stop one process we started, by its pid: TERM, then KILL after 5 s
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null || return 0
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-}
 cleanup() {
     stop_pid "$NGX_PID"; NGX_PID=""
     stop_pid "$QG_PID"; QG_PID=""
@@ -73,54 +64,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$1\$"; }
-pick_port() {
-    p=$((20000 + $$ % 20000))
-    while ! port_free $p; do p=$((p + 1)); done
-    echo $p
-}
-
 # ---------------------------------------------------------------- quotagate
-# the example rules, with a bench plan and subject: huge limits, no
-# concurrency window, and 1 s leases, so that the check-only run's unsettled
-# reservations expire instead of filling the reservation table (131072 ids:
-# above ~130k checks/s the check run would answer 503 "overloaded", counted
-# as non-2xx below).  With a concurrency window whose leases stay open the
-# check path measured ~9k req/s here: it pays per live lease.
-awk '
-    { print }
-    /^plans:/ {
-        print "  bench:"
-        print "    price: { usd_month: 1 }"
-        print "    windows:"
-        print "      - { name: burst_5h, type: rolling,  length: 5h, limit: 1000000000 }"
-        print "      - { name: weekly,   type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000000 }"
-        print "    lease_ttl: 1s"
-        print "    overage: { policy: reject }"
-    }
-    /^subjects:/ { print "  bench: { plan: bench }" }
-' examples/rules.yaml > "$TMP/rules.yaml"
-"$QG" lint -c "$TMP/rules.yaml" >/dev/null 2>"$TMP/lint.err"
-if [ $? -eq 2 ]; then say "http_bench: the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
-
-mkdir -p "$TMP/qg"
-QUOTAGATE_ADMIN_KEY=$ADMIN_KEY QUOTAGATE_SERVICE_KEY=$SERVICE_KEY \
-    $PIN_SRV "$QG" serve -c "$TMP/rules.yaml" --listen 127.0.0.1:0 \
-    --data "$TMP/qg" >"$TMP/qg.out" 2>"$TMP/qg.err" &
-QG_PID=$!
-QG_PORT=""
-i=0
-while [ $i -lt 200 ]; do
-    QG_PORT=$(sed -n 's|^quotagate: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$TMP/qg.out" | head -1)
-    [ -n "$QG_PORT" ] && break
-    kill -0 "$QG_PID" 2>/dev/null || break
-    sleep 0.1; i=$((i + 1))
-done
-if [ -z "$QG_PORT" ]; then
-    say "http_bench: quotagate serve did not start; its stderr:"
-    cat "$TMP/qg.err"; exit 1
-fi
-QG_URL="http://127.0.0.1:$QG_PORT"
+bench_rules "$TMP/rules.yaml"
+lint_rules "$TMP/rules.yaml"
+start_qg qg "$TMP/rules.yaml"
 code=$(curl -s -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SERVICE_KEY" \
        -H 'Content-Type: application/json' \
        -d "{\"subject\":\"bench\",\"request_id\":\"$RUN_ID-probe\",\"weight\":1}" "$QG_URL/v1/check")
@@ -197,29 +144,6 @@ nginx_conf 100000000r/s "burst=1000000 nodelay"
 start_nginx
 
 # ---------------------------------------------------------------------- wrk
-# run_wrk NAME URL SCRIPT: writes $TMP/NAME.txt and sets R_RPS R_P50 R_P99
-# R_REQS R_NON2XX R_SECS (latencies in microseconds)
-run_wrk() {
-    QUOTAGATE_SERVICE_KEY=$SERVICE_KEY $PIN_WRK wrk -t"$THREADS" -c"$CONNS" \
-        -d"$DUR" --latency -s "$3" "$2" -- "$RUN_ID-$1" bench >"$TMP/$1.txt" 2>&1
-    R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
-    R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
-                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
-                 $1 == "50%" {print us($2)}' "$TMP/$1.txt")
-    R_P99=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
-                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
-                 $1 == "99%" {print us($2)}' "$TMP/$1.txt")
-    R_REQS=$(awk '/requests in/ {print $1}' "$TMP/$1.txt")
-    R_SECS=$(awk '/requests in/ {v=$4; sub(/,$/, "", v);
-                 if (v ~ /ms$/) print (v+0)/1000; else if (v ~ /m$/) print (v+0)*60; else print v+0}' "$TMP/$1.txt")
-    R_NON2XX=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$TMP/$1.txt")
-    R_NON2XX=${R_NON2XX:-0}
-    if [ -z "$R_RPS" ] || [ -z "$R_P50" ] || [ -z "$R_P99" ]; then
-        say "http_bench: could not parse wrk's output for $1:"; cat "$TMP/$1.txt"; exit 1
-    fi
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 line() { printf '  %-22s %12s %12s %12s %10s\n' "$@"; }
 
 say ""

@@ -23,6 +23,34 @@ stop_pid() {
     wait "$1" 2>/dev/null
 }
 
+# bench_rules OUT: the example rules with a "bench" plan and subject: huge
+# limits, no concurrency window, and 1 s leases, so that a check-only run's
+# unsettled reservations expire instead of filling the reservation table
+# (131072 ids: above ~130k checks/s such a run would answer 503
+# "overloaded").  With a concurrency window whose leases stay open the
+# check path measured ~9k req/s: it pays per live lease.
+bench_rules() {
+    awk '
+        { print }
+        /^plans:/ {
+            print "  bench:"
+            print "    price: { usd_month: 1 }"
+            print "    windows:"
+            print "      - { name: burst_5h, type: rolling,  length: 5h, limit: 1000000000 }"
+            print "      - { name: weekly,   type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000000 }"
+            print "    lease_ttl: 1s"
+            print "    overage: { policy: reject }"
+        }
+        /^subjects:/ { print "  bench: { plan: bench }" }
+    ' examples/rules.yaml > "$1"
+}
+
+# lint_rules FILE: exits when the rules do not load
+lint_rules() {
+    "$QG" lint -c "$1" >/dev/null 2>"$TMP/lint.err"
+    if [ $? -eq 2 ]; then say "the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
+}
+
 # start_qg NAME RULES [serve arguments...]: quotagate serve in $TMP/NAME
 # on a free port; sets QG_PID and QG_URL (exits when it does not start).
 start_qg() {

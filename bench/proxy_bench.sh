@@ -38,6 +38,7 @@ set -u
 
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
+. bench/lib.sh
 QG=${QG_BIN:-$ROOT/build/quotagate}
 DBL=${QG_UPSTREAM_BIN:-$ROOT/build/upstream_double}
 DUR=${BENCH_DURATION:-8s}
@@ -49,7 +50,6 @@ WORKERS=${BENCH_WORKERS:-2}
 ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 
-say() { printf '%s\n' "$*"; }
 skip() { say "proxy_bench: $*; skipping the proxy benchmark"; exit 0; }
 
 command -v wrk >/dev/null 2>&1 || skip "wrk is not installed (apt-get install wrk)"
@@ -70,15 +70,6 @@ fi
 
 TMP=$(mktemp -d /tmp/qg-proxy-bench.XXXXXX) || exit 1
 DBL_PID=""; QG_PID=""; NGX_PID=""
-stop_pid() {
-    # stop one process we started, by its pid: TERM, then KILL after 5 s
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null || return 0
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-}
 cleanup() {
     stop_pid "$NGX_PID"; NGX_PID=""
     stop_pid "$QG_PID"; QG_PID=""
@@ -88,12 +79,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$1\$"; }
-pick_port() {
-    p=$((20000 + ($$ + 7919) % 20000))
-    while ! port_free $p; do p=$((p + 1)); done
-    echo $p
-}
 # wait_port NAME PID FILE PATTERN: the port a child prints on its stdout
 wait_port() {
     i=0
@@ -244,23 +229,10 @@ run_wrk() {
         R_CPU=$(awk -v t=$((c1 - c0)) -v n="${n:-0}" -v k="$TCK" \
                 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print "-" }')
     fi
-    R_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$TMP/$1.txt")
-    R_P50=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
-                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
-                 $1 == "50%" {print us($2)}' "$TMP/$1.txt")
-    R_P99=$(awk 'function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000;
-                 if (v ~ /m$/) return (v+0)*60e6; return (v+0)*1e6 }
-                 $1 == "99%" {print us($2)}' "$TMP/$1.txt")
-    R_NON2XX=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$TMP/$1.txt")
-    R_NON2XX=${R_NON2XX:-0}
+    wrk_parse "$1"
     R_ERR=$(awk '/Socket errors:/ { n = 0; for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i; print n }' "$TMP/$1.txt")
     R_ERR=${R_ERR:-0}
-    if [ -z "$R_RPS" ] || [ -z "$R_P50" ] || [ -z "$R_P99" ]; then
-        say "proxy_bench: could not parse wrk's output for $1:"; cat "$TMP/$1.txt"; exit 1
-    fi
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.3f", (a - b) / 1000 }'; }
 line() { printf '  %-24s %10s %10s %10s %9s %7s %9s\n' "$@"; }
 

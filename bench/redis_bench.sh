@@ -86,22 +86,10 @@ done
 MEM0=$(redis-cli -p "$RP" info memory | tr -d '\r' | awk -F: '/^used_memory:/ { print $2 }')
 
 # ---------------------------------------------------------------- gateways
-awk '
-    { print }
-    /^plans:/ {
-        print "  bench:"
-        print "    price: { usd_month: 1 }"
-        print "    windows:"
-        print "      - { name: burst_5h, type: rolling,  length: 5h, limit: 1000000000 }"
-        print "      - { name: weekly,   type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000000 }"
-        print "    lease_ttl: 1s"
-        print "    overage: { policy: reject }"
-    }
-    /^subjects:/ { print "  bench: { plan: bench }" }
-' examples/rules.yaml | grep -v '^default_plan:' > "$TMP/rules.yaml"
+bench_rules "$TMP/rules.yaml.in"
+grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
 printf 'default_plan: bench\nstore: { timeout: 1s, down: closed }\n' >> "$TMP/rules.yaml"
-"$QG" lint -c "$TMP/rules.yaml" >/dev/null 2>"$TMP/lint.err"
-if [ $? -eq 2 ]; then say "redis_bench: the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
+lint_rules "$TMP/rules.yaml"
 
 start_qg mem "$TMP/rules.yaml";                                        MEM=$QG_URL; PIDS="$PIDS $QG_PID"
 start_qg ra "$TMP/rules.yaml" --store "redis://127.0.0.1:$RP";         RA=$QG_URL; PIDS="$PIDS $QG_PID"
