@@ -1035,6 +1035,17 @@ int qg_engine_local_drain(qg_engine *e,
     return e->fb ? qg__fallback_drain(e->fb, fn, ud) : QG_OK;
 }
 
+int qg_engine_local_close(qg_engine *e)
+{
+    return e->fb ? qg__fallback_close(e->fb) : 1;
+}
+
+void qg_engine_local_open(qg_engine *e)
+{
+    if (e->fb)
+        qg__fallback_open(e->fb);
+}
+
 uint64_t qg_engine_local_pending(qg_engine *e)
 {
     return e->fb ? qg__fallback_pending(e->fb) : 0;

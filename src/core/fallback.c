@@ -59,6 +59,8 @@ struct qg__fallback {
     entry *journal;
     uint32_t njournal, capjournal, head;
     uint64_t decisions;
+    int closed;                       /* the outage ended (qg__fallback_close):
+                                         no local decision until reopened */
 };
 
 static int key_eq(qg_key a, qg_key b) { return a.hi == b.hi && a.lo == b.lo; }
@@ -364,6 +366,10 @@ int qg__fallback_check(qg__fallback *f, const qg_store_check *in,
     if (share_milli < 1 || share_milli > QG_MILLI)
         share_milli = 500;
     pthread_mutex_lock(&f->mu);
+    if (f->closed) {
+        rc = QG_ESTATE;
+        goto out;
+    }
     ents[0] = ent_get(f, in->member, in->plan->windows,
                       (uint32_t)in->plan->nwindows, share_milli, now);
     if (ents[0] && in->has_org && in->orgspec)
@@ -579,6 +585,24 @@ int qg__fallback_drain(qg__fallback *f,
     }
     pthread_mutex_unlock(&f->mu);
     return rc;
+}
+
+int qg__fallback_close(qg__fallback *f)
+{
+    int closed;
+    pthread_mutex_lock(&f->mu);
+    closed = f->head == f->njournal;
+    if (closed)
+        f->closed = 1;
+    pthread_mutex_unlock(&f->mu);
+    return closed;
+}
+
+void qg__fallback_open(qg__fallback *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->closed = 0;
+    pthread_mutex_unlock(&f->mu);
 }
 
 uint64_t qg__fallback_pending(qg__fallback *f)

@@ -77,6 +77,11 @@ int qg__fallback_drain(qg__fallback *f,
 
 /* Requests journalled and not yet handed over; decisions made locally. */
 uint64_t qg__fallback_pending(qg__fallback *f);
+/* End the outage's local decisions when the journal is empty (returns 1;
+ * from then on qg__fallback_check is QG_ESTATE: ask the store), else 0
+ * (drain again).  open: a new outage, local decisions again. */
+int qg__fallback_close(qg__fallback *f);
+void qg__fallback_open(qg__fallback *f);
 uint64_t qg__fallback_decisions(qg__fallback *f);
 
 #endif

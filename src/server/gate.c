@@ -63,12 +63,16 @@ static int decide_local(qg_server *s, qg__admit *a)
                  qg_store_name(s->store));
         return QG_ESTORE;
     }
+    int rc;
+    a->now_ms = qg__server_now(s);
+    rc = qg_engine_check_local(s->engine, &a->req, a->now_ms,
+                               rules->store.share_milli, &a->d, a->err,
+                               sizeof a->err);
+    if (rc == QG_ESTATE)
+        return rc;           /* the outage ended meanwhile: ask the store */
     a->fallback = 1;
     atomic_fetch_add(&s->fallback_decisions, 1);
-    a->now_ms = qg__server_now(s);
-    return qg_engine_check_local(s->engine, &a->req, a->now_ms,
-                                 rules->store.share_milli, &a->d, a->err,
-                                 sizeof a->err);
+    return rc;
 }
 
 static int local_now(qg_server *s)
@@ -81,9 +85,46 @@ static void admit_done(void *arg, int rc)
 {
     qg__admit *a = arg;
     qg_server *s = a->s;
+    if (rc == QG_ESTORE && s->keeper && !a->retried && !local_now(s)) {
+        /* once more before deciding locally: a connection reset loses
+         * the replies of a whole pipeline, and the link reconnects at
+         * once.  Safe by request id: a check the store applied the first
+         * time is answered from its record, without a second charge */
+        static _Atomic int64_t logged_ms;
+        int64_t now = qg__server_now(s), last = atomic_load(&logged_ms);
+        if (now - last >= 1000 &&
+            atomic_compare_exchange_strong(&logged_ms, &last, now))
+            fprintf(stderr, "quotagate: store: a call failed (%s); sent "
+                    "again once before deciding locally\n",
+                    qg_store_redis_error(s->store));
+        a->retried = 1;
+        a->err[0] = '\0';
+        rc = qg__server_check_async(s, qg__gate_lane(s, a->worker, a->base),
+                                    &a->req, a->now_ms, &a->d, &a->prior,
+                                    a->err, sizeof a->err, admit_done, a);
+        if (rc == QG_PENDING)
+            return;
+    }
+    if (rc == QG_OK && a->retried && a->d.replayed)
+        a->d.replayed = 0;       /* the first attempt's own answer */
     if ((rc == QG_ESTORE || rc == QG_ESTATE) && s->keeper) {
+        int sent = rc == QG_ESTORE;
         qg__keeper_report(s->keeper, rc);
-        rc = decide_local(s, a);
+        qg_engine_local_open(s->engine);
+        if ((rc = decide_local(s, a)) == QG_ESTATE) {
+            /* handed back to the store as it failed again: 503 */
+            snprintf(a->err, sizeof a->err, "the counters' store (%s) did "
+                     "not answer", qg_store_name(s->store));
+            rc = QG_ESTORE;
+        }
+        /* the store may have applied the check it did not answer: unless
+         * the caller is told "admitted" (then the charge-back by request
+         * id counts it once), what it charged is taken back later */
+        if (sent && (rc != QG_OK || a->d.outcome != QG_ALLOW) &&
+            qg__keeper_hold_void(s->keeper, a->request_id, a->subject,
+                                 a->now_ms) != QG_OK)
+            fprintf(stderr, "quotagate: store: request %s may stay charged "
+                    "in the store (too many waiting)\n", a->request_id);
     }
     a->rc = rc;
     a->done(a, a->ud);
@@ -94,6 +135,9 @@ void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
 {
     int rc;
     a->s = s;
+    a->worker = worker;
+    a->base = base;
+    a->retried = 0;
     a->done = done;
     a->ud = ud;
     a->err[0] = '\0';
@@ -110,8 +154,12 @@ void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
     }
     if (local_now(s)) {
         a->rc = decide_local(s, a);
-        done(a, ud);
-        return;
+        if (a->rc != QG_ESTATE) {
+            done(a, ud);
+            return;
+        }
+        /* the keeper handed decisions back to the store as we looked */
+        a->err[0] = '\0';
     }
     rc = qg__server_check_async(s, qg__gate_lane(s, worker, base), &a->req,
                                 a->now_ms, &a->d, &a->prior, a->err,

@@ -53,6 +53,9 @@ struct qg__admit {
     char subject[256], request_id[QG_REQUEST_ID_MAX + 1];
     char model[QG_NAME_MAX];
     qg_server *s;
+    int worker;
+    struct event_base *base;
+    int retried;                 /* the store call was sent again once */
     qg__admit_done done;
     void *ud;
 };

@@ -30,6 +30,7 @@
 
 typedef struct held_settle {
     qg__settle st;                   /* the gate's copy, strings inside */
+    int unknown;                     /* qg__keeper_hold_void's */
     struct held_settle *next;
 } held_settle;
 
@@ -81,7 +82,13 @@ static int apply_settles(qg__keeper *k)
                               err, sizeof err);
         if (rc == QG_ESTORE || rc == QG_ESTATE)
             return rc;
-        if (rc == QG_OK) {
+        if (h->unknown) {
+            /* not found: the store never applied it */
+            if (rc == QG_OK)
+                fprintf(stderr, "quotagate: store: request %s, refused "
+                        "while the store did not answer, had been applied "
+                        "there: taken back\n", h->st.req.request_id);
+        } else if (rc == QG_OK) {
             qg_ledger_row row;
             memset(&row, 0, sizeof row);
             row.settle_only = 1;
@@ -162,15 +169,29 @@ static void *keeper_main(void *arg)
     qg_server *s = k->s;
     for (;;) {
         int down, lost, rc;
+        unsigned reports;
         pthread_mutex_lock(&k->mu);
+        /* a timed wait: a decision that read "down" just before the
+         * flag was cleared can append to the fallback journal after the
+         * drain; such stragglers are charged at the next wake */
         while (!k->stop && !atomic_load(&s->store_down) &&
-               !atomic_load(&s->store_lost) && !k->settles)
-            pthread_cond_wait(&k->cv, &k->mu);
+               !atomic_load(&s->store_lost) && !k->settles &&
+               qg_engine_local_pending(s->engine) == 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += (long)PROBE_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&k->cv, &k->mu, &until);
+        }
         if (k->stop) {
             pthread_mutex_unlock(&k->mu);
             return NULL;
         }
         pthread_mutex_unlock(&k->mu);
+        reports = atomic_load(&s->store_reports);
         down = atomic_load(&s->store_down);
         lost = atomic_load(&s->store_lost);
         rc = qg_store_probe(s->store);
@@ -188,6 +209,15 @@ static void *keeper_main(void *arg)
         }
         if (qg_engine_local_drain(s->engine, charge_back, s) != QG_OK ||
             apply_settles(k) != QG_OK) {
+            sleep_ms(PROBE_MS);
+            continue;
+        }
+        /* no local decision from here on (atomic with the journal: one
+         * that got in before is drained first), then the store again */
+        if (!qg_engine_local_close(s->engine))
+            continue;
+        if (atomic_load(&s->store_reports) != reports) {
+            /* a call failed meanwhile: a new outage, probe again */
             sleep_ms(PROBE_MS);
             continue;
         }
@@ -222,6 +252,7 @@ qg__keeper *qg__keeper_new(qg_server *s)
 void qg__keeper_report(qg__keeper *k, int rc)
 {
     qg_server *s = k->s;
+    atomic_fetch_add(&s->store_reports, 1);
     if (rc == QG_ESTATE) {
         if (!atomic_exchange(&s->store_lost, 1))
             fprintf(stderr, "quotagate: store: it lost its data\n");
@@ -246,6 +277,7 @@ int qg__keeper_hold_settle(qg__keeper *k, const qg__settle *st)
         return QG_EFULL;
     }
     h->st = *st;
+    h->unknown = 0;
     /* the copy's strings point into its own buffers */
     h->st.req.request_id = h->st.rid_buf;
     if (st->req.subject)
@@ -257,6 +289,35 @@ int qg__keeper_hold_settle(qg__keeper *k, const qg__settle *st)
     if (st->model)
         h->st.model = h->st.model_buf;
     h->next = NULL;
+    *k->tail = h;
+    k->tail = &h->next;
+    k->nsettles++;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    return QG_OK;
+}
+
+int qg__keeper_hold_void(qg__keeper *k, const char *request_id,
+                         const char *subject, int64_t now_ms)
+{
+    held_settle *h;
+    if (!request_id || !*request_id)
+        return QG_OK;                /* no id: nothing to find */
+    pthread_mutex_lock(&k->mu);
+    if (k->nsettles >= MAX_SETTLES || !(h = calloc(1, sizeof *h))) {
+        pthread_mutex_unlock(&k->mu);
+        return QG_EFULL;
+    }
+    h->unknown = 1;
+    snprintf(h->st.rid_buf, sizeof h->st.rid_buf, "%s", request_id);
+    h->st.req.request_id = h->st.rid_buf;
+    if (subject && *subject) {
+        snprintf(h->st.subject_buf, sizeof h->st.subject_buf, "%s", subject);
+        h->st.req.subject = h->st.subject_buf;
+    }
+    h->st.req.status = QG_SETTLE_CANCELLED;
+    h->st.req.no_charge = 1;
+    h->st.now_ms = now_ms;
     *k->tail = h;
     k->tail = &h->next;
     k->nsettles++;

@@ -19,6 +19,14 @@ void qg__keeper_report(qg__keeper *k, int rc);
  * (and its row written) once the store answers again.  0, or QG_EFULL.
  * Thread-safe. */
 int qg__keeper_hold_settle(qg__keeper *k, const qg__settle *st);
+/* A check the store may have applied although this instance answered
+ * it otherwise (its call failed, then the request was refused locally or
+ * answered 503): once the store answers again, whatever it charged for
+ * request_id is taken back (a settle with nothing charged; no ledger
+ * row: the ledger holds the answer the caller got).  0, or QG_EFULL.
+ * Thread-safe. */
+int qg__keeper_hold_void(qg__keeper *k, const char *request_id,
+                         const char *subject, int64_t now_ms);
 /* Stop the thread (settles still waiting are logged and dropped: their
  * reservations stand until their leases end). */
 void qg__keeper_free(qg__keeper *k);

@@ -34,6 +34,7 @@ typedef struct qg_server {
     qg__keeper *keeper;          /* a shared store's keeper, or NULL */
     _Atomic int store_down;      /* the shared store did not answer:
                                     decisions are local (keeper.c) */
+    _Atomic unsigned store_reports;  /* failed store calls reported */
     _Atomic int store_lost;      /* it lost its data: rebuilt first */
     _Atomic uint64_t fallback_decisions;
     qg_store_lane **lanes;       /* per worker: the store's lane (gate.c) */

@@ -11,7 +11,11 @@
  *    and once Redis answers again what they admitted is charged into it
  *    exactly once (the subject ends at exactly its limit);
  *  - FLUSHALL under load: the counters are rebuilt from the ledgers, and
- *    the subject is never admitted beyond its limit.
+ *    the subject is never admitted beyond its limit;
+ *  - faults during a race through one instance: SCRIPT FLUSH (reloaded,
+ *    exactly 100, nothing local), every connection reset mid-pipeline
+ *    (CLIENT KILL) and Redis answering errors (OOM writes): never beyond
+ *    100, exactly 100 once back, the log naming Redis's error.
  * A real redis-server (redisproc) and three real servers (qgproc) on free
  * ports, each with its own SQLite ledger. */
 #include <stdarg.h>
@@ -114,6 +118,7 @@ typedef struct race {
     const char *tag;
     _Atomic long allowed, refused, errors, next;
     _Atomic long allowed_weight;
+    int only;                  /* > 0: every client on instance only - 1 */
 } race;
 
 static void *client(void *arg)
@@ -122,7 +127,7 @@ static void *client(void *arg)
     long me = atomic_fetch_add(&rc->next, 1);
     httpc c;
     int misses = 0;
-    httpc_init(&c, qgproc_port(&P[me % NINST]));
+    httpc_init(&c, qgproc_port(&P[rc->only > 0 ? rc->only - 1 : me % NINST]));
     /* until this client has seen three refusals in a row: the allowance
      * is then spent (100 points in a rolling day: nothing comes back) */
     for (long k = 0; misses < 3 && k < 200; k++) {
@@ -169,7 +174,7 @@ static void run_race(race *rc)
 
 static void test_subject_exactly_100(void **state)
 {
-    static race rc = {{"solo", "solo"}, "solo", 0, 0, 0, 0, 0};
+    static race rc = {{"solo", "solo"}, "solo", 0, 0, 0, 0, 0, 0};
     (void)state;
     if (!have_redis)
         skip();
@@ -180,7 +185,7 @@ static void test_subject_exactly_100(void **state)
 
 static void test_org_pool_exactly_100(void **state)
 {
-    static race rc = {{"m1", "m2"}, "pool", 0, 0, 0, 0, 0};
+    static race rc = {{"m1", "m2"}, "pool", 0, 0, 0, 0, 0, 0};
     (void)state;
     if (!have_redis)
         skip();
@@ -395,6 +400,173 @@ static void test_flushall(void **state)
                  "beyond the limit of 100", after);
 }
 
+/* ------------------------------------------------ faults under load */
+
+/* What a fault does while 64 clients race one instance for a subject's
+ * 100: a thread injects it once the race has admitted 30. */
+typedef struct fault {
+    const char *what;          /* "flush", "kill", "oom" */
+    race *rc;
+    int done;
+    long at;                   /* admitted when it was injected */
+} fault;
+
+static void *inject(void *arg)
+{
+    fault *f = arg;
+    char out[256];
+    long long t0 = qg_now_ms();
+    while (atomic_load(&f->rc->allowed) < 30 && qg_now_ms() - t0 < 10000)
+        usleep(200);
+    f->at = atomic_load(&f->rc->allowed);
+    if (strcmp(f->what, "flush") == 0) {
+        /* every script gone: NOSCRIPT, loaded again, nothing local */
+        f->done = redisproc_cmd(&R, out, sizeof out, "SCRIPT", "FLUSH",
+                                NULL) == 0;
+    } else if (strcmp(f->what, "kill") == 0) {
+        /* every client connection reset in the middle of its pipeline */
+        f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "KILL",
+                                "TYPE", "normal", NULL) == 0;
+    } else {
+        /* Redis answers errors: writes refused (OOM) for 400 ms */
+        f->done = redisproc_cmd(&R, out, sizeof out, "CONFIG", "SET",
+                                "maxmemory", "1", NULL) == 0;
+        tst_sleep_ms(400);
+        f->done &= redisproc_cmd(&R, out, sizeof out, "CONFIG", "SET",
+                                 "maxmemory", "0", NULL) == 0;
+    }
+    return NULL;
+}
+
+/* A counter of instance 0's /metrics (0 when absent). */
+static double metric0(const char *name)
+{
+    httpc c;
+    http_resp r;
+    double v = 0;
+    size_t n = strlen(name);
+    memset(&r, 0, sizeof r);
+    httpc_init(&c, qgproc_port(&P[0]));
+    if (httpc_get(&c, "/metrics", QGPROC_ADMIN_KEY, &r) < 0)
+        fail_msg("metrics: %s", c.err);
+    for (const char *l = r.body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (strncmp(l, name, n) == 0 && l[n] == ' ')
+            v = strtod(l + n + 1, NULL);
+    http_resp_free(&r);
+    httpc_close(&c);
+    return v;
+}
+
+/* The number of lines of instance 0's stderr containing needle. */
+static int log_lines(const char *needle)
+{
+    FILE *fp = fopen(qgproc_path(&P[0], "stderr.log"), "r");
+    char line[2048];
+    int n = 0;
+    if (!fp)
+        return 0;
+    while (fgets(line, sizeof line, fp))
+        if (strstr(line, needle))
+            n++;
+    fclose(fp);
+    return n;
+}
+
+/* One fault during a race on subject through instance 0 alone; then the
+ * rest of the limit through all three once the store is back.  Returns
+ * what the race admitted. */
+static long race_with_fault(race *rc, const char *what, int *after)
+{
+    pthread_t th;
+    fault f = {what, rc, 0, 0};
+    int seq = 0;
+    assert_int_equal(pthread_create(&th, NULL, inject, &f), 0);
+    run_race(rc);
+    pthread_join(th, NULL);
+    assert_true(f.done);
+    if (f.at >= 100)
+        fail_msg("the fault came after the race (%ld admitted)", f.at);
+    wait_state("ok");
+    *after = admit_round_robin(rc->subjects[0], tst_fmt("%s-after", rc->tag),
+                               1000, &seq);
+    printf("fault %s after %ld admitted: %ld admitted during the race (%ld "
+           "refused, %ld errors), %d after: %ld of 100\n", what, f.at,
+           (long)rc->allowed, (long)rc->refused, (long)rc->errors, *after,
+           (long)rc->allowed + *after);
+    return rc->allowed;
+}
+
+static void test_script_flushed_under_load(void **state)
+{
+    static race rc = {{"sf", "sf"}, "sf", 0, 0, 0, 0, 0, 1};
+    int after;
+    double loads0, local0;
+    (void)state;
+    if (!have_redis)
+        skip();
+    loads0 = metric0("quotagate_store_script_loads_total");
+    local0 = metric0("quotagate_fallback_decisions_total");
+    race_with_fault(&rc, "flush", &after);
+    /* loaded again inside the operations: no error, no local decision */
+    assert_int_equal(rc.errors, 0);
+    assert_int_equal(rc.allowed, 100);
+    assert_int_equal(after, 0);
+    if (metric0("quotagate_store_script_loads_total") <= loads0)
+        fail_msg("no SCRIPT LOAD after the flush");
+    assert_true(metric0("quotagate_fallback_decisions_total") == local0);
+}
+
+/* A fault that the instance meets as the store failing: the log names
+ * Redis's reason, the race never passes 100, and once the store is back
+ * the subject ends at exactly 100. */
+static void fault_down(race *rc, const char *what, const char *reason)
+{
+    int after, lines0 = log_lines("does not answer");
+    double local0 = metric0("quotagate_fallback_decisions_total");
+    race_with_fault(rc, what, &after);
+    printf("fault %s: %.0f decided locally\n", what,
+           metric0("quotagate_fallback_decisions_total") - local0);
+    assert_int_equal(rc->errors, 0);
+    if (rc->allowed > 100)
+        fail_msg("%ld admitted during the race: beyond 100",
+                 (long)rc->allowed);
+    assert_int_equal(rc->allowed + after, 100);
+    if (log_lines("does not answer") <= lines0 || log_lines(reason) == 0)
+        fail_msg("instance 0's log has no line naming the store's failure "
+                 "(%s)", reason);
+}
+
+static void test_connections_reset_under_load(void **state)
+{
+    static race rc = {{"ck", "ck"}, "ck", 0, 0, 0, 0, 0, 1};
+    int after, lines0 = log_lines("sent again once");
+    double local0;
+    (void)state;
+    if (!have_redis)
+        skip();
+    local0 = metric0("quotagate_fallback_decisions_total");
+    race_with_fault(&rc, "kill", &after);
+    printf("fault kill: %.0f decided locally\n",
+           metric0("quotagate_fallback_decisions_total") - local0);
+    /* the replies of the whole pipeline lost: each check is sent again
+     * once on the new connection (by request id: one the store applied
+     * is answered from its record), so exactly 100 */
+    assert_int_equal(rc.errors, 0);
+    assert_int_equal(rc.allowed + after, 100);
+    if (log_lines("sent again once") <= lines0 ||
+        log_lines("connection lost") == 0)
+        fail_msg("instance 0's log has no line naming the reset");
+}
+
+static void test_redis_answers_errors(void **state)
+{
+    static race rc = {{"oe", "oe"}, "oe", 0, 0, 0, 0, 0, 1};
+    (void)state;
+    if (!have_redis)
+        skip();
+    fault_down(&rc, "oom", "OOM");
+}
+
 /* ==================================================== a Redis Cluster */
 
 /* Three masters with a replica each (2 s node timeout; the others keep
@@ -535,8 +707,8 @@ static long fallback_decisions(void)
 
 static void test_cluster_exactly_100(void **state)
 {
-    static race solo = {{"solo", "solo"}, "cluster solo", 0, 0, 0, 0, 0};
-    static race pool = {{"m1", "m2"}, "cluster pool", 0, 0, 0, 0, 0};
+    static race solo = {{"solo", "solo"}, "cluster solo", 0, 0, 0, 0, 0, 0};
+    static race pool = {{"m1", "m2"}, "cluster pool", 0, 0, 0, 0, 0, 0};
     (void)state;
     if (!have_redis)
         skip();
@@ -553,7 +725,7 @@ static void test_cluster_exactly_100(void **state)
  * what is left of its 100: ASK and MOVED followed, exactly 100 in all. */
 static void test_cluster_slot_migration(void **state)
 {
-    static race rc = {{"mig", "mig"}, "migration", 0, 0, 0, 0, 0};
+    static race rc = {{"mig", "mig"}, "migration", 0, 0, 0, 0, 0, 0};
     char tag[40], out[256], ida[64], idb[64], slot[16];
     int a, b, moved;
     long fb0;
@@ -639,6 +811,10 @@ int main(void)
                                   gc_teardown),
         cmocka_unit_test_teardown(test_redis_stopped, gc_teardown),
         cmocka_unit_test_teardown(test_flushall, gc_teardown),
+        cmocka_unit_test_teardown(test_script_flushed_under_load, gc_teardown),
+        cmocka_unit_test_teardown(test_connections_reset_under_load,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_redis_answers_errors, gc_teardown),
     };
     const struct CMUnitTest cluster[] = {
         cmocka_unit_test_teardown(test_cluster_exactly_100, gc_teardown),
