@@ -463,6 +463,12 @@ int qg_engine_local_drain(qg_engine *e,
                           void *ud);
 uint64_t qg_engine_local_pending(qg_engine *e);
 uint64_t qg_engine_local_decisions(qg_engine *e);
+/* The hand-over back to the store, atomic with the journal: close
+ * returns 1 and ends local decisions when the journal is empty (then
+ * check_local is QG_ESTATE: ask the store), else 0 (drain again); open
+ * starts a new outage's (a store call just failed). */
+int qg_engine_local_close(qg_engine *e);
+void qg_engine_local_open(qg_engine *e);
 
 /* ------------------------------------------------------------- API keys */
 
