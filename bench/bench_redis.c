@@ -32,7 +32,9 @@
  * valgrind's callgrind instead (slow: use ROUNDS 1) and reports the
  * instructions Redis executes per EVALSHA (the inclusive cost of
  * evalShaCommand, so parsing, the script and its reply) and per operation
- * (every command): the same figures at every run, on any machine load. */
+ * (every command): the same figures at every run, on any machine load.
+ * QG_BENCH_REDIS_LOG=FILE keeps the server's log (a script's redis.log
+ * lines: how the figures were split while the scripts were tuned). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,10 +440,18 @@ int main(int argc, char **argv)
             printf("  %14.0f %13.0f", f[0][p].ir_evalsha, f[0][p].ir_per_op);
         printf("\n");
     }
+    if (getenv("QG_BENCH_REDIS_LOG")) {
+        /* the server's log (what a script wrote with redis.log) */
+        char c[400];
+        snprintf(c, sizeof c, "cp %s/redis.log %s", srv.dir,
+                 getenv("QG_BENCH_REDIS_LOG"));
+        if (system(c) != 0)
+            fprintf(stderr, "bench_redis: could not copy the log\n");
+    }
     redisproc_stop(&srv);
     if (cg_dir[0]) {
         char c[128];
-        snprintf(c, sizeof c, "%s %s", getenv("QG_BENCH_KEEP") ? "ls" : "rm -rf", cg_dir);
+        snprintf(c, sizeof c, "rm -rf %s", cg_dir);
         if (system(c) != 0)
             fprintf(stderr, "bench_redis: could not remove %s\n", cg_dir);
     }

@@ -106,6 +106,22 @@ void qg__rs_add(qg__rs_args *a, const char *s, size_t n);
 void qg__rs_adds(qg__rs_args *a, const char *s);
 void qg__rs_addi(qg__rs_args *a, int64_t v);
 
+/* The numbers of one script call, sent as ONE argument: big-endian IEEE
+ * doubles, 8 bytes each, that the script reads with a single
+ * struct.unpack (a decimal argument costs the script a tonumber each,
+ * more than the arithmetic it feeds).  A double holds every integer below
+ * 2^53 exactly, and rounds larger ones (INT64_MAX, a period's end when
+ * there is none) to the nearest double, exactly as tonumber of their
+ * decimal text did.  At most QG__RS_MAX_NUMS numbers; more set failed. */
+#define QG__RS_MAX_NUMS 128
+typedef struct qg__rs_nums {
+    int n, failed;
+    unsigned char b[8 * QG__RS_MAX_NUMS];
+} qg__rs_nums;
+void qg__rs_num(qg__rs_nums *ns, int64_t v);
+/* Append the numbers as one argument. */
+void qg__rs_addnums(qg__rs_args *a, const qg__rs_nums *ns);
+
 /* Hex of a key: 32 digits (hi then lo), or 16 of its low half. */
 void qg__rs_hex(qg_key k, char out[33]);
 void qg__rs_hex_lo(qg_key k, char out[17]);

@@ -14,9 +14,13 @@
 -- Argument layouts are built by src/store/redis_script.c; replies are
 -- flat arrays it decodes.
 local OPS = {}
-local A = {i = 1}
-local function arg() A.i = A.i + 1; return ARGV[A.i] end
-local function num() return tonumber(arg()) end
+-- ARGV[1] names the operation, ARGV[2] holds its numbers as big-endian
+-- doubles (redis_args.c, qg__rs_addnums: one struct.unpack instead of a
+-- tonumber each), ARGV[3...] its strings; num() and arg() read them in
+-- order.
+local A = {n = 0, s = 2}
+local function num() local i = A.n + 1; A.n = i; return A.v[i] end
+local function arg() local i = A.s + 1; A.s = i; return ARGV[i] end
 
 local function time_now()
   local t = redis.call('TIME')
@@ -463,7 +467,7 @@ local function apply_undo(list, n)
 end
 
 function OPS.void()
-  local mv, ov, rid, n = num(), num(), arg(), num()
+  local mv, ov, n, rid = num(), num(), num(), arg()
   local list = {}
   for i = 1, 4 * n do list[i] = arg() end
   local rec = redis.call('GET', KEYS[1])
@@ -513,5 +517,8 @@ function OPS.void()
 end
 
 local op = ARGV[1]
-if not OPS[op] then return redis.error_reply('qg: unknown operation ' .. tostring(op)) end
+if not OPS[op] or not ARGV[2] then
+  return redis.error_reply('qg: unknown operation ' .. tostring(op))
+end
+A.v = {struct.unpack('>' .. string.rep('d', #ARGV[2] / 8), ARGV[2])}
 return OPS[op]()
