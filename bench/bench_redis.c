@@ -33,6 +33,8 @@
  * instructions Redis executes per EVALSHA (the inclusive cost of
  * evalShaCommand, so parsing, the script and its reply) and per operation
  * (every command): the same figures at every run, on any machine load.
+ * QG_BENCH_REDIS_KEEP=1 keeps callgrind's dumps (one per phase, in order:
+ * callgrind_annotate shows where a phase's instructions go).
  * QG_BENCH_REDIS_LOG=FILE keeps the server's log (a script's redis.log
  * lines: how the figures were split while the scripts were tuned). */
 #include <stdint.h>
@@ -449,7 +451,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_redis: could not copy the log\n");
     }
     redisproc_stop(&srv);
-    if (cg_dir[0]) {
+    if (cg_dir[0] && getenv("QG_BENCH_REDIS_KEEP")) {
+        fprintf(stderr, "bench_redis: callgrind dumps kept in %s (one per "
+                "phase, in order)\n", cg_dir);
+    } else if (cg_dir[0]) {
         char c[128];
         snprintf(c, sizeof c, "rm -rf %s", cg_dir);
         if (system(c) != 0)
