@@ -125,12 +125,12 @@ void qg__rs_hex_lo(qg_key k, char out[17])
 
 void qg__rs_key_state(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:s:%s", tag, ent);
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:e:%s", tag, ent);
 }
 
 void qg__rs_key_log(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:z:%s", tag, ent);
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:l:%s", tag, ent);
 }
 
 void qg__rs_key_rec(const char *tag, const char *rid, char *out)

@@ -10,7 +10,7 @@
  *
  * Rules reach Redis once per rules version: the script text is a
  * generated preamble (AMAX, MMAX and every distinct window list of the
- * rules as Lua constants, deduplicated by content) followed by the static
+ * rules, deduplicated by content, built on use) followed by the static
  * library, so its SHA1 names the rules version; calls carry only keys,
  * amounts, times, the indexes of the member's and the org's window lists,
  * and calendar periods (Lua cannot compute time zones).
@@ -18,8 +18,8 @@
  * Key layout (docs/redis-store.md), every key of one decision in the hash
  * slot of its tag (the org's key when the member has one, else the
  * member's; 32 hex digits):
- *   qg:{TAG}:s:<ENT>   an entity's window states (hash)
- *   qg:{TAG}:z:<ENT>   its rolling logs and leases (sorted set)
+ *   qg:{TAG}:e:<ENT>   an entity's window states (one packed string)
+ *   qg:{TAG}:l:<ENT>   its rolling logs and leases (sorted set)
  *   qg:{TAG}:q:<RID>   a request id's record (string, with a TTL)
  *   qg:rid:{<RID>}     which tag and member hold a request id (string)
  *   qg:epoch           the data set's identity (data-loss detection)
