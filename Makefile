@@ -204,6 +204,11 @@ fuzz-build: $(FUZZ_BINS)
 build/bench_engine: bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_engine.c build/obj/tests/support/refmodel.o build/libquotagate.a $(LIBS)
 
+# the Redis store's script cost per operation and decision shape
+# (docs/redis-store.md, "Cost per decision"); needs redis-server
+build/bench_redis: bench/bench_redis.c build/obj/tests/support/redisproc.o build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O2 -o $@ bench/bench_redis.c build/obj/tests/support/redisproc.o build/libquotagate.a $(LIBS)
+
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
 

@@ -216,15 +216,15 @@ else
 fi
 
 # Redis memory per active subject: what the server holds now over what it
-# held before any gateway ran, per entity hash (members; the request-id
+# held before any gateway ran, per entity state (members; the request-id
 # records of the last minutes included), and one entity's own two keys
-ENT=$(redis-cli -p "$RP" --scan --pattern 'qg:*:s:*' | wc -l)
+ENT=$(redis-cli -p "$RP" --scan --pattern 'qg:*:e:*' | wc -l)
 MEM1=$(redis-cli -p "$RP" info memory | tr -d '\r' | awk -F: '/^used_memory:/ { print $2 }')
 IDS=$(redis-cli -p "$RP" dbsize)
-ONE=$(redis-cli -p "$RP" --scan --pattern 'qg:*:s:*' | head -1)
+ONE=$(redis-cli -p "$RP" --scan --pattern 'qg:*:e:*' | head -1)
 ONEB=0
 if [ -n "$ONE" ]; then
-    ZK=$(printf '%s' "$ONE" | sed 's/:s:/:z:/')
+    ZK=$(printf '%s' "$ONE" | sed 's/:e:/:l:/')
     ONEB=$(( $(redis-cli -p "$RP" memory usage "$ONE") + $(redis-cli -p "$RP" memory usage "$ZK" 2>/dev/null | grep -E '^[0-9]+$' || echo 0) ))
 fi
 say "  Redis memory: $ENT entities, $IDS keys in all; $(awk -v a="$MEM0" -v b="$MEM1" -v n="$ENT" 'BEGIN { if (n > 0) printf "%.0f", (b - a) / n; else print "n/a" }') bytes per entity with everything else held (request-id records), one entity's own keys $ONEB bytes (MEMORY USAGE)"

@@ -3,8 +3,9 @@
  *
  * The argument order of each operation is the one its entry point in
  * src/store/redis/ops.lua reads, field by field; keep the two together.
- * Numbers are decimal text (Redis passes strings); keys and request ids
- * are hex.  Calendar periods: for each calendar window of the member's
+ * Every call is ARGV[1] the operation, ARGV[2] its numbers packed as
+ * big-endian doubles (qg__rs_addnums: one struct.unpack in the script),
+ * then its strings; keys and request ids are hex.  Calendar periods: for each calendar window of the member's
  * plan, then of the org, the period [start, end) containing pnow, as
  * qg__calendar_period computes it (the member's billing anchor for plan
  * windows, none for org windows, as store_memory.c's gather passes), or
@@ -86,6 +87,31 @@ void qg__rs_addi(qg__rs_args *a, int64_t v)
     qg__rs_add(a, b, (size_t)n);
 }
 
+void qg__rs_num(qg__rs_nums *ns, int64_t v)
+{
+    union {
+        double d;
+        uint64_t u;
+    } x;
+    if (ns->n >= QG__RS_MAX_NUMS) {
+        ns->failed = 1;
+        return;
+    }
+    x.d = (double)v;
+    for (int i = 0; i < 8; i++)
+        ns->b[8 * ns->n + i] = (unsigned char)(x.u >> (56 - 8 * i));
+    ns->n++;
+}
+
+void qg__rs_addnums(qg__rs_args *a, const qg__rs_nums *ns)
+{
+    if (ns->failed) {
+        a->failed = 1;
+        return;
+    }
+    qg__rs_add(a, (const char *)ns->b, 8 * (size_t)ns->n);
+}
+
 void qg__rs_hex(qg_key k, char out[33])
 {
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)k.hi,
@@ -99,12 +125,12 @@ void qg__rs_hex_lo(qg_key k, char out[17])
 
 void qg__rs_key_state(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:s:%s", tag, ent);
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:e:%s", tag, ent);
 }
 
 void qg__rs_key_log(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:z:%s", tag, ent);
+    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:l:%s", tag, ent);
 }
 
 void qg__rs_key_rec(const char *tag, const char *rid, char *out)
@@ -198,7 +224,7 @@ static int count_cal(const qg_window_spec *w, int n)
     return c;
 }
 
-static void add_cal(qg__rs_args *a, const qg_window_spec *w, int n,
+static void add_cal(qg__rs_nums *a, const qg_window_spec *w, int n,
                     int64_t anchor, int64_t pnow)
 {
     for (int i = 0; i < n; i++) {
@@ -210,29 +236,29 @@ static void add_cal(qg__rs_args *a, const qg_window_spec *w, int n,
             s = -1;
             e = -1;
         }
-        qg__rs_addi(a, s);
-        qg__rs_addi(a, e);
+        qg__rs_num(a, s);
+        qg__rs_num(a, e);
     }
 }
 
 /* pnow, the number of calendar windows, their periods. */
-static void add_periods(qg__rs_args *a, const qg_plan *plan,
+static void add_periods(qg__rs_nums *a, const qg_plan *plan,
                         const qg_org_spec *os, int64_t anchor, int64_t pnow)
 {
     int n = count_cal(plan->windows, plan->nwindows) +
             (os ? count_cal(os->windows, os->nwindows) : 0);
-    qg__rs_addi(a, pnow);
-    qg__rs_addi(a, n);
+    qg__rs_num(a, pnow);
+    qg__rs_num(a, n);
     add_cal(a, plan->windows, plan->nwindows, anchor, pnow);
     if (os)
         add_cal(a, os->windows, os->nwindows, 0, pnow);
 }
 
-static void add_model(qg__rs_args *a, const qg_model *m)
+static void add_model(qg__rs_nums *a, const qg_model *m)
 {
-    qg__rs_addi(a, m ? m->per_request_milli : -1);
-    qg__rs_addi(a, m ? m->input_per_1k_micro : 0);
-    qg__rs_addi(a, m ? m->output_per_1k_micro : 0);
+    qg__rs_num(a, m ? m->per_request_milli : -1);
+    qg__rs_num(a, m ? m->input_per_1k_micro : 0);
+    qg__rs_num(a, m ? m->output_per_1k_micro : 0);
 }
 
 void qg__rs_args_check(qg__rs_args *a, const qg__rs_check_args *c)
@@ -240,45 +266,49 @@ void qg__rs_args_check(qg__rs_args *a, const qg__rs_check_args *c)
     const qg_store_check *in = c->in;
     const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
     qg__rs_place p;
+    qg__rs_nums ns = {0};
     char rid[17];
     qg__rs_place_of(in->member, in->has_org && os, in->org, &p);
     qg__rs_hex_lo(in->rid, rid);
     qg__rs_adds(a, "check");
-    qg__rs_addi(a, c->now_arg);
-    qg__rs_addi(a, in->weight_milli);
-    qg__rs_addi(a, in->model);
-    qg__rs_addi(a, c->ver->plan_list[in->plan->index]);
-    qg__rs_addi(a, os ? c->ver->org_list[os->index] : 0);
-    qg__rs_addi(a, in->anchor_ms);
+    qg__rs_num(&ns, c->now_arg);
+    qg__rs_num(&ns, in->weight_milli);
+    qg__rs_num(&ns, in->model);
+    qg__rs_num(&ns, c->ver->plan_list[in->plan->index]);
+    qg__rs_num(&ns, os ? c->ver->org_list[os->index] : 0);
+    qg__rs_num(&ns, in->anchor_ms);
+    qg__rs_num(&ns, qg__rs_lease_ttl(in->plan));
+    qg__rs_num(&ns, c->rid_ttl_ms);
+    qg__rs_num(&ns, in->payg_mask);
+    qg__rs_num(&ns, in->payg_mask ? in->price_micro : 0);
+    qg__rs_num(&ns, in->payg_mask ? in->cap_micro : 0);
+    qg__rs_num(&ns, in->payg_mask ? c->cap_start : 0);
+    qg__rs_num(&ns, in->payg_mask ? c->cap_end : 0);
+    add_model(&ns, in->model_spec);
+    qg__rs_num(&ns, c->check_cap);
+    add_periods(&ns, in->plan, os, in->anchor_ms, c->pnow);
+    qg__rs_addnums(a, &ns);
     qg__rs_adds(a, rid);
     qg__rs_adds(a, p.member);
     qg__rs_adds(a, p.org);
-    qg__rs_addi(a, qg__rs_lease_ttl(in->plan));
-    qg__rs_addi(a, c->rid_ttl_ms);
-    qg__rs_addi(a, in->payg_mask);
-    qg__rs_addi(a, in->payg_mask ? in->price_micro : 0);
-    qg__rs_addi(a, in->payg_mask ? in->cap_micro : 0);
-    qg__rs_addi(a, in->payg_mask ? c->cap_start : 0);
-    qg__rs_addi(a, in->payg_mask ? c->cap_end : 0);
-    add_model(a, in->model_spec);
-    qg__rs_addi(a, c->check_cap);
-    add_periods(a, in->plan, os, in->anchor_ms, c->pnow);
 }
 
 void qg__rs_args_settle(qg__rs_args *a, const qg_store_settle *in,
                         int64_t now_arg, const qg__rs_place *keys)
 {
     char member[33], rid[17];
+    qg__rs_nums ns = {0};
     qg__rs_hex(in->member, member);
     qg__rs_hex_lo(in->rid, rid);
     qg__rs_adds(a, "settle");
-    qg__rs_addi(a, now_arg);
-    qg__rs_addi(a, (int64_t)in->status);
-    qg__rs_addi(a, in->input_tokens);
-    qg__rs_addi(a, in->output_tokens);
-    qg__rs_addi(a, in->weight_milli);
-    qg__rs_addi(a, in->no_charge != 0);
-    qg__rs_addi(a, in->has_member != 0);
+    qg__rs_num(&ns, now_arg);
+    qg__rs_num(&ns, (int64_t)in->status);
+    qg__rs_num(&ns, in->input_tokens);
+    qg__rs_num(&ns, in->output_tokens);
+    qg__rs_num(&ns, in->weight_milli);
+    qg__rs_num(&ns, in->no_charge != 0);
+    qg__rs_num(&ns, in->has_member != 0);
+    qg__rs_addnums(a, &ns);
     qg__rs_adds(a, in->has_member ? member : "-");
     qg__rs_adds(a, keys->member);
     qg__rs_adds(a, keys->org);
@@ -290,13 +320,15 @@ void qg__rs_args_usage(qg__rs_args *a, const qg_store_usage *in,
                        int64_t pnow)
 {
     const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
+    qg__rs_nums ns = {0};
     qg__rs_adds(a, "usage");
-    qg__rs_addi(a, now_arg);
-    qg__rs_addi(a, ver->plan_list[in->plan->index]);
-    qg__rs_addi(a, os ? ver->org_list[os->index] : 0);
-    qg__rs_addi(a, in->anchor_ms);
-    qg__rs_addi(a, in->cap_start_ms);
-    add_periods(a, in->plan, os, in->anchor_ms, pnow);
+    qg__rs_num(&ns, now_arg);
+    qg__rs_num(&ns, ver->plan_list[in->plan->index]);
+    qg__rs_num(&ns, os ? ver->org_list[os->index] : 0);
+    qg__rs_num(&ns, in->anchor_ms);
+    qg__rs_num(&ns, in->cap_start_ms);
+    add_periods(&ns, in->plan, os, in->anchor_ms, pnow);
+    qg__rs_addnums(a, &ns);
 }
 
 void qg__rs_args_restore(qg__rs_args *a, const qg_store_restore *in,
@@ -305,48 +337,56 @@ void qg__rs_args_restore(qg__rs_args *a, const qg_store_restore *in,
 {
     const qg_org_spec *os = in->has_org ? in->orgspec : NULL;
     qg__rs_place p;
+    qg__rs_nums ns = {0};
     char rid[17];
     qg__rs_place_of(in->member, in->has_org && os, in->org, &p);
     qg__rs_hex_lo(in->rid, rid);
     qg__rs_adds(a, "restore");
-    qg__rs_addi(a, in->at_ms);
-    qg__rs_addi(a, in->charged_milli);
-    qg__rs_addi(a, in->reserved_milli);
-    qg__rs_addi(a, in->model);
-    qg__rs_addi(a, ver->plan_list[in->plan->index]);
-    qg__rs_addi(a, os ? ver->org_list[os->index] : 0);
-    qg__rs_addi(a, in->anchor_ms);
-    qg__rs_addi(a, in->settled != 0);
-    qg__rs_addi(a, in->status);
-    qg__rs_addi(a, in->headroom_milli);
-    qg__rs_addi(a, in->price_micro);
-    qg__rs_addi(a, in->cost_micro);
-    qg__rs_addi(a, in->cap_start_ms);
-    qg__rs_addi(a, in->charge_only != 0);
+    qg__rs_num(&ns, in->at_ms);
+    qg__rs_num(&ns, in->charged_milli);
+    qg__rs_num(&ns, in->reserved_milli);
+    qg__rs_num(&ns, in->model);
+    qg__rs_num(&ns, ver->plan_list[in->plan->index]);
+    qg__rs_num(&ns, os ? ver->org_list[os->index] : 0);
+    qg__rs_num(&ns, in->anchor_ms);
+    qg__rs_num(&ns, in->settled != 0);
+    qg__rs_num(&ns, in->status);
+    qg__rs_num(&ns, in->headroom_milli);
+    qg__rs_num(&ns, in->price_micro);
+    qg__rs_num(&ns, in->cost_micro);
+    qg__rs_num(&ns, in->cap_start_ms);
+    qg__rs_num(&ns, in->charge_only != 0);
+    qg__rs_num(&ns, qg__rs_lease_ttl(in->plan));
+    qg__rs_num(&ns, rid_ttl_ms);
+    add_model(&ns, in->model_spec);
+    add_periods(&ns, in->plan, os, in->anchor_ms, pnow);
+    qg__rs_addnums(a, &ns);
     qg__rs_adds(a, rid);
     qg__rs_adds(a, p.member);
     qg__rs_adds(a, p.org);
-    qg__rs_addi(a, qg__rs_lease_ttl(in->plan));
-    qg__rs_addi(a, rid_ttl_ms);
-    add_model(a, in->model_spec);
-    add_periods(a, in->plan, os, in->anchor_ms, pnow);
 }
 
 void qg__rs_args_lookup(qg__rs_args *a, int64_t now_arg, const char *member)
 {
+    qg__rs_nums ns = {0};
     qg__rs_adds(a, "lookup");
-    qg__rs_addi(a, now_arg);
+    qg__rs_num(&ns, now_arg);
+    qg__rs_addnums(a, &ns);
     qg__rs_adds(a, member);
 }
 
+/* The undo log's entries follow as arguments of their own (op and key
+ * index as decimal text, the two operands as they came back). */
 void qg__rs_args_void(qg__rs_args *a, const qg__rs_result *res,
                       const char *rid_lo)
 {
+    qg__rs_nums ns = {0};
     qg__rs_adds(a, "void");
-    qg__rs_addi(a, res->mv);
-    qg__rs_addi(a, res->ov);
+    qg__rs_num(&ns, res->mv);
+    qg__rs_num(&ns, res->ov);
+    qg__rs_num(&ns, res->nundo);
+    qg__rs_addnums(a, &ns);
     qg__rs_adds(a, rid_lo);
-    qg__rs_addi(a, res->nundo);
     for (int i = 0; i < 4 * res->nundo; i++) {
         if (res->undo[i].is_str)
             qg__rs_add(a, res->undo[i].s, res->undo[i].len);

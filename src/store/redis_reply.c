@@ -64,7 +64,7 @@ static int common_kind(const qg__rs_item *it, int n, qg__rs_result *res)
 }
 
 /* The views: the lists the member's and the org's state follow (1-based
- * in the script's LAYOUTS, 0 none), then per window its numbers; names,
+ * in the script's LIST, 0 none), then per window its numbers; names,
  * types, units and org flags come from those lists' windows. */
 static int read_views(rd *r, const qg__rs_version *v, qg_decision *out)
 {

@@ -6,14 +6,25 @@
  *
  *   local AMAX = <QG_REDIS_AMOUNT_MAX>
  *   local MMAX = <QG_REDIS_MONEY_MAX>
- *   local LAYOUTS = { function() return {id = '<16 hex>', w = {
- *                       {wid = ..., type = ...}, ...}} end, ...}
- *   local LAYOUT_BY_ID = { ['<id>'] = 1, ... }
+ *   local function LIST(i)
+ *     if i == 1 then return {id = '<16 hex>', n = .., fmt = .., nv = ..,
+ *                            size = .., wids = .., w = {{wid = ..,
+ *                            type = .., o = .., limit = .., ...}, ...}} end
+ *     ...
+ *   end
+ *   local function LIST_INDEX(id) if id == '<16 hex>' then return 1 end
+ *     ... return nil end
  *
- * One LAYOUTS entry per distinct window list of the rules (a plan's
- * windows, an org's windows), deduplicated by content; each is a
- * function building its table, so that a call builds only the one or two
- * lists it uses (table constructors are not free in Redis's Lua).  A list's id is a
+ * One LIST entry per distinct window list of the rules (a plan's
+ * windows, an org's windows), deduplicated by content.  Redis runs the
+ * whole script body at every EVALSHA, so the lists are branches of one
+ * function rather than a table of them: a call builds only the one or two
+ * lists it uses, and no closure per list (a closure or a table costs a
+ * script in Redis more than most of a decision's arithmetic).  Each list
+ * carries the struct format of an entity's state that follows it (fmt:
+ * header, then every window's state; nv values, size bytes with the
+ * trailer of window ids, common.lua) and each window the offset o of its
+ * state among the unpacked values.  A list's id is a
  * hash of its whole content (every field of every window, the calendar
  * spec included), the same at every instance with the same rules: an
  * entity in Redis records the id of the list its state follows, and a
@@ -238,23 +249,73 @@ static void list_content(sbuf *b, const qg_window_spec *w, int n)
     }
 }
 
+/* A window type's state in an entity's packed blob (common.lua): its
+ * struct format, number of values and bytes. */
+static const struct {
+    const char *fmt;
+    int nv, size;
+} state_fmt[] = {
+    [QG_WIN_ROLLING] = {"Bdddddd", 7, 49},
+    [QG_WIN_CALENDAR] = {"ddd", 3, 24},
+    [QG_WIN_SESSION] = {"ddd", 3, 24},
+    [QG_WIN_RATE] = {"dddBd", 5, 33},
+    [QG_WIN_CONCURRENCY] = {"Bdddd", 5, 33},
+};
+#define STATE_HEADER_FMT "c16BdddddB"   /* common.lua, HFMT */
+#define STATE_HEADER_NV 8
+#define STATE_HEADER_SIZE 58
+
+/* The table constructor of a window list: its id, window count, the
+ * struct format and size of an entity's state blob that follows it, the
+ * window ids (the blob's trailer), and each window (its state's offset o
+ * in the unpacked blob, then its parameters). */
 static void list_lua(sbuf *b, const char *id, const qg_window_spec *w, int n)
 {
-    sb_printf(b, "function() return {id = '%s', w = {\n", id);
+    int nv = STATE_HEADER_NV, size = STATE_HEADER_SIZE + 9 * n;
+    sb_printf(b, "{id = '%s', n = %d, fmt = '>" STATE_HEADER_FMT, id, n);
+    for (int i = 0; i < n; i++) {
+        sb_str(b, state_fmt[w[i].type].fmt);
+        nv += state_fmt[w[i].type].nv;
+        size += state_fmt[w[i].type].size;
+    }
+    sb_printf(b, "', nv = %d, size = %d, wids = '", nv, size);
+    for (int i = 0; i < n; i++) {
+        char wid[10];
+        wid_of(&w[i], wid);
+        sb_str(b, wid);
+    }
+    sb_str(b, "', w = {\n");
+    nv = STATE_HEADER_NV;
     for (int i = 0; i < n; i++) {
         const qg_window_spec *s = &w[i];
-        char wid[10];
-        wid_of(s, wid);
-        sb_printf(b, " {wid = '%s', type = %d, unit = %d, limit = %lld, "
-                  "length = %lld, burst = %lld, prec = %lld, maxe = %u, "
-                  "lease = %lld, mask = ", wid, (int)s->type, (int)s->unit,
-                  (long long)s->limit_milli, (long long)s->length_ms,
-                  (long long)s->burst_milli, (long long)s->precision_ms,
-                  max_entries(s), (long long)s->lease_ttl_ms);
-        if (!s->model_mask) {
-            sb_str(b, "false");
-        } else {
-            sb_str(b, "{");
+        /* only what the window's type reads: every field is a hash slot
+         * of a table each call builds */
+        sb_printf(b, " {type = %d, o = %d, limit = %lld", (int)s->type, nv,
+                  (long long)s->limit_milli);
+        nv += state_fmt[s->type].nv;
+        if (s->unit == QG_UNIT_REQUESTS)
+            sb_str(b, ", unit = 1");
+        switch (s->type) {
+        case QG_WIN_ROLLING:
+            sb_printf(b, ", length = %lld, prec = %lld, maxe = %u",
+                      (long long)s->length_ms, (long long)s->precision_ms,
+                      max_entries(s));
+            break;
+        case QG_WIN_SESSION:
+            sb_printf(b, ", length = %lld", (long long)s->length_ms);
+            break;
+        case QG_WIN_RATE:
+            sb_printf(b, ", length = %lld, burst = %lld",
+                      (long long)s->length_ms, (long long)s->burst_milli);
+            break;
+        case QG_WIN_CONCURRENCY:
+            sb_printf(b, ", lease = %lld", (long long)s->lease_ttl_ms);
+            break;
+        default:
+            break;
+        }
+        if (s->model_mask) {
+            sb_str(b, ", mask = {");
             for (int m = 0; m < 64; m++)
                 if ((s->model_mask >> m) & 1)
                     sb_printf(b, "[%d] = true, ", m);
@@ -262,7 +323,7 @@ static void list_lua(sbuf *b, const char *id, const qg_window_spec *w, int n)
         }
         sb_str(b, "},\n");
     }
-    sb_str(b, "}} end,\n");
+    sb_str(b, "}}");
 }
 
 /* Distinct lists seen so far while building. */
@@ -449,15 +510,22 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r,
                                strlen(p->list_lua[i]), p->list_w[i],
                                p->list_n[i]) != 0;
     sb_printf(&b, "-- quotagate rules version %s\nlocal AMAX = %lld\n"
-              "local MMAX = %lld\nlocal LAYOUTS = {\n",
+              "local MMAX = %lld\n"
+              "-- window list i, built on use (a call builds one or two)\n"
+              "local function LIST(i)\n",
               r->version ? r->version : "", (long long)QG_REDIS_AMOUNT_MAX,
               (long long)QG_REDIS_MONEY_MAX);
-    for (int i = 0; i < v->nall; i++)
+    for (int i = 0; i < v->nall; i++) {
+        sb_printf(&b, "if i == %d then return ", i + 1);
         sb_str(&b, v->list_lua[i]);
-    sb_str(&b, "}\nlocal LAYOUT_BY_ID = {");
+        sb_str(&b, " end\n");
+    }
+    sb_str(&b, "end\n-- the index of the list with this id, or nil\n"
+           "local function LIST_INDEX(id)\n");
     for (int i = 0; i < v->nall; i++)
-        sb_printf(&b, "['%s'] = %d, ", v->list_id[i], i + 1);
-    sb_str(&b, "}\n");
+        sb_printf(&b, "if id == '%s' then return %d end\n", v->list_id[i],
+                  i + 1);
+    sb_str(&b, "return nil\nend\n");
     sb_add(&b, qg__redis_lua_lib, qg__redis_lua_lib_len);
     if (failed || b.failed)
         goto fail;

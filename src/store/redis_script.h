@@ -10,7 +10,7 @@
  *
  * Rules reach Redis once per rules version: the script text is a
  * generated preamble (AMAX, MMAX and every distinct window list of the
- * rules as Lua constants, deduplicated by content) followed by the static
+ * rules, deduplicated by content, built on use) followed by the static
  * library, so its SHA1 names the rules version; calls carry only keys,
  * amounts, times, the indexes of the member's and the org's window lists,
  * and calendar periods (Lua cannot compute time zones).
@@ -18,8 +18,8 @@
  * Key layout (docs/redis-store.md), every key of one decision in the hash
  * slot of its tag (the org's key when the member has one, else the
  * member's; 32 hex digits):
- *   qg:{TAG}:s:<ENT>   an entity's window states (hash)
- *   qg:{TAG}:z:<ENT>   its rolling logs and leases (sorted set)
+ *   qg:{TAG}:e:<ENT>   an entity's window states (one packed string)
+ *   qg:{TAG}:l:<ENT>   its rolling logs and leases (sorted set)
  *   qg:{TAG}:q:<RID>   a request id's record (string, with a TTL)
  *   qg:rid:{<RID>}     which tag and member hold a request id (string)
  *   qg:epoch           the data set's identity (data-loss detection)
@@ -105,6 +105,22 @@ void qg__rs_args_free(qg__rs_args *a);
 void qg__rs_add(qg__rs_args *a, const char *s, size_t n);
 void qg__rs_adds(qg__rs_args *a, const char *s);
 void qg__rs_addi(qg__rs_args *a, int64_t v);
+
+/* The numbers of one script call, sent as ONE argument: big-endian IEEE
+ * doubles, 8 bytes each, that the script reads with a single
+ * struct.unpack (a decimal argument costs the script a tonumber each,
+ * more than the arithmetic it feeds).  A double holds every integer below
+ * 2^53 exactly, and rounds larger ones (INT64_MAX, a period's end when
+ * there is none) to the nearest double, exactly as tonumber of their
+ * decimal text did.  At most QG__RS_MAX_NUMS numbers; more set failed. */
+#define QG__RS_MAX_NUMS 128
+typedef struct qg__rs_nums {
+    int n, failed;
+    unsigned char b[8 * QG__RS_MAX_NUMS];
+} qg__rs_nums;
+void qg__rs_num(qg__rs_nums *ns, int64_t v);
+/* Append the numbers as one argument. */
+void qg__rs_addnums(qg__rs_args *a, const qg__rs_nums *ns);
 
 /* Hex of a key: 32 digits (hi then lo), or 16 of its low half. */
 void qg__rs_hex(qg_key k, char out[33]);

@@ -617,7 +617,7 @@ static void tags_now(char *out, size_t cap)
         if (!is_master(&C.node[i]))
             continue;
         assert_int_equal(redisproc_cmd(&C.node[i], keys, sizeof keys, "KEYS",
-                                       "qg:{*}:s:*", NULL), 0);
+                                       "qg:{*}:e:*", NULL), 0);
         for (char *k = strtok(keys, "\n"); k; k = strtok(NULL, "\n")) {
             const char *b = strchr(k, '{'), *e = b ? strchr(b, '}') : NULL;
             if (b && e)

@@ -1703,10 +1703,10 @@ static void redis_memory(redis_mem *m)
             const char *k = r->element[1]->element[i]->str;
             redisReply *u = redisCommand(c, "MEMORY USAGE %s SAMPLES 0", k);
             size_t b = u && u->type == REDIS_REPLY_INTEGER ? (size_t)u->integer : 0;
-            if (strstr(k, "}:s:")) {
+            if (strstr(k, "}:e:")) {
                 m->state += b;
                 m->entities++;
-            } else if (strstr(k, "}:z:")) {
+            } else if (strstr(k, "}:l:")) {
                 m->state += b;
             } else if (strstr(k, "}:q:")) {
                 m->records += b;
@@ -2000,10 +2000,10 @@ static void test_cluster_helper(void **state)
     char out[64], slot0[64];
     const char *keys[] = {
         "qg:{0123456789abcdef0123456789abcdef}:q:00000000000000aa",
-        "qg:{0123456789abcdef0123456789abcdef}:s:fedcba9876543210fedcba9876543210",
-        "qg:{0123456789abcdef0123456789abcdef}:z:fedcba9876543210fedcba9876543210",
-        "qg:{0123456789abcdef0123456789abcdef}:s:0123456789abcdef0123456789abcdef",
-        "qg:{0123456789abcdef0123456789abcdef}:z:0123456789abcdef0123456789abcdef",
+        "qg:{0123456789abcdef0123456789abcdef}:e:fedcba9876543210fedcba9876543210",
+        "qg:{0123456789abcdef0123456789abcdef}:l:fedcba9876543210fedcba9876543210",
+        "qg:{0123456789abcdef0123456789abcdef}:e:0123456789abcdef0123456789abcdef",
+        "qg:{0123456789abcdef0123456789abcdef}:l:0123456789abcdef0123456789abcdef",
     };
     (void)state;
     need_server();

@@ -16,6 +16,11 @@
 -- 2^53 or more is reported as math.huge: the callers clamp such results
 -- at a bound (an instant past the end of time, a used amount past the
 -- amount bound) exactly where the memory store clamps.
+--
+-- Redis runs a script's whole body at every call, and a function costs
+-- its closure each time: the library is built on first use (BN's
+-- metatable), which most calls never reach.
+local function bignum_lib()
 local BN = {}
 local BASE = 16777216            -- 2^24
 local TWO53 = 9007199254740992   -- 2^53
@@ -183,3 +188,10 @@ function BN.fromdec(s)
   end
   return trim(t)
 end
+return BN
+end
+
+local BN = setmetatable({}, {__index = function(t, k)
+  for name, f in pairs(bignum_lib()) do rawset(t, name, f) end
+  return rawget(t, k)
+end})

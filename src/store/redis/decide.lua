@@ -8,15 +8,22 @@
 -- never refuse, the overage is what the request takes beyond the least
 -- room they have left, priced and added to the spent amount unless that
 -- passes the cap.  Window types dispatch through W (by type number, as
--- window.c's table does).
-local W = {[1] = R, [2] = CAL, [3] = SES, [4] = RATE, [5] = CONC}
+-- window.c's table does); a type's functions are built the first time a
+-- call needs them (BUILD, one per win_*.lua), since Redis runs the whole
+-- script body at every call.
+local W = setmetatable({}, {__index = function(t, ty)
+  local m = BUILD[ty]()
+  rawset(t, ty, m)
+  return m
+end})
 
+local D = (function()
 local D = {}
 local OUT_ALLOW, OUT_REJECT, OUT_NEVER = 1, 2, 3
 
--- din: n, w[i], st[i], org[i] (0/1), ctx[0], ctx[1], model, weight,
--- soft (bit mask), price, cap, cap_end, spent ({v = amount} or nil).
-local function ctx_of(din, i) return din.ctx[din.org[i]] end
+-- din: n, w[i] (its window), e[i] (its entity: state S, instant now,
+-- request id rid), model, weight, soft (bit mask), price, cap, cap_end,
+-- spent ({v = amount} or false).
 
 local function soft_bit(mask, i)
   return math.floor(mask / 2 ^ (i - 1)) % 2 == 1
@@ -33,18 +40,22 @@ function D.overage_of(charged, headroom)
   return charged - headroom
 end
 
--- Views (and recovery schedules when with_recovery) without deciding.
-function D.views(din, out, with_recovery)
-  out.views = {}
+-- Append the views to reply r: per window limit, used, remaining,
+-- reset, then its recovery schedule when with_recovery and it holds
+-- usage (qg__decide_views), else no points.
+function D.views(din, r, with_recovery)
+  local n = #r
   for i = 1, din.n do
-    local w, st, ctx = din.w[i], din.st[i], ctx_of(din, i)
-    local v = {}
-    W[w.type].view(w, st, ctx, v)
-    v.rec = {}
-    if with_recovery and v.used > 0 then
-      v.rec = W[w.type].recovery(w, st, ctx, QG_MAX_RECOVERY)
+    local w, e = din.w[i], din.e[i]
+    local wt = W[w.type]
+    local limit, used, rem, reset = wt.view(w, e)
+    r[n + 1], r[n + 2], r[n + 3], r[n + 4] = limit, used, rem, reset
+    if with_recovery and used > 0 then
+      wt.recovery(w, e, QG_MAX_RECOVERY, r)
+    else
+      r[n + 5] = 0
     end
-    out.views[i] = v
+    n = #r
   end
 end
 
@@ -53,22 +64,24 @@ local function rollback(din, upto)
   for i = 1, upto - 1 do
     local w = din.w[i]
     if U.applies(w, din.model) then
-      local ctx = ctx_of(din, i)
-      if w.type == 5 then CONC.release(w, din.st[i], ctx)
+      local e = din.e[i]
+      if w.type == 5 then W[5].release(w, e)
       else
         local d = -U.amount(w, din.weight)
-        if d ~= 0 then W[w.type].adjust(w, din.st[i], ctx, ctx.now, d) end
+        if d ~= 0 then W[w.type].adjust(w, e, e.now, d) end
       end
     end
   end
 end
 
 local function charge_all(din)
+  local model, weight = din.model, din.weight
   for i = 1, din.n do
     local w = din.w[i]
-    if U.applies(w, din.model) then
-      local rc = W[w.type].charge(w, din.st[i], ctx_of(din, i),
-                                  U.amount(w, din.weight))
+    local mask = w.mask
+    if not mask or (model >= 0 and mask[model] == true) then
+      local a = (w.unit == 1 or w.type == 5) and 1000 or weight
+      local rc = W[w.type].charge(w, din.e[i], a)
       if rc ~= RC_OK then
         rollback(din, i)
         return rc
@@ -79,22 +92,26 @@ local function charge_all(din)
 end
 
 -- Decide; when every window admits, charge them all.  Returns RC_OK or a
--- window's error (nothing charged then), out filled.
+-- window's error (nothing charged then), out filled; the views follow
+-- with D.views (recovery schedules for a refusal only).
 function D.decide(din, out)
-  local now = din.ctx[0].now
+  local now = din.e[1].now
   local latest, soft_latest = now, now
   local binding, never, soft_bind, soft_never = -1, -1, -1, -1
   local room, over, cost, spent_after = math.huge, 0, 0, 0
   local cap_ok = true
-  out.weight = din.weight
+  local model, weight, soft = din.model, din.weight, din.soft
+  out.weight = weight
   out.retry_after = 0
   out.overage, out.cost, out.price, out.headroom, out.cap_reached = 0, 0, 0, -1, 0
   for i = 1, din.n do
     local w = din.w[i]
-    if U.applies(w, din.model) then
-      local at = W[w.type].admit_at(w, din.st[i], ctx_of(din, i),
-                                    U.amount(w, din.weight))
-      if not soft_bit(din.soft, i) then
+    local mask = w.mask
+    if not mask or (model >= 0 and mask[model] == true) then
+      local wt = W[w.type]
+      local a = (w.unit == 1 or w.type == 5) and 1000 or weight
+      local at = wt.admit_at(w, din.e[i], a)
+      if soft == 0 or not soft_bit(soft, i) then
         if at == NEVER then
           if never < 0 then never = i end
         elseif at > latest then
@@ -102,9 +119,8 @@ function D.decide(din, out)
           binding = i
         end
       else
-        local v = {}
-        W[w.type].view(w, din.st[i], ctx_of(din, i), v)
-        if v.remaining < room then room = v.remaining end
+        local _, _, remaining = wt.view(w, din.e[i])
+        if remaining < room then room = remaining end
         if at == NEVER then
           if soft_never < 0 then soft_never = i end
         elseif at > soft_latest then
@@ -114,10 +130,10 @@ function D.decide(din, out)
       end
     end
   end
-  if din.soft ~= 0 then
+  if soft ~= 0 then
     out.headroom = room == math.huge and -1 or room
     out.price = din.price
-    over = D.overage_of(din.weight, out.headroom)
+    over = D.overage_of(weight, out.headroom)
     cost = D.overage_cost(over, din.price)
     -- both within the money bound: the sum is exact
     cap_ok = din.cap <= 0 or din.spent.v + cost <= din.cap
@@ -148,7 +164,7 @@ function D.decide(din, out)
   else
     local rc = charge_all(din)
     if rc ~= RC_OK then return rc end
-    if din.soft ~= 0 then
+    if soft ~= 0 then
       din.spent.v = spent_after
       out.overage = over
       out.cost = cost
@@ -156,7 +172,6 @@ function D.decide(din, out)
     out.outcome = OUT_ALLOW
     out.binding = -1
   end
-  D.views(din, out, out.outcome ~= OUT_ALLOW)
   return RC_OK
 end
 
@@ -166,10 +181,13 @@ function D.settle(din, t0, delta)
   for i = 1, din.n do
     local w = din.w[i]
     if U.applies(w, din.model) then
-      if w.type == 5 then CONC.release(w, din.st[i], ctx_of(din, i))
-      elseif w.unit == 0 and delta ~= 0 then
-        W[w.type].adjust(w, din.st[i], ctx_of(din, i), t0, delta)
+      if w.type == 5 then W[5].release(w, din.e[i])
+      elseif w.unit ~= 1 and delta ~= 0 then
+        W[w.type].adjust(w, din.e[i], t0, delta)
       end
     end
   end
 end
+
+return D
+end)()

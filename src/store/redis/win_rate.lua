@@ -19,32 +19,26 @@
 --   reset (view)    ceil(tat / L), at most QG_TIME_MAX_MS
 -- The store refuses rules whose full bucket would take longer than
 -- QG_TIME_MAX_MS to drain (redis_script.c), so q stays below 2^52.
--- State: "q r seen capped L"; L is the limit tat was scaled by, and a
--- rules change of the limit rescales nothing (win_rate.c keeps the raw
--- scaled number too): the pair is converted to the new L exactly.
+-- State (S[o + ...], common.lua): q, r, seen, capped, L; L is the limit
+-- tat was scaled by, and a rules change of the limit rescales nothing
+-- (win_rate.c keeps the raw scaled number too): the pair is converted to
+-- the new L exactly.  Built on first use (W in decide.lua); adjust and
+-- recovery (RT) on first use of them.
+BUILD[4] = function()
 local RATE = {}
-local TWO52 = 4503599627370496
-
-local function clamp_now(st, ctx)
-  local now = ctx.now > st.seen and ctx.now or st.seen
-  st.seen = now
-  return now
-end
-
-local function burst_of(w) return w.burst > 0 and w.burst or w.limit end
-
-local function valid(w) return w.limit > 0 and w.length > 0 end
+local Q, RR, SEEN, CAPPED, SL = 1, 2, 3, 4, 5
 
 -- The pair of tat in units of the window's current limit.
-local function tat_of(w, st)
-  if st.L ~= w.limit and valid(w) then
-    if st.q ~= 0 or st.r ~= 0 then
-      local raw = BN.add(BN.mul(BN.new(st.q), BN.new(st.L)), BN.new(st.r))
-      st.q, st.r = BN.divmod(raw, w.limit)
+local function tat_of(w, S, o)
+  if S[o + SL] ~= w.limit and w.limit > 0 and w.length > 0 then
+    if S[o + Q] ~= 0 or S[o + RR] ~= 0 then
+      local raw = BN.add(BN.mul(BN.new(S[o + Q]), BN.new(S[o + SL])),
+                         BN.new(S[o + RR]))
+      S[o + Q], S[o + RR] = BN.divmod(raw, w.limit)
     end
-    st.L = w.limit
+    S[o + SL] = w.limit
   end
-  return st.q, st.r
+  return S[o + Q], S[o + RR]
 end
 
 -- a * P as a pair; math.huge, 0 when its ms part passes 2^53.
@@ -54,7 +48,9 @@ local function times_p(w, a)
   return BN.divmod(BN.mul(BN.new(a), BN.new(w.length)), w.limit)
 end
 
--- (q1, r1) + (q2, r2) and (q1, r1) - (q2, r2), 0 <= r < L.
+-- (q1, r1) + (q2, r2) and (q1, r1) - (q2, r2), 0 <= r < L; a pair is
+-- after another when q1 > q2 or (q1 == q2 and r1 > r2); ceil(X / L) is
+-- q + (r > 0 and 1 or 0).
 local function add(w, q1, r1, q2, r2)
   local r = r1 + r2
   if r >= w.limit then return q1 + q2 + 1, r - w.limit end
@@ -67,129 +63,149 @@ local function sub(w, q1, r1, q2, r2)
   return q1 - q2, r
 end
 
-local function gt(q1, r1, q2, r2) return q1 > q2 or (q1 == q2 and r1 > r2) end
+-- Clamp now and record it.
+local function clamp_now(e, S, o)
+  local now = e.now > S[o + SEEN] and e.now or S[o + SEEN]
+  S[o + SEEN] = now
+  return now
+end
 
-local function ceil_of(q, r) return r > 0 and q + 1 or q end
-
-function RATE.admit_at(w, st, ctx, a)
-  local now = clamp_now(st, ctx)
+function RATE.admit_at(w, e, a)
+  local S, o = e.S, w.o
+  local now = clamp_now(e, S, o)
   if a <= 0 then return now end
-  local burst = burst_of(w)
-  if not valid(w) or a > burst or a > AMAX then return NEVER end
-  local q, r = tat_of(w, st)
+  local burst = w.burst > 0 and w.burst or w.limit
+  if not (w.limit > 0 and w.length > 0) or a > burst or a > AMAX then return NEVER end
+  local q, r = tat_of(w, S, o)
   local tq, tr = times_p(w, burst)
   local aq, ar = times_p(w, a)
   local mq, mr = q, r
-  if not gt(q, r, now, 0) then mq, mr = now, 0 end
+  if not (q > now or (q == now and r > 0)) then mq, mr = now, 0 end
   local lq, lr = add(w, mq, mr, aq, ar)
-  if not gt(lq, lr, tq + now, tr) then return now end
+  if not (lq > tq + now or (lq == tq + now and lr > tr)) then return now end
   local xq, xr = add(w, q, r, aq, ar)
-  return ceil_of(sub(w, xq, xr, tq, tr))
+  local cq, cr = sub(w, xq, xr, tq, tr)
+  return cr > 0 and cq + 1 or cq
 end
 
-function RATE.charge(w, st, ctx, a)
-  local now = clamp_now(st, ctx)
-  if a <= 0 or not valid(w) then return RC_OK end
+function RATE.charge(w, e, a)
+  local S, o = e.S, w.o
+  local now = clamp_now(e, S, o)
+  if a <= 0 or not (w.limit > 0 and w.length > 0) then return RC_OK end
   if a > AMAX then a = AMAX end
-  local q, r = tat_of(w, st)
-  if not gt(q, r, now, 0) then
+  local q, r = tat_of(w, S, o)
+  if not (q > now or (q == now and r > 0)) then
     q, r = now, 0
-    st.capped = 0       -- drained: nothing cut is left
+    S[o + CAPPED] = 0       -- drained: nothing cut is left
   end
-  local tq, tr = times_p(w, burst_of(w))
+  local tq, tr = times_p(w, w.burst > 0 and w.burst or w.limit)
   local aq, ar = times_p(w, a)
   local cq, cr = tq + now + TMAX, tr   -- S(now) + tau + L * TMAX
   if aq == math.huge then
     q, r = cq, cr
-    st.capped = 1
+    S[o + CAPPED] = 1
   else
     q, r = add(w, q, r, aq, ar)
-    if gt(q, r, cq, cr) then
+    if q > cq or (q == cq and r > cr) then
       q, r = cq, cr
-      st.capped = 1
+      S[o + CAPPED] = 1
     end
   end
-  st.q, st.r = q, r
+  S[o + Q], S[o + RR] = q, r
   return RC_OK
 end
 
-function RATE.adjust(w, st, ctx, t0, delta)
-  local now = clamp_now(st, ctx)
-  if not valid(w) then return end
+-- limit, used, remaining, reset.  used = ceil((tat - S(now)) / P) for
+-- tat > S(now), reset = ceil(tat / L).
+function RATE.view(w, e)
+  local S, o = e.S, w.o
+  local now = clamp_now(e, S, o)
+  local burst = w.burst > 0 and w.burst or w.limit
+  local used, reset = 0, 0
+  if w.limit > 0 and w.length > 0 then
+    local q, r = tat_of(w, S, o)
+    if q > now or (q == now and r > 0) then
+      local x = (q - now) * w.limit
+      if x < TWO52 then
+        used = U.ceil_div(x + r, w.length)
+      else
+        local n = BN.add(BN.mul(BN.new(q - now), BN.new(w.limit)), BN.new(r))
+        local uq, ur = BN.divmod(n, w.length)
+        used = (uq ~= math.huge and ur > 0) and uq + 1 or uq
+      end
+      if used > AMAX then used = AMAX end
+      reset = r > 0 and q + 1 or q
+      if reset > TMAX then reset = TMAX end
+    end
+  end
+  return burst, used, burst > used and burst - used or 0, reset
+end
+
+function RATE.until_(w, S)
+  local o = w.o
+  if not (w.limit > 0 and w.length > 0) or (S[o + Q] == 0 and S[o + RR] == 0) then return 0 end
+  local q, r = tat_of(w, S, o)
+  local t = r > 0 and q + 1 or q
+  return t > TMAX and TMAX or t
+end
+
+local RT = lazy(function()
+local RT = {}
+
+function RT.adjust(w, e, t0, delta)
+  local S, o = e.S, w.o
+  local now = clamp_now(e, S, o)
+  if not (w.limit > 0 and w.length > 0) then return end
   if delta > 0 then
-    RATE.charge(w, st, ctx, delta)
+    RATE.charge(w, e, delta)
     return
   end
   -- giving back: floored at S(now); a bucket that was cut keeps its fill
-  local q, r = tat_of(w, st)
-  if st.capped ~= 0 and gt(q, r, now, 0) then return end
-  st.capped = 0
+  local q, r = tat_of(w, S, o)
+  if S[o + CAPPED] ~= 0 and (q > now or (q == now and r > 0)) then return end
+  S[o + CAPPED] = 0
   local d = -delta
   if d > AMAX then d = AMAX end
   local dq, dr = times_p(w, d)
   if dq == math.huge then
-    st.q, st.r = now, 0
+    S[o + Q], S[o + RR] = now, 0
     return
   end
   local fq, fr = add(w, now, 0, dq, dr)
-  if gt(q, r, fq, fr) then st.q, st.r = sub(w, q, r, dq, dr)
-  else st.q, st.r = now, 0 end
+  if q > fq or (q == fq and r > fr) then S[o + Q], S[o + RR] = sub(w, q, r, dq, dr)
+  else S[o + Q], S[o + RR] = now, 0 end
 end
 
--- ceil((tat - S(now)) / P) for tat > S(now).
-local function used_of(w, q, r, now)
-  local x = (q - now) * w.limit
-  if x < TWO52 then return U.ceil_div(x + r, w.length) end
-  local n = BN.add(BN.mul(BN.new(q - now), BN.new(w.limit)), BN.new(r))
-  local uq, ur = BN.divmod(n, w.length)
-  if uq == math.huge then return uq end
-  return ur > 0 and uq + 1 or uq
-end
-
-function RATE.view(w, st, ctx, out)
-  local now = clamp_now(st, ctx)
-  local burst = burst_of(w)
-  out.limit = burst
-  out.used = 0
-  out.reset = 0
-  if valid(w) then
-    local q, r = tat_of(w, st)
-    if gt(q, r, now, 0) then
-      local used = used_of(w, q, r, now)
-      out.used = used > AMAX and AMAX or used
-      local reset = ceil_of(q, r)
-      out.reset = reset > TMAX and TMAX or reset
-    end
-  end
-  out.remaining = burst > out.used and burst - out.used or 0
-end
-
-function RATE.recovery(w, st, ctx, max)
-  local v = {}
-  RATE.view(w, st, ctx, v)
-  if max <= 0 or v.reset == 0 then return {} end
-  local burst, cur = v.limit, v.remaining
-  local q, r = tat_of(w, st)
-  local pts = {}
+function RT.recovery(w, e, max, r)
+  local burst, _, cur, reset = RATE.view(w, e)
+  local n = #r
+  r[n + 1] = 0
+  if max <= 0 or reset == 0 then return end
+  local S, o = e.S, w.o
+  local q, rr = tat_of(w, S, o)
+  local k, last = 0, nil
   -- levels evenly spaced from the current remaining up to the burst;
   -- level x is reached at ceil((tat - (burst - x) * P) / L)
   for i = 1, max do
     local x = cur + U.idiv((burst - cur) * i + max - 1, max)
-    if not (#pts > 0 and x <= pts[#pts][2]) then
+    if not (k > 0 and x <= last) then
       local xq, xr = times_p(w, burst - x)
-      local at = ceil_of(sub(w, q, r, xq, xr))
+      local aq, ar = sub(w, q, rr, xq, xr)
+      local at = ar > 0 and aq + 1 or aq
+      k = k + 1
       if at > TMAX then
-        pts[#pts + 1] = {TMAX, burst}
+        r[n + 2 * k], r[n + 2 * k + 1] = TMAX, burst
         break
       end
-      pts[#pts + 1] = {at, x}
+      r[n + 2 * k], r[n + 2 * k + 1] = at, x
+      last = x
     end
   end
-  return pts
+  r[n + 1] = k
 end
 
-function RATE.until_(w, st)
-  if not valid(w) or (st.q == 0 and st.r == 0) then return 0 end
-  local t = ceil_of(tat_of(w, st))
-  return t > TMAX and TMAX or t
+return RT
+end)
+
+return setmetatable(RATE, {__index = RT})
 end

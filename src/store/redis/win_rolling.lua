@@ -11,129 +11,158 @@
 -- Storage: the window's entries live in its entity's sorted set, in the
 -- score range of its slot: score = slot * 2^48 + t, member the packed
 -- (slot, t, amount) (struct '>Bdd': unique, since t is unique within the
--- window).  The field keeps slot, total, pad, count and the newest
--- instant, so clamping and the coalescing test need no read of the set.
+-- window).  The state (S[o + ...], common.lua) keeps slot, total, pad,
+-- count, the newest instant, and the oldest entry's instant and amount,
+-- so that clamping, the coalescing test, pruning (nothing to drop while
+-- the oldest entry still counts) and the view's reset (the oldest entry
+-- holding an amount) read nothing from the set in the common case.
 -- Entries are read lazily from whichever end is nearer into parallel
--- arrays (st.ct, st.ca, st.cm: instant, amount, member, by index from the
--- oldest), so a decision reads only what the C code would touch.
+-- arrays (ct, ca, cm: instant, amount, member, by index from the
+-- oldest; e.X[o], per call), so a walk reads only what the C code would
+-- touch.  Built on first use (W in decide.lua), and what only refusals,
+-- settles, expiries and compaction need (RS) on first use of that.
+BUILD[1] = function()
 local R = {}
 local MFMT = '>Bdd'
+local SLOT, TOTAL, PAD, COUNT, NEWEST, OLDEST, OA = 1, 2, 3, 4, 5, 6, 7
 
-local function member_of(st, t, a) return struct.pack(MFMT, st.slot, t, a) end
+local function member_of(S, o, t, a) return spack(MFMT, S[o + SLOT], t, a) end
 
-local function reset_cache(st) st.ct, st.ca, st.cm = {}, {}, {} end
+-- Lower bound of the newest instant this state has seen.
+local function clamp_now(S, o, now)
+  if S[o + COUNT] == 0 then return now end
+  local seen = S[o + NEWEST] - S[o + PAD]
+  return now > seen and now or seen
+end
 
--- Load entries [i, i + n) into the cache.
-local function fill(st, i, n)
-  if i + n > st.count then n = st.count - i end
+local RS = lazy(function()
+local RS = {}
+
+-- The entry cache of the window at o (created empty).
+local function cache(e, o)
+  local X = e.X
+  if not X then X = {}; e.X = X end
+  local c = X[o]
+  if not c then c = {ct = {}, ca = {}, cm = {}}; X[o] = c end
+  return c
+end
+
+local function reset_cache(e, o) if e.X then e.X[o] = nil end end
+
+-- Load entries [i, i + n) into the cache c.
+local function fill(e, o, c, i, n)
+  local S = e.S
+  local count = S[o + COUNT]
+  if i + n > count then n = count - i end
   if n <= 0 then return end
-  local e, base = st.E, st.slot * SLOTW
-  local ct, ca, cm = st.ct, st.ca, st.cm
-  if i <= st.count - (i + n) then
-    local res = redis.call('ZRANGEBYSCORE', e.zkey, base, base + SLOTW - 1,
-                           'LIMIT', i, n)
+  local base = S[o + SLOT] * SLOTW
+  local ct, ca, cm = c.ct, c.ca, c.cm
+  if i <= count - (i + n) then
+    local res = rcall('ZRANGEBYSCORE', e.zkey, base, base + SLOTW - 1,
+                      'LIMIT', i, n)
     for k = 1, #res do
-      local _, t, a = struct.unpack(MFMT, res[k])
+      local _, t, a = sunpack(MFMT, res[k])
       ct[i + k - 1], ca[i + k - 1], cm[i + k - 1] = t, a, res[k]
     end
   else
-    local res = redis.call('ZREVRANGEBYSCORE', e.zkey, base + SLOTW - 1, base,
-                           'LIMIT', st.count - (i + n), n)
+    local res = rcall('ZREVRANGEBYSCORE', e.zkey, base + SLOTW - 1, base,
+                      'LIMIT', count - (i + n), n)
     for k = 1, #res do
-      local _, t, a = struct.unpack(MFMT, res[k])
+      local _, t, a = sunpack(MFMT, res[k])
       ct[i + n - k], ca[i + n - k], cm[i + n - k] = t, a, res[k]
     end
   end
 end
 
--- Make entry i (0-based, from the oldest) present in the cache.  Chunks
--- grow as a walk goes on: most walks stop at the first entry or two.
-local function ent(st, i)
-  if not st.ct then reset_cache(st) end
-  if not st.ct[i] then fill(st, i, i < 4 and 4 or (i < 64 and i or 64)) end
+-- The cache, with entry i (0-based, from the oldest) present in it.
+-- Chunks grow as a walk goes on: most walks stop at the first entry or
+-- two.
+local function ent(e, o, i)
+  local c = cache(e, o)
+  if not c.ct[i] then fill(e, o, c, i, i < 4 and 4 or (i < 64 and i or 64)) end
+  return c
 end
 
 -- The same, walking from the newest end.
-local function ent_back(st, i)
-  if not st.ct then reset_cache(st) end
-  if not st.ct[i] then
-    local k = st.count - i < 64 and st.count - i + 3 or 64
+local function ent_back(e, o, i)
+  local c = cache(e, o)
+  if not c.ct[i] then
+    local count = e.S[o + COUNT]
+    local k = count - i < 64 and count - i + 3 or 64
     local lo = i >= k - 1 and i - k + 1 or 0
-    fill(st, lo, i - lo + 1)
+    fill(e, o, c, lo, i - lo + 1)
   end
+  return c
 end
 
--- Change entry i's amount to v (its cache slot is updated).
-local function set_amount(st, i, t, old_m, v)
-  local base = st.slot * SLOTW
-  local m = member_of(st, t, v)
-  E.zrem(st.E, base + t, old_m)
-  E.zadd(st.E, base + t, m)
-  if i and st.ct then st.ca[i], st.cm[i] = v, m end
-end
-
--- Lower bound of the newest instant this state has seen.
-local function clamp_now(st, now)
-  if st.count == 0 then return now end
-  local seen = st.newest - st.pad
-  return now > seen and now or seen
+-- Change the amount of the entry at t (index i when known) to v.
+local function set_amount(e, o, i, t, old_m, v)
+  local S = e.S
+  local base = S[o + SLOT] * SLOTW
+  local m = member_of(S, o, t, v)
+  E.zrem(e, base + t, old_m)
+  E.zadd(e, base + t, m)
+  if t == S[o + OLDEST] then S[o + OA] = v end
+  local c = e.X and e.X[o]
+  if i and c then c.ca[i], c.cm[i] = v, m end
 end
 
 -- min(bound, sum of the entries), stopping once the bound is reached.
-local function resum(st)
+local function resum(e, o)
   local t = 0
-  for i = 0, st.count - 1 do
+  for i = 0, e.S[o + COUNT] - 1 do
     if t >= AMAX then break end
-    ent(st, i)
-    t = U.amount_add(t, st.ca[i])
+    t = U.amount_add(t, ent(e, o, i).ca[i])
   end
   return t
 end
 
 -- The exact sum of the entries (a bignum), for a total at the bound.
-local function exact_sum(st)
+local function exact_sum(e, o)
   local t = BN.new(0)
-  for i = 0, st.count - 1 do
-    ent(st, i)
-    t = BN.add(t, BN.new(st.ca[i]))
+  for i = 0, e.S[o + COUNT] - 1 do
+    t = BN.add(t, BN.new(ent(e, o, i).ca[i]))
   end
   return t
 end
 
--- Drop entries that no longer count: t + L <= now.  Once per instant:
--- within one script every operation uses the same clamped now, and
--- entries added since lie at or after it.
-local function prune(w, st, now)
-  if st.pruned == now then return end
-  st.pruned = now
-  if st.count > 0 and now - w.length >= 0 then
-    local e, base = st.E, st.slot * SLOTW
-    local hi = base + now - w.length
-    local res = redis.call('ZRANGEBYSCORE', e.zkey, base, hi, 'WITHSCORES')
-    if #res > 0 then
-      local sat = st.total >= AMAX
-      if not sat then
-        for k = 1, #res, 2 do
-          local _, _, a = struct.unpack(MFMT, res[k])
-          st.total = st.total - a
-        end
-      end
-      E.zrem_range(e, base, hi, res)
-      st.count = st.count - #res / 2
-      st.ct = nil
-      if st.count > 0 and sat then st.total = resum(st) end
+-- Prune's work once the oldest entry no longer counts: drop every entry
+-- with t + L <= now, then read the new oldest.
+function RS.drop(w, e, o, now)
+  local S = e.S
+  local base = S[o + SLOT] * SLOTW
+  local hi = base + now - w.length
+  local res = rcall('ZRANGEBYSCORE', e.zkey, base, hi, 'WITHSCORES')
+  if #res == 0 then return end
+  local sat = S[o + TOTAL] >= AMAX
+  if not sat then
+    local total = S[o + TOTAL]
+    for k = 1, #res, 2 do
+      local _, _, a = sunpack(MFMT, res[k])
+      total = total - a
     end
+    S[o + TOTAL] = total
   end
-  if st.count == 0 then st.total = 0; st.pad = 0 end
+  E.zrem_range(e, base, hi, res, true)
+  S[o + COUNT] = S[o + COUNT] - #res / 2
+  reset_cache(e, o)
+  if S[o + COUNT] > 0 then
+    if sat then S[o + TOTAL] = resum(e, o) end
+    local c = ent(e, o, 0)
+    S[o + OLDEST], S[o + OA] = c.ct[0], c.ca[0]
+  else
+    S[o + OLDEST], S[o + OA] = 0, 0
+  end
 end
 
 -- Round every entry's time up to a multiple of g and merge equal ones.
-local function compact(st, g)
-  local seen = st.newest - st.pad
+local function compact(e, o, g)
+  local S = e.S
+  local seen = S[o + NEWEST] - S[o + PAD]
   local ot, oa, om = {}, {}, {}
-  for i = 0, st.count - 1 do
-    ent(st, i)
-    ot[i + 1], oa[i + 1], om[i + 1] = st.ct[i], st.ca[i], st.cm[i]
+  for i = 0, S[o + COUNT] - 1 do
+    local c = ent(e, o, i)
+    ot[i + 1], oa[i + 1], om[i + 1] = c.ct[i], c.ca[i], c.cm[i]
   end
   local nt, na = {}, {}
   for k = 1, #ot do
@@ -142,96 +171,97 @@ local function compact(st, g)
     if n > 0 and nt[n] == t then na[n] = U.amount_add(na[n], oa[k])
     else nt[n + 1], na[n + 1] = t, oa[k] end
   end
-  local base = st.slot * SLOTW
-  for k = 1, #ot do E.zrem(st.E, base + ot[k], om[k]) end
-  reset_cache(st)
+  local base = S[o + SLOT] * SLOTW
+  for k = 1, #ot do E.zrem(e, base + ot[k], om[k]) end
+  reset_cache(e, o)
+  local c = cache(e, o)
   for k = 1, #nt do
-    local m = member_of(st, nt[k], na[k])
-    E.zadd(st.E, base + nt[k], m)
-    st.ct[k - 1], st.ca[k - 1], st.cm[k - 1] = nt[k], na[k], m
+    local m = member_of(S, o, nt[k], na[k])
+    E.zadd(e, base + nt[k], m)
+    c.ct[k - 1], c.ca[k - 1], c.cm[k - 1] = nt[k], na[k], m
   end
-  st.count = #nt
-  st.newest = nt[#nt]
-  local slack = st.newest - seen
-  st.pad = slack > UINT32_MAX and UINT32_MAX or slack
+  S[o + COUNT] = #nt
+  S[o + NEWEST] = nt[#nt]
+  S[o + OLDEST], S[o + OA] = nt[1], na[1]
+  local slack = S[o + NEWEST] - seen
+  S[o + PAD] = slack > UINT32_MAX and UINT32_MAX or slack
 end
 
-function R.admit_at(w, st, ctx, a)
-  local now = clamp_now(st, ctx.now)
-  prune(w, st, now)
-  if a <= 0 or a <= w.limit - st.total then return now end
-  if a > w.limit or a > AMAX then return NEVER end
-  -- entries leave oldest first, entry e at exactly e.t + L
-  if st.total < AMAX then
+-- admit_at's walk for an amount a that does not fit now: entries leave
+-- oldest first, entry e at exactly e.t + L.
+function RS.walk(w, e, o, a)
+  local S = e.S
+  local total = S[o + TOTAL]
+  if total < AMAX then
     local freed = 0
-    for i = 0, st.count - 1 do
-      ent(st, i)
-      freed = freed + st.ca[i]
-      if st.total - freed + a <= w.limit then return st.ct[i] + w.length end
+    for i = 0, S[o + COUNT] - 1 do
+      local c = ent(e, o, i)
+      freed = freed + c.ca[i]
+      if total - freed + a <= w.limit then return c.ct[i] + w.length end
     end
     return NEVER
   end
-  local rest, lim = exact_sum(st), BN.new(w.limit - a)
-  for i = 0, st.count - 1 do
-    rest = BN.sub(rest, BN.new(st.ca[i]))
-    if BN.cmp(rest, lim) <= 0 then return st.ct[i] + w.length end
+  local rest, lim = exact_sum(e, o), BN.new(w.limit - a)
+  for i = 0, S[o + COUNT] - 1 do
+    local c = ent(e, o, i)
+    rest = BN.sub(rest, BN.new(c.ca[i]))
+    if BN.cmp(rest, lim) <= 0 then return c.ct[i] + w.length end
   end
   return NEVER
 end
 
-function R.charge(w, st, ctx, a)
-  local now = clamp_now(st, ctx.now)
-  prune(w, st, now)
-  if a < 0 then return RC_OK end
-  if a > AMAX then a = AMAX end
-  local t = now
-  if w.prec > 0 then t = U.ceil_div(now, w.prec) * w.prec end
-  local n = st.count
-  if n > 0 and st.newest >= t then
-    ent_back(st, n - 1)
-    local lt = st.ct[n - 1]
-    set_amount(st, n - 1, lt, st.cm[n - 1], U.amount_add(st.ca[n - 1], a))
-    st.total = U.amount_add(st.total, a)
-    local seen_old = lt - st.pad
-    local seen = now > seen_old and now or seen_old
-    local sl = lt - seen
-    st.pad = sl > UINT32_MAX and UINT32_MAX or sl
-    return RC_OK
-  end
-  local m = w.maxe
-  if n >= m then
-    local g = U.ceil_div(w.length > 0 and w.length or 1, math.floor(m / 2))
-    if g < 1 then g = 1 end
-    while st.count >= m do
-      compact(st, g)
-      if g > 2305843009213693951 then break end
-      g = g * 2
-    end
-    n = st.count
-    if n >= m then return RC_EFULL end
-    if n > 0 and st.newest >= t then return R.charge(w, st, ctx, a) end
-  end
-  local m = member_of(st, t, a)
-  E.zadd(st.E, st.slot * SLOTW + t, m)
-  if st.ct then st.ct[n], st.ca[n], st.cm[n] = t, a, m end
-  st.count = n + 1
-  st.newest = t
-  st.total = U.amount_add(st.total, a)
-  local sl = t - now
-  st.pad = sl > UINT32_MAX and UINT32_MAX or sl
+-- charge into the newest entry (t at or before it).
+function RS.coalesce(w, e, o, now, a)
+  local S = e.S
+  local n = S[o + COUNT]
+  local c = ent_back(e, o, n - 1)
+  local lt = c.ct[n - 1]
+  set_amount(e, o, n - 1, lt, c.cm[n - 1], U.amount_add(c.ca[n - 1], a))
+  S[o + TOTAL] = U.amount_add(S[o + TOTAL], a)
+  local seen_old = lt - S[o + PAD]
+  local seen = now > seen_old and now or seen_old
+  local sl = lt - seen
+  S[o + PAD] = sl > UINT32_MAX and UINT32_MAX or sl
   return RC_OK
 end
 
-function R.adjust(w, st, ctx, t0, delta)
-  local now = clamp_now(st, ctx.now)
-  prune(w, st, now)
+-- A charge that would need an (M+1)th entry: compact.  Returns RC_EFULL,
+-- or nil when the charge can go on.
+function RS.make_room(w, e, o)
+  local S = e.S
+  local mx = w.maxe
+  local g = U.ceil_div(w.length > 0 and w.length or 1, math.floor(mx / 2))
+  if g < 1 then g = 1 end
+  while S[o + COUNT] >= mx do
+    compact(e, o, g)
+    if g > 2305843009213693951 then break end
+    g = g * 2
+  end
+  if S[o + COUNT] >= mx then return RC_EFULL end
+  return nil
+end
+
+-- The view's reset when the oldest entry holds nothing: the first that
+-- holds any amount.
+function RS.reset(w, e, o)
+  for i = 1, e.S[o + COUNT] - 1 do
+    local c = ent(e, o, i)
+    if c.ca[i] > 0 then return c.ct[i] + w.length end
+  end
+  return 0
+end
+
+function RS.adjust(w, e, t0, delta)
+  local S, o = e.S, w.o
+  local now = clamp_now(S, o, e.now)
+  R.prune(w, e, o, now)
   if t0 + w.length <= now then return end
   -- the charge lives in the first entry with t >= t0
-  local base = st.slot * SLOTW
-  local res = redis.call('ZRANGEBYSCORE', st.E.zkey, base + t0,
-                         base + SLOTW - 1, 'LIMIT', 0, 1)
+  local base = S[o + SLOT] * SLOTW
+  local res = rcall('ZRANGEBYSCORE', e.zkey, base + t0, base + SLOTW - 1,
+                    'LIMIT', '0', '1')
   if #res == 0 then return end
-  local _, et, ea = struct.unpack(MFMT, res[1])
+  local _, et, ea = sunpack(MFMT, res[1])
   local v
   if delta > 0 then
     v = U.amount_add(ea, delta)
@@ -240,35 +270,25 @@ function R.adjust(w, st, ctx, t0, delta)
     v = ea + delta
     if v < 0 then v = 0 end
   end
-  set_amount(st, nil, et, res[1], v)
-  st.ct = nil
-  if st.total < AMAX then
-    st.total = U.amount_add(st.total - ea, v)
+  set_amount(e, o, nil, et, res[1], v)
+  reset_cache(e, o)
+  if S[o + TOTAL] < AMAX then
+    S[o + TOTAL] = U.amount_add(S[o + TOTAL] - ea, v)
   elseif delta < 0 then
-    st.total = resum(st)
+    S[o + TOTAL] = resum(e, o)
   end
 end
 
-function R.view(w, st, ctx, out)
-  local now = clamp_now(st, ctx.now)
-  prune(w, st, now)
-  out.limit = w.limit
-  out.used = st.total
-  out.remaining = w.limit > st.total and w.limit - st.total or 0
-  out.reset = 0
-  for i = 0, st.count - 1 do
-    ent(st, i)
-    if st.ca[i] > 0 then out.reset = st.ct[i] + w.length; break end
-  end
-end
-
-function R.recovery(w, st, ctx, max)
-  local now = clamp_now(st, ctx.now)
-  prune(w, st, now)
-  local pts = {}
+-- Append the recovery schedule to r (its point count, then the points).
+function RS.recovery(w, e, max, r)
+  local S, o = e.S, w.o
+  local now = clamp_now(S, o, e.now)
+  R.prune(w, e, o, now)
+  local at, rm = {}, {}
+  local count = S[o + COUNT]
   -- exact: at the bound, the sum of the entries (a bignum)
-  local big = st.total >= AMAX
-  local used = big and exact_sum(st) or st.total
+  local big = S[o + TOTAL] >= AMAX
+  local used = big and exact_sum(e, o) or S[o + TOTAL]
   local function rem_of(u)
     if big then
       local L = BN.new(w.limit)
@@ -277,33 +297,104 @@ function R.recovery(w, st, ctx, max)
     return w.limit > u and w.limit - u or 0
   end
   local prev = rem_of(used)
-  for i = 0, st.count - 1 do
-    if #pts >= max - 1 then break end
-    ent(st, i)
-    local a = st.ca[i]
+  for i = 0, count - 1 do
+    if #at >= max - 1 then break end
+    local c = ent(e, o, i)
+    local a = c.ca[i]
     if a > 0 then
       if big then used = BN.sub(used, BN.new(a)) else used = used - a end
       local rem = rem_of(used)
       if rem > prev then
-        pts[#pts + 1] = {st.ct[i] + w.length, rem}
+        at[#at + 1], rm[#rm + 1] = c.ct[i] + w.length, rem
         prev = rem
       end
     end
   end
   -- full recovery: the departure of the newest entry holding any amount
   local final_at = 0
-  for i = st.count - 1, 0, -1 do
-    ent_back(st, i)
-    if st.ca[i] > 0 then final_at = st.ct[i] + w.length; break end
+  for i = count - 1, 0, -1 do
+    local c = ent_back(e, o, i)
+    if c.ca[i] > 0 then final_at = c.ct[i] + w.length; break end
   end
-  if final_at == 0 then return pts end
-  if #pts == 0 or pts[#pts][1] ~= final_at then
-    pts[#pts + 1] = {final_at, w.limit}
+  if final_at ~= 0 and (#at == 0 or at[#at] ~= final_at) then
+    at[#at + 1], rm[#rm + 1] = final_at, w.limit
   end
-  return pts
+  local n = #r
+  r[n + 1] = #at
+  for k = 1, #at do
+    r[n + 2 * k], r[n + 2 * k + 1] = at[k], rm[k]
+  end
+end
+
+return RS
+end)
+
+-- Drop entries that no longer count: t + L <= now.  Nothing to read
+-- while the oldest entry still counts.
+function R.prune(w, e, o, now)
+  local S = e.S
+  if S[o + COUNT] > 0 and S[o + OLDEST] + w.length <= now then
+    RS.drop(w, e, o, now)
+  end
+  if S[o + COUNT] == 0 then S[o + TOTAL] = 0; S[o + PAD] = 0 end
+end
+
+function R.admit_at(w, e, a)
+  local S, o = e.S, w.o
+  local now = clamp_now(S, o, e.now)
+  R.prune(w, e, o, now)
+  if a <= 0 or a <= w.limit - S[o + TOTAL] then return now end
+  if a > w.limit or a > AMAX then return NEVER end
+  return RS.walk(w, e, o, a)
+end
+
+function R.charge(w, e, a)
+  local S, o = e.S, w.o
+  local now = clamp_now(S, o, e.now)
+  R.prune(w, e, o, now)
+  if a < 0 then return RC_OK end
+  if a > AMAX then a = AMAX end
+  local t = now
+  if w.prec > 0 then t = U.ceil_div(now, w.prec) * w.prec end
+  local n = S[o + COUNT]
+  if n > 0 and S[o + NEWEST] >= t then return RS.coalesce(w, e, o, now, a) end
+  if n >= w.maxe then
+    local rc = RS.make_room(w, e, o)
+    if rc then return rc end
+    n = S[o + COUNT]
+    if n > 0 and S[o + NEWEST] >= t then return R.charge(w, e, a) end
+  end
+  local m = member_of(S, o, t, a)
+  E.zadd(e, S[o + SLOT] * SLOTW + t, m)
+  local c = e.X and e.X[o]
+  if c then c.ct[n], c.ca[n], c.cm[n] = t, a, m end
+  if n == 0 then S[o + OLDEST], S[o + OA] = t, a end
+  S[o + COUNT] = n + 1
+  S[o + NEWEST] = t
+  S[o + TOTAL] = U.amount_add(S[o + TOTAL], a)
+  local sl = t - now
+  S[o + PAD] = sl > UINT32_MAX and UINT32_MAX or sl
+  return RC_OK
+end
+
+-- limit, used, remaining, reset.
+function R.view(w, e)
+  local S, o = e.S, w.o
+  R.prune(w, e, o, clamp_now(S, o, e.now))
+  local total, reset = S[o + TOTAL], 0
+  if S[o + COUNT] > 0 then
+    if S[o + OA] > 0 then reset = S[o + OLDEST] + w.length
+    else reset = RS.reset(w, e, o) end
+  end
+  return w.limit, total, w.limit > total and w.limit - total or 0, reset
 end
 
 -- Instant after which the state no longer matters (key expiry).
-function R.until_(w, st)
-  return st.count > 0 and st.newest + w.length or 0
+function R.until_(w, S)
+  local o = w.o
+  return S[o + COUNT] > 0 and S[o + NEWEST] + w.length or 0
+end
+
+-- adjust and recovery are RS's
+return setmetatable(R, {__index = RS})
 end
