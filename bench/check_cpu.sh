@@ -15,35 +15,16 @@ QG=${1:-build/quotagate}
 LABEL=${2:-$QG}
 DUR=${BENCH_DURATION:-5s}
 command -v wrk >/dev/null 2>&1 || { echo "check_cpu: wrk is not installed"; exit 0; }
+. bench/lib.sh
+ADMIN_KEY="cpu-admin-$$" SERVICE_KEY="cpu-service-$$"
 TMP=$(mktemp -d /tmp/qg-check-cpu.XXXXXX) || exit 1
-PID=""
-trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
-awk '
-    { print }
-    /^plans:/ {
-        print "  bench:"
-        print "    price: { usd_month: 1 }"
-        print "    windows:"
-        print "      - { name: burst_5h, type: rolling,  length: 5h, limit: 1000000000 }"
-        print "      - { name: weekly,   type: calendar, every: week, at: \"MON 00:00\", tz: \"UTC\", limit: 1000000000 }"
-        print "    lease_ttl: 1s"
-        print "    overage: { policy: reject }"
-    }
-    /^subjects:/ { print "  bench: { plan: bench }" }
-' examples/rules.yaml > "$TMP/rules.yaml"
-export QUOTAGATE_ADMIN_KEY="cpu-admin-$$" QUOTAGATE_SERVICE_KEY="cpu-service-$$"
-"$QG" serve -c "$TMP/rules.yaml" --listen 127.0.0.1:0 --data "$TMP/qg" \
-    >"$TMP/out" 2>"$TMP/err" &
-PID=$!
-PORT=""
-for i in $(seq 200); do
-    PORT=$(sed -n 's|^quotagate: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$TMP/out")
-    [ -n "$PORT" ] && break
-    sleep 0.1
-done
-[ -n "$PORT" ] || { echo "check_cpu: serve did not start"; cat "$TMP/err"; exit 1; }
+QG_PID=""
+trap 'stop_pid "$QG_PID"; rm -rf "$TMP"' EXIT
+bench_rules "$TMP/rules.yaml"
+start_qg qg "$TMP/rules.yaml"
+PID=$QG_PID
 t0=$(awk '{print $14 + $15}' "/proc/$PID/stat")
-OUT=$(wrk -t2 -c64 -d"$DUR" -s bench/wrk_check.lua "http://127.0.0.1:$PORT" -- "cpu$$" bench 2>&1)
+OUT=$(QUOTAGATE_SERVICE_KEY=$SERVICE_KEY wrk -t2 -c64 -d"$DUR" -s bench/wrk_check.lua "$QG_URL" -- "cpu$$" bench 2>&1)
 t1=$(awk '{print $14 + $15}' "/proc/$PID/stat")
 REQ=$(echo "$OUT" | sed -n 's/^ *\([0-9]*\) requests in.*/\1/p')
 NON=$(echo "$OUT" | sed -n 's/.*Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p')
