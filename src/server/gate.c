@@ -57,13 +57,13 @@ static void copy_str(char *dst, size_t cap, const char **field)
 static int decide_local(qg_server *s, qg__admit *a)
 {
     const qg_rules *rules = qg_engine_rules(s->engine);
+    int rc;
     if (rules->store.down == QG_DOWN_CLOSED) {
         snprintf(a->err, sizeof a->err, "the counters' store (%s) does not "
                  "answer, and the rules say store.down: closed",
                  qg_store_name(s->store));
         return QG_ESTORE;
     }
-    int rc;
     a->now_ms = qg__server_now(s);
     rc = qg_engine_check_local(s->engine, &a->req, a->now_ms,
                                rules->store.share_milli, &a->d, a->err,

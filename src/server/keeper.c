@@ -171,21 +171,9 @@ static void *keeper_main(void *arg)
         int down, lost, rc;
         unsigned reports;
         pthread_mutex_lock(&k->mu);
-        /* a timed wait: a decision that read "down" just before the
-         * flag was cleared can append to the fallback journal after the
-         * drain; such stragglers are charged at the next wake */
         while (!k->stop && !atomic_load(&s->store_down) &&
-               !atomic_load(&s->store_lost) && !k->settles &&
-               qg_engine_local_pending(s->engine) == 0) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += (long)PROBE_MS * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&k->cv, &k->mu, &until);
-        }
+               !atomic_load(&s->store_lost) && !k->settles)
+            pthread_cond_wait(&k->cv, &k->mu);
         if (k->stop) {
             pthread_mutex_unlock(&k->mu);
             return NULL;
