@@ -15,7 +15,9 @@
  *  - faults during a race through one instance: SCRIPT FLUSH (reloaded,
  *    exactly 100, nothing local), every connection reset mid-pipeline
  *    (CLIENT KILL) and Redis answering errors (OOM writes): never beyond
- *    100, exactly 100 once back, the log naming Redis's error.
+ *    100, exactly 100 once back, the log naming Redis's error;
+ *  - a check Redis runs after the instance refused it locally (writes
+ *    held by CLIENT PAUSE) is taken back: exactly 100.
  * A real redis-server (redisproc) and three real servers (qgproc) on free
  * ports, each with its own SQLite ledger. */
 #include <stdarg.h>
@@ -567,6 +569,36 @@ static void test_redis_answers_errors(void **state)
     fault_down(&rc, "oom", "OOM");
 }
 
+/* A check Redis applies after this instance gave up on it and refused it
+ * locally is taken back: 98 of 100 spent, then Redis holds every write
+ * for 3 s (CLIENT PAUSE WRITE).  The check's call times out twice (1 s,
+ * sent again once), the instance decides locally and refuses (a third of
+ * the 2 left is less than one request), and then Redis runs the held
+ * script and admits it.  Once Redis answers, the keeper takes that charge
+ * back, so exactly 2 more are admitted: 100 in all (without the take-back,
+ * 99: the refused request would keep one of them). */
+static void test_refused_locally_applied_later(void **state)
+{
+    int seq = 0, before, after, st, lines0 = log_lines("taken back");
+    char out[64];
+    (void)state;
+    if (!have_redis)
+        skip();
+    before = admit_round_robin("vd", "vd", 98, &seq);
+    assert_int_equal(before, 98);
+    assert_int_equal(redisproc_cmd(&R, out, sizeof out, "CLIENT", "PAUSE",
+                                   "3000", "WRITE", NULL), 0);
+    st = check_at(0, "vd", "vd-held");
+    assert_int_equal(st, 429);
+    wait_state("ok");
+    after = admit_round_robin("vd", "vd-after", 1000, &seq);
+    printf("held write: %d admitted before, the held check refused "
+           "locally, %d after (limit 100)\n", before, after);
+    assert_int_equal(before + after, 100);
+    if (log_lines("taken back") <= lines0)
+        fail_msg("instance 0's log does not say the charge was taken back");
+}
+
 /* ==================================================== a Redis Cluster */
 
 /* Three masters with a replica each (2 s node timeout; the others keep
@@ -815,6 +847,8 @@ int main(void)
         cmocka_unit_test_teardown(test_connections_reset_under_load,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_redis_answers_errors, gc_teardown),
+        cmocka_unit_test_teardown(test_refused_locally_applied_later,
+                                  gc_teardown),
     };
     const struct CMUnitTest cluster[] = {
         cmocka_unit_test_teardown(test_cluster_exactly_100, gc_teardown),
