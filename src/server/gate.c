@@ -110,8 +110,14 @@ static void admit_done(void *arg, int rc)
     if ((rc == QG_ESTORE || rc == QG_ESTATE) && s->keeper) {
         int sent = rc == QG_ESTORE;
         qg__keeper_report(s->keeper, rc);
-        qg_engine_local_open(s->engine);
-        if ((rc = decide_local(s, a)) == QG_ESTATE) {
+        /* open the journal for this outage; the keeper may be closing
+         * the last one's just now (it sees this report and goes on) */
+        for (int tries = 0; tries < 3; tries++) {
+            qg_engine_local_open(s->engine);
+            if ((rc = decide_local(s, a)) != QG_ESTATE)
+                break;
+        }
+        if (rc == QG_ESTATE) {
             /* handed back to the store as it failed again: 503 */
             snprintf(a->err, sizeof a->err, "the counters' store (%s) did "
                      "not answer", qg_store_name(s->store));
