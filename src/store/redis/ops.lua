@@ -107,6 +107,26 @@ local function period_needed(din, now)
   return nil
 end
 
+-- Read the member (KEYS 2) and its org (KEYS 4), bind both to their
+-- window lists (moving them to these lists) and build the decision input
+-- for amount at instant t.  Returns din, m, o and the instant decided at;
+-- or nil and the 'period' reply when a calendar period must first be
+-- recomputed by C (nothing written then).
+local function prepare(org, ml, ol, model, amount, t, anchor, rid, periods)
+  local m = E.read(2)
+  local o = (org ~= '-') and E.read(4) or nil
+  E.bind(m, layout(ml), true)
+  if o then E.bind(o, layout(ol), true) end
+  local now = gather(m, o, t)
+  local din = make_din(m, o, model, amount, now, anchor, rid)
+  set_periods(din, periods, m, o, true, true)
+  local pn = period_needed(din, now)
+  if pn then return nil, {'period', t, pn} end
+  E.commit(m)
+  if o then E.commit(o) end
+  return din, m, o, now
+end
+
 -- payg: the member's spent amount in the cap period starting at start
 -- (store_memory.c, spent_in): an amount of an earlier period is dropped.
 local function spent_in(m, start)
@@ -276,17 +296,9 @@ function OPS.check()
     return {'period', raw_now, raw_now}
   end
   UNDO.on = true
-  local m = E.read(2)
-  local o = (org ~= '-') and E.read(4) or nil
-  E.bind(m, layout(ml), true)
-  if o then E.bind(o, layout(ol), true) end
-  local now = gather(m, o, raw_now)
-  local din = make_din(m, o, model, weight, now, anchor, rid)
-  set_periods(din, periods, m, o, true, true)
-  local pn = period_needed(din, now)
-  if pn then return {'period', raw_now, pn} end
-  E.commit(m)
-  if o then E.commit(o) end
+  local din, m, o, now = prepare(org, ml, ol, model, weight, raw_now, anchor,
+                                 rid, periods)
+  if not din then return m end
   if soft ~= 0 then
     din.soft, din.price, din.cap, din.cap_end = soft, price, cap, cap_end
     din.spent = spent_in(m, cap_start)
@@ -432,17 +444,9 @@ function OT.restore()
   if charge_only == 0 and rcall('EXISTS', KEYS[1]) == 1 then
     return {'ok', RC_OK}          -- already restored
   end
-  local m = E.read(2)
-  local o = (org ~= '-') and E.read(4) or nil
-  E.bind(m, layout(ml), true)
-  if o then E.bind(o, layout(ol), true) end
-  local now = gather(m, o, at)
-  local din = make_din(m, o, model, charged, now, anchor, rid)
-  set_periods(din, periods, m, o, true, true)
-  local pn = period_needed(din, now)
-  if pn then return {'period', at, pn} end
-  E.commit(m)
-  if o then E.commit(o) end
+  local din, m, o, now = prepare(org, ml, ol, model, charged, at, anchor, rid,
+                                 periods)
+  if not din then return m end
   local rc = RC_OK
   for i = 1, din.n do
     local w = din.w[i]
