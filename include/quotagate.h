@@ -35,8 +35,10 @@ typedef enum qg_err {
     QG_ESTATE = -8,      /* operation not valid in this state */
     QG_ERANGE = -9,      /* a number out of range (overflow) */
     QG_EMODEL = -10,     /* unknown model */
-    QG_ESTORE = -11      /* the counters' store cannot be reached (in
+    QG_ESTORE = -11,     /* the counters' store cannot be reached (in
                             time): answered 503 store_unavailable */
+    QG_ELEDGER = -12     /* the ledger's database cannot be reached (a
+                            shared ledger: its rows go to the spool) */
 } qg_err;
 
 /* Not an error: an asynchronous call will complete later, through its

@@ -17,6 +17,7 @@ static const char *const messages[] = {
     [9] = "number out of range",
     [10] = "unknown model",
     [11] = "the store cannot be reached",
+    [12] = "the ledger's database cannot be reached",
 };
 
 const char *qg_strerror(int rc)
