@@ -20,9 +20,13 @@
  * of the first success after it.  Only rows still failing when the ledger
  * closes are given up (counted and logged).
  *
- * Backends behind one method table: SQLite (embedded default, WAL) now,
- * PostgreSQL later.  The same database holds the subjects created through
- * the admin API and the API keys (hashes only). */
+ * Backends behind one method table (ledger_backend.h): SQLite (embedded
+ * default, WAL) and PostgreSQL (many instances on one database).  The same
+ * database holds the subjects created through the admin API and the API
+ * keys (hashes only).  The queue, the writer thread and the retries are
+ * the front's, the same for both (ledger_writer.c); a PostgreSQL ledger
+ * that cannot be reached writes its rows to a local spool
+ * (ledger_spool.c). */
 #ifndef QG_LEDGER_H
 #define QG_LEDGER_H
 
@@ -107,10 +111,15 @@ typedef struct qg_ledger_opts {
                                   so that qg__ledger_get of an absent id
                                   answers from memory (the server asks for
                                   every new id); reads every id at open */
+    const char *spool_dir;     /* a shared ledger (PostgreSQL): where its
+                                  rows wait while the database cannot be
+                                  reached (ledger_spool.c); NULL: none,
+                                  such rows are retried in memory */
 } qg_ledger_opts;
 
 /* Open (creating and migrating the schema) and start the writer thread.
- * url: "sqlite:PATH" or a plain path.  opts may be NULL.  Returns NULL
+ * url: "sqlite:PATH", a plain path, or "postgresql://USER@HOST:PORT/DB"
+ * (libpq's URI; "postgres://" too).  opts may be NULL.  Returns NULL
  * with a message in err. */
 qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap);
@@ -145,7 +154,9 @@ int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out);
 
 /* --------------------------------------------------- subjects and keys */
 
-/* Subjects created or updated through the admin API (durable on return). */
+/* Subjects created or updated through the admin API (durable on return).
+ * get_subject: 0 or QG_ENOTFOUND (plan and org copied, truncated to their
+ * caps).  scan_subjects_since: those updated at or after since_ms. */
 int qg__ledger_put_subject(qg_ledger *l, const char *subject, const char *plan,
                           const char *org, int64_t billing_anchor_ms,
                           int64_t now_ms);
@@ -154,6 +165,15 @@ int qg__ledger_scan_subjects(qg_ledger *l,
                                       const char *org, int64_t anchor_ms,
                                       void *ud),
                             void *ud);
+int qg__ledger_scan_subjects_since(qg_ledger *l, int64_t since_ms,
+                                  int (*fn)(const char *subject,
+                                            const char *plan,
+                                            const char *org,
+                                            int64_t anchor_ms, void *ud),
+                                  void *ud);
+int qg__ledger_get_subject(qg_ledger *l, const char *subject, char *plan,
+                           size_t plancap, char *org, size_t orgcap,
+                           int64_t *anchor_ms);
 
 typedef struct qg_key_rec {
     char id[32];               /* public part, shown by `keys list` */
@@ -196,13 +216,21 @@ typedef struct qg_ledger_stats {
                                    holds their request id for another
                                    request (a settle among them got
                                    QG_ESTATE) */
+    int spooling;               /* rows wait in the spool (state
+                                   "spooling"): the database could not be
+                                   reached */
+    uint64_t spool_rows;        /* rows in the spool now */
+    uint64_t rows_spooled;      /* rows written to the spool */
+    uint64_t rows_replayed;     /* spooled rows written to the database */
+    int refusing;               /* neither the database nor the spool takes
+                                   rows: checks answer 503 */
     int failing;                /* the last transaction failed (state
                                    "errors"); 0 again after one succeeds */
-    char last_error[256];       /* why the last failed one failed */
+    char last_error[512];       /* why the last failed one failed */
     char last_read_error[256];  /* why the last failed read (scan, get,
                                    subjects, keys) failed: SQLite's
                                    message and code */
-    const char *backend;        /* "sqlite" (static) */
+    const char *backend;        /* "sqlite", "postgresql" (static) */
 } qg_ledger_stats;
 void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
 
@@ -211,46 +239,19 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);
  * concurrent submit or commit by a moment. */
 size_t qg__ledger_queued(qg_ledger *l);
 
+/* 1 when neither the database nor the spool takes rows now (the last
+ * attempt failed for both): a new decision would go unmetered, so the
+ * server refuses it (503 ledger_unavailable). */
+int qg__ledger_refusing(qg_ledger *l);
+
+/* 1 when other processes write to the same ledger at the same time
+ * (PostgreSQL): subjects and keys may change under this process. */
+int qg__ledger_shared(qg_ledger *l);
+
 /* 1 when the writer is so far behind that a new decision should wait: its
  * backlog is within a sixty-fourth of opts.max_queue (1,024 rows of the
  * default 65,536) of the bound, which is kept for the rows of decisions
  * already admitted (their settles must still find room). */
 int qg__ledger_behind(qg_ledger *l);
-
-/* ------------------------------------------- backends (internal, qg__) */
-
-/* One backend: ledger.c picks it by the URL's scheme and forwards every
- * public call to it.  `open` gets the URL without its scheme and opts
- * with defaults filled in; the opaque pointer it returns is passed back
- * as `b`.  Semantics are those of the public functions above. */
-typedef struct qg__ledger_backend {
-    const char *name;          /* "sqlite" */
-    int version;               /* of this table: 1 */
-    void *(*open)(const char *target, const qg_ledger_opts *opts,
-                  char *err, size_t errcap);
-    void (*close)(void *b);
-    int (*submit)(void *b, const qg_ledger_row *row, qg_ledger_done done,
-                  void *arg);
-    int (*scan)(void *b, int64_t since_ms,
-                int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
-    int (*get)(void *b, const char *request_id, qg_ledger_row *out);
-    int (*put_subject)(void *b, const char *subject, const char *plan,
-                       const char *org, int64_t billing_anchor_ms,
-                       int64_t now_ms);
-    int (*scan_subjects)(void *b,
-                         int (*fn)(const char *subject, const char *plan,
-                                   const char *org, int64_t anchor_ms,
-                                   void *ud),
-                         void *ud);
-    int (*put_key)(void *b, const qg_key_rec *k);
-    int (*get_key)(void *b, const char *id, qg_key_rec *out);
-    int (*list_keys)(void *b, int (*fn)(const qg_key_rec *k, void *ud),
-                     void *ud);
-    int (*revoke_key)(void *b, const char *id, int64_t now_ms);
-    void (*stats_get)(void *b, qg_ledger_stats *out);
-    size_t (*queued)(void *b);
-} qg__ledger_backend;
-
-extern const qg__ledger_backend qg__ledger_sqlite;
 
 #endif

@@ -68,7 +68,8 @@ typedef struct qg__spool_mark {
  * scan_ids: every request id of the ledger, any order, for the filter;
  * fn returns 0 to go on.  spool_applied: the last seq recorded for
  * spool_id, 0 when none.  last_read_error: why the last failed read
- * failed, copied into out (empty when none). */
+ * failed, copied into out (empty when none).  estimate: the number of
+ * rows, roughly (to size the filter), or -1. */
 typedef struct qg__ledger_rows_ops {
     int (*write_batch)(void *b, qg__ledger_item *it, size_t n,
                        const qg__spool_mark *mark, char *why, size_t whycap);
@@ -79,6 +80,8 @@ typedef struct qg__ledger_rows_ops {
                     void *ud);
     int (*spool_applied)(void *b, const char *spool_id, int64_t *seq);
     void (*last_read_error)(void *b, char *out, size_t cap);
+    int64_t (*estimate)(void *b);   /* rows in the ledger, roughly (to size
+                                       the id filter); -1 unknown */
 } qg__ledger_rows_ops;
 
 /* Subjects created through the admin API; durable on return.  get: 0 or

@@ -1,34 +1,25 @@
-/* ledger_sqlite.c - the embedded ledger backend: SQLite in WAL mode.
+/* ledger_sqlite.c - the embedded ledger backend: SQLite in WAL mode
+ * (ledger_backend.h: the front owns the queue and the writer thread).
  *
- * Three connections to one file, each used by one thread at a time:
- *  - the writer's, owned by the writer thread: every request row goes
- *    through it, in batches, one transaction per batch (group commit);
- *  - the scan connection (scan_mu): qg__ledger_scan streams rows from it
- *    while the writer goes on (WAL readers see a snapshot, never block);
+ * Connections to one file, each used by one thread at a time:
+ *  - the writer's, used by the front's writer thread: write_batch, one
+ *    transaction per batch (BEGIN IMMEDIATE, one prepared upsert per row,
+ *    COMMIT: an fsync of the WAL with synchronous=FULL in DURABLE mode,
+ *    NORMAL in ASYNC mode);
+ *  - the scan connection (scan_mu): scan streams rows from it while the
+ *    writer goes on (WAL readers see a snapshot, never block);
  *  - the lookup connection (get_mu): single rows by request id (get),
  *    asked by the server for every request id its counters do not
- *    remember; with opts.id_filter a Bloom filter of the file's ids
- *    (idfilter.h) answers "absent" first, without SQLite;
+ *    remember and the front's id filter cannot rule out;
  *  - the admin connection (admin_mu): subjects and keys, written
  *    synchronously with synchronous=FULL so they are durable on return.
  * Other processes (the CLI's `keys` command next to a running server) may
  * use the same file: busy_timeout makes a writer wait for the other's
  * write lock instead of failing.
  *
- * The queue: submit copies the row into `q` (a growable array, capped by
- * max_queue counting the rows the writer holds too).  The writer swaps `q`
- * with its own empty array under the mutex (O(1), whatever the queue
- * length), then writes what it took in transactions of at most max_batch
- * rows: BEGIN IMMEDIATE, one prepared upsert per row, COMMIT (an fsync of
- * the WAL with synchronous=FULL), and only then calls each row's `done`.
- * Everything that arrived while a commit was syncing goes into the next
- * one, so the commit rate adapts to the load.  In ASYNC mode `done` is
- * called by submit; the writer gathers rows for up to flush_ms (or until
- * max_batch are waiting) and commits with synchronous=NORMAL.
- *
- * The writer thread and the queue are in ledger_sqlite_writer.c, subjects
- * and keys in ledger_sqlite_admin.c; this file opens the database (schema,
- * migrations, WAL), closes it, and reads rows (scan, get).
+ * Subjects and keys are in ledger_sqlite_admin.c, the schema and its
+ * migrations in ledger_sqlite_schema.c; this file opens the database,
+ * closes it, writes batches of rows and reads them (scan, get, ids).
  *
  * Files: a new database is created with mode 0600 (its -wal and -shm
  * files follow it): it holds every subject's usage and the key hashes.
@@ -123,14 +114,7 @@ static const char sql_get[] =
 
 #include "ledger_sqlite.h"
 
-int64_t qg__sq_mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-int qg__sq_bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
+static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
 {
     int rc = BIND_STR(st, 1, r->request_id);
     if (rc == SQLITE_OK) rc = BIND_STR(st, 2, r->subject);
@@ -189,7 +173,10 @@ static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
 
 /* ------------------------------------------------------ opening, schema */
 
-void qg__sq_log(const qg__sq *s, const char *fmt, ...)
+static void sq_log(const qg__sq *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void sq_log(const qg__sq *s, const char *fmt, ...)
 {
     char line[1536];
     va_list ap;
@@ -225,7 +212,7 @@ static int create_private(qg__sq *s, const char *path, char *err,
         struct stat sb;
         snprintf(f, sizeof f, "%s%s", path, sfx[i]);
         if (stat(f, &sb) == 0 && (sb.st_mode & 077))
-            qg__sq_log(s, "ledger %s: mode %03o lets other users read it (it "
+            sq_log(s, "ledger %s: mode %03o lets other users read it (it "
                    "holds every subject's usage and the key hashes): "
                    "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
     }
@@ -286,13 +273,6 @@ static void sq_close(void *b)
     qg__sq *s = b;
     if (!s)
         return;
-    if (s->thread_started) {
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->thread, NULL);
-    }
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
     sqlite3_finalize(s->owner);
@@ -303,63 +283,20 @@ static void sq_close(void *b)
     sqlite3_finalize(s->get_st);
     sqlite3_close(s->sdb);
     sqlite3_close(s->gdb);
-    qg__idf_free(&s->idf);
     sqlite3_close(s->adb);
     sqlite3_close(s->wdb);   /* the last one checkpoints the WAL */
     if (s->mutexes_ready) {
-        pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->scan_mu);
         pthread_mutex_destroy(&s->admin_mu);
         pthread_mutex_destroy(&s->get_mu);
-        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->err_mu);
     }
-    free(s->q);
-    free(s->w);
-    free(s->cmap);
     free(s);
-}
-
-/* Fill the id filter from the file (on the scan connection, before the
- * writer runs).  A failure leaves it not ready: lookups then all go to
- * SQLite, which is slower, never wrong. */
-static void fill_id_filter(qg__sq *s)
-{
-    sqlite3_stmt *st = NULL;
-    sqlite3_int64 rows = 0;
-    int rc;
-    if (sqlite3_prepare_v2(s->sdb, "SELECT max(rowid) FROM requests", -1,
-                           &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        rows = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    st = NULL;
-    if (qg__idf_init(&s->idf, (uint64_t)(rows > (1 << 20) ? 2 * rows
-                                                          : 1 << 21)) != 0) {
-        qg__sq_log(s, "ledger %s: no memory for the request id filter: every "
-               "new id is looked up in SQLite", s->path);
-        return;
-    }
-    rc = sqlite3_prepare_v2(s->sdb, "SELECT request_id FROM requests", -1,
-                            &st, NULL);
-    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *id = (const char *)sqlite3_column_text(st, 0);
-        if (id)
-            qg__idf_add(&s->idf, id, (size_t)sqlite3_column_bytes(st, 0));
-        rc = SQLITE_OK;
-    }
-    if (rc == SQLITE_DONE)
-        atomic_store_explicit(&s->idf.ready, 1, memory_order_release);
-    else
-        qg__sq_log(s, "ledger %s: cannot read the request ids for the filter "
-               "(%s): every new id is looked up in SQLite", s->path,
-               sqlite3_errmsg(s->sdb));
-    sqlite3_finalize(st);
 }
 
 static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
                      size_t errcap)
 {
-    pthread_condattr_t ca;
     qg__sq *s;
     int v = 0, full = o->sync == QG_LEDGER_DURABLE;
 
@@ -373,18 +310,10 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     }
     s->o = *o;
     strcpy(s->path, path);
-    if (pthread_condattr_init(&ca) != 0) {
-        snprintf(err, errcap, "ledger: out of memory");
-        free(s);
-        return NULL;
-    }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->scan_mu, NULL);
     pthread_mutex_init(&s->admin_mu, NULL);
     pthread_mutex_init(&s->get_mu, NULL);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->err_mu, NULL);
     s->mutexes_ready = 1;
 
     if (create_private(s, path, err, errcap) ||
@@ -436,14 +365,6 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         qg__sq_fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
-    if (o->id_filter)
-        fill_id_filter(s);
-    if (pthread_create(&s->thread, NULL, qg__sq_writer_main, s) != 0) {
-        snprintf(err, errcap, "ledger %s: cannot start the writer thread",
-                 path);
-        goto fail;
-    }
-    s->thread_started = 1;
     return s;
 fail:
     sq_close(s);
@@ -454,11 +375,18 @@ fail:
 
 void qg__sq_read_failed(qg__sq *s, sqlite3 *db)
 {
-    pthread_mutex_lock(&s->mu);
-    snprintf(s->st.last_read_error, sizeof s->st.last_read_error,
-             "%s (SQLite error %d)", sqlite3_errmsg(db),
-             sqlite3_extended_errcode(db));
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->err_mu);
+    snprintf(s->read_err, sizeof s->read_err, "%s (SQLite error %d)",
+             sqlite3_errmsg(db), sqlite3_extended_errcode(db));
+    pthread_mutex_unlock(&s->err_mu);
+}
+
+static void sq_last_read_error(void *b, char *out, size_t cap)
+{
+    qg__sq *s = b;
+    pthread_mutex_lock(&s->err_mu);
+    snprintf(out, cap, "%s", s->read_err);
+    pthread_mutex_unlock(&s->err_mu);
 }
 
 static int sq_scan(void *b, int64_t since_ms,
@@ -487,8 +415,6 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 {
     qg__sq *s = b;
     int rc;
-    if (!qg__idf_maybe(&s->idf, request_id, strlen(request_id)))
-        return QG_ENOTFOUND;     /* certainly absent: no read needed */
     pthread_mutex_lock(&s->get_mu);
     sqlite3_bind_text(s->get_st, 1, request_id, -1, SQLITE_STATIC);
     rc = sqlite3_step(s->get_st);
@@ -508,35 +434,175 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
     return rc;
 }
 
-static size_t sq_queued(void *b)
+/* ---------------------------------------------------- writing rows */
+
+/* The statement of `it` changed nothing: a guard kept the row the ledger
+ * holds for its request id.  That is expected for a settle repeated
+ * after its row was settled (the same subject, or none named); anything
+ * else is another request's row: `it` is marked refused.  Returns an
+ * SQLite code (a failed read fails the transaction). */
+static int guard_refused(qg__sq *s, qg__ledger_item *it, char *why,
+                         size_t whycap)
 {
-    qg__sq *s = b;
-    return atomic_load_explicit(&s->depth, memory_order_relaxed);
+    const qg_ledger_row *r = &it->row;
+    int rc;
+    BIND_STR(s->owner, 1, r->request_id);
+    rc = sqlite3_step(s->owner);
+    if (rc == SQLITE_ROW) {
+        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
+        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
+        int decision = sqlite3_column_int(s->owner, 1);
+        if (r->settle_only)
+            it->refused = decision != 1 || (r->subject[0] && !same);
+        else
+            it->refused = 1;
+        if (it->refused)
+            snprintf(why, whycap, "request id %.80s "
+                     "is held by a %s row of subject %.80s: the %s of "
+                     "subject %.80s was not written",
+                     r->request_id, decision == 1 ? "admitted" : "refused",
+                     owner ? owner : "", r->settle_only ? "settle" : "row",
+                     r->subject[0] ? r->subject : "(not named)");
+        rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_OK;          /* cannot happen: an insert would have */
+    }
+    sqlite3_reset(s->owner);
+    return rc;
 }
 
-static void sq_stats_get(void *b, qg_ledger_stats *out)
+/* Step a transaction-control statement (prepared once at open, so that
+ * running it needs no parsing and little memory).  An SQLite code. */
+static int run_ctl(sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int batch_failed(qg__sq *s, int rc, char *why, size_t whycap)
+{
+    snprintf(why, whycap, "%s (SQLite error %d)",
+             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
+    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+}
+
+/* Write n rows in one transaction (ledger_backend.h).  Returns 0 (why:
+ * the last row a guard kept out, or "") or a QG error with why.  SQLite's
+ * file is local: it is never "unreachable" (QG_ELEDGER). */
+static int sq_write_batch(void *b, qg__ledger_item *it, size_t n,
+                          const qg__spool_mark *mark, char *why,
+                          size_t whycap)
 {
     qg__sq *s = b;
-    pthread_mutex_lock(&s->mu);
-    *out = s->st;
-    out->queued = s->qlen + s->inflight;
-    pthread_mutex_unlock(&s->mu);
+    size_t i;
+    int rc;
+    (void)mark;
+    why[0] = '\0';
+    /* A ROLLBACK that failed (out of memory, I/O error) leaves the
+     * transaction open, and every later BEGIN would fail: end it first. */
+    if (!sqlite3_get_autocommit(s->wdb) &&
+        (rc = run_ctl(s->rollback_st)) != SQLITE_OK &&
+        !sqlite3_get_autocommit(s->wdb))
+        return batch_failed(s, rc, why, whycap);
+    if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
+        return batch_failed(s, rc, why, whycap);
+    for (i = 0; i < n; i++) {
+        sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
+        it[i].refused = 0;
+        if (it[i].merged)        /* shares the fate of the row it joined */
+            continue;
+        rc = bind_row(st, &it[i].row);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE && rc != SQLITE_OK)
+            goto fail;
+        if (sqlite3_changes(s->wdb) == 0 &&
+            (rc = guard_refused(s, &it[i], why, whycap)) != SQLITE_OK)
+            goto fail;
+    }
+    sqlite3_clear_bindings(s->upsert);
+    sqlite3_clear_bindings(s->settle);
+    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
+        goto fail;
+    return QG_OK;
+fail:
+    rc = batch_failed(s, rc, why, whycap);
+    sqlite3_clear_bindings(s->upsert);
+    sqlite3_clear_bindings(s->settle);
+    if (!sqlite3_get_autocommit(s->wdb))
+        run_ctl(s->rollback_st);   /* if this fails too: the next batch */
+    return rc;
 }
+
+/* ------------------------------------------------------ reading ids */
+
+static int sq_scan_ids(void *b, int (*fn)(const char *id, size_t len,
+                                          void *ud), void *ud)
+{
+    qg__sq *s = b;
+    sqlite3_stmt *st = NULL;
+    int rc, out = QG_OK;
+    pthread_mutex_lock(&s->scan_mu);
+    rc = sqlite3_prepare_v2(s->sdb, "SELECT request_id FROM requests", -1,
+                            &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        if (id && (out = fn(id, (size_t)sqlite3_column_bytes(st, 0), ud)))
+            break;
+        rc = SQLITE_OK;
+    }
+    if (out == QG_OK && rc != SQLITE_DONE) {
+        qg__sq_read_failed(s, s->sdb);
+        out = QG_EIO;
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&s->scan_mu);
+    return out;
+}
+
+static int64_t sq_estimate(void *b)
+{
+    qg__sq *s = b;
+    sqlite3_stmt *st = NULL;
+    int64_t rows = -1;
+    pthread_mutex_lock(&s->scan_mu);
+    if (sqlite3_prepare_v2(s->sdb, "SELECT max(rowid) FROM requests", -1,
+                           &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        rows = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&s->scan_mu);
+    return rows;
+}
+
+/* Only a shared ledger spools (ledger_spool.c): a local file has no mark. */
+static int sq_spool_applied(void *b, const char *spool_id, int64_t *seq)
+{
+    (void)b;
+    (void)spool_id;
+    *seq = 0;
+    return QG_OK;
+}
+
+static const qg__ledger_rows_ops sq_rows = {
+    sq_write_batch,
+    sq_scan,
+    sq_get,
+    sq_scan_ids,
+    sq_spool_applied,
+    sq_last_read_error,
+    sq_estimate,
+};
 
 const qg__ledger_backend qg__ledger_sqlite = {
     "sqlite",
-    1,
+    QG_LEDGER_BACKEND_VERSION,
+    0,
     sq_open,
     sq_close,
-    qg__sq_submit,
-    sq_scan,
-    sq_get,
-    qg__sq_put_subject,
-    qg__sq_scan_subjects,
-    qg__sq_put_key,
-    qg__sq_get_key,
-    qg__sq_list_keys,
-    qg__sq_revoke_key,
-    sq_stats_get,
-    sq_queued,
+    &sq_rows,
+    &qg__sq_subjects,
+    &qg__sq_keys,
 };

@@ -22,7 +22,7 @@ static int admin_prepare(qg__sq *s, const char *sql, sqlite3_stmt **st)
                : QG_EIO;
 }
 
-int qg__sq_put_subject(void *b, const char *subject, const char *plan,
+static int sq_put_subject(void *b, const char *subject, const char *plan,
                        const char *org, int64_t anchor_ms, int64_t now_ms)
 {
     qg__sq *s = b;
@@ -50,11 +50,43 @@ int qg__sq_put_subject(void *b, const char *subject, const char *plan,
     return rc;
 }
 
-int qg__sq_scan_subjects(void *b,
-                         int (*fn)(const char *subject, const char *plan,
-                                   const char *org, int64_t anchor_ms,
-                                   void *ud),
-                         void *ud)
+static int sq_get_subject(void *b, const char *subject, char *plan,
+                          size_t plancap, char *org, size_t orgcap,
+                          int64_t *anchor_ms)
+{
+    qg__sq *s = b;
+    sqlite3_stmt *st = NULL;
+    int rc;
+    pthread_mutex_lock(&s->admin_mu);
+    rc = admin_prepare(s, "SELECT plan, org, billing_anchor_ms FROM subjects"
+                          " WHERE subject = ?1", &st);
+    if (rc == QG_OK) {
+        sqlite3_bind_text(st, 1, subject, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            qg__sq_col_text(st, 0, plan, plancap);
+            qg__sq_col_text(st, 1, org, orgcap);
+            *anchor_ms = sqlite3_column_int64(st, 2);
+            rc = QG_OK;
+        } else if (rc == SQLITE_DONE) {
+            rc = QG_ENOTFOUND;
+        } else {
+            qg__sq_read_failed(s, s->adb);
+            rc = QG_EIO;
+        }
+    } else {
+        qg__sq_read_failed(s, s->adb);
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&s->admin_mu);
+    return rc;
+}
+
+static int sq_scan_subjects(void *b, int64_t since_ms,
+                            int (*fn)(const char *subject, const char *plan,
+                                      const char *org, int64_t anchor_ms,
+                                      void *ud),
+                            void *ud)
 {
     qg__sq *s = b;
     sqlite3_stmt *st = NULL;
@@ -62,8 +94,9 @@ int qg__sq_scan_subjects(void *b,
     pthread_mutex_lock(&s->admin_mu);
     out = admin_prepare(s,
         "SELECT subject, plan, org, billing_anchor_ms FROM subjects"
-        " ORDER BY subject", &st);
+        " WHERE updated_ms >= ?1 ORDER BY subject", &st);
     if (out == QG_OK) {
+        sqlite3_bind_int64(st, 1, since_ms);
         while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
             const char *org = (const char *)sqlite3_column_text(st, 2);
             if ((out = fn((const char *)sqlite3_column_text(st, 0),
@@ -84,7 +117,7 @@ int qg__sq_scan_subjects(void *b,
     return out;
 }
 
-int qg__sq_put_key(void *b, const qg_key_rec *k)
+static int sq_put_key(void *b, const qg_key_rec *k)
 {
     qg__sq *s = b;
     sqlite3_stmt *st = NULL;
@@ -128,7 +161,7 @@ static void read_key(sqlite3_stmt *st, qg_key_rec *k)
 
 #define KEY_COLS "id, subject, role, hash, created_ms, revoked_ms"
 
-int qg__sq_get_key(void *b, const char *id, qg_key_rec *out)
+static int sq_get_key(void *b, const char *id, qg_key_rec *out)
 {
     qg__sq *s = b;
     sqlite3_stmt *st = NULL;
@@ -151,8 +184,8 @@ int qg__sq_get_key(void *b, const char *id, qg_key_rec *out)
     return rc;
 }
 
-int qg__sq_list_keys(void *b, int (*fn)(const qg_key_rec *k, void *ud),
-                     void *ud)
+static int sq_list_keys(void *b, int (*fn)(const qg_key_rec *k, void *ud),
+                        void *ud)
 {
     qg__sq *s = b;
     sqlite3_stmt *st = NULL;
@@ -175,7 +208,7 @@ int qg__sq_list_keys(void *b, int (*fn)(const qg_key_rec *k, void *ud),
     return out;
 }
 
-int qg__sq_revoke_key(void *b, const char *id, int64_t now_ms)
+static int sq_revoke_key(void *b, const char *id, int64_t now_ms)
 {
     qg__sq *s = b;
     sqlite3_stmt *st = NULL;
@@ -205,3 +238,16 @@ int qg__sq_revoke_key(void *b, const char *id, int64_t now_ms)
     pthread_mutex_unlock(&s->admin_mu);
     return rc;
 }
+
+const qg__ledger_subjects_ops qg__sq_subjects = {
+    sq_put_subject,
+    sq_get_subject,
+    sq_scan_subjects,
+};
+
+const qg__ledger_keys_ops qg__sq_keys = {
+    sq_put_key,
+    sq_get_key,
+    sq_list_keys,
+    sq_revoke_key,
+};

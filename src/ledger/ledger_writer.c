@@ -1,26 +1,38 @@
-/* ledger_sqlite_writer.c - the SQLite ledger's group commit: submit
- * queues a row, the writer thread takes everything queued and writes it in
- * transactions of at most max_batch rows, then calls each row's done
- * (ledger_sqlite.c's opening comment tells the whole design: the queue,
- * coalescing of a settle with its check row, the durable and async modes,
- * the guard that keeps an acknowledged row from being overwritten). */
+/* ledger_writer.c - the ledger's group commit, the same for every
+ * backend: submit queues a row, the writer thread takes everything queued
+ * and hands it to the backend in transactions of at most max_batch rows
+ * (ledger_backend.h, write_batch), then calls each row's done.
+ *
+ * The queue: submit copies the row into `q` (a growable array, capped by
+ * max_queue counting the rows the writer holds too).  The writer swaps `q`
+ * with its own empty array under the mutex (O(1), whatever the queue
+ * length), folds each settle into its check's row of the same batch
+ * (coalesce), writes, and only after the commit calls each row's `done`.
+ * Everything that arrived while a commit was syncing goes into the next
+ * one, so the commit rate adapts to the load.  In ASYNC mode `done` is
+ * called by submit; the writer gathers rows for up to flush_ms (or until
+ * max_batch are waiting).
+ *
+ * A failed transaction: the rows somebody waits for get their `done` with
+ * the error, the others go back to the head of the queue in order and are
+ * written again after a pause (10 ms doubling to 1 s).  A shared ledger
+ * whose database cannot be reached (QG_ELEDGER) with a spool: the rows go
+ * to the spool instead (ledger_spool.c), are acknowledged from there, and
+ * every later row follows them into the spool until it has been replayed,
+ * so the database receives them in order. */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
-#include <sqlite3.h>
 #include <xxhash.h>
 
 #include "quotagate.h"
 #include "ledger.h"
-#include "ledger_sqlite.h"
+#include "ledger_front.h"
 
 /* ------------------------------------------------------------- writer */
 
@@ -33,7 +45,7 @@ static const int64_t hist_le_us[8] = { 100, 1000, 5000, 10000, 50000,
  * per request instead of an insert and an update: the same end state (a
  * settle changes only its own columns), half the statements.  The map
  * is an open-addressed table of row indices + 1 by request id hash. */
-static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
+void qg__lf_coalesce(qg_ledger *s, qg__ledger_item *it, size_t n)
 {
     size_t cap = 16, mask, i;
     while (cap < 2 * n)
@@ -82,106 +94,57 @@ static void coalesce(qg__sq *s, qg__sq_item *it, size_t n)
     }
 }
 
-/* The statement of `it` changed nothing: a guard kept the row the ledger
- * holds for its request id.  That is expected for a settle repeated
- * after its row was settled (the same subject, or none named); anything
- * else is another request's row: `it` is marked refused.  Returns an
- * SQLite code (a failed read fails the transaction). */
-static int guard_refused(qg__sq *s, qg__sq_item *it)
+/* Write it[0..n) through the backend, or into the spool while the
+ * database cannot be reached (or while the spool still holds rows that
+ * must reach it first).  Returns 0 or a QG error with s->werr; *spooled is
+ * set when the rows went to the spool. */
+static int write_batch(qg_ledger *s, qg__ledger_item *it, size_t n,
+                       int *spooled)
 {
-    const qg_ledger_row *r = &it->row;
-    int rc;
-    BIND_STR(s->owner, 1, r->request_id);
-    rc = sqlite3_step(s->owner);
-    if (rc == SQLITE_ROW) {
-        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
-        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
-        int decision = sqlite3_column_int(s->owner, 1);
-        if (r->settle_only)
-            it->refused = decision != 1 || (r->subject[0] && !same);
-        else
-            it->refused = 1;
-        if (it->refused)
-            snprintf(s->wconflict, sizeof s->wconflict, "request id %.80s "
-                     "is held by a %s row of subject %.80s: the %s of "
-                     "subject %.80s was not written",
-                     r->request_id, decision == 1 ? "admitted" : "refused",
-                     owner ? owner : "", r->settle_only ? "settle" : "row",
-                     r->subject[0] ? r->subject : "(not named)");
-        rc = SQLITE_OK;
-    } else if (rc == SQLITE_DONE) {
-        rc = SQLITE_OK;          /* cannot happen: an insert would have */
-    }
-    sqlite3_reset(s->owner);
-    return rc;
-}
-
-/* Step a transaction-control statement (prepared once at open, so that
- * running it needs no parsing and little memory).  An SQLite code. */
-static int run_ctl(sqlite3_stmt *st)
-{
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-static int batch_failed(qg__sq *s, int rc)
-{
-    snprintf(s->werr, sizeof s->werr, "%s (SQLite error %d)",
-             sqlite3_errmsg(s->wdb), sqlite3_extended_errcode(s->wdb));
-    return qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
-}
-
-/* Write n rows in one transaction.  Returns 0 or a QG error. */
-static int write_batch(qg__sq *s, qg__sq_item *it, size_t n)
-{
+    char why[512];
     size_t i;
     int rc;
-    coalesce(s, it, n);
-    /* A ROLLBACK that failed (out of memory, I/O error) leaves the
-     * transaction open, and every later BEGIN would fail: end it first. */
-    if (!sqlite3_get_autocommit(s->wdb) &&
-        (rc = run_ctl(s->rollback_st)) != SQLITE_OK &&
-        !sqlite3_get_autocommit(s->wdb))
-        return batch_failed(s, rc);
-    if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
-        return batch_failed(s, rc);
-    for (i = 0; i < n; i++) {
-        sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
-        it[i].refused = 0;
-        if (it[i].merged)        /* shares the fate of the row it joined */
-            continue;
-        rc = qg__sq_bind_row(st, &it[i].row);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (rc != SQLITE_DONE && rc != SQLITE_OK)
-            goto fail;
-        if (sqlite3_changes(s->wdb) == 0 &&
-            (rc = guard_refused(s, &it[i])) != SQLITE_OK)
-            goto fail;
-    }
+    *spooled = 0;
+    qg__lf_coalesce(s, it, n);
     for (i = 0; i < n; i++)
-        if (it[i].merged)
-            it[i].refused = it[it[i].merged - 1].refused;
-    sqlite3_clear_bindings(s->upsert);
-    sqlite3_clear_bindings(s->settle);
-    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
-        goto fail;
-    return QG_OK;
-fail:
-    rc = batch_failed(s, rc);
-    sqlite3_clear_bindings(s->upsert);
-    sqlite3_clear_bindings(s->settle);
-    if (!sqlite3_get_autocommit(s->wdb))
-        run_ctl(s->rollback_st);   /* if this fails too: the next batch */
+        it[i].refused = 0;
+    if (s->spool && qg__spool_pending(s->spool) > 0) {
+        rc = QG_ELEDGER;       /* behind the spooled rows, in order */
+        snprintf(s->werr, sizeof s->werr, "rows are waiting in the spool");
+    } else {
+        why[0] = '\0';
+        rc = s->be->rows->write_batch(s->b, it, n, NULL, why, sizeof why);
+        if (rc == QG_OK) {
+            if (why[0])
+                snprintf(s->wconflict, sizeof s->wconflict, "%s", why);
+        } else {
+            snprintf(s->werr, sizeof s->werr, "%s",
+                     why[0] ? why : qg_strerror(rc));
+        }
+    }
+    if (rc == QG_ELEDGER && s->spool) {
+        int src = qg__spool_append(s->spool, it, n, why, sizeof why);
+        if (src == QG_OK) {
+            *spooled = 1;
+            atomic_store(&s->refusing, 0);
+            return QG_OK;
+        }
+        snprintf(s->werr + strlen(s->werr), sizeof s->werr - strlen(s->werr),
+                 "; the spool cannot take the rows either: %s", why);
+        atomic_store(&s->refusing, 1);
+        return src;
+    }
+    if (rc == QG_OK)
+        for (i = 0; i < n; i++)
+            if (it[i].merged)
+                it[i].refused = it[it[i].merged - 1].refused;
     return rc;
 }
 
-static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
+static void record_commit(qg_ledger *s, size_t n, int rc, int64_t us,
                           char *line, size_t cap)
 {
-    int64_t now = qg__sq_mono_us();
+    int64_t now = qg__lf_mono_us();
     int i;
     line[0] = '\0';
     if (rc != QG_OK) {
@@ -189,7 +152,7 @@ static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
         s->fail_txns++;
         snprintf(s->st.last_error, sizeof s->st.last_error, "%s", s->werr);
         if (!s->st.failing || now - s->fail_log_us >= 10000000) {
-            snprintf(line, cap, "ledger %s: %s %zu rows: %s", s->path,
+            snprintf(line, cap, "ledger %s: %s %zu rows: %s", s->name,
                      s->st.failing ? "still failing to commit"
                                    : "cannot commit",
                      n, s->werr);
@@ -200,7 +163,7 @@ static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
     }
     if (s->st.failing)
         snprintf(line, cap, "ledger %s: writes succeed again (after %llu "
-                 "failed transactions)", s->path,
+                 "failed transactions)", s->name,
                  (unsigned long long)s->fail_txns);
     s->st.failing = 0;
     s->fail_txns = 0;
@@ -229,14 +192,25 @@ static void record_commit(qg__sq *s, size_t n, int rc, int64_t us,
 /* Wait (mu held) for work; in ASYNC mode also for flush_ms to pass since
  * the oldest queued row, unless a full batch is waiting or we stop; in
  * DURABLE mode for DURABLE_LINGER_US while no queued row is waited for. */
-static void wait_for_rows(qg__sq *s)
+static void wait_for_rows(qg_ledger *s)
 {
     int async = s->o.sync == QG_LEDGER_ASYNC;
     int64_t linger = async ? (int64_t)s->o.flush_ms * 1000 : DURABLE_LINGER_US;
-    while (s->qlen == 0 && !s->stop)
-        pthread_cond_wait(&s->cv, &s->mu);
+    while (s->qlen == 0 && !s->stop) {
+        struct timespec ts;
+        if (!s->spool || qg__spool_pending(s->spool) == 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        /* rows wait in the spool: wake for the next replay */
+        if (qg__lf_mono_us() >= s->replay_at_us)
+            return;
+        ts.tv_sec = (time_t)(s->replay_at_us / 1000000);
+        ts.tv_nsec = (long)(s->replay_at_us % 1000000) * 1000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     /* after a failed transaction: pause before trying again */
-    while (!s->stop && qg__sq_mono_us() < s->retry_at_us) {
+    while (!s->stop && qg__lf_mono_us() < s->retry_at_us) {
         struct timespec ts;
         ts.tv_sec = (time_t)(s->retry_at_us / 1000000);
         ts.tv_nsec = (long)(s->retry_at_us % 1000000) * 1000;
@@ -246,7 +220,7 @@ static void wait_for_rows(qg__sq *s)
            (async || s->q_urgent == 0)) {
         int64_t due = s->q_since_us + linger;
         struct timespec ts;
-        if (qg__sq_mono_us() >= due)
+        if (qg__lf_mono_us() >= due)
             break;
         ts.tv_sec = (time_t)(due / 1000000);
         ts.tv_nsec = (long)(due % 1000000) * 1000;
@@ -261,7 +235,7 @@ static void wait_for_rows(qg__sq *s)
  * part that somebody waits for are the caller's to fail.  Returns the
  * number put back, or -1 when there was no memory for them (nothing put
  * back). */
-static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
+static long requeue(qg_ledger *s, size_t off, size_t k, size_t n)
 {
     int async = s->o.sync == QG_LEDGER_ASYNC;
     size_t cnt = n - (off + k), i, j;
@@ -269,7 +243,7 @@ static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
         cnt += async || !s->w[i].done;
     if (s->qlen + cnt > s->qcap) {
         size_t cap = s->qlen + cnt;
-        qg__sq_item *q = realloc(s->q, cap * sizeof *q);
+        qg__ledger_item *q = realloc(s->q, cap * sizeof *q);
         if (!q)
             return -1;
         s->q = q;
@@ -284,22 +258,60 @@ static long requeue(qg__sq *s, size_t off, size_t k, size_t n)
         j++;
     }
     if (s->qlen == 0)
-        s->q_since_us = qg__sq_mono_us();
+        s->q_since_us = qg__lf_mono_us();
     s->qlen += cnt;
     return (long)cnt;
 }
 
-void *qg__sq_writer_main(void *arg)
+/* Rows wait in the spool and the pause since the last attempt is over
+ * (mu held, released meanwhile): replay them into the database.  The
+ * pause grows from 100 ms to 1 s while the database stays away. */
+static void replay_spool(qg_ledger *s)
 {
-    qg__sq *s = arg;
+    char why[512];
+    uint64_t before;
+    int rc;
+    if (!s->spool || (before = qg__spool_pending(s->spool)) == 0 ||
+        qg__lf_mono_us() < s->replay_at_us)
+        return;
+    pthread_mutex_unlock(&s->mu);
+    why[0] = '\0';
+    rc = qg__spool_replay(s->spool, why, sizeof why);
+    pthread_mutex_lock(&s->mu);
+    if (rc == QG_OK) {
+        s->replay_backoff_us = 0;
+        s->replay_at_us = 0;
+        s->st.spooling = 0;
+        s->st.rows_replayed += before;
+        pthread_mutex_unlock(&s->mu);
+        qg__lf_log(s, "ledger %s: the database answers again: %llu spooled "
+                   "rows written, in order; the spool is empty", s->name,
+                   (unsigned long long)before);
+        pthread_mutex_lock(&s->mu);
+        return;
+    }
+    s->replay_backoff_us = s->replay_backoff_us ? s->replay_backoff_us * 2
+                                                : 100000;
+    if (s->replay_backoff_us > 1000000)
+        s->replay_backoff_us = 1000000;
+    s->replay_at_us = qg__lf_mono_us() + s->replay_backoff_us;
+    snprintf(s->st.last_error, sizeof s->st.last_error, "%s", why);
+}
+
+void *qg__lf_writer_main(void *arg)
+{
+    qg_ledger *s = arg;
     char line[1536], lost[1536];
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        qg__sq_item *tmp;
+        qg__ledger_item *tmp;
         size_t n, off, cap;
         wait_for_rows(s);
+        replay_spool(s);
         if (s->qlen == 0 && s->stop)
             break;
+        if (s->qlen == 0)
+            continue;
         /* take everything queued: swap the arrays */
         tmp = s->w;
         cap = s->wcap;
@@ -317,15 +329,28 @@ void *qg__sq_writer_main(void *arg)
             size_t k = n - off, i, end;
             int64_t t0;
             long back = 0;
-            int rc;
+            int rc, spooled;
             if (k > (size_t)s->o.max_batch)
                 k = (size_t)s->o.max_batch;
             end = off + k;
-            t0 = qg__sq_mono_us();
-            rc = write_batch(s, s->w + off, k);
+            t0 = qg__lf_mono_us();
+            rc = write_batch(s, s->w + off, k, &spooled);
             pthread_mutex_lock(&s->mu);
             lost[0] = '\0';
-            record_commit(s, k, rc, qg__sq_mono_us() - t0, line, sizeof line);
+            line[0] = '\0';
+            if (spooled) {
+                if (!s->st.spooling)
+                    snprintf(line, sizeof line, "ledger %s: the database "
+                             "cannot be reached (%s): rows go to the spool "
+                             "until it answers", s->name, s->werr);
+                s->st.spooling = 1;
+                s->st.rows_spooled += k;
+                if (s->replay_at_us == 0)
+                    s->replay_at_us = qg__lf_mono_us() + 100000;
+            } else {
+                record_commit(s, k, rc, qg__lf_mono_us() - t0, line,
+                              sizeof line);
+            }
             if (rc == QG_OK) {
                 size_t refused = 0;
                 for (i = off; i < off + k; i++)
@@ -334,7 +359,7 @@ void *qg__sq_writer_main(void *arg)
                 if (refused)
                     snprintf(lost, sizeof lost, "ledger %s: %zu row%s not "
                              "written (the request id is another "
-                             "request's); the last: %s", s->path, refused,
+                             "request's); the last: %s", s->name, refused,
                              refused == 1 ? "" : "s", s->wconflict);
                 s->backoff_us = 0;
                 s->retry_at_us = 0;
@@ -344,7 +369,7 @@ void *qg__sq_writer_main(void *arg)
                 s->backoff_us = s->backoff_us ? s->backoff_us * 2 : 10000;
                 if (s->backoff_us > 1000000)
                     s->backoff_us = 1000000;
-                s->retry_at_us = qg__sq_mono_us() + s->backoff_us;
+                s->retry_at_us = qg__lf_mono_us() + s->backoff_us;
                 s->inflight -= n - off;
                 end = n;         /* the rest went back to the queue */
             } else {
@@ -357,7 +382,7 @@ void *qg__sq_writer_main(void *arg)
                 s->inflight -= k;
                 if (gone)
                     snprintf(lost, sizeof lost, "ledger %s: %zu rows could "
-                             "not be written and are lost: %s", s->path,
+                             "not be written and are lost: %s", s->name,
                              gone, s->werr);
             }
             if (rc != QG_OK && s->o.sync == QG_LEDGER_DURABLE)
@@ -367,9 +392,9 @@ void *qg__sq_writer_main(void *arg)
                                   memory_order_relaxed);
             pthread_mutex_unlock(&s->mu);
             if (line[0])
-                qg__sq_log(s, "%s", line);
+                qg__lf_log(s, "%s", line);
             if (lost[0])
-                qg__sq_log(s, "%s", lost);
+                qg__lf_log(s, "%s", lost);
             /* answer the rows of this transaction that are waited for
              * (those of a failed one with its error) */
             if (s->o.sync == QG_LEDGER_DURABLE)
@@ -387,11 +412,10 @@ void *qg__sq_writer_main(void *arg)
     return NULL;
 }
 
-int qg__sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
-                     void *arg)
+int qg__lf_submit(qg_ledger *s, const qg_ledger_row *row,
+                  qg_ledger_done done, void *arg)
 {
-    qg__sq *s = b;
-    qg__sq_item *it;
+    qg__ledger_item *it;
     if (!row->request_id[0])
         return QG_EINVAL;
     /* in the filter before the row can be in the file */
@@ -432,7 +456,7 @@ int qg__sq_submit(void *b, const qg_ledger_row *row, qg_ledger_done done,
         pthread_cond_signal(&s->cv);
     }
     if (s->qlen == 1) {
-        s->q_since_us = qg__sq_mono_us();
+        s->q_since_us = qg__lf_mono_us();
         pthread_cond_signal(&s->cv);
     } else if (s->qlen == (size_t)s->o.max_batch) {
         pthread_cond_signal(&s->cv);
