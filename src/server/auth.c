@@ -7,7 +7,9 @@
 #include "quotagate.h"
 
 #define CACHE_SLOTS 1024
-#define CACHE_TTL_MS 2000
+/* A key created or revoked through any instance sharing the ledger is
+ * seen by every one within a second (PRODUCT.md 5.1 point 6). */
+#define CACHE_TTL_MS 500
 
 typedef struct cache_ent {
     int used;
@@ -134,13 +136,19 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
     if (!c->used || strcmp(c->id, id) != 0 ||
         now_ms - c->loaded_ms >= CACHE_TTL_MS || now_ms < c->loaded_ms) {
         int rc = qg__ledger_get_key(a->ledger, id, &rec);
-        c->used = 1;
-        c->loaded_ms = now_ms;
-        snprintf(c->id, sizeof c->id, "%s", id);
-        if (rc == QG_OK)
-            c->rec = rec;
-        else
-            memset(&c->rec, 0, sizeof c->rec);
+        int same = c->used && strcmp(c->id, id) == 0;
+        if (rc == QG_OK || rc == QG_ENOTFOUND || !same) {
+            c->used = 1;
+            c->loaded_ms = now_ms;
+            snprintf(c->id, sizeof c->id, "%s", id);
+            if (rc == QG_OK)
+                c->rec = rec;
+            else
+                memset(&c->rec, 0, sizeof c->rec);
+        }
+        /* else: the ledger cannot be read now; the key's last known state
+         * answers (a database away for a moment locks nobody out) and the
+         * next request asks again */
     }
     rec = c->rec;
     pthread_mutex_unlock(&a->mu);

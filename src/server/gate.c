@@ -21,6 +21,9 @@
 #include "weights.h"
 
 static const char behind[] = "the ledger is behind; retry shortly";
+static const char unmetered[] = "the ledger's database cannot be reached "
+                                "and its spool cannot be written: nothing "
+                                "is admitted unmetered; retry shortly";
 
 /* ---------------------------------------------------------------- lanes */
 
@@ -155,6 +158,12 @@ void qg__gate_decide_on(qg_server *s, int worker, struct event_base *base,
     if (qg__ledger_behind(s->ledger)) {
         a->rc = QG_EFULL;
         snprintf(a->err, sizeof a->err, "%s", behind);
+        done(a, ud);
+        return;
+    }
+    if (qg__ledger_refusing(s->ledger)) {
+        a->rc = QG_ELEDGER;
+        snprintf(a->err, sizeof a->err, "%s", unmetered);
         done(a, ud);
         return;
     }

@@ -108,20 +108,26 @@ void qg__h_healthz(qg_server *s, qg_http_req *r, const char *caller)
     qg__ledger_stats_get(s->ledger, &ls);
     j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I,"
                   " s:I}",
-                  "status", ls.failing || down ? "degraded" : "ok",
+                  "status", ls.failing || ls.spooling || down ? "degraded"
+                                                               : "ok",
                   "store", qg_store_name(s->store),
                   "store_state", down ? "down" : "ok",
                   "fallback", fallback,
                   "ledger", ls.backend ? ls.backend : "sqlite",
-                  "ledger_state", ls.failing ? "errors" : "ok",
+                  "ledger_state", ls.spooling  ? "spooling"
+                                  : ls.failing ? "errors"
+                                               : "ok",
                   "rules_version", qg_rules_version(qg_engine_rules(s->engine)),
                   "ledger_queue", (json_int_t)ls.queued,
                   "ledger_errors", (json_int_t)ls.errors,
                   "subjects", (json_int_t)st.subjects,
                   "reservations_live", (json_int_t)st.reservations_live,
                   "rebuild_ms", (json_int_t)s->rebuild_ms);
-    if (j && ls.failing)
+    if (j && (ls.failing || ls.spooling))
         json_object_set_new(j, "ledger_error", json_string(ls.last_error));
+    if (j && qg__ledger_shared(s->ledger))
+        json_object_set_new(j, "ledger_spool_rows",
+                            json_integer((json_int_t)ls.spool_rows));
     if (j && s->keeper) {
         json_object_set_new(j, "fallback_decisions",
                             json_integer((json_int_t)atomic_load(

@@ -21,6 +21,8 @@
  *   quotagate_ledger_rows_retried_total, quotagate_ledger_rows_lost_total,
  *   quotagate_ledger_rows_refused_total (a reused request id),
  *   quotagate_ledger_up (0 while writes fail),
+ *   quotagate_ledger_spool_rows, quotagate_ledger_rows_spooled_total,
+ *   quotagate_ledger_rows_replayed_total (a shared ledger's spool),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_store_up,
@@ -91,6 +93,9 @@ typedef struct qg_metrics_gauges {
     uint64_t ledger_rows_lost;      /* rows given up */
     uint64_t ledger_rows_refused;   /* rows kept out by the ledger's guards */
     int ledger_up;                  /* the last transaction succeeded */
+    uint64_t ledger_spool_rows;     /* rows waiting in the spool */
+    uint64_t ledger_rows_spooled;   /* rows written to the spool */
+    uint64_t ledger_rows_replayed;  /* spooled rows written to the database */
     int64_t rebuild_ms;             /* how long the last rebuild took */
     uint64_t rebuild_rows;          /* rows it replayed */
     uint64_t rebuild_clamped;       /* rows with amounts over the bounds */

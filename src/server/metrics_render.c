@@ -175,6 +175,15 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_ledger_up", "gauge",
             "1 when the last ledger transaction succeeded, 0 while they "
             "fail.", (uint64_t)g->ledger_up);
+    gauge_u(f, "quotagate_ledger_spool_rows", "gauge",
+            "Ledger rows waiting in the spool for the database.",
+            g->ledger_spool_rows);
+    gauge_u(f, "quotagate_ledger_rows_spooled_total", "counter",
+            "Ledger rows written to the spool while the database could not "
+            "be reached.", g->ledger_rows_spooled);
+    gauge_u(f, "quotagate_ledger_rows_replayed_total", "counter",
+            "Spooled ledger rows written to the database.",
+            g->ledger_rows_replayed);
     family(f, "quotagate_ledger_commit_seconds", "histogram",
            "Ledger commit latency.");
     for (int i = 0; i < 7; i++) {

@@ -92,6 +92,7 @@ void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
         {QG_EINVAL, 400, "invalid_request"},
         {QG_ERANGE, 400, "out_of_range"},
         {QG_EIO, 503, "ledger_unavailable"},
+        {QG_ELEDGER, 503, "ledger_unavailable"},
         {QG_ESTORE, 503, "store_unavailable"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

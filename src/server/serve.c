@@ -39,7 +39,10 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_rows_retried = ls->rows_retried;
     g->ledger_rows_lost = ls->rows_lost;
     g->ledger_rows_refused = ls->rows_refused;
-    g->ledger_up = !ls->failing;
+    g->ledger_up = !ls->failing && !ls->spooling;
+    g->ledger_spool_rows = ls->spool_rows;
+    g->ledger_rows_spooled = ls->rows_spooled;
+    g->ledger_rows_replayed = ls->rows_replayed;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;
@@ -300,16 +303,21 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
     qg_memory_opts mo = {0, s->opts.request_ids};
     const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
 
+    char spool[1100];
+
+    /* --data holds the SQLite ledger, or a shared ledger's spool */
+    if (mkdir_p(s->opts.data_dir) != 0) {
+        fprintf(stderr, "quotagate: cannot create %s: %s\n",
+                s->opts.data_dir, strerror(errno));
+        return -1;
+    }
     if (!s->opts.ledger_url) {
-        if (mkdir_p(s->opts.data_dir) != 0) {
-            fprintf(stderr, "quotagate: cannot create %s: %s\n",
-                    s->opts.data_dir, strerror(errno));
-            return -1;
-        }
         snprintf(url, urlcap, "sqlite:%s/ledger.db", s->opts.data_dir);
         s->opts.ledger_url = url;
     }
+    snprintf(spool, sizeof spool, "%s/spool", s->opts.data_dir);
     memset(&lo, 0, sizeof lo);
+    lo.spool_dir = spool;
     lo.sync = s->opts.ledger_async ? QG_LEDGER_ASYNC : QG_LEDGER_DURABLE;
     lo.flush_ms = s->opts.ledger_flush_ms;
     lo.log = ledger_log;
@@ -420,6 +428,10 @@ static int serve_listen(qg_server *s, const char *host, int port)
         fprintf(stderr, "quotagate: cannot start the reloader thread\n");
         return -1;
     }
+    if (qg__ledger_shared(s->ledger) && !(s->watcher = qg__watcher_new(s))) {
+        fprintf(stderr, "quotagate: cannot start the subjects' watcher\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -456,6 +468,7 @@ static void serve_banner(qg_server *s, const char *host, long nofile)
 static void serve_close(qg_server *s)
 {
     qg__reloader_free(s->reloader);     /* after run: no request comes */
+    qg__watcher_free(s->watcher);
     qg__keeper_free(s->keeper);
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */

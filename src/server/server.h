@@ -17,6 +17,7 @@ typedef struct qg_auth qg_auth;
 typedef struct qg__proxy qg__proxy; /* src/proxy/proxy.h */
 typedef struct qg_reloader qg_reloader;   /* reload.c */
 typedef struct qg__keeper qg__keeper;     /* keeper.c */
+typedef struct qg_watcher qg_watcher;     /* watch.c */
 
 /* qg_serve_opts and qg_serve are public (quotagate.h). */
 
@@ -32,6 +33,7 @@ typedef struct qg_server {
                                     models may name their own upstream) */
     qg_reloader *reloader;       /* loads rules off the workers */
     qg__keeper *keeper;          /* a shared store's keeper, or NULL */
+    qg_watcher *watcher;         /* a shared ledger's subjects, or NULL */
     _Atomic int store_down;      /* the shared store did not answer:
                                     decisions are local (keeper.c) */
     _Atomic unsigned store_reports;  /* failed store calls reported */
@@ -72,6 +74,13 @@ int qg__server_reload(qg_server *s, char *err, size_t errcap);
  * stops the thread; call it after qg__http_server_run returned and before
  * the engine goes.  Requests it never loaded for stay held (the HTTP
  * server releases them). */
+/* The watcher (watch.c): with a shared ledger, a thread that sets the
+ * subjects other instances created or changed in the engine, every 250 ms.
+ * new: NULL when out of memory or no thread; free: stops and joins it
+ * (before the engine goes). */
+qg_watcher *qg__watcher_new(qg_server *s);
+void qg__watcher_free(qg_watcher *w);
+
 qg_reloader *qg__reloader_new(qg_server *s);
 int qg__reloader_request(qg_reloader *rl, qg_http_req *r);
 void qg__reloader_free(qg_reloader *rl);
