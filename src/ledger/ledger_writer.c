@@ -134,10 +134,12 @@ static int write_batch(qg_ledger *s, qg__ledger_item *it, size_t n,
         atomic_store(&s->refusing, 1);
         return src;
     }
-    if (rc == QG_OK)
+    if (rc == QG_OK) {
+        atomic_store(&s->refusing, 0);
         for (i = 0; i < n; i++)
             if (it[i].merged)
                 it[i].refused = it[it[i].merged - 1].refused;
+    }
     return rc;
 }
 

@@ -518,6 +518,9 @@ int qg_serve(const qg_serve_opts *opts)
     sigaddset(&sc.set, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* a file size limit (ulimit -f) reached is an error to report (the
+     * spool that cannot grow: 503 ledger_unavailable), not a death */
+    signal(SIGXFSZ, SIG_IGN);
     sc.s = &s;
     rc = 1;
     if (serve_open(&s, &rules, url, sizeof url) == 0 &&
