@@ -1,4 +1,7 @@
-/* test_ledger.c - the SQLite ledger: 10k rows through the writer and back
+/* test_ledger.c - the ledger, on SQLite and on a real PostgreSQL 15
+ * (tests/support/pgproc; the tests that do not depend on SQLite's file run
+ * against both backends, the same assertions): 10k rows through the
+ * writer and back
  * through scan with exact fields and order, upserts (check then settle; a
  * settle alone), ASYNC mode, the queue bound (QG_EFULL) and a failing
  * commit (another process holding the write lock), schema versions and
@@ -27,6 +30,7 @@
 #include "quotagate.h"
 #include "idfilter.h"
 #include "ledger.h"
+#include "pgproc.h"
 
 #define BASE_MS 1780000000000LL
 
@@ -37,8 +41,21 @@ typedef struct tmpdb {
     char path[128];
 } tmpdb;
 
+/* The PostgreSQL group's server (main), and whether the test runs on it:
+ * then a "tmpdb" is a fresh database and its path the URL. */
+static pgproc PG;
+static int on_pg;
+
 static void tmpdb_make(tmpdb *t)
 {
+    if (on_pg) {
+        char db[64];
+        if (pgproc_createdb(&PG, db, sizeof db) < 0)
+            fail_msg("createdb: %s", PG.why);
+        t->dir[0] = '\0';
+        pgproc_url(&PG, db, t->path, sizeof t->path);
+        return;
+    }
     strcpy(t->dir, "/tmp/qgledger.XXXXXX");
     assert_non_null(mkdtemp(t->dir));
     snprintf(t->path, sizeof t->path, "%s/ledger.db", t->dir);
@@ -46,6 +63,9 @@ static void tmpdb_make(tmpdb *t)
 
 static void tmpdb_remove(tmpdb *t)
 {
+    if (on_pg)
+        return;                 /* the server's folder goes at the end */
+
     static const char *const sfx[] = { "", "-wal", "-shm" };
     char p[160];
     size_t i;
@@ -206,7 +226,7 @@ static void test_rows_roundtrip(void **state)
     (void)state;
 
     tmpdb_make(&t);
-    snprintf(url, sizeof url, "sqlite:%s", t.path);
+    snprintf(url, sizeof url, on_pg ? "%s" : "sqlite:%s", t.path);
     l = open_ok(url, NULL);
     for (i = 0; i < NROWS; i++) {
         make_row(i, &r);
@@ -1091,6 +1111,27 @@ static void test_kill9_durability(void **state)
     }
 }
 
+static int pg_setup(void **state)
+{
+    (void)state;
+    if (pgproc_start(&PG) < 0) {
+        fprintf(stderr, "PostgreSQL: %s\n", PG.why);
+        return -1;
+    }
+    on_pg = 1;
+    return 0;
+}
+
+static int pg_teardown(void **state)
+{
+    (void)state;
+    pgproc_destroy(&PG);
+    on_pg = 0;
+    return 0;
+}
+
+#define PG_TEST(f) { "postgresql: " #f, f, NULL, NULL, NULL }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1108,5 +1149,25 @@ int main(void)
         cmocka_unit_test(test_keys_table),
         cmocka_unit_test(test_kill9_durability),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* the same assertions on PostgreSQL, but for what only SQLite's file
+     * has (its locks, modes, PRAGMAs: test_ledger_pg.c has PostgreSQL's) */
+    const struct CMUnitTest pg_tests[] = {
+        PG_TEST(test_rows_roundtrip),
+        PG_TEST(test_upsert),
+        PG_TEST(test_guards),
+        PG_TEST(test_id_filter),
+        PG_TEST(test_async),
+        PG_TEST(test_coalesce),
+        PG_TEST(test_subjects),
+        PG_TEST(test_keys_table),
+        PG_TEST(test_kill9_durability),
+    };
+    int failed = cmocka_run_group_tests_name("sqlite", tests, NULL, NULL);
+    if (!pgproc_bindir()) {
+        fprintf(stderr, "no PostgreSQL binaries: make test installs "
+                "Debian's postgresql\n");
+        return 1;
+    }
+    return failed + cmocka_run_group_tests_name("postgresql", pg_tests,
+                                                pg_setup, pg_teardown);
 }

@@ -8,8 +8,12 @@
  * Each test starts its own `quotagate serve` (tests/support/qgproc) on a
  * copy of tests/data/ledger/rules.yaml, whose only window is a 2-second
  * rolling one (a restart rebuilds only the last 2 s, so an older request
- * is known to the ledger alone), or of rules_long.yaml (5 hours).  Ledger rows are read with SQLite from
- * the test, as an operator would. */
+ * is known to the ledger alone), or of rules_long.yaml (5 hours).  Ledger
+ * rows are read with SQLite (or SQL on PostgreSQL) from the test, as an
+ * operator would.  The tests of idempotency and crash recovery run twice:
+ * on the SQLite ledger under --data, then on a PostgreSQL ledger
+ * (--ledger postgresql://..., a real server started by the test,
+ * tests/support/pgproc). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -28,6 +32,7 @@
 #include <unistd.h>
 
 #include "httpc.h"
+#include "pgproc.h"
 #include "qgproc.h"
 #include "srvtest.h"
 
@@ -59,13 +64,32 @@ static const char *td(const char *rel)
     return tst_fmt("%s/%s", d, rel);
 }
 
-/* Start the test's server on a copy of tests/data/ledger/RULES. */
+/* The PostgreSQL group's server, and the test's database on it (on_pg:
+ * the test runs on PostgreSQL). */
+static pgproc PG;
+static int on_pg;
+static char pg_db[64], pg_url[256];
+
+/* Start the test's server on a copy of tests/data/ledger/RULES (on
+ * PostgreSQL: a fresh database, given with --ledger). */
 static void start(const char *rules, const char *const *args)
 {
+    const char *all[16];
+    int n = 0;
     if (qgproc_init(&P) < 0)
         fail_msg("qgproc_init: %s", P.why);
     p_used = 1;
-    if (qgproc_start_copy(&P, td(tst_fmt("ledger/%s", rules)), args,
+    if (on_pg) {
+        if (pgproc_createdb(&PG, pg_db, sizeof pg_db) < 0)
+            fail_msg("createdb: %s", PG.why);
+        pgproc_url(&PG, pg_db, pg_url, sizeof pg_url);
+        all[n++] = "--ledger";
+        all[n++] = pg_url;
+    }
+    while (args && *args && n < 15)
+        all[n++] = *args++;
+    all[n] = NULL;
+    if (qgproc_start_copy(&P, td(tst_fmt("ledger/%s", rules)), all,
                           NULL) < 0) {
         p_used = 0;
         fail_msg("serve did not start");
@@ -123,6 +147,16 @@ static void want_error(const http_resp *r, int status, const char *type,
  * there is none (read at once, no polling). */
 static const char *row_of(const char *rid)
 {
+    if (on_pg) {
+        char out[512];
+        if (pgproc_sql(&PG, pg_db, tst_fmt("SELECT subject || '|' || status"
+                       " || '|' || weight_milli || '|' || reserved_milli"
+                       " FROM requests WHERE request_id = '%s'", rid), out,
+                       sizeof out) < 0)
+            fail_msg("SQL on %s: %s", pg_url, PG.why);
+        return tst_fmt("%s", out);
+    }
+    {
     const char *db = tst_fmt("%s/ledger.db", P.data);
     sqlite3 *h = NULL;
     sqlite3_stmt *st = NULL;
@@ -144,6 +178,7 @@ static const char *row_of(const char *rid)
     sqlite3_finalize(st);
     sqlite3_close(h);
     return out;
+    }
 }
 
 /* Poll until rid's row reads `want` (the writer commits in the
@@ -495,6 +530,27 @@ static void test_late_settle_from_ledger(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+static int pg_setup(void **state)
+{
+    (void)state;
+    if (pgproc_start(&PG) < 0) {
+        fprintf(stderr, "PostgreSQL: %s\n", PG.why);
+        return -1;
+    }
+    on_pg = 1;
+    return 0;
+}
+
+static int pg_teardown(void **state)
+{
+    (void)state;
+    pgproc_destroy(&PG);
+    on_pg = 0;
+    return 0;
+}
+
+#define PG_TEST(f) { "postgresql: " #f, f, NULL, teardown, NULL }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -506,6 +562,22 @@ int main(void)
         cmocka_unit_test_teardown(test_reuse_after_forgotten, teardown),
         cmocka_unit_test_teardown(test_late_settle_from_ledger, teardown),
     };
+    /* idempotency and crash recovery, the same on PostgreSQL */
+    const struct CMUnitTest pg_tests[] = {
+        PG_TEST(test_settle_other_subject),
+        PG_TEST(test_reuse_after_restart),
+        PG_TEST(test_reuse_after_forgotten),
+        PG_TEST(test_late_settle_from_ledger),
+    };
+    int failed;
     signal(SIGPIPE, SIG_IGN);
-    return cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
+    failed = cmocka_run_group_tests_name("ledger_server", tests, NULL, NULL);
+    if (!pgproc_bindir()) {
+        fprintf(stderr, "no PostgreSQL binaries: make test installs "
+                "Debian's postgresql\n");
+        return 1;
+    }
+    return failed + cmocka_run_group_tests_name("ledger_server_postgresql",
+                                                pg_tests, pg_setup,
+                                                pg_teardown);
 }

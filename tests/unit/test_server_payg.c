@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "httpc.h"
+#include "pgproc.h"
 #include "qgproc.h"
 #include "srvtest.h"
 
@@ -30,6 +31,10 @@
 
 static qgproc P;
 static httpc C;
+/* The second run's ledger: a database on a real PostgreSQL (pgproc). */
+static pgproc PG;
+static int on_pg;
+static char pg_db[64], pg_url[256];
 
 static http_resp *call(const char *method, const char *path, const char *key,
                        const char *body)
@@ -80,6 +85,18 @@ typedef struct orow {
 static orow ledger_overage(const char *rid)
 {
     long long v[5];
+    if (on_pg) {
+        char out[256];
+        if (pgproc_sql(&PG, pg_db, tst_fmt("SELECT weight_milli || ' ' || "
+                       "overage_milli || ' ' || overage_price_micro || ' ' "
+                       "|| overage_cost_micro || ' ' || headroom_milli FROM "
+                       "requests WHERE request_id = '%s'", rid), out,
+                       sizeof out) < 0 ||
+            sscanf(out, "%lld %lld %lld %lld %lld", &v[0], &v[1], &v[2],
+                   &v[3], &v[4]) != 5)
+            fail_msg("ledger row of %s on PostgreSQL: %s", rid, PG.why);
+        return (orow){v[0], v[1], v[2], v[3], v[4]};
+    }
     tst_ledger_ints(P.data, rid, "weight_milli, overage_milli, "
                     "overage_price_micro, overage_cost_micro, headroom_milli",
                     v, 5);
@@ -100,9 +117,21 @@ static int setup(void **state)
         fprintf(stderr, "qgproc_init: %s\n", P.why);
         return -1;
     }
-    if (qgproc_start_copy(&P, tst_fmt("%s/payg/rules.yaml", src), NULL,
-                          NULL) < 0)
+    if (on_pg) {
+        const char *args[] = {"--ledger", pg_url, NULL};
+        if (pgproc_start(&PG) < 0 ||
+            pgproc_createdb(&PG, pg_db, sizeof pg_db) < 0) {
+            fprintf(stderr, "PostgreSQL: %s\n", PG.why);
+            return -1;
+        }
+        pgproc_url(&PG, pg_db, pg_url, sizeof pg_url);
+        if (qgproc_start_copy(&P, tst_fmt("%s/payg/rules.yaml", src), args,
+                              NULL) < 0)
+            return -1;
+    } else if (qgproc_start_copy(&P, tst_fmt("%s/payg/rules.yaml", src),
+                                 NULL, NULL) < 0) {
         return -1;
+    }
     httpc_init(&C, qgproc_port(&P));
     return 0;
 }
@@ -114,6 +143,8 @@ static int teardown(void **state)
     httpc_close(&C);
     rc = qgproc_finish(&P);
     tst_gc_free_all();
+    if (on_pg)
+        pgproc_destroy(&PG);
     return rc;
 }
 
@@ -262,5 +293,16 @@ int main(void)
         cmocka_unit_test_teardown(test_cap_and_restart, gc_teardown),
         cmocka_unit_test_teardown(test_rate_not_lifted, gc_teardown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests_name("payg_sqlite", tests, setup,
+                                             teardown);
+    /* the same, on a PostgreSQL ledger: spending after a restart comes
+     * back from PostgreSQL */
+    if (!pgproc_bindir()) {
+        fprintf(stderr, "no PostgreSQL binaries: make test installs "
+                "Debian's postgresql\n");
+        return 1;
+    }
+    on_pg = 1;
+    return failed + cmocka_run_group_tests_name("payg_postgresql", tests,
+                                                setup, teardown);
 }
