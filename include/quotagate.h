@@ -561,7 +561,8 @@ char *qg_reconcile_json(const qg_reconcile_report *r);
 /* `quotagate reconcile`: a shared store (redis:// or redis-cluster://)
  * against a ledger, from outside the gateways. */
 typedef struct qg_reconcile_opts {
-    qg_rules *rules;            /* loaded (borrowed: the caller frees) */
+    qg_rules *rules;            /* loaded; owned by qg_reconcile from the
+                                   call, whatever it returns */
     const char *store_url;
     const char *ledger_url;
     const char *subject;        /* NULL: every subject */
