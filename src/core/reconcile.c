@@ -35,6 +35,8 @@
 
 #define MAX_ENTITIES (1u << 22)  /* subjects and orgs in one run */
 
+enum { EXACT, LOW, HIGH };
+
 int qg__recon_row_at(const qg_recon_row *row, int64_t cut_ms,
                      qg_restore_req *out)
 {
@@ -108,7 +110,10 @@ typedef struct ctx {
     uint32_t *idx;               /* open addressing: entity + 1, 0 free */
     uint32_t idxcap;
     int64_t since_ms;
-    qg_engine *fa, *fb;          /* fresh: member side, org side */
+    /* fresh engines: [side][BOUND]: member side, org side; the exact
+     * figure at the cut, and the least and most the store can hold with
+     * the rows in flight around it (reconcile.h, margin_ms) */
+    qg_engine *f[2][3];
     int collect;                 /* this pass lists unknown request ids */
     int rc;
     char *err;
@@ -208,7 +213,7 @@ static int subject_get(ctx *c, const char *name)
     qg_decision d;
     if (i >= 0)
         return i;
-    if (qg_engine_usage(c->fa, name, 0, &d) != QG_OK)
+    if (qg_engine_usage(c->f[0][EXACT], name, 0, &d) != QG_OK)
         return -2;
     if ((i = ent_get(c, name, 0)) < 0)
         return -1;
@@ -345,28 +350,69 @@ nomem:
     return c->rc = QG_ENOMEM;
 }
 
+/* The row into side's three engines at cut (margin m): EXACT as it stood
+ * at the cut; LOW without what was decided within m of it, settled at the
+ * smaller amount when the settle is within m; HIGH with what was decided
+ * up to m after it, a settle within m still a reservation of the larger
+ * amount (its lease held).  Returns 1 when the row counts at the cut. */
+static int replay_side(ctx *c, int side, const qg_recon_row *row,
+                       int64_t cut, int64_t m)
+{
+    qg_restore_req rr;
+    char err[256];
+    int64_t lo = row->rr.reserved_milli < row->rr.charged_milli
+                     ? row->rr.reserved_milli : row->rr.charged_milli;
+    int64_t hi = row->rr.reserved_milli > row->rr.charged_milli
+                     ? row->rr.reserved_milli : row->rr.charged_milli;
+    int settled_near = row->rr.settled && row->settled_ms > cut - m &&
+                       row->settled_ms <= cut + m;
+    int counts = qg__recon_row_at(row, cut, &rr);
+    if (counts)
+        qg_engine_restore(c->f[side][EXACT], &rr, err, sizeof err);
+    if (m <= 0) {
+        if (counts) {
+            qg_engine_restore(c->f[side][LOW], &rr, err, sizeof err);
+            qg_engine_restore(c->f[side][HIGH], &rr, err, sizeof err);
+        }
+        return counts;
+    }
+    if (qg__recon_row_at(row, cut - m, &rr)) {
+        if (settled_near) {
+            rr.settled = 1;
+            rr.charged_milli = lo;
+        }
+        qg_engine_restore(c->f[side][LOW], &rr, err, sizeof err);
+    }
+    if (qg__recon_row_at(row, cut + m, &rr)) {
+        if (settled_near) {
+            rr.settled = 0;
+            rr.reserved_milli = rr.charged_milli = hi;
+        }
+        qg_engine_restore(c->f[side][HIGH], &rr, err, sizeof err);
+    }
+    return counts;
+}
+
 static int replay_row(const qg_recon_row *row, void *arg)
 {
     ctx *c = arg;
-    qg_restore_req rr;
     ent *x, *o = NULL;
     int i = ent_find(c, row->rr.subject, 0), counted = 0;
-    char err[256];
+    int64_t m = c->o->margin_ms;
 
     if (i < 0)
         return 0;                    /* first seen after the measures */
     x = &c->e[i];
     if (x->org >= 0)
         o = &c->e[x->org];
-    if (x->want && x->measured && qg__recon_row_at(row, x->cut_ms, &rr)) {
-        qg_engine_restore(c->fa, &rr, err, sizeof err);
+    if (x->want && x->measured && replay_side(c, 0, row, x->cut_ms, m) &&
+        row->rr.decided_at_ms <= x->cut_ms - m)
         counted |= 1;
-    }
-    if (o && o->want && o->measured && qg__recon_row_at(row, o->cut_ms, &rr)) {
-        qg_engine_restore(c->fb, &rr, err, sizeof err);
+    if (o && o->want && o->measured && replay_side(c, 1, row, o->cut_ms, m) &&
+        row->rr.decided_at_ms <= o->cut_ms - m)
         counted |= 2;
-    }
-    /* what the store does not know explains what it lacks */
+    /* what the store does not know (and is not in flight) explains what
+     * it lacks */
     if (c->collect && counted &&
         !qg_engine_remembers(c->live, row->rr.request_id)) {
         if ((counted & 1) && lose(c, x, &row->rr) != QG_OK)
@@ -383,6 +429,7 @@ typedef struct cmp {
     ctx *c;
     ent *x;
     ent *member;                 /* x, or the org's representative */
+    qg_decision low, high;       /* the bounds' views */
 } cmp;
 
 static int add_ids(ctx *c, qg_reconcile_drift *d, const ent *x,
@@ -410,17 +457,31 @@ nomem:
     return c->rc = QG_ENOMEM;
 }
 
+/* The used figure of window name (side) in d, 0 when absent. */
+static int64_t used_in(const qg_decision *d, int side, const char *name)
+{
+    for (int j = 0; j < d->nviews; j++)
+        if ((d->views[j].org != 0) == (side != 0) &&
+            strcmp(d->views[j].name, name) == 0)
+            return d->views[j].used_milli;
+    return 0;
+}
+
 static void on_window(int i, int64_t ledger_milli, void *arg)
 {
     cmp *m = arg;
     ctx *c = m->c;
     ent *x = m->x;
     const sview *w = &x->views[i];
-    int64_t drift = w->v.used_milli - ledger_milli;
+    int64_t drift = w->v.used_milli - ledger_milli, tol = c->o->tolerance_milli;
+    int64_t lo = used_in(&m->low, x->is_org, w->v.name);
+    int64_t hi = used_in(&m->high, x->is_org, w->v.name);
     qg_reconcile_drift *d;
 
     c->checked++;
-    if (!qg__recon_exceeds(drift, c->o->tolerance_milli) || c->rc)
+    /* within what the rows in flight allow, or the tolerance: no drift */
+    if (c->rc || !qg__recon_exceeds(drift, tol) ||
+        (w->v.used_milli >= lo - tol && w->v.used_milli <= hi + tol))
         return;
     x->drifted = 1;
     if (c->nd == c->capd) {
@@ -456,28 +517,46 @@ static void on_window(int i, int64_t ledger_milli, void *arg)
 
 static int compare_all(ctx *c)
 {
+    static const qg_decision none;
+    qg_decision *d = malloc(sizeof *d);
+    cmp *m = malloc(sizeof *m);
+    if (!d || !m) {
+        free(d);
+        free(m);
+        qg__errf(c->err, c->errcap, "%s", "out of memory");
+        return c->rc = QG_ENOMEM;
+    }
     for (uint32_t i = 0; i < c->n && !c->rc; i++) {
         ent *x = &c->e[i];
-        qg_decision d;
-        cmp m = {c, x, x};
+        const ent *who = x;
+        int side = x->is_org;
+        qg_window_view v[QG_MAX_VIEWS];
         if (!x->want || !x->measured)
             continue;
         if (x->is_org) {
             if (x->rep < 0)
                 continue;
-            m.member = &c->e[x->rep];
+            who = &c->e[x->rep];
         }
+        m->c = c;
+        m->x = x;
         x->drifted = 0;
-        if (qg_engine_usage(x->is_org ? c->fb : c->fa, m.member->name,
-                            x->cut_ms, &d) != QG_OK)
-            memset(&d, 0, sizeof d);  /* nothing decided: nothing used */
-        {
-            qg_window_view v[QG_MAX_VIEWS];
-            for (int k = 0; k < x->nviews; k++)
-                v[k] = x->views[k].v;
-            qg__recon_compare(v, x->nviews, &d, x->is_org, on_window, &m);
-        }
+        /* nothing decided for it: nothing used */
+        if (qg_engine_usage(c->f[side][EXACT], who->name, x->cut_ms, d) !=
+            QG_OK)
+            *d = none;
+        if (qg_engine_usage(c->f[side][LOW], who->name, x->cut_ms,
+                            &m->low) != QG_OK)
+            m->low = none;
+        if (qg_engine_usage(c->f[side][HIGH], who->name, x->cut_ms,
+                            &m->high) != QG_OK)
+            m->high = none;
+        for (int k = 0; k < x->nviews; k++)
+            v[k] = x->views[k].v;
+        qg__recon_compare(v, x->nviews, d, side, on_window, m);
     }
+    free(d);
+    free(m);
     return c->rc;
 }
 
@@ -496,21 +575,28 @@ static void drifts_free(qg_reconcile_drift *d, int n)
 static int fresh_engines(ctx *c)
 {
     const qg_rules *r = qg_engine_rules(c->live);
-    if (!(c->fa = c->src->fresh(c->src->ud, c->err, c->errcap)))
-        return c->rc = QG_ENOMEM;
-    if (r->norgs > 0 &&
-        !(c->fb = c->src->fresh(c->src->ud, c->err, c->errcap)))
-        return c->rc = QG_ENOMEM;
+    for (int side = 0; side < 2; side++)
+        for (int b = 0; b < 3; b++) {
+            if (side == 1 && r->norgs == 0)
+                continue;
+            if (!(c->f[side][b] = c->src->fresh(c->src->ud, c->err,
+                                                c->errcap)))
+                return c->rc = QG_ENOMEM;
+        }
+    if (!c->f[1][EXACT])             /* no orgs: never used, never null */
+        for (int b = 0; b < 3; b++)
+            c->f[1][b] = c->f[0][b];
     return QG_OK;
 }
 
 static void fresh_free(ctx *c)
 {
-    if (c->fa)
-        c->src->fresh_free(c->src->ud, c->fa);
-    if (c->fb)
-        c->src->fresh_free(c->src->ud, c->fb);
-    c->fa = c->fb = NULL;
+    for (int side = 1; side >= 0; side--)
+        for (int b = 0; b < 3; b++) {
+            if (c->f[side][b] && (side == 0 || c->f[1][b] != c->f[0][b]))
+                c->src->fresh_free(c->src->ud, c->f[side][b]);
+        }
+    memset(c->f, 0, sizeof c->f);
 }
 
 /* Measure, catch up, replay, compare the wanted entities; the drifted
@@ -597,6 +683,31 @@ static int repair(ctx *c)
     return QG_OK;
 }
 
+/* After a repair, the windows still drifted (after, n): repaired when
+ * none lacks what the ledger holds.  A window of an entity that lacked
+ * rows may hold more than the ledger afterwards: the store charges a
+ * restored row at the newest instant its entity has seen (never back in
+ * time), so a rate or rolling window counts it a little later and longer
+ * than the ledger does (docs/reconcile.md, "Repair").  An entity that
+ * lacked nothing and holds more is not repaired (it is never lowered). */
+static int repaired(const qg_reconcile_report *before,
+                    const qg_reconcile_drift *after, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int lacked = 0;
+        if (after[i].drift_milli < 0)
+            return 0;
+        for (int k = 0; k < before->ndrifted; k++)
+            if (strcmp(before->drifted[k].subject, after[i].subject) == 0 &&
+                strcmp(before->drifted[k].org, after[i].org) == 0 &&
+                before->drifted[k].drift_milli < 0)
+                lacked = 1;
+        if (!lacked)
+            return 0;
+    }
+    return 1;
+}
+
 int qg__reconcile(qg_engine *live, const qg_recon_src *src,
                   const qg_recon_opts *o, qg_reconcile_report **out,
                   char *err, size_t errcap)
@@ -677,7 +788,7 @@ int qg__reconcile(qg_engine *live, const qg_recon_src *src,
         want_drifted(&c);
         if (fresh_engines(&c) != QG_OK || run_pass(&c, 0) != QG_OK)
             goto fail;
-        rep->repaired = c.nd == 0;
+        rep->repaired = repaired(rep, c.d, c.nd);
         drifts_free(c.d, c.nd);
         c.d = NULL;
     }

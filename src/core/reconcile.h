@@ -48,6 +48,13 @@ typedef struct qg_recon_opts {
     const char *subject;        /* NULL: every subject with rows */
     int repair;
     int64_t tolerance_milli;    /* |drift| above this is reported */
+    /* How far from the instant compared a decision or settle may still be
+     * on its way between the store and the ledger (its instant taken on
+     * one side, applied on the other a moment later): a window whose
+     * store figure lies between the least and the most the ledger's rows
+     * allow with every such row counted either way has no drift, and a
+     * lost row is named only when it is older than this.  0: exact. */
+    int64_t margin_ms;
 } qg_recon_opts;
 
 /* The row as it stood at cut_ms: 0 when it was decided after cut_ms (not

@@ -16,10 +16,12 @@
 #include <time.h>
 #include "json_out.h"
 #include "reconcile.h"
+#include "rules.h"
 #include "server.h"
 
 #define CATCH_UP_MAX_MS 10000        /* the writer's backlog, at most */
 #define OUTSIDE_PAUSE_MS 300         /* from outside: the second look */
+#define IN_FLIGHT_MS 1000            /* see margin_of */
 
 typedef struct src_ctx {
     qg_engine *live;
@@ -31,7 +33,7 @@ typedef struct src_ctx {
     struct {                         /* the fresh engines and their stores */
         qg_engine *e;
         qg_store *st;
-    } fresh[4];
+    } fresh[8];
 } src_ctx;
 
 static void sleep_ms(int ms)
@@ -162,7 +164,7 @@ static qg_engine *src_fresh(void *ud, char *err, size_t errcap)
         snprintf(err, errcap, "out of memory");
         return NULL;
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         if (!c->fresh[i].e) {
             if (!(e = make_engine(c->rules_path,
                                   qg_rules_version(qg_engine_rules(c->live)),
@@ -180,7 +182,7 @@ static qg_engine *src_fresh(void *ud, char *err, size_t errcap)
 static void src_fresh_free(void *ud, qg_engine *e)
 {
     src_ctx *c = ud;
-    for (int i = 0; e && i < 4; i++)
+    for (int i = 0; e && i < 8; i++)
         if (c->fresh[i].e == e) {
             qg_engine_free(e);
             qg_store_free(c->fresh[i].st);
@@ -199,13 +201,23 @@ static void src_init(src_ctx *c, qg_recon_src *src)
     src->ud = c;
 }
 
+/* How long a decision or settle may be on its way between the store and
+ * the ledger: a store call fails after store.timeout, and the instants
+ * on either side (the gateway's clock, Redis's) are taken within a
+ * second of each other (reconcile.h, docs/reconcile.md "The instant"). */
+static int64_t margin_of(const qg_rules *r)
+{
+    return IN_FLIGHT_MS + r->store.timeout_ms;
+}
+
 /* ------------------------------------------------------- in the gateway */
 
 int qg__server_reconcile(qg_server *s, const char *subject, int repair,
                          qg_reconcile_report **out, char *err, size_t errcap)
 {
     const qg_rules *r = qg_engine_rules(s->engine);
-    qg_recon_opts o = {subject, repair, r->reconcile.tolerance_milli};
+    qg_recon_opts o = {subject, repair, r->reconcile.tolerance_milli,
+                       margin_of(r)};
     src_ctx c;
     qg_recon_src src;
     int rc;
@@ -256,7 +268,8 @@ int qg_reconcile(const qg_reconcile_opts *opts, qg_reconcile_report **out,
 {
     const char *url = opts->store_url;
     qg_recon_opts o = {opts->subject, opts->repair,
-                       opts->rules->reconcile.tolerance_milli};
+                       opts->rules->reconcile.tolerance_milli,
+                       margin_of(opts->rules)};
     qg_ledger_opts lo;
     qg_ledger *ledger = NULL;
     qg_store *store = NULL;
