@@ -292,8 +292,14 @@ static int measure(ctx *c, uint32_t i)
 {
     ent *x = &c->e[i];
     qg_decision d;
-    int64_t now = c->src->now(c->src->ud);
-    int rc = qg_engine_usage(c->live, x->name, now, &d);
+    int64_t now = 0;
+    int rc = QG_ESTORE;
+    /* a remote store's call may time out on a busy moment: a run of many
+     * thousand subjects tries each one three times before it gives up */
+    for (int attempt = 0; attempt < 3 && rc == QG_ESTORE; attempt++) {
+        now = c->src->now(c->src->ud);
+        rc = qg_engine_usage(c->live, x->name, now, &d);
+    }
     if (rc != QG_OK) {
         qg__errf(c->err, c->errcap, "the store's counters of subject \"%s\" "
                  "could not be read: %s", x->name, qg_strerror(rc));
