@@ -112,11 +112,21 @@ static int h_catch_up(void *ud, char *err, size_t cap)
     return 0;
 }
 
+static qg_store *live_store;          /* the live engine's (one at a time) */
+
 static qg_engine *mem_engine(void)
 {
     qg_memory_opts mo;
     memset(&mo, 0, sizeof mo);
-    return qg_engine_new(tst_rules_parse(RULES), qg_store_memory_new(&mo));
+    live_store = qg_store_memory_new(&mo);
+    return qg_engine_new(tst_rules_parse(RULES), live_store);
+}
+
+static void mem_engine_free(qg_engine *e)
+{
+    qg_engine_free(e);               /* an engine does not own its store */
+    qg_store_free(live_store);
+    live_store = NULL;
 }
 
 static qg_store *engine_store[16];
@@ -250,7 +260,7 @@ static void test_core_no_drift(void **state)
     assert_int_equal(r->ndrifted, 0);
     assert_int_equal(r->max_drift_milli, 0);
     qg_reconcile_report_free(r);
-    qg_engine_free(live);
+    mem_engine_free(live);
 }
 
 static void test_core_store_lacks_rows(void **state)
@@ -302,7 +312,7 @@ static void test_core_store_lacks_rows(void **state)
                      r->drifted[i].subject, r->drifted[i].window,
                      (long long)r->drifted[i].drift_milli);
     qg_reconcile_report_free(r);
-    qg_engine_free(live);
+    mem_engine_free(live);
 }
 
 static void test_core_store_above_ledger(void **state)
@@ -320,7 +330,7 @@ static void test_core_store_above_ledger(void **state)
     assert_int_equal(d->nrequest_ids, 0); /* no ledger row to name */
     assert_int_equal(r->repaired, 0);      /* never lowered */
     qg_reconcile_report_free(r);
-    qg_engine_free(live);
+    mem_engine_free(live);
 }
 
 static void test_core_org_window(void **state)
@@ -341,7 +351,7 @@ static void test_core_org_window(void **state)
     d = drift_of(r, "a2", "acme", "day");
     assert_int_equal(d->drift_milli, -2000);
     qg_reconcile_report_free(r);
-    qg_engine_free(live);
+    mem_engine_free(live);
 }
 
 static void test_core_unknown_subject(void **state)
@@ -352,7 +362,7 @@ static void test_core_unknown_subject(void **state)
     (void)state;
     r = h_run(live, &h, "nobody", 0, 0, QG_ENOSUBJECT);
     assert_null(r);
-    qg_engine_free(live);
+    mem_engine_free(live);
 }
 
 /* ------------------------------------------------------ the gateways */
@@ -384,8 +394,8 @@ static void *client(void *arg)
     httpc_init(&c, qgproc_port(&P));
     for (int k = 0; k < 40; k++) {
         http_resp r;
-        char body[256];
-        const char *rid = tst_fmt("%s-%ld-%d", ld->prefix, me, k);
+        char body[256], rid[64];
+        snprintf(rid, sizeof rid, "%s-%ld-%d", ld->prefix, me, k);
         snprintf(body, sizeof body, "{\"subject\":\"%s\",\"request_id\":"
                  "\"%s\",\"model\":\"light\",\"input_tokens\":%d,"
                  "\"max_output_tokens\":%d}", subjects[(me + k) % 5], rid,
