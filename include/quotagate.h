@@ -516,6 +516,67 @@ int qg_keyring_list(qg_keyring *k,
 int qg_keyring_revoke(qg_keyring *k, const char *id, int64_t now_ms,
                       qg_key_info *info);
 
+/* --------------------------------------------------------- reconcile */
+
+/* Counters against the ledger (PRODUCT.md 5.2, docs/reconcile.md): at one
+ * instant, every window of every subject and org with ledger rows inside
+ * the rules' reach, the usage the ledger implies (its admitted rows
+ * replayed into a fresh in-process store, as a rebuild replays them)
+ * against the store's counter.  drift = store - ledger. */
+#define QG_RECONCILE_IDS_MAX 1000   /* request ids listed per window */
+
+typedef struct qg_reconcile_drift {
+    char subject[256];          /* "" for an org's window */
+    char org[64];               /* the org, or the subject's; "" none */
+    char window[64];
+    qg_unit unit;
+    int64_t ledger_milli;       /* what the ledger's rows imply */
+    int64_t store_milli;        /* what the store's counter holds */
+    int64_t drift_milli;        /* store - ledger */
+    int nrequest_ids;           /* ledger rows the store does not know */
+    char **request_ids;         /* (owned by the report) */
+} qg_reconcile_drift;
+
+typedef struct qg_reconcile_report {
+    int64_t at_ms;              /* the instant compared (the first cut) */
+    uint64_t checked;           /* windows compared */
+    uint64_t subjects, orgs;    /* entities compared */
+    int ndrifted;               /* windows beyond the tolerance */
+    qg_reconcile_drift *drifted;
+    int repair;                 /* a repair was asked for */
+    int repaired;               /* ... and afterwards every drifted
+                                   window held the ledger's figure */
+    int64_t max_drift_milli;    /* the largest |drift| found, 0 none */
+    int64_t duration_ms;        /* how long the run took */
+} qg_reconcile_report;
+
+void qg_reconcile_report_free(qg_reconcile_report *r);
+
+/* The report as the JSON of PRODUCT.md 5.2: {"at", "checked", "drifted":
+ * [{"subject", "org", "window", "ledger", "store", "drift",
+ * "request_ids"}], "repaired"}.  A malloc'd string (caller frees), NULL on
+ * out of memory. */
+char *qg_reconcile_json(const qg_reconcile_report *r);
+
+/* `quotagate reconcile`: a shared store (redis:// or redis-cluster://)
+ * against a ledger, from outside the gateways. */
+typedef struct qg_reconcile_opts {
+    qg_rules *rules;            /* loaded; owned by qg_reconcile from the
+                                   call, whatever it returns */
+    const char *store_url;
+    const char *ledger_url;
+    const char *subject;        /* NULL: every subject */
+    int repair;
+} qg_reconcile_opts;
+
+/* Run it.  Returns 0 with *out (free it with qg_reconcile_report_free),
+ * or an error with the reason in err: QG_EINVAL (a store this cannot
+ * reach from outside, e.g. memory), QG_ENOSUBJECT (--subject unknown to
+ * the rules and the ledger), QG_ESTORE (the store cannot be reached),
+ * QG_EIO (the ledger cannot be read), QG_ENOMEM. */
+int qg_reconcile(const qg_reconcile_opts *opts, qg_reconcile_report **out,
+                 char *err, size_t errcap);
+
 /* -------------------------------------------------------------- serve */
 
 /* `quotagate serve`: the gateway process (docs/operations.md). */

@@ -36,6 +36,8 @@ typedef struct qg_cli_args {
     const char *max_conns_per_client; /* serve: --max-connections-per-client */
     int ledger_async;         /* serve: --ledger-async */
     const char *request_ids;  /* serve: --request-ids N */
+    const char *subject;      /* reconcile: --subject NAME */
+    int repair;               /* reconcile: --repair */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */
 } qg_cli_args;
@@ -44,6 +46,7 @@ typedef struct qg_cli_args {
 int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_reconcile(const qg_cli_args *a, qg_rules *rules);
 /* keys takes no rules file: rules is NULL. */
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules);

@@ -18,7 +18,7 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_REQUEST_IDS, F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -59,7 +59,8 @@ static const struct flag {
                    "address to serve on (default 127.0.0.1:8080; port 0 "
                    "picks a free one)" },
     [F_STORE] = { "store", 0, "URL", offsetof(qg_cli_args, store),
-                  "where counters live: memory (default)" },
+                  "where counters live: memory (serve's default), "
+                  "redis://HOST:PORT[/DB], redis-cluster://HOST:PORT[,...]" },
     [F_UPSTREAM] = { "upstream", 0, "URL", offsetof(qg_cli_args, upstream),
                      "model API the proxy forwards to (models with "
                      "their own upstream: in the rules go there)" },
@@ -98,6 +99,11 @@ static const struct flag {
                         offsetof(qg_cli_args, request_ids),
                         "request ids the counters remember for "
                         "idempotency (default 524288)" },
+    [F_SUBJECT] = { "subject", 0, "NAME", offsetof(qg_cli_args, subject),
+                    "only this subject (and its org)" },
+    [F_REPAIR] = { "repair", 0, NULL, offsetof(qg_cli_args, repair),
+                   "set the store to the ledger's figures where it lacks "
+                   "what the ledger holds (live reservations stay)" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -134,6 +140,14 @@ static const struct command {
       "1 findings, 2 unusable file)",
       "quotagate lint -c RULES [--previous OLD_RULES] [--json]",
       FL(F_CONFIG) | FL(F_JSON) | FL(F_PREVIOUS), FL(F_CONFIG), 0 },
+    { "reconcile", qg__cmd_reconcile,
+      "counters against the ledger: drift per subject and window (exit 0 "
+      "none, 1 drift, 2 could not run)",
+      "quotagate reconcile -c RULES --store redis://...|redis-cluster://... "
+      "--ledger URL [--subject NAME] [--repair] [--json]",
+      FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER) | FL(F_SUBJECT) |
+          FL(F_REPAIR) | FL(F_JSON),
+      FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER), 0 },
     { "keys", qg__cmd_keys,
       "API keys, stored only as hashes: create (prints the key last), "
       "list, revoke",

@@ -38,6 +38,7 @@
 #include "rules.h"
 #include "store.h"
 #include "weights.h"
+#include "window.h"
 
 #define REG_SHARDS 64
 #define SEED_SUBJECT 0x7173756271676d31ULL
@@ -212,8 +213,9 @@ static int64_t sat_mul(int64_t a, int64_t b)
     return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
-/* Longest time a charge can still matter to some window of the rules. */
-static int64_t window_reach(const qg_window_spec *w, int n)
+/* Longest time a charge can still matter to some window of the rules
+ * (window.h). */
+int64_t qg__window_reach(const qg_window_spec *w, int n)
 {
     int64_t reach = 0;
     for (int i = 0; i < n; i++) {
@@ -258,7 +260,7 @@ static gen *gen_new(qg_rules *rules)
         g->org_keys[i] = hash_key(rules->orgs[i].name,
                                   strlen(rules->orgs[i].name), SEED_ORG);
     for (int i = 0; i < rules->nplans; i++) {
-        int64_t r = window_reach(rules->plans[i].windows,
+        int64_t r = qg__window_reach(rules->plans[i].windows,
                                  rules->plans[i].nwindows);
         /* payg: the spent amount of a cap period (a month at most) is
          * rebuilt from the rows of that period */
@@ -268,7 +270,7 @@ static gen *gen_new(qg_rules *rules)
             g->reach_ms = r;
     }
     for (int i = 0; i < rules->norgs; i++) {
-        int64_t r = window_reach(rules->orgs[i].windows,
+        int64_t r = qg__window_reach(rules->orgs[i].windows,
                                  rules->orgs[i].nwindows);
         if (rules->orgs[i].payg && r < 32 * QG_MS_PER_DAY)
             r = 32 * QG_MS_PER_DAY;

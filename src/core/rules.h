@@ -137,6 +137,14 @@ typedef struct qg_store_spec {
                                 each window has left, 1..1000 (default 500) */
 } qg_store_spec;
 
+/* The gateway's own reconciliation (PRODUCT.md 5.2, docs/reconcile.md):
+ * `reconcile: { every: 5m, tolerance: 0, repair: false }`. */
+typedef struct qg_reconcile_spec {
+    int64_t every_ms;        /* 0: no periodic run (the block is absent) */
+    int64_t tolerance_milli; /* |drift| up to this is not reported */
+    int repair;              /* repair what a periodic run finds */
+} qg_reconcile_spec;
+
 typedef struct qg_rules {
     char *path;              /* file it came from, for messages */
     char *version;           /* rule version id */
@@ -160,6 +168,7 @@ typedef struct qg_rules {
     int default_plan;        /* -1 none: unknown subjects are refused */
     qg_analysis_spec analysis;
     qg_store_spec store;
+    qg_reconcile_spec reconcile;
     qg_tz **zones;           /* owned zones referenced by calendar specs */
     int nzones;
 } qg_rules;

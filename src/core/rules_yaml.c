@@ -569,6 +569,47 @@ static int c_store(qg__rctx *c, yaml_node_t *n, const char *path)
     return 0;
 }
 
+/* ---------------------------------------------------------- reconcile */
+
+static const qg__ykey reconcile_keys[] = {
+    { "every", QG_Y_ALL }, { "tolerance", QG_Y_ALL }, { "repair", QG_Y_ALL },
+};
+
+/* reconcile: { every: 5m, tolerance: 0, repair: false }; present without
+ * every: every 5 minutes. */
+static int c_reconcile(qg__rctx *c, yaml_node_t *n, const char *path)
+{
+    char sub[QG_Y_PATHCAP];
+    qg_reconcile_spec *rc = &c->r->reconcile;
+    yaml_node_t *v;
+
+    if (qg__y_check_map(&c->y, n, path, reconcile_keys,
+                        QG_Y_NKEYS(reconcile_keys), QG_Y_ALL, "") < 0)
+        return -1;
+    rc->every_ms = 5 * 60000;
+    if ((v = qg__y_get(&c->y, n, "every"))) {
+        qg__y_path_key(sub, path, "every");
+        if (qg__y_duration(&c->y, v, sub, QG_Y_POSITIVE, &rc->every_ms) < 0)
+            return -1;
+        if (rc->every_ms < 1000)
+            return qg__y_fail(&c->y, v, sub, "a reconciliation period of at "
+                              "least 1s (each run reads the ledger's reach "
+                              "and every subject's counters)");
+    }
+    if ((v = qg__y_get(&c->y, n, "tolerance"))) {
+        qg__y_path_key(sub, path, "tolerance");
+        if (qg__y_decimal_max(&c->y, v, sub, 3, QG_Y_NONNEG,
+                              QG_AMOUNT_MAX_MILLI, &rc->tolerance_milli) < 0)
+            return -1;
+    }
+    if ((v = qg__y_get(&c->y, n, "repair"))) {
+        qg__y_path_key(sub, path, "repair");
+        if (qg__y_bool(&c->y, v, sub, &rc->repair) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------- top level */
 
 static const qg__ykey top_keys[] = {
@@ -578,6 +619,7 @@ static const qg__ykey top_keys[] = {
     { "plans", QG_Y_ALL },     { "orgs", QG_Y_ALL },
     { "subjects", QG_Y_ALL },  { "default_plan", QG_Y_ALL },
     { "analysis", QG_Y_ALL },  { "store", QG_Y_ALL },
+    { "reconcile", QG_Y_ALL },
 };
 
 /* Optional top-level dates and durations: key, parser kind, field. */
@@ -644,6 +686,9 @@ static int compile(qg__rctx *c, yaml_node_t *root)
     r->store.down = QG_DOWN_LOCAL;
     r->store.share_milli = 500;
     if ((v = qg__y_get(&c->y, root, "store")) && c_store(c, v, "store") < 0)
+        return -1;
+    if ((v = qg__y_get(&c->y, root, "reconcile")) &&
+        c_reconcile(c, v, "reconcile") < 0)
         return -1;
     if ((v = qg__y_get(&c->y, root, "analysis")) &&
         c_analysis(c, v, "analysis") < 0)

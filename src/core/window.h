@@ -158,4 +158,11 @@ void qg__rolling_free(qg_win_state *);
 size_t qg__concurrency_bytes(const qg_window_spec *, const qg_win_state *);
 void qg__concurrency_free(qg_win_state *);
 
+/* The longest time a charge can still matter to one of the n windows w:
+ * rolling and session their length, calendar two, eight or 32 days (day,
+ * week, month), rate the drain of a full bucket, concurrency the lease
+ * (engine.c; a rebuild and a reconciliation read the ledger that far
+ * back). */
+int64_t qg__window_reach(const qg_window_spec *w, int n);
+
 #endif

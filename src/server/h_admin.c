@@ -112,3 +112,42 @@ void qg__h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
         qg__reply_error(s, r, 503, "overloaded",
                        "out of memory: the reload was not started");
 }
+
+static const char *const reconcile_keys[] = {"subject", "repair", NULL};
+
+/* POST /v1/admin/reconcile {"subject"?, "repair"?}: run by the reconciler
+ * (reconciler.c) off this worker, answered here when done. */
+void qg__h_admin_reconcile(qg_server *s, qg_http_req *r, const char *caller)
+{
+    char err[320];
+    const char *subject = NULL;
+    json_t *o = NULL, *rep;
+    int repair = 0;
+
+    (void)caller;
+    if (r->body_len > 0 &&
+        (!(o = qg__reqjson_parse(r->body, r->body_len, reconcile_keys, err,
+                                 sizeof err)) ||
+         qg__reqjson_str(o, "subject", 0, 255, &subject, err, sizeof err) <
+             0))
+        goto bad;
+    if (o && (rep = json_object_get(o, "repair"))) {
+        if (!json_is_boolean(rep)) {
+            snprintf(err, sizeof err, "repair must be true or false");
+            goto bad;
+        }
+        repair = json_is_true(rep);
+    }
+    if (subject && !*subject) {
+        snprintf(err, sizeof err, "subject must be 1 to 255 bytes");
+        goto bad;
+    }
+    if (qg__reconciler_request(s->reconciler, r, subject, repair) != QG_OK)
+        qg__reply_error(s, r, 503, "overloaded",
+                        "out of memory: the reconciliation was not started");
+    json_decref(o);
+    return;
+bad:
+    qg__reply_error(s, r, 400, "invalid_request", err);
+    json_decref(o);
+}

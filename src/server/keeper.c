@@ -127,20 +127,10 @@ static int restore_row(const qg_ledger_row *row, void *ud)
 {
     qg_server *s = ud;
     char err[320];
-    int settled = row->status != QG_ROW_RESERVED;
-    qg_restore_req rr = {
-        .subject = row->subject, .request_id = row->request_id,
-        .model = row->model, .decided_at_ms = row->created_ms,
-        .reserved_milli = row->reserved_milli,
-        .charged_milli = settled ? row->weight_milli : row->reserved_milli,
-        .settled = settled,
-        .status = row->status == QG_ROW_CANCELLED ? QG_SETTLE_CANCELLED
-                  : row->status == QG_ROW_FAILED  ? QG_SETTLE_FAILED
-                                                  : QG_SETTLE_COMPLETED,
-        .headroom_milli = row->headroom_milli,
-        .overage_price_micro = row->overage_price_micro,
-        .overage_cost_micro = row->overage_cost_micro};
-    int rc = qg_engine_restore(s->engine, &rr, err, sizeof err);
+    qg_restore_req rr;
+    int rc;
+    qg__row_restore_req(row, &rr);
+    rc = qg_engine_restore(s->engine, &rr, err, sizeof err);
     if (rc == QG_ESTORE)
         return rc;                   /* stops the scan: try again later */
     return QG_OK;                    /* a row the rules no longer know */

@@ -27,6 +27,8 @@
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_store_up,
  *   quotagate_fallback_decisions_total, quotagate_fallback_pending,
+ *   quotagate_reconcile_runs_total, quotagate_reconcile_drifted_windows,
+ *   quotagate_reconcile_max_drift (the last run's, docs/reconcile.md),
  *   on a Redis store only: quotagate_store_round_trips_total (waits for
  *       replies), quotagate_store_commands_total (commands sent),
  *       quotagate_store_script_loads_total (after NOSCRIPT),
@@ -105,6 +107,9 @@ typedef struct qg_metrics_gauges {
     int store_up;                   /* the store answers (1 for memory) */
     uint64_t fallback_decisions;    /* decided locally, store down */
     uint64_t fallback_pending;      /* admitted locally, not charged back */
+    uint64_t reconcile_runs;        /* reconciliations run (reconcile.md) */
+    uint64_t reconcile_drifted;     /* windows drifted at the last run */
+    int64_t reconcile_max_drift_milli; /* its largest |drift| */
     int store_remote;               /* a Redis store: redis below is shown */
     qg_redis_counters redis;
     const qg_http_stats *http;      /* connections; NULL: not shown */

@@ -226,6 +226,19 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_fallback_pending", "gauge",
             "Requests admitted locally and not yet charged into the store.",
             g->fallback_pending);
+    gauge_u(f, "quotagate_reconcile_runs_total", "counter",
+            "Reconciliations of the counters against the ledger run "
+            "(periodic and admin API).", g->reconcile_runs);
+    gauge_u(f, "quotagate_reconcile_drifted_windows", "gauge",
+            "Windows whose drift passed the tolerance at the last "
+            "reconciliation.", g->reconcile_drifted);
+    family(f, "quotagate_reconcile_max_drift", "gauge",
+           "The largest |store - ledger| of a drifted window at the last "
+           "reconciliation, in its unit.");
+    fputs("quotagate_reconcile_max_drift ", f);
+    put_scaled(f, g->reconcile_max_drift_milli > 0
+                      ? (uint64_t)g->reconcile_max_drift_milli : 0, 3);
+    fputc('\n', f);
     if (!g->store_remote)
         return;
     gauge_u(f, "quotagate_store_round_trips_total", "counter",

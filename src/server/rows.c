@@ -1,7 +1,9 @@
 /* rows.c - the ledger row of a decision, built the same way by every
  * route that decides (/v1/check, /v1/authz, the proxy), and the one
  * mapping of engine errors to HTTP answers (QG_EIO: the ledger could not
- * be read to check a request id, reqid.c). */
+ * be read to check a request id, reqid.c); and the other way, a row as
+ * the restore request that replays it (the rebuilds, reconciliation). */
+#include <stdio.h>
 #include <string.h>
 #include "server.h"
 
@@ -102,3 +104,68 @@ void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
         }
     qg__reply_error(s, r, 500, "internal_error", msg);
 }
+
+void qg__row_restore_req(const qg_ledger_row *row, qg_restore_req *rr)
+{
+    int settled = row->status != QG_ROW_RESERVED;
+    memset(rr, 0, sizeof *rr);
+    rr->subject = row->subject;
+    rr->request_id = row->request_id;
+    rr->model = row->model;
+    rr->decided_at_ms = row->created_ms;
+    rr->reserved_milli = row->reserved_milli;
+    rr->charged_milli = settled ? row->weight_milli : row->reserved_milli;
+    rr->settled = settled;
+    rr->status = row->status == QG_ROW_CANCELLED ? QG_SETTLE_CANCELLED
+                 : row->status == QG_ROW_FAILED  ? QG_SETTLE_FAILED
+                                                 : QG_SETTLE_COMPLETED;
+    rr->headroom_milli = row->headroom_milli;
+    rr->overage_price_micro = row->overage_price_micro;
+    rr->overage_cost_micro = row->overage_cost_micro;
+}
+
+/* Clamp *v into [lo, hi]; describe it in why (appending) when it moved. */
+static int clamp_field(int64_t *v, int64_t lo, int64_t hi, const char *name,
+                       char *why, size_t cap)
+{
+    int64_t old = *v;
+    size_t n = strlen(why);
+    if (old >= lo && old <= hi)
+        return 0;
+    *v = old < lo ? lo : hi;
+    if (n < cap)
+        snprintf(why + n, cap - n, "%s%s %lld -> %lld", n ? ", " : "", name,
+                 (long long)old, (long long)*v);
+    return 1;
+}
+
+/* A row against the bounds (server.h; quotagate.h, docs/operations.md "Rebuild"):
+ * rows written before the bounds existed may hold any amount.  Amounts
+ * are clamped into them: an amount over the bound becomes the bound
+ * (still at least any window's limit, so the subject is refused exactly
+ * as long as the row would have refused it: nobody gains allowance), a
+ * negative one 0 (nothing to charge, but the request id is remembered).
+ * A row whose instant is out of range cannot be placed in any window and
+ * is skipped.  Returns 0 as is, 1 clamped, -1 skip; why says what. */
+int qg__row_in_bounds(qg_restore_req *rr, char *why, size_t cap)
+{
+    int n = 0;
+    why[0] = '\0';
+    if (rr->decided_at_ms < 0 || rr->decided_at_ms > QG_TIME_MAX_MS) {
+        snprintf(why, cap, "created_ms %lld out of range",
+                 (long long)rr->decided_at_ms);
+        return -1;
+    }
+    n += clamp_field(&rr->reserved_milli, 0, QG_AMOUNT_MAX_MILLI,
+                     "reserved_milli", why, cap);
+    n += clamp_field(&rr->charged_milli, 0, QG_AMOUNT_MAX_MILLI,
+                     "weight_milli", why, cap);
+    n += clamp_field(&rr->headroom_milli, -1, QG_AMOUNT_MAX_MILLI,
+                     "headroom_milli", why, cap);
+    n += clamp_field(&rr->overage_price_micro, 0, QG_MONEY_MAX_MICRO,
+                     "overage_price_micro", why, cap);
+    n += clamp_field(&rr->overage_cost_micro, 0, QG_MONEY_MAX_MICRO,
+                     "overage_cost_micro", why, cap);
+    return n > 0;
+}
+

@@ -52,6 +52,9 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->store_up = !(atomic_load(&s->store_down) || atomic_load(&s->store_lost));
     g->fallback_decisions = atomic_load(&s->fallback_decisions);
     g->fallback_pending = qg_engine_local_pending(s->engine);
+    g->reconcile_runs = atomic_load(&s->reconcile_runs);
+    g->reconcile_drifted = atomic_load(&s->reconcile_drifted);
+    g->reconcile_max_drift_milli = atomic_load(&s->reconcile_max_drift);
     g->store_bytes = st->bytes;
     if (strncmp(qg_store_name(s->store), "redis", 5) == 0) {
         g->store_remote = 1;
@@ -79,72 +82,14 @@ static int put_subject(const char *subject, const char *plan,
     return 0;
 }
 
-/* Clamp *v into [lo, hi]; describe it in why (appending) when it moved. */
-static int clamp_field(int64_t *v, int64_t lo, int64_t hi, const char *name,
-                       char *why, size_t cap)
-{
-    int64_t old = *v;
-    size_t n = strlen(why);
-    if (old >= lo && old <= hi)
-        return 0;
-    *v = old < lo ? lo : hi;
-    if (n < cap)
-        snprintf(why + n, cap - n, "%s%s %lld -> %lld", n ? ", " : "", name,
-                 (long long)old, (long long)*v);
-    return 1;
-}
-
-/* A row against the bounds (quotagate.h, docs/operations.md "Rebuild"):
- * rows written before the bounds existed may hold any amount.  Amounts
- * are clamped into them: an amount over the bound becomes the bound
- * (still at least any window's limit, so the subject is refused exactly
- * as long as the row would have refused it: nobody gains allowance), a
- * negative one 0 (nothing to charge, but the request id is remembered).
- * A row whose instant is out of range cannot be placed in any window and
- * is skipped.  Returns 0 as is, 1 clamped, -1 skip; why says what. */
-static int row_in_bounds(qg_restore_req *rr, char *why, size_t cap)
-{
-    int n = 0;
-    why[0] = '\0';
-    if (rr->decided_at_ms < 0 || rr->decided_at_ms > QG_TIME_MAX_MS) {
-        snprintf(why, cap, "created_ms %lld out of range",
-                 (long long)rr->decided_at_ms);
-        return -1;
-    }
-    n += clamp_field(&rr->reserved_milli, 0, QG_AMOUNT_MAX_MILLI,
-                     "reserved_milli", why, cap);
-    n += clamp_field(&rr->charged_milli, 0, QG_AMOUNT_MAX_MILLI,
-                     "weight_milli", why, cap);
-    n += clamp_field(&rr->headroom_milli, -1, QG_AMOUNT_MAX_MILLI,
-                     "headroom_milli", why, cap);
-    n += clamp_field(&rr->overage_price_micro, 0, QG_MONEY_MAX_MICRO,
-                     "overage_price_micro", why, cap);
-    n += clamp_field(&rr->overage_cost_micro, 0, QG_MONEY_MAX_MICRO,
-                     "overage_cost_micro", why, cap);
-    return n > 0;
-}
-
 static int restore_row(const qg_ledger_row *row, void *ud)
 {
     qg_server *s = ud;
     char err[256], why[256];
-    int settled = row->status != QG_ROW_RESERVED, b;
-    qg_restore_req rr = {
-        .subject = row->subject,
-        .request_id = row->request_id,
-        .model = row->model,
-        .decided_at_ms = row->created_ms,
-        .reserved_milli = row->reserved_milli,
-        .charged_milli = row->weight_milli,
-        .settled = settled,
-        .status = row->status == QG_ROW_CANCELLED ? QG_SETTLE_CANCELLED
-                  : row->status == QG_ROW_FAILED  ? QG_SETTLE_FAILED
-                                                  : QG_SETTLE_COMPLETED,
-        .headroom_milli = row->headroom_milli,
-        .overage_price_micro = row->overage_price_micro,
-        .overage_cost_micro = row->overage_cost_micro,
-    };
-    if ((b = row_in_bounds(&rr, why, sizeof why)) < 0) {
+    qg_restore_req rr;
+    int b;
+    qg__row_restore_req(row, &rr);
+    if ((b = qg__row_in_bounds(&rr, why, sizeof why)) < 0) {
         fprintf(stderr, "quotagate: rebuild: request %s (subject %s): %s: "
                 "skipped\n", row->request_id, row->subject, why);
         s->rebuild_skipped++;
@@ -432,6 +377,10 @@ static int serve_listen(qg_server *s, const char *host, int port)
         fprintf(stderr, "quotagate: cannot start the subjects' watcher\n");
         return -1;
     }
+    if (!(s->reconciler = qg__reconciler_new(s))) {
+        fprintf(stderr, "quotagate: cannot start the reconciler thread\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -469,6 +418,7 @@ static void serve_close(qg_server *s)
 {
     qg__reloader_free(s->reloader);     /* after run: no request comes */
     qg__watcher_free(s->watcher);
+    qg__reconciler_free(s->reconciler); /* before the engine and ledger */
     qg__keeper_free(s->keeper);
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
@@ -509,6 +459,7 @@ int qg_serve(const qg_serve_opts *opts)
         return rc;
     }
     pthread_mutex_init(&s.reload_mu, NULL);
+    pthread_mutex_init(&s.reconcile_mu, NULL);
     /* Signals go to the signal thread only: block them before any thread
      * starts (threads inherit the mask). */
     sigemptyset(&sc.set);
@@ -534,6 +485,7 @@ int qg_serve(const qg_serve_opts *opts)
     serve_close(&s);
     qg_rules_free(rules);
     pthread_mutex_destroy(&s.reload_mu);
+    pthread_mutex_destroy(&s.reconcile_mu);
     if (rc == 0)
         fprintf(stderr, "quotagate: stopped cleanly\n");
     return rc;

@@ -50,7 +50,27 @@ typedef struct qg_server {
     uint64_t rebuild_clamped;    /* rows with amounts beyond the bounds */
     uint64_t rebuild_skipped;    /* rows that could not be replayed */
     _Atomic uint64_t reloads, reload_failures;
+    struct qg__reconciler *reconciler;  /* reconciler.c */
+    pthread_mutex_t reconcile_mu;       /* one reconciliation at a time */
+    _Atomic uint64_t reconcile_runs;
+    _Atomic uint64_t reconcile_drifted; /* windows drifted, last run */
+    _Atomic int64_t reconcile_max_drift;/* milli, last run */
 } qg_server;
+/* Reconcile the gateway's counters against its ledger (reconcile_run.c,
+ * docs/reconcile.md): blocks for the run (never call it on a worker);
+ * counts it in the metrics and logs a warning per drifted window.
+ * Returns as qg__reconcile (src/core/reconcile.h). */
+int qg__server_reconcile(qg_server *s, const char *subject, int repair,
+                         qg_reconcile_report **out, char *err, size_t errcap);
+/* The reconciler (reconciler.c): a thread of its own that runs the rules'
+ * periodic reconciliation (reconcile.every) and the admin route's, and
+ * answers the latter on its worker.  new: NULL when out of memory;
+ * request: r held until answered, 0 or QG_ENOMEM (answer r then); free:
+ * after the HTTP server stopped. */
+struct qg__reconciler *qg__reconciler_new(qg_server *s);
+int qg__reconciler_request(struct qg__reconciler *rc, qg_http_req *r,
+                           const char *subject, int repair);
+void qg__reconciler_free(struct qg__reconciler *rc);
 
 
 /* Now, in ms since the epoch: the start's wall time advanced by the
@@ -122,6 +142,13 @@ void qg__row_of_settle(qg_ledger_row *row, const char *rid,
                       const char *subject, int row_status,
                       int64_t input_tokens, int64_t output_tokens,
                       const qg_settle_result *res, int64_t now_ms);
+/* The restore request that replays row (strings borrowed from it), the
+ * one used by the start's rebuild, the keeper's rebuild after a loss and
+ * reconciliation. */
+void qg__row_restore_req(const qg_ledger_row *row, qg_restore_req *rr);
+/* A restore request against the bounds: 0 as is, 1 clamped, -1 skip; why
+ * says what (rows.c). */
+int qg__row_in_bounds(qg_restore_req *rr, char *why, size_t cap);
 void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg);
 
@@ -167,6 +194,7 @@ void qg__h_metrics(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_admin_reload(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_admin_reconcile(qg_server *s, qg_http_req *r, const char *subject);
 /* GET /v1/authz (forward-auth): authenticates its own caller from
  * X-Quotagate-Key, so its route is open (h_authz.c). */
 void qg__h_authz(qg_server *s, qg_http_req *r, const char *subject);

@@ -262,6 +262,9 @@ static void test_defaults(void **state)
     assert_int_equal(r->norgs, 0);
     assert_int_equal(r->nsubjects, 0);
     assert_int_equal(r->nzones, 0);
+    assert_true(r->reconcile.every_ms == 0);    /* no periodic run */
+    assert_true(r->reconcile.tolerance_milli == 0);
+    assert_int_equal(r->reconcile.repair, 0);
     qg_rules_free(r);
     qg_rules_free(NULL);
 }
@@ -281,6 +284,36 @@ static void expect_err(const char *tail, int line, int col, const char *phrase)
         !strstr(d.message, phrase))
         fail_msg("rc %d, want %d:%d \"%s\"; got %s", rc, line, col, phrase,
                  shown);
+}
+
+/* reconcile: { every, tolerance, repair } (docs/reconcile.md). */
+static void test_reconcile_block(void **state)
+{
+    char text[4096];
+    qg_rules *r = NULL;
+    qg_diag d;
+    (void)state;
+    snprintf(text, sizeof text, "%sreconcile: { every: 30m, tolerance: 2.5, "
+             "repair: true }\n", base);
+    assert_int_equal(qg__rules_parse(text, strlen(text), "t.yaml", utc_only,
+                                     NULL, &r, &d), 0);
+    assert_true(r->reconcile.every_ms == 30 * 60000LL);
+    assert_true(r->reconcile.tolerance_milli == 2500);
+    assert_int_equal(r->reconcile.repair, 1);
+    qg_rules_free(r);
+    snprintf(text, sizeof text, "%sreconcile: {}\n", base);
+    assert_int_equal(qg__rules_parse(text, strlen(text), "t.yaml", utc_only,
+                                     NULL, &r, &d), 0);
+    assert_true(r->reconcile.every_ms == 5 * 60000LL);  /* the default */
+    qg_rules_free(r);
+    expect_err("reconcile: { every: 5m, tolerence: 0 }\n", 12, 25,
+               "reconcile: unknown key \"tolerence\" (expected one of: "
+               "every, tolerance, repair)");
+    expect_err("reconcile: { every: soon }\n", 12, 21, "reconcile.every");
+    expect_err("reconcile: { every: 100ms }\n", 12, 21, "at least 1s");
+    expect_err("reconcile: { tolerance: -1 }\n", 12, 25,
+               "reconcile.tolerance");
+    expect_err("reconcile: { repair: maybe }\n", 12, 22, "reconcile.repair");
 }
 
 static void test_err_syntax(void **state)
@@ -719,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_err_missing_top),
         cmocka_unit_test(test_err_window_type),
         cmocka_unit_test(test_err_duration),
+        cmocka_unit_test(test_reconcile_block),
         cmocka_unit_test(test_err_key_for_type),
         cmocka_unit_test(test_err_tz),
         cmocka_unit_test(test_err_anchor),
