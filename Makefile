@@ -19,7 +19,7 @@
 
 CC      ?= cc
 PKGS    := yaml-0.1 jansson yajl libxxhash libevent libevent_pthreads \
-           libevent_openssl sqlite3 libssl libcrypto hiredis
+           libevent_openssl sqlite3 libssl libcrypto hiredis libpq
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wpointer-arith \
                  -Wstrict-prototypes -Wmissing-prototypes -g \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -D_GNU_SOURCE

@@ -2,15 +2,18 @@
 # deps.sh - install the Debian packages quotagate needs, only those missing.
 # Usage: scripts/deps.sh [build|test|bench|fuzz]
 # (fuzz: clang and libFuzzer for make fuzz only; make test replays the
-# fuzz corpora with gcc and needs neither)
+# fuzz corpora with gcc and needs neither; postgresql: the server the
+# PostgreSQL ledger's tests start themselves, tests/support/pgproc.c)
 set -e
 want="gcc make pkg-config libyaml-dev libjansson-dev libyajl-dev libxxhash-dev tzdata \
-      libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev libhiredis-dev"
+      libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev libhiredis-dev \
+      libpq-dev"
 case "${1:-build}" in
-  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl redis-server"
+  test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl redis-server \
+               postgresql"
          # tests/sdk: the openai npm package under node --test
          { command -v node && command -v npm; } >/dev/null || want="$want nodejs npm" ;;
-  bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3 redis-server" ;;
+  bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3 redis-server postgresql" ;;
   fuzz)  want="$want clang libfuzzer-14-dev" ;;
 esac
 missing=""
