@@ -269,6 +269,20 @@ static void redact(const char *url, char *out, size_t cap)
 
 /* ---------------------------------------------------------- connections */
 
+/* The server's notices: below WARNING they say nothing an operator
+ * needs ("relation ... already exists, skipping"); warnings go to the
+ * log.  libpq would print them all on stderr. */
+static void on_notice(void *arg, const PGresult *r)
+{
+    const qg__pg *g = arg;
+    const char *sev = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+    char line[512];
+    if (!sev || strcmp(sev, "WARNING") != 0)
+        return;
+    one_line(line, sizeof line, PQresultErrorMessage(r));
+    qg__pg_log(g, "ledger %s: %s", g->shown, line);
+}
+
 /* A new connection to g->url: libpq parses the URL (its own keywords may
  * override ours: they come after them); a bounded connect.  NULL with why
  * when it failed. */
@@ -283,6 +297,7 @@ static PGconn *conn_new(qg__pg *g, char *why, size_t cap)
         PQfinish(c);
         return NULL;
     }
+    PQsetNoticeReceiver(c, on_notice, g);
     return c;
 }
 
