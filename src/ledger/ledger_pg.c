@@ -284,13 +284,20 @@ static void on_notice(void *arg, const PGresult *r)
 }
 
 /* A new connection to g->url: libpq parses the URL (its own keywords may
- * override ours: they come after them); a bounded connect.  NULL with why
- * when it failed. */
+ * override ours: they come after them).  Bounded: a connect gives up after
+ * 10 s, and a server that vanishes without a reset (a host gone, a cable
+ * cut) is noticed within about a minute by TCP keepalives (idle 30 s,
+ * then 3 probes 10 s apart) and tcp_user_timeout (60 s for data sent and
+ * not acknowledged), instead of a read that waits for ever.  NULL with
+ * why when it failed. */
 static PGconn *conn_new(qg__pg *g, char *why, size_t cap)
 {
     const char *keys[] = {"connect_timeout", "fallback_application_name",
-                          "client_encoding", "dbname", NULL};
-    const char *vals[] = {"10", "quotagate", "UTF8", g->url, NULL};
+                          "client_encoding", "keepalives_idle",
+                          "keepalives_interval", "keepalives_count",
+                          "tcp_user_timeout", "dbname", NULL};
+    const char *vals[] = {"10", "quotagate", "UTF8", "30", "10", "3",
+                          "60000", g->url, NULL};
     PGconn *c = PQconnectdbParams(keys, vals, 1);
     if (!c || PQstatus(c) != CONNECTION_OK) {
         qg__pg_fail(c, NULL, why, cap);

@@ -361,17 +361,19 @@ static PGresult *next_result(PGconn *c)
 }
 
 /* Read results up to and including the pipeline's sync point.  0, or -1
- * when the connection failed. */
+ * when the connection failed or nothing is pending (two NULLs in a row:
+ * one ends each statement's results, two mean the pipeline is empty). */
 static int drain_to_sync(PGconn *c)
 {
-    for (;;) {
+    for (int nulls = 0;;) {
         PGresult *r = PQgetResult(c);
         ExecStatusType st;
         if (!r) {
-            if (PQstatus(c) != CONNECTION_OK)
+            if (PQstatus(c) != CONNECTION_OK || ++nulls > 1)
                 return -1;
             continue;
         }
+        nulls = 0;
         st = PQresultStatus(r);
         PQclear(r);
         if (st == PGRES_PIPELINE_SYNC)
@@ -486,10 +488,15 @@ static int finish_trip(txn *t, size_t *nstop, char *why, size_t cap)
         const sent *s = &t->q[i];
         PGresult *r = next_result(t->c);
         ExecStatusType st = PQresultStatus(r);
-        if (!r) {
+        if (!r || st == PGRES_PIPELINE_SYNC) {   /* lost, or out of step */
             if (rc == QG_OK)
                 rc = qg__pg_fail(t->c, NULL, why, cap);
-            t->nq = 0;
+            if (rc == QG_OK) {
+                snprintf(why, cap, "the pipeline's results are out of step");
+                rc = QG_EIO;
+            }
+            PQclear(r);
+            t->nq = 0;   /* the pipeline stays on: qg__pg_use drops it */
             return rc;
         }
         if (rc == QG_OK && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
@@ -615,11 +622,11 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
         (!PQpipelineSync(t.c) || drain_to_sync(t.c) != 0))
         qg__pg_fail(t.c, NULL, NULL, 0);
     free(t.q);
-    if (PQstatus(t.c) == CONNECTION_OK)
-        PQexitPipelineMode(t.c);
-    if (rc != QG_OK && PQstatus(t.c) == CONNECTION_OK &&
-        PQtransactionStatus(t.c) != PQTRANS_IDLE)
-        PQclear(PQexec(t.c, "ROLLBACK"));   /* else: a new connection */
+    if (PQstatus(t.c) == CONNECTION_OK && PQexitPipelineMode(t.c) &&
+        rc != QG_OK && PQtransactionStatus(t.c) != PQTRANS_IDLE)
+        PQclear(PQexec(t.c, "ROLLBACK"));
+    /* a connection left in a pipeline or a transaction is not used
+     * again: qg__pg_use makes a new one */
     if (rc == QG_OK)
         for (size_t i = 0; i < n; i++)
             if (it[i].merged)
