@@ -170,10 +170,11 @@ build/asan/upstream_double: tests/upstream/upstream_double.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
-bench: deps-bench build/bench_engine build/bench_ledger build/quotagate build/upstream_double \
-       build/tests/test_store_redis
+bench: deps-bench build/bench_engine build/bench_ledger build/bench_ledger_pg build/quotagate \
+       build/upstream_double build/tests/test_store_redis
 	@build/bench_engine
 	@build/bench_ledger
+	@build/bench_ledger_pg
 	@bench/http_bench.sh
 	@bench/proxy_bench.sh
 	@bench/rebuild_bench.sh
@@ -211,6 +212,12 @@ build/bench_redis: bench/bench_redis.c build/obj/tests/support/redisproc.o build
 
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
+
+# the PostgreSQL ledger's two ways of sending a batch, side by side
+# (docs/ledger-postgresql.md); starts its own PostgreSQL 15
+build/bench_ledger_pg: bench/bench_ledger_pg.c build/obj/tests/support/pgproc.o \
+                       build/obj/tests/support/ports.o build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O2 -o $@ $^ $(LIBS)
 
 # 9,000 slow uploads against build/ then build/asan/ (docs/benchmarks.md)
 attack: deps-test build/quotagate build/asan/quotagate build/attack_slowloris

@@ -2,8 +2,11 @@
 # run.sh - run every test binary of each build flavour given (build,
 # build/asan), tally cmocka's counts, and end with "N passed, M failed".
 # Tests find the CLI through $QG_BIN and data through $QG_TESTDATA.
+# Skipped tests (cmocka's skip(): a server the test needs is absent) are
+# counted and shown with the reason their log gives, never passed in
+# silence.
 set -u
-passed=0; failed=0; broken=""
+passed=0; failed=0; skipped=0; broken=""
 QG_TESTDATA="$(pwd)/tests/data"; export QG_TESTDATA
 QG_EXAMPLES="$(pwd)/examples"; export QG_EXAMPLES
 for dir in "$@"; do
@@ -17,11 +20,14 @@ for dir in "$@"; do
     rc=$?
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
-    passed=$((passed + p)); failed=$((failed + f))
+    s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then
       cat "$log"
       [ "$f" -eq 0 ] && failed=$((failed + 1))
       broken="$broken $t"
+    elif [ "$s" -ne 0 ]; then
+      echo "   $p passed, $s SKIPPED: $(grep -i 'skipped' "$log" | grep -v '^\[' | head -1)"
     else
       echo "   $p passed"
     fi
@@ -42,6 +48,7 @@ case " $* " in *" build "*)
     cat "$log"; [ "$f" -eq 0 ] && failed=$((failed + 1)); broken="$broken $t"
   else echo "   $p passed"; fi ;;
 esac
+[ "$skipped" -ne 0 ] && echo "$skipped skipped (see above why)"
 [ -n "$broken" ] && echo "failing:$broken"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,659 @@
+/* ledger_pg_writer.c - write_batch of the PostgreSQL ledger: a batch of
+ * rows in one transaction, with the guards every backend keeps
+ * (ledger_backend.h) and the spool mark in the same transaction.
+ *
+ * The guards are the SQLite backend's, as statements: a whole row is
+ * INSERT ... ON CONFLICT (request_id) DO UPDATE ... WHERE the held row is
+ * a refusal of the same subject; a settle is the same with its own
+ * columns, WHERE the held row is admitted, unsettled and of the settle's
+ * subject (or any, when the settle names none).  A row the WHERE stops
+ * changed nothing; PostgreSQL still locks the row it conflicted with
+ * until our commit, so reading its owner afterwards in the same
+ * transaction gives the exact answer guard_refused gives in SQLite: the
+ * row is refused, except a settle that finds its admitted row settled
+ * already (a repeated settle).
+ *
+ * One statement may not touch a row twice (ON CONFLICT DO UPDATE refuses
+ * to), and a refusal must be judged before a later row of the same id
+ * changes the held row: the batch is cut into rounds, in which every id
+ * is unique (a row goes one round after the previous row of its id), and
+ * the rounds run in order.  Nearly every batch is one round.
+ *
+ * A round is sent in one of two ways (qg__pg_write_mode; the figures of
+ * both are in docs/ledger-postgresql.md): one statement of arrays per
+ * kind of row (INSERT ... SELECT FROM unnest($1, ..., $23) ... RETURNING
+ * request_id: a row not returned was stopped by a guard), or one prepared
+ * statement per row, pipelined (a row whose command tag says 0 was
+ * stopped).  Either way BEGIN, the round's statements and the mark go in
+ * one round trip (libpq's pipeline mode), the owners of stopped rows in
+ * a second one when there are any, COMMIT in the last.  All parameters
+ * and arrays are binary: no number is printed or parsed, no text is
+ * escaped.
+ *
+ * A batch that fails before COMMIT was sent committed nothing; when it
+ * failed because an old connection had died (the server restarted since
+ * the last batch), it is written once more on a new connection. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+#include <xxhash.h>
+
+#include "quotagate.h"
+#include "ledger_pg.h"
+
+/* the most one column's array of one statement may take */
+#define COL_CAP ((size_t)64 << 20)
+
+#define VALUES_23 \
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15," \
+    " $16, $17, $18, $19, $20, $21, $22, $23"
+
+#define UPSERT_SET \
+    " ON CONFLICT (request_id) DO UPDATE" \
+    " SET subject = EXCLUDED.subject, org = EXCLUDED.org," \
+    " plan = EXCLUDED.plan, rules_version = EXCLUDED.rules_version," \
+    " weights_version = EXCLUDED.weights_version, model = EXCLUDED.model," \
+    " \"window\" = EXCLUDED.\"window\", decision = EXCLUDED.decision," \
+    " status = EXCLUDED.status, estimated = EXCLUDED.estimated," \
+    " input_tokens = EXCLUDED.input_tokens," \
+    " output_tokens = EXCLUDED.output_tokens," \
+    " reserved_milli = EXCLUDED.reserved_milli," \
+    " weight_milli = EXCLUDED.weight_milli," \
+    " created_ms = EXCLUDED.created_ms, settled_ms = EXCLUDED.settled_ms," \
+    " overage_milli = EXCLUDED.overage_milli," \
+    " overage_price_micro = EXCLUDED.overage_price_micro," \
+    " overage_cost_micro = EXCLUDED.overage_cost_micro," \
+    " headroom_milli = EXCLUDED.headroom_milli, detail = EXCLUDED.detail," \
+    " fallback = EXCLUDED.fallback" \
+    " WHERE requests.subject = EXCLUDED.subject AND requests.decision <> 1"
+
+#define SETTLE_SET \
+    " ON CONFLICT (request_id) DO UPDATE" \
+    " SET status = EXCLUDED.status, estimated = EXCLUDED.estimated," \
+    " input_tokens = EXCLUDED.input_tokens," \
+    " output_tokens = EXCLUDED.output_tokens," \
+    " weight_milli = EXCLUDED.weight_milli," \
+    " settled_ms = EXCLUDED.settled_ms," \
+    " overage_milli = EXCLUDED.overage_milli," \
+    " overage_cost_micro = EXCLUDED.overage_cost_micro," \
+    " detail = EXCLUDED.detail" \
+    " WHERE requests.decision = 1 AND requests.status = 1" \
+    " AND (EXCLUDED.subject = '' OR requests.subject = EXCLUDED.subject)"
+
+#define INSERT_ROW "INSERT INTO requests (" QG_PG_ROW_COLS ") VALUES (" \
+    VALUES_23 ")"
+#define INSERT_ARRAYS "INSERT INTO requests (" QG_PG_ROW_COLS ")" \
+    " SELECT * FROM unnest(" VALUES_23 ")"
+
+/* Each column's type, in QG_PG_ROW_COLS order. */
+static const Oid col_type[QG_PG_NCOLS] = {
+    QG_PG_TEXT, QG_PG_TEXT, QG_PG_TEXT, QG_PG_TEXT, QG_PG_TEXT, QG_PG_TEXT,
+    QG_PG_TEXT, QG_PG_TEXT, QG_PG_INT4, QG_PG_INT4, QG_PG_INT4, QG_PG_INT8,
+    QG_PG_INT8, QG_PG_INT8, QG_PG_INT8, QG_PG_INT8, QG_PG_INT8, QG_PG_INT8,
+    QG_PG_INT8, QG_PG_INT8, QG_PG_INT8, QG_PG_TEXT, QG_PG_INT4,
+};
+
+static Oid array_of(Oid t)
+{
+    return t == QG_PG_TEXT ? QG_PG_TEXTARRAY
+           : t == QG_PG_INT4 ? QG_PG_INT4ARRAY
+                             : QG_PG_INT8ARRAY;
+}
+
+static int prepare1(PGconn *c, const char *name, const char *sql, int n,
+                    const Oid *types, char *why, size_t cap)
+{
+    PGresult *r = PQprepare(c, name, sql, n, types);
+    int rc = PQresultStatus(r) == PGRES_COMMAND_OK
+                 ? QG_OK
+                 : qg__pg_fail(c, r, why, cap);
+    PQclear(r);
+    return rc;
+}
+
+int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap)
+{
+    static const Oid mark_t[2] = {QG_PG_TEXT, QG_PG_INT8};
+    static const Oid own_t[1] = {QG_PG_TEXTARRAY};
+    Oid arr_t[QG_PG_NCOLS];
+    int rc;
+    for (int i = 0; i < QG_PG_NCOLS; i++)
+        arr_t[i] = array_of(col_type[i]);
+    if ((rc = prepare1(c, "qg_up", INSERT_ROW UPSERT_SET, QG_PG_NCOLS,
+                       col_type, why, cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_st", INSERT_ROW SETTLE_SET, QG_PG_NCOLS,
+                       col_type, why, cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_upa", INSERT_ARRAYS UPSERT_SET
+                       " RETURNING request_id", QG_PG_NCOLS, arr_t, why,
+                       cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_sta", INSERT_ARRAYS SETTLE_SET
+                       " RETURNING request_id", QG_PG_NCOLS, arr_t, why,
+                       cap)) != QG_OK ||
+        /* the owners of the stopped rows, in the order asked */
+        (rc = prepare1(c, "qg_own",
+                       "SELECT o.subject, o.decision"
+                       " FROM unnest($1) WITH ORDINALITY AS q(id, n)"
+                       " LEFT JOIN requests o ON o.request_id = q.id"
+                       " ORDER BY q.n", 1, own_t, why, cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_mark",
+                       "INSERT INTO spool_marks (spool_id, seq)"
+                       " VALUES ($1, $2) ON CONFLICT (spool_id)"
+                       " DO UPDATE SET seq = EXCLUDED.seq", 2, mark_t, why,
+                       cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_applied",
+                       "SELECT seq FROM spool_marks WHERE spool_id = $1", 1,
+                       mark_t, why, cap)) != QG_OK)
+        return rc;
+    return QG_OK;
+}
+
+void qg__pg_set_write_mode(void *b, qg__pg_write_mode mode)
+{
+    ((qg__pg *)b)->mode = mode;
+}
+
+/* --------------------------------------------------------- the rounds */
+
+static int grow(void **p, size_t *cap, size_t want, size_t elem)
+{
+    void *q;
+    if (want <= *cap)
+        return QG_OK;
+    if (!(q = realloc(*p, want * elem)))
+        return QG_ENOMEM;
+    *p = q;
+    *cap = want;
+    return QG_OK;
+}
+
+static uint64_t id_hash(const char *id, size_t len)
+{
+    return XXH3_64bits(id, len);
+}
+
+/* g->round[i]: the round of item i (a row one round after the previous
+ * row of its id; merged items UINT32_MAX); *nrounds.  Open addressing on
+ * g->map: item index + 1 of the latest row of each id.  Also makes room
+ * in g->pick for 2n items: [0, n) the rows of a round's array statements,
+ * [n, 2n) the rows the guards stopped. */
+static int rounds(qg__pg *g, const qg__ledger_item *it, size_t n,
+                  uint32_t *nrounds)
+{
+    size_t cap = 16, mask;
+    *nrounds = 0;
+    while (cap < 2 * n)
+        cap *= 2;
+    if (grow((void **)&g->map, &g->map_cap, cap, sizeof *g->map) ||
+        grow((void **)&g->round, &g->round_cap, n ? n : 1,
+             sizeof *g->round) ||
+        grow((void **)&g->pick, &g->pick_cap, 2 * n + 2, sizeof *g->pick))
+        return QG_ENOMEM;
+    memset(g->map, 0, cap * sizeof *g->map);
+    mask = cap - 1;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = it[i].row.request_id;
+        size_t len = strnlen(id, sizeof it[i].row.request_id), h;
+        if (it[i].merged) {
+            g->round[i] = UINT32_MAX;
+            continue;
+        }
+        g->round[i] = 0;
+        for (h = (size_t)id_hash(id, len) & mask;; h = (h + 1) & mask) {
+            uint32_t j = g->map[h];
+            if (j == 0)
+                break;
+            if (strncmp(it[j - 1].row.request_id, id,
+                        sizeof it[i].row.request_id) == 0) {
+                g->round[i] = g->round[j - 1] + 1;
+                break;
+            }
+        }
+        g->map[h] = (uint32_t)i + 1;
+        if (g->round[i] + 1 > *nrounds)
+            *nrounds = g->round[i] + 1;
+    }
+    return QG_OK;
+}
+
+/* ------------------------------------------------------------ sending */
+
+/* One row's 23 binary parameters; numbers written into num. */
+static void row_params(const qg_ledger_row *r, const char **v, int *len,
+                       unsigned char num[][8])
+{
+    const char *s[8] = {r->request_id, r->subject, r->org, r->plan,
+                        r->rules_version, r->weights_version, r->model,
+                        r->window};
+    const size_t sc[8] = {sizeof r->request_id, sizeof r->subject,
+                          sizeof r->org, sizeof r->plan,
+                          sizeof r->rules_version, sizeof r->weights_version,
+                          sizeof r->model, sizeof r->window};
+    const int32_t i4[3] = {r->decision, r->status, r->estimated};
+    const int64_t i8[10] = {r->input_tokens, r->output_tokens,
+                            r->reserved_milli, r->weight_milli,
+                            r->created_ms, r->settled_ms, r->overage_milli,
+                            r->overage_price_micro, r->overage_cost_micro,
+                            r->headroom_milli};
+    int k = 0;
+    for (int i = 0; i < 8; i++, k++) {
+        v[k] = s[i];
+        len[k] = (int)strnlen(s[i], sc[i]);
+    }
+    for (int i = 0; i < 3; i++, k++) {
+        qg__pg_put32(num[i], i4[i]);
+        v[k] = (const char *)num[i];
+        len[k] = 4;
+    }
+    for (int i = 0; i < 10; i++, k++) {
+        qg__pg_put64(num[3 + i], i8[i]);
+        v[k] = (const char *)num[3 + i];
+        len[k] = 8;
+    }
+    v[k] = r->detail;
+    len[k++] = (int)strnlen(r->detail, sizeof r->detail);
+    qg__pg_put32(num[13], r->fallback);
+    v[k] = (const char *)num[13];
+    len[k] = 4;
+}
+
+static const int binary[QG_PG_NCOLS] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
+static int send_row(PGconn *c, const qg_ledger_row *r)
+{
+    const char *v[QG_PG_NCOLS];
+    int len[QG_PG_NCOLS];
+    unsigned char num[14][8];
+    row_params(r, v, len, num);
+    return PQsendQueryPrepared(c, r->settle_only ? "qg_st" : "qg_up",
+                               QG_PG_NCOLS, v, len, binary, 1);
+}
+
+/* A binary one-dimensional array's header; its length is set by
+ * array_done. */
+static int array_start(qg__pg_buf *b, Oid elem)
+{
+    unsigned char h[20];
+    qg__pg_put32(h, 1);              /* dimensions */
+    qg__pg_put32(h + 4, 0);          /* no NULLs */
+    qg__pg_put32(h + 8, (int32_t)elem);
+    qg__pg_put32(h + 12, 0);         /* length, set at the end */
+    qg__pg_put32(h + 16, 1);         /* lower bound */
+    b->len = 0;
+    return qg__pg_buf_add(b, h, sizeof h, COL_CAP);
+}
+
+static int array_add(qg__pg_buf *b, const void *p, size_t n)
+{
+    unsigned char l[4];
+    qg__pg_put32(l, (int32_t)n);
+    if (qg__pg_buf_add(b, l, 4, COL_CAP) != QG_OK)
+        return QG_ENOMEM;
+    return qg__pg_buf_add(b, p, n, COL_CAP);
+}
+
+/* The rows g->pick[first, first + k) as one statement of 23 arrays. */
+static int send_arrays(qg__pg *g, PGconn *c, const qg__ledger_item *it,
+                       size_t first, size_t k, int settle, char *why,
+                       size_t cap)
+{
+    const char *v[QG_PG_NCOLS];
+    int len[QG_PG_NCOLS];
+    int rc = QG_OK;
+    for (int col = 0; col < QG_PG_NCOLS && rc == QG_OK; col++)
+        rc = array_start(&g->col[col], col_type[col]);
+    for (size_t i = first; i < first + k && rc == QG_OK; i++) {
+        unsigned char num[14][8];
+        row_params(&it[g->pick[i]].row, v, len, num);
+        for (int col = 0; col < QG_PG_NCOLS && rc == QG_OK; col++)
+            rc = array_add(&g->col[col], v[col], (size_t)len[col]);
+    }
+    if (rc != QG_OK) {
+        snprintf(why, cap, "a batch of %zu rows does not fit the arrays' "
+                 "bound (%zu MiB a column)", k, COL_CAP >> 20);
+        return rc;
+    }
+    for (int col = 0; col < QG_PG_NCOLS; col++) {
+        qg__pg_put32((unsigned char *)g->col[col].p + 12, (int32_t)k);
+        v[col] = g->col[col].p;
+        len[col] = (int)g->col[col].len;
+    }
+    if (!PQsendQueryPrepared(c, settle ? "qg_sta" : "qg_upa", QG_PG_NCOLS, v,
+                             len, binary, 1))
+        return qg__pg_fail(c, NULL, why, cap);
+    return QG_OK;
+}
+
+/* ------------------------------------------------------------ results */
+
+/* A statement sent in the current round trip, and what it was. */
+typedef struct sent {
+    int kind;                /* SENT_CTL, SENT_ROW, SENT_ARRAY, SENT_OWNER */
+    size_t first, count;     /* ROW: its item; ARRAY, OWNER: a g->pick
+                                range */
+} sent;
+enum { SENT_CTL, SENT_ROW, SENT_ARRAY, SENT_OWNER };
+
+/* One transaction's state on the writer's connection. */
+typedef struct txn {
+    qg__pg *g;
+    PGconn *c;
+    qg__ledger_item *it;
+    size_t n;                /* items; stopped rows go to g->pick[n...] */
+    sent *q;                 /* this round trip's statements */
+    size_t nq, qcap;
+} txn;
+
+/* The result of the next statement of the pipeline, having read the NULL
+ * that ends it.  NULL when the connection failed. */
+static PGresult *next_result(PGconn *c)
+{
+    PGresult *r = PQgetResult(c), *end;
+    if (!r || PQresultStatus(r) == PGRES_PIPELINE_SYNC)
+        return r;
+    while ((end = PQgetResult(c)) != NULL)   /* normally none */
+        PQclear(end);
+    return r;
+}
+
+/* Read results up to and including the pipeline's sync point.  0, or -1
+ * when the connection failed or nothing is pending (two NULLs in a row:
+ * one ends each statement's results, two mean the pipeline is empty). */
+static int drain_to_sync(PGconn *c)
+{
+    for (int nulls = 0;;) {
+        PGresult *r = PQgetResult(c);
+        ExecStatusType st;
+        if (!r) {
+            if (PQstatus(c) != CONNECTION_OK || ++nulls > 1)
+                return -1;
+            continue;
+        }
+        nulls = 0;
+        st = PQresultStatus(r);
+        PQclear(r);
+        if (st == PGRES_PIPELINE_SYNC)
+            return 0;
+    }
+}
+
+/* The rows of an array statement (g->pick[first, first + count)) that its
+ * RETURNING did not name: a guard stopped them; appended at
+ * g->pick[t->n + *nstop]. */
+static int missing_rows(txn *t, const PGresult *r, size_t first,
+                        size_t count, size_t *nstop)
+{
+    qg__pg *g = t->g;
+    size_t rows = (size_t)PQntuples(r), cap = 16, mask;
+    while (cap < 2 * rows)
+        cap *= 2;
+    if (grow((void **)&g->map, &g->map_cap, cap, sizeof *g->map))
+        return QG_ENOMEM;
+    memset(g->map, 0, cap * sizeof *g->map);
+    mask = cap - 1;
+    for (size_t i = 0; i < rows; i++) {
+        size_t h = (size_t)id_hash(PQgetvalue(r, (int)i, 0),
+                                   (size_t)PQgetlength(r, (int)i, 0)) & mask;
+        while (g->map[h])
+            h = (h + 1) & mask;
+        g->map[h] = (uint32_t)i + 1;
+    }
+    for (size_t i = first; i < first + count; i++) {
+        const char *id = t->it[g->pick[i]].row.request_id;
+        size_t len = strnlen(id, sizeof t->it[0].row.request_id), h;
+        int found = 0;
+        for (h = (size_t)id_hash(id, len) & mask; g->map[h] && !found;
+             h = (h + 1) & mask) {
+            int j = (int)g->map[h] - 1;
+            found = (size_t)PQgetlength(r, j, 0) == len &&
+                    memcmp(PQgetvalue(r, j, 0), id, len) == 0;
+        }
+        if (!found)
+            g->pick[t->n + (*nstop)++] = g->pick[i];
+    }
+    return QG_OK;
+}
+
+/* A stopped row, judged by the row its id holds (locked by us since the
+ * statement): refused, except a repeated settle (ledger_backend.h). */
+static void judge(qg__ledger_item *it, const PGresult *r, int i)
+{
+    const qg_ledger_row *row = &it->row;
+    char owner[256];
+    int decision;
+    if (PQgetisnull(r, i, 0)) {
+        it->refused = 0;     /* cannot happen: the insert would have run */
+        return;
+    }
+    qg__pg_text(r, i, 0, owner, sizeof owner);
+    decision = (int)qg__pg_int(r, i, 1);
+    if (row->settle_only)
+        it->refused = decision != 1 ||
+                      (row->subject[0] &&
+                       strncmp(owner, row->subject, sizeof row->subject));
+    else
+        it->refused = 1;
+}
+
+static int push(txn *t, int kind, size_t first, size_t count)
+{
+    if (t->nq == t->qcap) {
+        size_t cap = t->qcap ? 2 * t->qcap : 64;
+        sent *q = realloc(t->q, cap * sizeof *q);
+        if (!q)
+            return QG_ENOMEM;
+        t->q = q;
+        t->qcap = cap;
+    }
+    t->q[t->nq].kind = kind;
+    t->q[t->nq].first = first;
+    t->q[t->nq].count = count;
+    t->nq++;
+    return QG_OK;
+}
+
+static int send_ctl(txn *t, const char *sql, char *why, size_t cap)
+{
+    if (!PQsendQueryParams(t->c, sql, 0, NULL, NULL, NULL, NULL, 0))
+        return qg__pg_fail(t->c, NULL, why, cap);
+    return push(t, SENT_CTL, 0, 0);
+}
+
+static int send_mark(txn *t, const qg__spool_mark *m, char *why, size_t cap)
+{
+    unsigned char seq[8];
+    const char *v[2] = {m->spool_id, (const char *)seq};
+    int len[2] = {(int)strlen(m->spool_id), 8};
+    qg__pg_put64(seq, m->seq);
+    if (!PQsendQueryPrepared(t->c, "qg_mark", 2, v, len, binary, 1))
+        return qg__pg_fail(t->c, NULL, why, cap);
+    return push(t, SENT_CTL, 0, 0);
+}
+
+/* Sync and read this round trip's results: rows the guards stopped are
+ * appended at g->pick[t->n + *nstop]; an owner query's rows judge theirs.
+ * The first failure is returned (the statements after it were aborted by
+ * the server). */
+static int finish_trip(txn *t, size_t *nstop, char *why, size_t cap)
+{
+    qg__pg *g = t->g;
+    int rc = QG_OK;
+    if (!PQpipelineSync(t->c))
+        return qg__pg_fail(t->c, NULL, why, cap);
+    for (size_t i = 0; i < t->nq; i++) {
+        const sent *s = &t->q[i];
+        PGresult *r = next_result(t->c);
+        ExecStatusType st = PQresultStatus(r);
+        if (!r || st == PGRES_PIPELINE_SYNC) {   /* lost, or out of step */
+            if (rc == QG_OK)
+                rc = qg__pg_fail(t->c, NULL, why, cap);
+            if (rc == QG_OK) {
+                snprintf(why, cap, "the pipeline's results are out of step");
+                rc = QG_EIO;
+            }
+            PQclear(r);
+            t->nq = 0;   /* the pipeline stays on: qg__pg_use drops it */
+            return rc;
+        }
+        if (rc == QG_OK && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+            rc = qg__pg_fail(t->c, r, why, cap);
+        if (rc == QG_OK) {
+            if (s->kind == SENT_ROW && strcmp(PQcmdTuples(r), "0") == 0)
+                g->pick[t->n + (*nstop)++] = (uint32_t)s->first;
+            else if (s->kind == SENT_ARRAY &&
+                     (size_t)PQntuples(r) < s->count)
+                rc = missing_rows(t, r, s->first, s->count, nstop);
+            else if (s->kind == SENT_OWNER)
+                for (size_t j = 0; j < s->count && (int)j < PQntuples(r);
+                     j++)
+                    judge(&t->it[g->pick[s->first + j]], r, (int)j);
+        }
+        PQclear(r);
+    }
+    t->nq = 0;
+    if (drain_to_sync(t->c) != 0 && rc == QG_OK)
+        rc = qg__pg_fail(t->c, NULL, why, cap);
+    return rc;
+}
+
+/* Ask who holds the ids of the stopped rows g->pick[from, to) and judge
+ * them: one round trip. */
+static int ask_owners(txn *t, size_t from, size_t to, char *why, size_t cap)
+{
+    qg__pg *g = t->g;
+    const char *v[1];
+    int len[1], rc;
+    size_t none = 0;
+    if ((rc = array_start(&g->scratch, QG_PG_TEXT)) != QG_OK)
+        return rc;
+    for (size_t i = from; i < to && rc == QG_OK; i++) {
+        const char *id = t->it[g->pick[i]].row.request_id;
+        rc = array_add(&g->scratch, id,
+                       strnlen(id, sizeof t->it[0].row.request_id));
+    }
+    if (rc != QG_OK) {
+        snprintf(why, cap, "out of memory");
+        return rc;
+    }
+    qg__pg_put32((unsigned char *)g->scratch.p + 12, (int32_t)(to - from));
+    v[0] = g->scratch.p;
+    len[0] = (int)g->scratch.len;
+    if (!PQsendQueryPrepared(t->c, "qg_own", 1, v, len, binary, 1))
+        return qg__pg_fail(t->c, NULL, why, cap);
+    if ((rc = push(t, SENT_OWNER, from, to - from)) != QG_OK)
+        return rc;
+    return finish_trip(t, &none, why, cap);
+}
+
+/* Send round r's rows: each its own prepared statement, or one array
+ * statement for the whole rows and one for the settles (their items in
+ * g->pick[0, n)). */
+static int send_round(txn *t, uint32_t r, char *why, size_t cap)
+{
+    qg__pg *g = t->g;
+    size_t k = 0;
+    int rc = QG_OK;
+    if (g->mode == QG_PG_WRITE_PIPELINE) {
+        for (size_t i = 0; i < t->n && rc == QG_OK; i++) {
+            if (g->round[i] != r)
+                continue;
+            if (!send_row(t->c, &t->it[i].row))
+                return qg__pg_fail(t->c, NULL, why, cap);
+            rc = push(t, SENT_ROW, i, 1);
+        }
+        return rc;
+    }
+    for (int settle = 0; settle < 2 && rc == QG_OK; settle++) {
+        size_t first = k;
+        for (size_t i = 0; i < t->n; i++)
+            if (g->round[i] == r && !!t->it[i].row.settle_only == settle)
+                g->pick[k++] = (uint32_t)i;
+        if (k == first)
+            continue;
+        if ((rc = send_arrays(g, t->c, t->it, first, k - first, settle, why,
+                              cap)) == QG_OK)
+            rc = push(t, SENT_ARRAY, first, k - first);
+    }
+    return rc;
+}
+
+/* The batch as one transaction: BEGIN, each round (the mark with the
+ * last), the owners of stopped rows after their round, COMMIT. */
+static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
+                     const qg__spool_mark *mark, int *commit_sent,
+                     char *why, size_t cap)
+{
+    txn t = {g, g->w.c, it, n, NULL, 0, 0};
+    uint32_t nr = 0;
+    size_t none = 0;
+    int rc;
+    for (size_t i = 0; i < n; i++)
+        it[i].refused = 0;
+    if ((rc = rounds(g, it, n, &nr)) != QG_OK) {
+        snprintf(why, cap, "out of memory");
+        return rc;
+    }
+    if (!PQenterPipelineMode(t.c))
+        return qg__pg_fail(t.c, NULL, why, cap);
+    rc = send_ctl(&t, "BEGIN", why, cap);
+    for (uint32_t r = 0; rc == QG_OK && (r < nr || r == 0); r++) {
+        size_t nstop = 0;
+        if (r < nr)
+            rc = send_round(&t, r, why, cap);
+        if (rc == QG_OK && mark && r + 1 >= nr)
+            rc = send_mark(&t, mark, why, cap);
+        if (rc == QG_OK)
+            rc = finish_trip(&t, &nstop, why, cap);
+        if (rc == QG_OK && nstop)
+            rc = ask_owners(&t, n, n + nstop, why, cap);
+    }
+    if (rc == QG_OK) {
+        *commit_sent = 1;
+        rc = send_ctl(&t, "COMMIT", why, cap);
+        if (rc == QG_OK)
+            rc = finish_trip(&t, &none, why, cap);
+    }
+    /* statements sent and not read (a failure while sending) */
+    if (t.nq && PQstatus(t.c) == CONNECTION_OK &&
+        (!PQpipelineSync(t.c) || drain_to_sync(t.c) != 0))
+        qg__pg_fail(t.c, NULL, NULL, 0);
+    free(t.q);
+    if (PQstatus(t.c) == CONNECTION_OK && PQexitPipelineMode(t.c) &&
+        rc != QG_OK && PQtransactionStatus(t.c) != PQTRANS_IDLE)
+        PQclear(PQexec(t.c, "ROLLBACK"));
+    /* a connection left in a pipeline or a transaction is not used
+     * again: qg__pg_use makes a new one */
+    if (rc == QG_OK)
+        for (size_t i = 0; i < n; i++)
+            if (it[i].merged)
+                it[i].refused = it[it[i].merged - 1].refused;
+    return rc;
+}
+
+int qg__pg_write_batch(void *b, qg__ledger_item *it, size_t n,
+                       const qg__spool_mark *mark, char *why, size_t whycap)
+{
+    qg__pg *g = b;
+    int rc;
+    pthread_mutex_lock(&g->w.mu);
+    for (int attempt = 0;; attempt++) {
+        int fresh = !g->w.c, commit_sent = 0;
+        if ((rc = qg__pg_use(g, &g->w, why, whycap)) != QG_OK)
+            break;
+        rc = write_txn(g, it, n, mark, &commit_sent, why, whycap);
+        if (rc == QG_OK)
+            break;
+        if (rc == QG_ELEDGER)
+            qg__pg_drop(&g->w);
+        /* nothing was committed unless COMMIT was sent: a batch that met
+         * a connection dead since the last one is written again, once */
+        if (rc != QG_ELEDGER || fresh || commit_sent || attempt > 0)
+            break;
+    }
+    pthread_mutex_unlock(&g->w.mu);
+    return rc;
+}
