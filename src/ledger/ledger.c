@@ -120,9 +120,7 @@ qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
     }
     if (strncmp(url, "postgresql://", 13) == 0 ||
         strncmp(url, "postgres://", 11) == 0) {
-        snprintf(err, errcap, "ledger %s: PostgreSQL is not supported in "
-                 "this build (use sqlite:PATH)", url);
-        return NULL;
+        be = &qg__ledger_postgresql;
     } else if (strncmp(url, "sqlite:", 7) == 0) {
         target = url + 7;
         if (strncmp(target, "//", 2) == 0)    /* sqlite:///abs/path */

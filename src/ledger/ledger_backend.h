@@ -59,8 +59,9 @@ typedef struct qg__spool_mark {
  * row is `refused`, except a settle-only row that finds its request's
  * admitted row of the same subject (or none named) settled already (a
  * repeated settle: not refused).  mark, when not NULL, is recorded in the
- * same transaction (spool_applied reads it back).  Returns QG_OK, or an
- * error with the database's reason in why: QG_ELEDGER when the database
+ * same transaction (spool_applied reads it back).  Returns QG_OK (why:
+ * what the last refused row was, for the log, or ""), or an error with
+ * the database's reason in why: QG_ELEDGER when the database
  * cannot be reached (connection refused, lost, not accepting writes: a
  * spool may take the rows), another code otherwise.
  *

@@ -538,7 +538,33 @@ static int prepare_get(PGconn *c, char *why, size_t cap)
                  ? QG_OK
                  : qg__pg_fail(c, r, why, cap);
     PQclear(r);
+    if (rc != QG_OK)
+        return rc;
+    /* the planner's row count: enough to size the id filter, no scan */
+    r = PQprepare(c, "qg_estimate", "SELECT greatest(reltuples, 0)::bigint"
+                  " FROM pg_class WHERE oid = 'requests'::regclass", 0,
+                  NULL);
+    rc = PQresultStatus(r) == PGRES_COMMAND_OK ? QG_OK
+                                               : qg__pg_fail(c, r, why, cap);
+    PQclear(r);
     return rc;
+}
+
+static int64_t pg_estimate(void *b)
+{
+    qg__pg *g = b;
+    char why[512];
+    PGresult *r;
+    int64_t rows = -1;
+    pthread_mutex_lock(&g->get.mu);
+    if (qg__pg_exec(g, &g->get, "qg_estimate", 0, NULL, NULL, 1, &r, why,
+                    sizeof why) == QG_OK) {
+        if (PQntuples(r) > 0)
+            rows = qg__pg_int(r, 0, 0);
+        PQclear(r);
+    }
+    pthread_mutex_unlock(&g->get.mu);
+    return rows;
 }
 
 static int pg_get(void *b, const char *request_id, qg_ledger_row *out)
@@ -698,6 +724,7 @@ static const qg__ledger_rows_ops pg_rows = {
     pg_scan_ids,
     pg_spool_applied,
     pg_last_read_error,
+    pg_estimate,
 };
 
 const qg__ledger_backend qg__ledger_postgresql = {

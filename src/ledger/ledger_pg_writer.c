@@ -346,6 +346,7 @@ typedef struct txn {
     size_t n;                /* items; stopped rows go to g->pick[n...] */
     sent *q;                 /* this round trip's statements */
     size_t nq, qcap;
+    char conflict[512];      /* the last refused row, for the log */
 } txn;
 
 /* The result of the next statement of the pipeline, having read the NULL
@@ -420,7 +421,7 @@ static int missing_rows(txn *t, const PGresult *r, size_t first,
 
 /* A stopped row, judged by the row its id holds (locked by us since the
  * statement): refused, except a repeated settle (ledger_backend.h). */
-static void judge(qg__ledger_item *it, const PGresult *r, int i)
+static void judge(txn *t, qg__ledger_item *it, const PGresult *r, int i)
 {
     const qg_ledger_row *row = &it->row;
     char owner[256];
@@ -437,6 +438,13 @@ static void judge(qg__ledger_item *it, const PGresult *r, int i)
                        strncmp(owner, row->subject, sizeof row->subject));
     else
         it->refused = 1;
+    if (it->refused)
+        snprintf(t->conflict, sizeof t->conflict, "request id %.80s is held "
+                 "by a %s row of subject %.80s: the %s of subject %.80s was "
+                 "not written", row->request_id,
+                 decision == 1 ? "admitted" : "refused", owner,
+                 row->settle_only ? "settle" : "row",
+                 row->subject[0] ? row->subject : "(not named)");
 }
 
 static int push(txn *t, int kind, size_t first, size_t count)
@@ -510,7 +518,7 @@ static int finish_trip(txn *t, size_t *nstop, char *why, size_t cap)
             else if (s->kind == SENT_OWNER)
                 for (size_t j = 0; j < s->count && (int)j < PQntuples(r);
                      j++)
-                    judge(&t->it[g->pick[s->first + j]], r, (int)j);
+                    judge(t, &t->it[g->pick[s->first + j]], r, (int)j);
         }
         PQclear(r);
     }
@@ -587,7 +595,7 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
                      const qg__spool_mark *mark, int *commit_sent,
                      char *why, size_t cap)
 {
-    txn t = {g, g->w.c, it, n, NULL, 0, 0};
+    txn t = {g, g->w.c, it, n, NULL, 0, 0, ""};
     uint32_t nr = 0;
     size_t none = 0;
     int rc;
@@ -627,10 +635,12 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
         PQclear(PQexec(t.c, "ROLLBACK"));
     /* a connection left in a pipeline or a transaction is not used
      * again: qg__pg_use makes a new one */
-    if (rc == QG_OK)
+    if (rc == QG_OK) {
         for (size_t i = 0; i < n; i++)
             if (it[i].merged)
                 it[i].refused = it[it[i].merged - 1].refused;
+        snprintf(why, cap, "%s", t.conflict);
+    }
     return rc;
 }
 

@@ -46,7 +46,7 @@ static const qg__ledger_backend *be = &qg__ledger_postgresql;
     } while (0)
 
 static const qg_ledger_opts default_opts = {
-    QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL, NULL, 0};
+    QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL, NULL, 0, NULL};
 
 /* A fresh database: its name and URL. */
 typedef struct db {
