@@ -82,12 +82,15 @@ qg__spool *qg__spool_open(qg_ledger *l, const char *dir, char *err,
 void qg__spool_close(qg__spool *sp);
 /* Rows waiting in the spool (0: the database has them all). */
 uint64_t qg__spool_pending(const qg__spool *sp);
-/* Append n rows (fsync'd before return): QG_OK, or an error with why. */
+/* Append the n rows but merged ones (fsync'd before return; *written:
+ * how many): QG_OK, or an error with why. */
 int qg__spool_append(qg__spool *sp, qg__ledger_item *it, size_t n,
-                     char *why, size_t whycap);
+                     size_t *written, char *why, size_t whycap);
 /* Write what waits in the spool into the database, in order, in batches
- * that record the spool's mark.  QG_OK when it is empty (the file is
- * reset), else the database's error with why. */
-int qg__spool_replay(qg__spool *sp, char *why, size_t whycap);
+ * that record the spool's mark (*written grows by the rows written).
+ * QG_OK when it is empty (the file is reset), else the database's error
+ * with why. */
+int qg__spool_replay(qg__spool *sp, uint64_t *written, char *why,
+                     size_t whycap);
 
 #endif

@@ -241,7 +241,8 @@ qg__spool *qg__spool_open(qg_ledger *l, const char *dir, char *err,
         qg__lf_log(l, "spool %s: %llu rows of an earlier run wait; writing "
                    "them to the database before anything else", sp->path,
                    (unsigned long long)n);
-        if ((rc = qg__spool_replay(sp, why, sizeof why)) != QG_OK) {
+        uint64_t done = 0;
+        if ((rc = qg__spool_replay(sp, &done, why, sizeof why)) != QG_OK) {
             snprintf(err, errcap, "spool %s: %llu rows of an earlier run "
                      "cannot be written to the database (the counters "
                      "would miss them): %s", sp->path,
@@ -274,7 +275,7 @@ uint64_t qg__spool_pending(const qg__spool *sp)
 }
 
 int qg__spool_append(qg__spool *sp, qg__ledger_item *it, size_t n,
-                     char *why, size_t whycap)
+                     size_t *written, char *why, size_t whycap)
 {
     size_t i, k = 0;
     unsigned char *p;
@@ -310,10 +311,12 @@ int qg__spool_append(qg__spool *sp, qg__ledger_item *it, size_t n,
     sp->end += (off_t)(k * REC_SIZE);
     sp->next_seq += (int64_t)k;
     atomic_fetch_add(&sp->pending, (uint64_t)k);
+    *written = k;
     return QG_OK;
 }
 
-int qg__spool_replay(qg__spool *sp, char *why, size_t whycap)
+int qg__spool_replay(qg__spool *sp, uint64_t *written, char *why,
+                     size_t whycap)
 {
     qg_ledger *l = sp->l;
     size_t max = (size_t)l->o.max_batch, refused = 0;
@@ -347,6 +350,7 @@ int qg__spool_replay(qg__spool *sp, char *why, size_t whycap)
             refused += sp->items[i].refused != 0;
         sp->head = at;
         atomic_fetch_sub(&sp->pending, (uint64_t)k);
+        *written += k;
     }
     if (refused)
         qg__lf_log(l, "spool %s: %zu replayed rows were already in the "

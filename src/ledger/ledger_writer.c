@@ -99,7 +99,7 @@ void qg__lf_coalesce(qg_ledger *s, qg__ledger_item *it, size_t n)
  * must reach it first).  Returns 0 or a QG error with s->werr; *spooled is
  * set when the rows went to the spool. */
 static int write_batch(qg_ledger *s, qg__ledger_item *it, size_t n,
-                       int *spooled)
+                       size_t *spooled)
 {
     char why[512];
     size_t i;
@@ -123,9 +123,9 @@ static int write_batch(qg_ledger *s, qg__ledger_item *it, size_t n,
         }
     }
     if (rc == QG_ELEDGER && s->spool) {
-        int src = qg__spool_append(s->spool, it, n, why, sizeof why);
+        int src = qg__spool_append(s->spool, it, n, spooled, why,
+                                   sizeof why);
         if (src == QG_OK) {
-            *spooled = 1;
             atomic_store(&s->refusing, 0);
             return QG_OK;
         }
@@ -271,24 +271,25 @@ static long requeue(qg_ledger *s, size_t off, size_t k, size_t n)
 static void replay_spool(qg_ledger *s)
 {
     char why[512];
-    uint64_t before;
+    uint64_t written = 0;
     int rc;
-    if (!s->spool || (before = qg__spool_pending(s->spool)) == 0 ||
+    if (!s->spool || qg__spool_pending(s->spool) == 0 ||
         qg__lf_mono_us() < s->replay_at_us)
         return;
     pthread_mutex_unlock(&s->mu);
     why[0] = '\0';
-    rc = qg__spool_replay(s->spool, why, sizeof why);
+    rc = qg__spool_replay(s->spool, &written, why, sizeof why);
     pthread_mutex_lock(&s->mu);
+    s->st.rows_replayed += written;
     if (rc == QG_OK) {
         s->replay_backoff_us = 0;
         s->replay_at_us = 0;
         s->st.spooling = 0;
-        s->st.rows_replayed += before;
         pthread_mutex_unlock(&s->mu);
-        qg__lf_log(s, "ledger %s: the database answers again: %llu spooled "
-                   "rows written, in order; the spool is empty", s->name,
-                   (unsigned long long)before);
+        qg__lf_log(s, "ledger %s: the database answers again: the spooled "
+                   "rows are written, in order (%llu since the start); the "
+                   "spool is empty", s->name,
+                   (unsigned long long)s->st.rows_replayed);
         pthread_mutex_lock(&s->mu);
         return;
     }
@@ -331,7 +332,8 @@ void *qg__lf_writer_main(void *arg)
             size_t k = n - off, i, end;
             int64_t t0;
             long back = 0;
-            int rc, spooled;
+            size_t spooled;
+            int rc;
             if (k > (size_t)s->o.max_batch)
                 k = (size_t)s->o.max_batch;
             end = off + k;
@@ -346,7 +348,7 @@ void *qg__lf_writer_main(void *arg)
                              "cannot be reached (%s): rows go to the spool "
                              "until it answers", s->name, s->werr);
                 s->st.spooling = 1;
-                s->st.rows_spooled += k;
+                s->st.rows_spooled += spooled;
                 if (s->replay_at_us == 0)
                     s->replay_at_us = qg__lf_mono_us() + 100000;
             } else {

@@ -326,7 +326,7 @@ static void test_shared_subjects_and_keys(void **state)
     WANT(call(&B, "GET", "/v1/usage/fresh", ADMIN, NULL), 404,
          "a subject nobody created");
     WANT(call(&A, "POST", "/v1/admin/subjects", ADMIN,
-              "{\"subject\":\"fresh\",\"plan\":\"other\",\"org\":\"o1\"}"),
+              "{\"subject\":\"fresh\",\"plan\":\"other\"}"),
          200, "create at A");
     tst_sleep_ms(1000);
     j = tst_jparse(call(&B, "GET", "/v1/usage/fresh", ADMIN, NULL),
@@ -459,7 +459,7 @@ static void test_spool_unwritable_refuses(void **state)
          200, "check with PostgreSQL up");
     /* no file of the gateway may grow past 1 byte: the spool's header
      * exists already, its first record cannot be written */
-    if (prlimit_fsize(A.pid, "1") < 0)
+    if (prlimit_fsize(A.pid, "1:unlimited") < 0)
         fail_msg("prlimit --fsize on the gateway failed");
     pgproc_stop(&PG);
     for (int i = 1; i <= 200 && !refused; i++) {
@@ -478,7 +478,7 @@ static void test_spool_unwritable_refuses(void **state)
     WANT(call(&A, "GET", "/healthz", NULL, NULL), 200,
          "/healthz while refusing");
     /* the spool can grow again and PostgreSQL is back: serving resumes */
-    if (prlimit_fsize(A.pid, "unlimited") < 0)
+    if (prlimit_fsize(A.pid, "unlimited:unlimited") < 0)
         fail_msg("prlimit --fsize=unlimited failed");
     if (pgproc_restart(&PG) < 0)
         fail_msg("PostgreSQL did not start again: %s", PG.why);
