@@ -355,6 +355,26 @@ static void test_shared_subjects_and_keys(void **state)
          "the key revoked a second ago, at B");
     WANT(call(&A, "GET", "/v1/usage", key, NULL), 401,
          "the key revoked a second ago, at A");
+    /* a key made with the CLI on the database works at both */
+    cr = tst_cli_run("keys", "create", "fresh", "--ledger", URL, NULL);
+    if (cr.rc != 0)
+        fail_msg("keys create --ledger: exit %d: %s", cr.rc, cr.err);
+    {
+        char *last = strrchr(cr.out, '\n'), *nl;
+        while (last && last > cr.out && last[1] == '\0') {
+            *last = '\0';
+            last = strrchr(cr.out, '\n');
+        }
+        key = tst_fmt("%s", last ? last + 1 : cr.out);
+        if ((nl = strchr((char *)key, '\n')))
+            *nl = '\0';
+    }
+    tst_cli_done(&cr);
+    tst_sleep_ms(1000);
+    WANT(call(&A, "GET", "/v1/usage", key, NULL), 200,
+         "the key made with the CLI, at A");
+    WANT(call(&B, "GET", "/v1/usage", key, NULL), 200,
+         "the key made with the CLI, at B");
     cr = tst_cli_run("keys", "list", "--ledger", URL, NULL);
     if (cr.rc != 0 || !strstr(cr.out, id))
         fail_msg("keys list --ledger does not show %s: %s", id, cr.out);
