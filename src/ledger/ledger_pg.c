@@ -651,7 +651,7 @@ static void *pg_open(const char *target, const qg_ledger_opts *o, char *err,
     g->o = *o;
     strcpy(g->url, target);
     redact(target, g->shown, sizeof g->shown);
-    g->mode = QG_PG_WRITE_ARRAYS;
+    g->mode = QG_PG_WRITE_AUTO;
     for (int i = 0; i < NCONN; i++) {
         qg__pg_conn *k = conn_at(g, i);
         if (pthread_mutex_init(&k->mu, NULL) != 0)
