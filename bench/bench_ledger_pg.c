@@ -1,16 +1,16 @@
-/* bench_ledger_pg.c - the PostgreSQL ledger's write_batch, both ways of
+/* bench_ledger_pg.c - the PostgreSQL ledger's write_batch, the ways of
  * sending a batch side by side (docs/ledger-postgresql.md): one
- * statement of arrays per kind of row (unnest) against one prepared
- * statement per row in libpq's pipeline mode, for batches of 1, 16, 256
- * and 4096 rows, on a PostgreSQL 15 the bench starts on the loopback
+ * statement of arrays per kind of row (unnest), one prepared statement
+ * per row in libpq's pipeline mode, and the default that picks between
+ * them by the number of rows, for batches of 1, 16, 256 and 4096 rows, on a PostgreSQL 15 the bench starts on the loopback
  * (tests/support/pgproc.h: fsync and synchronous_commit on, so each
  * batch's commit waits for its WAL flush, as in production).
  *
  * Two tables: durable (each commit waits for its WAL flush), then the
  * statements' own cost (ASYNC mode: the writer's session runs at
  * synchronous_commit off, so the flush's noise on a shared disk is out).
- * For each batch size, in a fresh database, every round measures both
- * ways (the order alternating from round to round, so neither always
+ * For each batch size, in a fresh database, every round measures every
+ * way (the order alternating from round to round, so neither always
  * runs on the warmer table): first N new rows as whole rows (inserts:
  * every check's row), then the same N as settles (updates of their
  * columns).  Printed: rows/s, median of the rounds (min-max).
@@ -28,6 +28,7 @@
 #include "pgproc.h"
 
 #define MAX_ROUNDS 15
+#define NWAYS 3
 
 static double now_s(void)
 {
@@ -101,19 +102,21 @@ static double run(void *b, qg__ledger_item *it, int round, int mode,
     return (double)n / (now_s() - t0);
 }
 
-/* One table: every batch size, both ways, `rounds` rounds.  0 or -1. */
+/* One table: every batch size, every way, `rounds` rounds.  0 or -1. */
 static int table(pgproc *srv, const qg_ledger_opts *o, const char *title,
                  int rounds, long scale, qg__ledger_item *it)
 {
     static const int batches[4] = {1, 16, 256, 4096};
     static const long rows[4] = {1000, 8000, 65536, 204800};
-    static const char *const names[2] = {"arrays (unnest)",
-                                         "pipeline (row by row)"};
+    static const char *const names[NWAYS] = {
+        "auto (the default)", "arrays (unnest)", "pipeline (row by row)"};
+    static const qg__pg_write_mode ways[NWAYS] = {
+        QG_PG_WRITE_AUTO, QG_PG_WRITE_ARRAYS, QG_PG_WRITE_PIPELINE};
     printf("\n%s: rows/s, median of %d rounds (min-max)\n", title, rounds);
     printf("%6s %-22s %8s %26s %26s\n", "batch", "way", "rows",
            "whole rows (insert)", "settles (update)");
     for (int bi = 0; bi < 4; bi++) {
-        double r[2][2][MAX_ROUNDS];
+        double r[NWAYS][2][MAX_ROUNDS];
         long n = rows[bi] * scale / 100;
         char dbname[64], url[256], err[512];
         void *b;
@@ -129,10 +132,9 @@ static int table(pgproc *srv, const qg_ledger_opts *o, const char *title,
             return -1;
         }
         for (int round = 0; round < rounds; round++)
-            for (int k = 0; k < 2; k++) {
-                int m = (round + k) % 2;
-                qg__pg_set_write_mode(b, m ? QG_PG_WRITE_PIPELINE
-                                           : QG_PG_WRITE_ARRAYS);
+            for (int k = 0; k < NWAYS; k++) {
+                int m = (round + k) % NWAYS;
+                qg__pg_set_write_mode(b, ways[m]);
                 r[m][0][round] = run(b, it, round, m, n, batches[bi], 0);
                 r[m][1][round] = run(b, it, round, m, n, batches[bi], 1);
                 if (r[m][0][round] < 0 || r[m][1][round] < 0) {
@@ -141,7 +143,7 @@ static int table(pgproc *srv, const qg_ledger_opts *o, const char *title,
                 }
             }
         qg__ledger_postgresql.close(b);
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < NWAYS; m++) {
             char cell[2][64];
             for (int kind = 0; kind < 2; kind++) {
                 qsort(r[m][kind], (size_t)rounds, sizeof(double),

@@ -1,5 +1,6 @@
 /* ledger_pg.h - private to the PostgreSQL ledger backend: the handle
- * shared by ledger_pg.c (connections, reads, the method table),
+ * shared by ledger_pg.c (open, close, reads, the method table),
+ * ledger_pg_conn.c (connections and what a failure means),
  * ledger_pg_writer.c (write_batch), ledger_pg_schema.c (migrations) and
  * ledger_pg_admin.c (subjects and keys), and the helpers they share.
  * Not for use outside src/ledger. */
@@ -50,14 +51,19 @@
     " fallback"
 #define QG_PG_NCOLS 23
 
-/* How write_batch sends a batch (docs/ledger-postgresql.md measures
- * both): one prepared statement per row, pipelined, or one statement of
- * arrays (unnest) per kind of row.  Both in one round trip per
- * transaction, both with the same guards. */
+/* How write_batch sends a round's rows of one kind (docs/ledger-postgresql.md
+ * measures the ways): one prepared statement per row, pipelined, or one
+ * statement of arrays (unnest).  The arrays cost more for a few rows
+ * (about 190 us a statement against 75 us for one row) and much less per
+ * row for many (1.5x the rows/s from 256 rows on); AUTO sends fewer than
+ * QG_PG_ARRAY_MIN rows one by one and more as arrays.  Every way sends a
+ * transaction in as few round trips, with the same guards. */
 typedef enum qg__pg_write_mode {
-    QG_PG_WRITE_ARRAYS = 0,     /* the default: the faster one */
-    QG_PG_WRITE_PIPELINE = 1
+    QG_PG_WRITE_AUTO = 0,       /* the default */
+    QG_PG_WRITE_ARRAYS = 1,     /* always arrays (measurements, tests) */
+    QG_PG_WRITE_PIPELINE = 2    /* always row by row (the same) */
 } qg__pg_write_mode;
+#define QG_PG_ARRAY_MIN 16
 
 typedef struct qg__pg qg__pg;
 
@@ -102,11 +108,24 @@ struct qg__pg {
     uint32_t *round;               /* each item's round (ids unique in
                                       one round) */
     size_t round_cap;
-    uint32_t *pick;                /* items of one statement */
+    uint32_t *pick;                /* [0, n): the items of a round's
+                                      statements; [n, 2n): the rows the
+                                      guards stopped */
     size_t pick_cap;
 };
 
-/* ----------------------------------------------------- ledger_pg.c */
+/* ------------------------------------------------ ledger_pg_conn.c */
+
+/* A new connection to g->url, with our defaults under the URL's own
+ * settings.  NULL with libpq's reason in why. */
+PGconn *qg__pg_conn_new(qg__pg *g, char *why, size_t cap);
+/* k->c's session settings, then k->prepare.  QG_OK or an error. */
+int qg__pg_conn_setup(qg__pg_conn *k, char *why, size_t cap);
+/* One statement without parameters (BEGIN, ROLLBACK, SET ...); why may
+ * be NULL.  QG_OK or an error. */
+int qg__pg_run_ctl(PGconn *c, const char *sql, char *why, size_t cap);
+/* The URL for messages: without a password (user:secret@, password=). */
+void qg__pg_redact(const char *url, char *out, size_t cap);
 
 /* Make sure k is connected (connecting, or again after a loss: session
  * settings and k->prepare).  k->mu held.  QG_OK, or QG_ELEDGER with
@@ -134,6 +153,17 @@ int qg__pg_exec(qg__pg *g, qg__pg_conn *k, const char *stmt, int n,
                 const char *const *vals, const int *lens, int retry,
                 PGresult **res, char *why, size_t cap);
 
+/* Read a query's rows in chunks through a cursor on k (held), binary
+ * parameters of the given types and binary results: fn for each row; a
+ * nonzero return stops and is returned.  A connection that died before
+ * the first row is made again once.  QG_OK, fn's value, or an error. */
+int qg__pg_cursor(qg__pg *g, qg__pg_conn *k, const char *sql, int n,
+                  const Oid *types, const char *const *vals, const int *lens,
+                  int (*fn)(const PGresult *r, int row, void *ud), void *ud,
+                  char *why, size_t cap);
+
+/* ------------------------------------------------------ ledger_pg.c */
+
 /* Binary values: big-endian integers in and out, text cells bounded. */
 void qg__pg_put64(unsigned char *p, int64_t v);
 void qg__pg_put32(unsigned char *p, int32_t v);
@@ -153,8 +183,8 @@ int qg__pg_write_batch(void *b, qg__ledger_item *it, size_t n,
                        const qg__spool_mark *mark, char *why, size_t whycap);
 /* The writer's statements (its connection's prepare). */
 int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap);
-/* Choose how batches are sent (the benchmark measures both); before
- * the writer runs, or from its thread. */
+/* Choose how batches are sent (the benchmark measures every way, the
+ * tests run each); before the writer runs, or from its thread. */
 void qg__pg_set_write_mode(void *b, qg__pg_write_mode mode);
 
 /* ---------------------------------------------- ledger_pg_schema.c */

@@ -19,10 +19,11 @@
  * is unique (a row goes one round after the previous row of its id), and
  * the rounds run in order.  Nearly every batch is one round.
  *
- * A round is sent in one of two ways (qg__pg_write_mode; the figures of
- * both are in docs/ledger-postgresql.md): one statement of arrays per
- * kind of row (INSERT ... SELECT FROM unnest($1, ..., $23) ... RETURNING
- * request_id: a row not returned was stopped by a guard), or one prepared
+ * A round's rows of one kind (whole rows, settles) are sent in one of two
+ * ways (qg__pg_write_mode; the figures are in docs/ledger-postgresql.md):
+ * as one statement of arrays (INSERT ... SELECT FROM unnest($1, ...,
+ * $23) ... RETURNING request_id: a row not returned was stopped by a
+ * guard) when there are QG_PG_ARRAY_MIN or more, else one prepared
  * statement per row, pipelined (a row whose command tag says 0 was
  * stopped).  Either way BEGIN, the round's statements and the mark go in
  * one round trip (libpq's pipeline mode), the owners of stopped rows in
@@ -557,34 +558,36 @@ static int ask_owners(txn *t, size_t from, size_t to, char *why, size_t cap)
     return finish_trip(t, &none, why, cap);
 }
 
-/* Send round r's rows: each its own prepared statement, or one array
- * statement for the whole rows and one for the settles (their items in
- * g->pick[0, n)). */
+/* Send round r's rows: the whole rows, then the settles (their items
+ * collected in g->pick[0, n)), each kind as one array statement or as
+ * one prepared statement per row (qg__pg_write_mode). */
 static int send_round(txn *t, uint32_t r, char *why, size_t cap)
 {
     qg__pg *g = t->g;
     size_t k = 0;
     int rc = QG_OK;
-    if (g->mode == QG_PG_WRITE_PIPELINE) {
-        for (size_t i = 0; i < t->n && rc == QG_OK; i++) {
-            if (g->round[i] != r)
-                continue;
-            if (!send_row(t->c, &t->it[i].row))
-                return qg__pg_fail(t->c, NULL, why, cap);
-            rc = push(t, SENT_ROW, i, 1);
-        }
-        return rc;
-    }
     for (int settle = 0; settle < 2 && rc == QG_OK; settle++) {
         size_t first = k;
+        int rows_one_by_one;
         for (size_t i = 0; i < t->n; i++)
             if (g->round[i] == r && !!t->it[i].row.settle_only == settle)
                 g->pick[k++] = (uint32_t)i;
         if (k == first)
             continue;
-        if ((rc = send_arrays(g, t->c, t->it, first, k - first, settle, why,
-                              cap)) == QG_OK)
-            rc = push(t, SENT_ARRAY, first, k - first);
+        rows_one_by_one = g->mode == QG_PG_WRITE_PIPELINE ||
+                          (g->mode == QG_PG_WRITE_AUTO &&
+                           k - first < QG_PG_ARRAY_MIN);
+        if (!rows_one_by_one) {
+            if ((rc = send_arrays(g, t->c, t->it, first, k - first, settle,
+                                  why, cap)) == QG_OK)
+                rc = push(t, SENT_ARRAY, first, k - first);
+            continue;
+        }
+        for (size_t j = first; j < k && rc == QG_OK; j++) {
+            if (!send_row(t->c, &t->it[g->pick[j]].row))
+                return qg__pg_fail(t->c, NULL, why, cap);
+            rc = push(t, SENT_ROW, g->pick[j], 1);
+        }
     }
     return rc;
 }

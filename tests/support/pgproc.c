@@ -5,6 +5,7 @@
  * closes the test's descriptors, sends its output to a log in the folder
  * and execs the binary.  Readiness is asked with PQping, so "up" means
  * "accepts connections", not merely "listens". */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -291,13 +292,69 @@ void pgproc_stop(pgproc *p)
     p->pid = 0;
 }
 
+/* The state letter of /proc/PID/stat ('Z' a zombie), or 0 when there is
+ * no such process; its parent into *ppid. */
+static char proc_state(pid_t pid, pid_t *ppid)
+{
+    char path[64], buf[512], *close_paren;
+    FILE *f;
+    size_t n;
+    int parent = 0;
+    char st = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (!(f = fopen(path, "r")))
+        return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "pid (comm) S ppid ...": comm may hold spaces and parentheses */
+    if (!(close_paren = strrchr(buf, ')')) ||
+        sscanf(close_paren + 1, " %c %d", &st, &parent) != 2)
+        return 0;
+    if (ppid)
+        *ppid = (pid_t)parent;
+    return st;
+}
+
+#define MAX_BACKENDS 256
+
 void pgproc_kill(pgproc *p)
 {
-    if (p->pid > 0) {
-        kill(p->pid, SIGKILL);
-        waitpid(p->pid, NULL, 0);
+    pid_t kids[MAX_BACKENDS];
+    int nkids = 0;
+    DIR *d;
+    struct dirent *e;
+    long long t0;
+    if (p->pid <= 0) {
+        p->pid = 0;
+        return;
     }
+    /* The whole server dies at once, as in a crash of its machine: with
+     * the postmaster stopped (it forks no more), its backends are found
+     * and killed with it.  Killed alone, its backends would serve their
+     * connections a moment longer, until they notice. */
+    kill(p->pid, SIGSTOP);
+    if ((d = opendir("/proc"))) {
+        while ((e = readdir(d)) && nkids < MAX_BACKENDS) {
+            pid_t pid = (pid_t)atoi(e->d_name), parent = 0;
+            if (pid > 0 && proc_state(pid, &parent) && parent == p->pid)
+                kids[nkids++] = pid;
+        }
+        closedir(d);
+    }
+    kill(p->pid, SIGKILL);
+    for (int i = 0; i < nkids; i++)
+        kill(kids[i], SIGKILL);
+    waitpid(p->pid, NULL, 0);
     p->pid = 0;
+    /* gone, or zombies waiting for whoever adopted them */
+    t0 = mono_ms();
+    for (int i = 0; i < nkids && mono_ms() - t0 < STOP_WAIT_MS; i++) {
+        char st;
+        while ((st = proc_state(kids[i], NULL)) != 0 && st != 'Z' &&
+               st != 'X' && mono_ms() - t0 < STOP_WAIT_MS)
+            sleep_ms(5);
+    }
 }
 
 int pgproc_restart(pgproc *p)

@@ -39,8 +39,9 @@ int pgproc_start(pgproc *p);
 /* Fast shutdown (SIGINT), reaped; port and folder kept for
  * pgproc_restart.  No-op when not running. */
 void pgproc_stop(pgproc *p);
-/* SIGKILL the postmaster and reap it (a crash: its backends notice and
- * exit); port and folder kept for pgproc_restart. */
+/* SIGKILL the postmaster and its backends, and wait until they are gone
+ * (a crash of the server's machine: no connection is served a moment
+ * longer); port and folder kept for pgproc_restart. */
 void pgproc_kill(pgproc *p);
 /* Start again on the same port and folder after stop or kill (crash
  * recovery after a kill), and wait until it accepts connections.  0 or

@@ -4,7 +4,7 @@
  * every column round-trips (int64 extremes, 255-byte ids); the guards give
  * what the SQLite backend's tests assert (test_ledger.c: test_guards,
  * test_upsert), row by row and with a whole scenario in one batch, in
- * both ways of sending a batch; the spool mark is written with its batch
+ * every way of sending a batch; the spool mark is written with its batch
  * or not at all; schema versions (a newer one refused, two opens of a
  * fresh database at once migrate it once); an unreachable server at open,
  * a stopped or killed one later (QG_ELEDGER with a message) and the
@@ -179,8 +179,11 @@ static void assert_row_eq(const qg_ledger_row *a, const qg_ledger_row *b)
     assert_int_equal(a->fallback, b->fallback);
 }
 
-static const qg__pg_write_mode modes[2] = {QG_PG_WRITE_ARRAYS,
-                                           QG_PG_WRITE_PIPELINE};
+/* every way of sending a batch: AUTO (rows one by one below
+ * QG_PG_ARRAY_MIN, arrays from it), always arrays, always row by row */
+#define NMODES 3
+static const qg__pg_write_mode modes[NMODES] = {
+    QG_PG_WRITE_AUTO, QG_PG_WRITE_ARRAYS, QG_PG_WRITE_PIPELINE};
 
 /* ---------------------------------------------------- every column */
 
@@ -231,7 +234,7 @@ static void test_columns(void **state)
     NEED_PG();
     fresh_db(&d);
     b = open_ok(d.url);
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < NMODES; m++) {
         qg__pg_set_write_mode(b, modes[m]);
         for (int k = 0; k < 4; k++)
             edge_row(k, (char)('A' + m), &rows[k]);
@@ -243,8 +246,8 @@ static void test_columns(void **state)
         }
     }
     assert_int_equal(be->rows->get(b, "nope", &got), QG_ENOTFOUND);
-    /* a generated set, through the arrays and the pipeline */
-    for (int m = 0; m < 2; m++) {
+    /* a generated set, every way */
+    for (int m = 0; m < NMODES; m++) {
         qg_ledger_row *many = calloc(500, sizeof *many);
         assert_non_null(many);
         qg__pg_set_write_mode(b, modes[m]);
@@ -401,8 +404,8 @@ static void check_want(void *b, const char *prefix, const want_t *w)
     assert_string_equal(got.plan, w->plan);
 }
 
-/* Every scenario four ways: each row its own batch or the whole scenario
- * one batch (rounds of unique ids), through arrays or the pipeline. */
+/* Every scenario six ways: each row its own batch or the whole scenario
+ * one batch (rounds of unique ids), each way of sending (modes). */
 static void test_guards(void **state)
 {
     char why[512];
@@ -414,17 +417,17 @@ static void test_guards(void **state)
     b = open_ok(d.url);
     for (size_t sc = 0; sc < sizeof scenarios / sizeof scenarios[0]; sc++) {
         const scenario *s = &scenarios[sc];
-        for (int way = 0; way < 4; way++) {
+        for (int way = 0; way < 2 * NMODES; way++) {
             qg_ledger_row rows[10];
             int refused[10], n = 0;
             char prefix[32];
             snprintf(prefix, sizeof prefix, "s%zu-w%d", sc, way);
-            qg__pg_set_write_mode(b, modes[way % 2]);
+            qg__pg_set_write_mode(b, modes[way % NMODES]);
             while (s->steps[n].id)
                 n++;
             for (int i = 0; i < n; i++)
                 step_row(prefix, &s->steps[i], &rows[i]);
-            if (way < 2) {
+            if (way < NMODES) {
                 for (int i = 0; i < n; i++) {
                     assert_int_equal(write_rows(b, &rows[i], 1, NULL,
                                                 &refused[i], why,
@@ -442,6 +445,33 @@ static void test_guards(void **state)
             for (int i = 0; s->wants[i].id; i++)
                 check_want(b, prefix, &s->wants[i]);
         }
+    }
+    /* a batch of many rows, some stopped: RETURNING names the others
+     * (arrays) or their command tags do (rows) */
+    for (int m = 0; m < NMODES; m++) {
+        qg_ledger_row rows[64];
+        int refused[64];
+        qg__pg_set_write_mode(b, modes[m]);
+        for (int i = 0; i < 64; i++) {
+            make_row(i + 1, &rows[i]);
+            snprintf(rows[i].request_id, sizeof rows[i].request_id,
+                     "many-%d-%d", m, i);
+            strcpy(rows[i].subject, "owner");
+            rows[i].decision = i % 2 ? 1 : 2;
+        }
+        assert_int_equal(write_rows(b, rows, 64, NULL, refused, why,
+                                    sizeof why), 0);
+        for (int i = 0; i < 64; i++) {
+            assert_int_equal(refused[i], 0);
+            rows[i].decision = 1;
+            if (i % 4 == 2)
+                strcpy(rows[i].subject, "other");
+        }
+        assert_int_equal(write_rows(b, rows, 64, NULL, refused, why,
+                                    sizeof why), 0);
+        for (int i = 0; i < 64; i++)
+            if (refused[i] != (i % 4 != 0))
+                fail_msg("mode %d, row %d: refused %d", m, i, refused[i]);
     }
     be->close(b);
 }
@@ -489,7 +519,7 @@ static void test_mark_atomic(void **state)
     b = open_ok(d.url);
     assert_int_equal(be->rows->spool_applied(b, "spool-a", &seq), 0);
     assert_true(seq == 0);
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < NMODES; m++) {
         qg__pg_set_write_mode(b, modes[m]);
         for (int i = 0; i < 3; i++) {
             make_row(10 * m + i, &rows[i]);
@@ -524,7 +554,7 @@ static void test_mark_atomic(void **state)
     assert_int_equal(be->rows->spool_applied(b, "spool-b", &seq), 0);
     assert_true(seq == INT64_MAX);
     assert_int_equal(be->rows->spool_applied(b, "spool-a", &seq), 0);
-    assert_true(seq == 19);
+    assert_true(seq == 9 + 10 * (NMODES - 1));
     be->close(b);
 }
 
@@ -900,8 +930,9 @@ static void test_scan(void **state)
     assert_non_null(ck.seen);
     fresh_db(&d);
     b = open_ok(d.url);
-    /* in batches of every size, alternating the two ways */
-    for (int i = 0, k = 1, m = 0; i < NROWS; i += k, k = k * 4 % 1023, m ^= 1) {
+    /* in batches of every size, each sent another way */
+    for (int i = 0, k = 1, m = 0; i < NROWS;
+         i += k, k = k * 4 % 1023, m = (m + 1) % NMODES) {
         int cnt = i + k > NROWS ? NROWS - i : k;
         for (int j = 0; j < cnt; j++) {
             make_row(i + j, &rows[i + j]);
