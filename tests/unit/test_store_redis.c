@@ -1880,7 +1880,7 @@ static void test_diff_evalsha(void **state)
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
                                    "default", "-fcall", NULL), 0);
     before = evalsha_calls();
-    run_diff(diff_exact, "exact through EVALSHA", 0x5eedd004ULL, DIFF_OPS / 3, 0);
+    run_diff(diff_exact, "exact through EVALSHA", 0x5eedd005ULL, DIFF_OPS / 3, 0);
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
                                    "default", "+@all", NULL), 0);
     /* every script call went through EVALSHA (the claims' compare-and-set
