@@ -19,7 +19,8 @@
 # store, one gateway on Redis, both gateways on Redis at once (half the
 # connections each, rates summed) and the Cluster.  Prints the median and
 # range of req/s per setup, the Redis/memory ratios, and what Redis spent
-# per decision: EVALSHA's own time and the server's CPU (INFO), and the
+# per decision: the script call's own time (FCALL, or EVALSHA without
+# Functions) and the server's CPU (INFO), and the
 # commands per decision (INFO commandstats, the script's own calls
 # included).  Environment: BENCH_DURATION (5s), BENCH_THREADS (2),
 # BENCH_CONNECTIONS (32), BENCH_RUNS (3).
@@ -65,7 +66,7 @@ start_redis() { # $1 port, $2.. extra arguments
     RPORTS="$RPORTS $p"
     i=0
     until redis-cli -p "$p" ping >/dev/null 2>&1; do
-        i=$((i + 1)); [ $i -gt 100 ] && { say "redis_bench: redis on $p does not answer"; exit 1; }
+        i=$((i + 1)); [ $i -gt 400 ] && { say "redis_bench: redis on $p does not answer"; exit 1; }
         sleep 0.05
     done
 }
@@ -101,9 +102,9 @@ cpu_of() { # total CPU seconds of the Redis servers on the ports given
     for rp_ in "$@"; do redis-cli -p "$rp_" info cpu; done | tr -d '\r' |
         awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f", s }'
 }
-calls_of() { # commands executed (all kinds), EVALSHA calls, EVALSHA usec
+calls_of() { # commands executed (all kinds), script calls (FCALL or EVALSHA), their usec
     for rp_ in "$@"; do redis-cli -p "$rp_" info commandstats; done | tr -d '\r' |
-        awk -F'[:=,]' '/^cmdstat_/ { n += $3; if ($1 == "cmdstat_evalsha") { e += $3; u += $5 } }
+        awk -F'[:=,]' '/^cmdstat_/ { n += $3; if ($1 == "cmdstat_evalsha" || $1 == "cmdstat_fcall") { e += $3; u += $5 } }
                        END { printf "%d %d %d", n, e, u }'
 }
 trips_of() { # round trips and decisions+settles answered so far by gateway URL $1
@@ -187,7 +188,7 @@ for W in settle check; do
     printf '    %-34s %s   ratio %sx (%s)\n' "one gateway on Redis" "$(spread $A)" "$(median $RA_)" "$(echo $RA_ | tr ' ' ',')"
     printf '    %-34s %s   ratio %sx (%s)\n' "two gateways on one Redis" "$(spread $P)" "$(median $RP_)" "$(echo $RP_ | tr ' ' ',')"
     printf '    %-34s %s   ratio %sx (%s)\n' "one gateway on a 3-master Cluster" "$(spread $C)" "$(median $RC_)" "$(echo $RC_ | tr ' ' ',')"
-    printf '    Redis per decision: EVALSHA %s us (Cluster %s), server CPU %s us (two gateways %s, Cluster %s), %s commands\n' \
+    printf '    Redis per decision: script call (FCALL or EVALSHA) %s us (Cluster %s), server CPU %s us (two gateways %s, Cluster %s), %s commands\n' \
         "$(median $EV_A)" "$(median $EV_C)" "$(median $CPU_A)" "$(median $CPU_P)" "$(median $CPU_C)" "$(median $CMD_A)"
     printf '    round trips per response (the gateway'"'"'s counters): one Redis %s (%s), Cluster %s (%s)\n' \
         "$(median $TR_A)" "$(echo $TR_A | tr ' ' ',')" "$(median $TR_C)" "$(echo $TR_C | tr ' ' ',')"

@@ -19,7 +19,7 @@ start=$(date +%s)
 QG_TESTDATA=$(pwd)/tests/data QG_REDIS_DIFF_SEED=$seed QG_REDIS_DIFF_OPS=$ops \
     "$T" >/tmp/qg-redis-diff.$$ 2>&1
 rc=$?
-grep -E '^([a-z_ 0-9]+: [0-9]+ ops|exact: Redis holds|check: |settle|\[  (PASSED|FAILED))' \
+grep -E '^([A-Za-z_ 0-9]+: [0-9]+ ops|exact: Redis holds|check: |settle|\[  (PASSED|FAILED))' \
     /tmp/qg-redis-diff.$$ | awk '!seen[$0]++' | sed 's/^/  /'
 echo "  $(($(date +%s) - start)) s; exit $rc"
 [ $rc -ne 0 ] && { echo "  the stream parted: the full output follows"; cat /tmp/qg-redis-diff.$$; }

@@ -75,6 +75,29 @@ void qg__rs_add(qg__rs_args *a, const char *s, size_t n)
     a->argc++;
 }
 
+/* Replace argument i (present) by s. */
+static void set_arg(qg__rs_args *a, int i, const char *s)
+{
+    size_t n = strlen(s);
+    char *c;
+    if (a->failed || i >= a->argc)
+        return;
+    if (!(c = malloc(n + 1))) {
+        a->failed = 1;
+        return;
+    }
+    memcpy(c, s, n + 1);
+    free(a->argv[i]);
+    a->argv[i] = c;
+    a->len[i] = n;
+}
+
+void qg__rs_args_to_evalsha(qg__rs_args *a, const qg__rs_version *v)
+{
+    set_arg(a, 0, "EVALSHA");
+    set_arg(a, 1, v->sha);
+}
+
 void qg__rs_adds(qg__rs_args *a, const char *s)
 {
     qg__rs_add(a, s, strlen(s));
@@ -185,13 +208,13 @@ int qg__rs_index_parse(const char *v, size_t len, qg__rs_place *out)
     return 0;
 }
 
-void qg__rs_eval_head(qg__rs_args *a, const char *sha, const qg__rs_place *p,
-                      const char *rid)
+void qg__rs_eval_head(qg__rs_args *a, const qg__rs_version *v, int fcall,
+                      const qg__rs_place *p, const char *rid)
 {
     char k[QG__RS_KEY_MAX];
     int has_org = strcmp(p->org, "-") != 0;
-    qg__rs_adds(a, "EVALSHA");
-    qg__rs_adds(a, sha);
+    qg__rs_adds(a, fcall ? "FCALL" : "EVALSHA");
+    qg__rs_adds(a, fcall ? v->fn_name : v->sha);
     qg__rs_addi(a, has_org ? 5 : 3);
     qg__rs_key_rec(p->tag, rid, k);
     qg__rs_adds(a, k);

@@ -6,9 +6,14 @@
  * nodes of their keys' slots in a Cluster), waits for all their replies,
  * then takes the next step or ends: its done runs once, from the lane's
  * event loop.  Replies are copied (the link lends them only for the
- * callback).  A NOSCRIPT reply (a restart, SCRIPT FLUSH, a failover) is
- * answered here, under the step: SCRIPT LOAD on the node that said it,
- * then the same EVALSHA again.
+ * callback).  A script call is an FCALL of the rules version's Function
+ * library, or an EVALSHA of its script on a server without Functions.
+ * "Function not found" or NOSCRIPT (a restart, FUNCTION FLUSH or SCRIPT
+ * FLUSH, a failover to a node that never saw it) is answered here, under
+ * the step: FUNCTION LOAD REPLACE or SCRIPT LOAD on the node that said
+ * it, then the same call again.  An FCALL or FUNCTION LOAD the server
+ * does not know or refuses (Redis < 7, a managed service's ACL) turns
+ * the store to EVALSHA for good, and the call is sent again as one.
  *
  * Round trips (docs/redis-store.md), the same as the synchronous design:
  *  - check: one step.  GET qg:epoch (one node; a Cluster's epochs are the
@@ -120,9 +125,11 @@ typedef struct op op;
 typedef struct wait {
     op *o;
     int slot;
-    const qg__rs_args *cmd;    /* sent again after a SCRIPT LOAD */
-    const char *text;          /* the script it runs (NULL: not EVALSHA) */
+    qg__rs_args *cmd;          /* sent again after a load */
+    const char *text;          /* the script it runs (NULL: not a script) */
     size_t len;
+    const qg__rs_version *v;   /* a rules version's call (FCALL or
+                                  EVALSHA), else NULL */
     int loads;
 } wait;
 
@@ -223,11 +230,34 @@ static int is_noscript(const redisReply *r)
            strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-/* The key a command is routed by: an EVALSHA's first key, else argv[1]. */
+static int is_nofunction(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR &&
+           strstr(r->str, "Function not found") != NULL;
+}
+
+/* An error saying the server has no such command, or this client may
+ * not run it. */
+static int is_unsupported(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR &&
+           (strncmp(r->str, "ERR unknown command", 19) == 0 ||
+            strncmp(r->str, "ERR unknown subcommand", 22) == 0 ||
+            strncmp(r->str, "NOPERM", 6) == 0);
+}
+
+static int is_fcall(const qg__rs_args *a)
+{
+    return a->argc > 1 && a->len[0] == 5 && memcmp(a->argv[0], "FCALL", 5) == 0;
+}
+
+/* The key a command is routed by: a script call's first key, else
+ * argv[1]. */
 static void route_key(const qg__rs_args *a, const char **key, size_t *len)
 {
-    int i = a->argc >= 4 && a->len[0] == 7 &&
-            memcmp(a->argv[0], "EVALSHA", 7) == 0 ? 3 : 1;
+    int i = a->argc >= 4 && ((a->len[0] == 7 &&
+                              memcmp(a->argv[0], "EVALSHA", 7) == 0) ||
+                             is_fcall(a)) ? 3 : 1;
     *key = a->argc > i ? a->argv[i] : NULL;
     *len = a->argc > i ? a->len[i] : 0;
 }
@@ -248,6 +278,20 @@ static void slot_failed(op *o, const char *why)
 {
     o->failed = 1;
     op_err(o, "Redis: %s", why && *why ? why : "no answer");
+}
+
+/* The store has no Functions: w's call, an FCALL, becomes an EVALSHA of
+ * the same script and arguments, sent again (its NOSCRIPT then loads the
+ * script).  0, or -1 when it could not be sent. */
+static int to_evalsha(op *o, wait *w)
+{
+    __atomic_store_n(&o->s->no_fcall, 1, __ATOMIC_RELEASE);
+    qg__rs_args_to_evalsha(w->cmd, w->v);
+    if (w->cmd->failed || resend(o, w) != 0)
+        return -1;
+    w->loads++;
+    QG__RS_COUNT(o->s, commands, 1);
+    return 0;
 }
 
 /* The lane's entry for (node, sha), or NULL. */
@@ -275,10 +319,11 @@ static qg__rs_load *load_note(qg_store_lane *l, const char *node,
     return e;
 }
 
-/* The SHA an EVALSHA names (its argv[1]), NUL-terminated into out. */
-static void sha_of(const qg__rs_args *a, char out[41])
+/* The name a script call calls (its argv[1]: a SHA1, or an FCALL's
+ * function), NUL-terminated into out. */
+static void sha_of(const qg__rs_args *a, char out[QG__RS_NAME_MAX])
 {
-    size_t n = a->argc > 1 && a->len[1] < 41 ? a->len[1] : 0;
+    size_t n = a->argc > 1 && a->len[1] < QG__RS_NAME_MAX ? a->len[1] : 0;
     memcpy(out, n ? a->argv[1] : "", n);
     out[n] = 0;
 }
@@ -288,12 +333,17 @@ static void on_loaded(void *ud, const redisReply *reply, int rc)
     wait *w = ud;
     op *o = w->o;
     const char *node = qg__rlink_reply_node(o->l->link);
-    char sha[41];
+    char sha[QG__RS_NAME_MAX];
     qg__rs_load *e;
     sha_of(w->cmd, sha);
     if (node && (e = load_find(o->l, node, sha)))
         e->pending = rc < 0 || reply->type == REDIS_REPLY_ERROR ? -1 : 0;
-    if (rc < 0) {
+    if (rc == 0 && w->v && is_fcall(w->cmd) && is_unsupported(reply)) {
+        /* FUNCTION LOAD unknown or not allowed: EVALSHA from now on */
+        if (to_evalsha(o, w) == 0)
+            return;
+        slot_failed(o, "cannot send the command again");
+    } else if (rc < 0) {
         slot_failed(o, qg__rlink_last_error(o->l->link));
     } else if (reply->type == REDIS_REPLY_ERROR) {
         o->failed = 1;
@@ -312,14 +362,25 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
 {
     wait *w = ud;
     op *o = w->o;
-    if (rc == 0 && w->text && is_noscript(reply) && w->loads < 3) {
-        /* the node does not have the script: load it there (unless this
-         * lane's load is already on its way), then the command again */
+    int fn = w->v && is_fcall(w->cmd);
+    if (rc == 0 && fn && is_unsupported(reply) && w->loads < 3) {
+        /* no FCALL here (Redis < 7), or not for this client */
+        if (to_evalsha(o, w) == 0)
+            return;
+    }
+    if (rc == 0 && w->text && (fn ? is_nofunction(reply) : is_noscript(reply)) &&
+        w->loads < 3) {
+        /* the node does not have the library or the script: load it
+         * there (unless this lane's load is already on its way), then the
+         * command again */
         const char *node = qg__rlink_reply_node(o->l->link);
-        const char *argv[3] = {"SCRIPT", "LOAD", w->text};
-        size_t lens[3] = {6, 4, w->len};
+        const char *sargv[3] = {"SCRIPT", "LOAD", w->text};
+        size_t slens[3] = {6, 4, w->len};
+        const char *fargv[4] = {"FUNCTION", "LOAD", "REPLACE",
+                                fn ? w->v->fn_text : ""};
+        size_t flens[4] = {8, 4, 7, fn ? w->v->fn_len : 0};
         qg__rs_load *e;
-        char sha[41];
+        char sha[QG__RS_NAME_MAX];
         sha_of(w->cmd, sha);
         if (node && (e = load_find(o->l, node, sha)) && e->pending == 1 &&
             resend(o, w) == 0) {
@@ -327,8 +388,10 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
             QG__RS_COUNT(o->s, commands, 1);
             return;
         }
-        if (node && qg__rlink_command_at(o->l->link, node, 3, argv, lens,
-                                         on_loaded, w) == 0) {
+        if (node && qg__rlink_command_at(o->l->link, node, fn ? 4 : 3,
+                                         fn ? fargv : sargv,
+                                         fn ? flens : slens, on_loaded,
+                                         w) == 0) {
             load_note(o->l, node, sha);
             w->loads++;
             QG__RS_COUNT(o->s, script_loads, 1);
@@ -345,10 +408,11 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
 }
 
 /* Send a command of the step into slot (its reply lands in o->r[slot]);
- * text: the script an EVALSHA runs.  A command that cannot be sent marks
- * the step failed. */
-static void op_send(op *o, int slot, const qg__rs_args *a, const char *text,
-                    size_t len)
+ * text: the script an EVALSHA runs; v: the rules version a script call
+ * (FCALL or EVALSHA) is of.  A command that cannot be sent marks the step
+ * failed. */
+static void op_send_v(op *o, int slot, qg__rs_args *a, const char *text,
+                      size_t len, const qg__rs_version *v)
 {
     wait *w = &o->w[slot];
     const char *key;
@@ -365,6 +429,7 @@ static void op_send(op *o, int slot, const qg__rs_args *a, const char *text,
     w->cmd = a;
     w->text = text;
     w->len = len;
+    w->v = v;
     w->loads = 0;
     route_key(a, &key, &klen);
     rc = qg__rlink_command(o->l->link, key, klen, a->argc,
@@ -377,6 +442,19 @@ static void op_send(op *o, int slot, const qg__rs_args *a, const char *text,
     }
     o->waiting++;
     QG__RS_COUNT(o->s, commands, 1);
+}
+
+static void op_send(op *o, int slot, qg__rs_args *a, const char *text,
+                    size_t len)
+{
+    op_send_v(o, slot, a, text, len, NULL);
+}
+
+/* A call of rules version v's script (its head by eval_args). */
+static void op_send_script(op *o, int slot, qg__rs_args *a,
+                           const qg__rs_version *v)
+{
+    op_send_v(o, slot, a, v->text, v->len, v);
 }
 
 /* After a step's sends: wait for them (one round trip), or fail now. */
@@ -424,11 +502,14 @@ static const qg__rs_item *items(op *o, int slot, int *n)
     return r->it;
 }
 
-static void eval_args(qg__rs_args *a, const qg__rs_version *v,
+/* A script call's head: FCALL of v's library unless the store found it
+ * has no Functions, then EVALSHA. */
+static void eval_args(redis_store *s, qg__rs_args *a, const qg__rs_version *v,
                       const qg__rs_place *p, const char *rid)
 {
     qg__rs_args_reset(a);
-    qg__rs_eval_head(a, v->sha, p, rid);
+    qg__rs_eval_head(a, v, !__atomic_load_n(&s->no_fcall, __ATOMIC_ACQUIRE),
+                     p, rid);
 }
 
 /* The current rules version (settle: the latest used). */
@@ -537,18 +618,18 @@ static void index_keep(check_op *c, const char *val)
 
 static void send_eval(check_op *c)
 {
-    eval_args(&c->ev, c->v, &c->p, c->rid);
+    eval_args(c->o.s, &c->ev, c->v, &c->p, c->rid);
     qg__rs_args_check(&c->ev, &c->ca);
-    op_send(&c->o, SL_EVAL, &c->ev, c->v->text, c->v->len);
+    op_send_script(&c->o, SL_EVAL, &c->ev, c->v);
 }
 
 /* Take back the admission (its undo log points into the eval's reply). */
 static int send_void(check_op *c, int stage)
 {
-    eval_args(&c->aux, c->v, &c->p, c->rid);
+    eval_args(c->o.s, &c->aux, c->v, &c->p, c->rid);
     qg__rs_args_void(&c->aux, &c->res, c->rid);
     c->o.stage = stage;
-    op_send(&c->o, SL_AUX, &c->aux, c->v->text, c->v->len);
+    op_send_script(&c->o, SL_AUX, &c->aux, c->v);
     return op_wait(&c->o);
 }
 
@@ -594,10 +675,10 @@ static int check_resolve(check_op *c)
             /* the id was claimed under another tag: its record decides,
              * and what this check changed here is taken back (the memory
              * store would not have looked at these entities at all) */
-            eval_args(&c->aux, c->v, &c->q, c->rid);
+            eval_args(c->o.s, &c->aux, c->v, &c->q, c->rid);
             qg__rs_args_lookup(&c->aux, c->ca.now_arg, c->p.member);
             c->o.stage = CK_LOOKUP;
-            op_send(&c->o, SL_AUX, &c->aux, c->v->text, c->v->len);
+            op_send_script(&c->o, SL_AUX, &c->aux, c->v);
             return op_wait(&c->o);
         }
         if (c->admitted && strcmp(c->q.member, c->p.member) != 0) {
@@ -849,11 +930,11 @@ static int settle_send_index(settle_op *t)
 
 static int settle_send_eval(settle_op *t)
 {
-    eval_args(&t->a, t->v, &t->p, t->rid);
+    eval_args(t->o.s, &t->a, t->v, &t->p, t->rid);
     qg__rs_args_settle(&t->a, &t->in, t->o.s->server_time ? 0 : t->in.now_ms,
                        &t->p);
     t->o.stage = ST_EVAL;
-    op_send(&t->o, 0, &t->a, t->v->text, t->v->len);
+    op_send_script(&t->o, 0, &t->a, t->v);
     return op_wait(&t->o);
 }
 
@@ -964,9 +1045,9 @@ static void usage_fini(op *o)
 
 static int usage_send(usage_op *u)
 {
-    eval_args(&u->a, u->v, &u->p, "-");
+    eval_args(u->o.s, &u->a, u->v, &u->p, "-");
     qg__rs_args_usage(&u->a, &u->in, u->v, u->now_arg, u->pnow);
-    op_send(&u->o, 0, &u->a, u->v->text, u->v->len);
+    op_send_script(&u->o, 0, &u->a, u->v);
     return op_wait(&u->o);
 }
 
@@ -1050,7 +1131,7 @@ static void restore_fini(op *o)
 /* The script (and, the first time, the index write with it). */
 static int restore_send(restore_op *t, int with_index)
 {
-    eval_args(&t->a, t->v, &t->p, t->rid);
+    eval_args(t->o.s, &t->a, t->v, &t->p, t->rid);
     qg__rs_args_restore(&t->a, &t->in, t->v, t->pnow,
                         qg__rs_rid_ttl(t->o.s, t->v));
     if (with_index) {
@@ -1063,7 +1144,7 @@ static int restore_send(restore_op *t, int with_index)
         op_send(&t->o, 1, &t->ix, NULL, 0);
     }
     t->o.stage = RS_EVAL;
-    op_send(&t->o, 0, &t->a, t->v->text, t->v->len);
+    op_send_script(&t->o, 0, &t->a, t->v);
     return op_wait(&t->o);
 }
 

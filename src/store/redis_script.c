@@ -4,6 +4,7 @@
  * The script is the generated preamble followed by the embedded library
  * (the Lua files in src/store/redis/, in build/gen/redis_lua_lib.c):
  *
+ *   local function BODY()      -- closed at the end of ops.lua
  *   local AMAX = <QG_REDIS_AMOUNT_MAX>
  *   local MMAX = <QG_REDIS_MONEY_MAX>
  *   local function LIST(i)
@@ -40,8 +41,21 @@
  * instances with different rules).
  *
  * The SHA1 of the text names the rules version (EVALSHA); a Redis that
- * lost its script cache answers NOSCRIPT and store_redis.c loads the text
- * again. */
+ * lost its script cache answers NOSCRIPT and redis_ops.c loads the text
+ * again.  The same body is also a Redis Function library, fn_text:
+ *
+ *   #!lua name=qg_<sha>
+ *   local KEYS, ARGV
+ *   local FNAME = 'qg_<sha>'
+ *   <the preamble and library as above>
+ *
+ * loaded once per node (FUNCTION LOAD REPLACE) and called with FCALL
+ * qg_<sha>: its body (BODY) runs once, at the first call after the load,
+ * not at every call; ops.lua's entry registers the function under FNAME.  The EVAL text starts with
+ * "local KEYS, ARGV = KEYS, ARGV" and FNAME nil instead, so both run the
+ * same code.  The library's name carries the EVAL text's SHA1: every
+ * rules version is its own library, and the names agree at every
+ * instance with the same rules. */
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -466,7 +480,7 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r,
     qg__rs_version *v = NULL;
     list_ent *ents = NULL;
     int nents = 0, failed = 0;
-    sbuf b = {0};
+    sbuf b = {0}, t = {0}, f = {0};
 
     if ((*rc = qg_redis_rules_check(r, err, errcap)) != QG_OK)
         return NULL;
@@ -509,7 +523,9 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r,
             failed = keep_list(v, p->list_id[i], p->list_lua[i],
                                strlen(p->list_lua[i]), p->list_w[i],
                                p->list_n[i]) != 0;
-    sb_printf(&b, "-- quotagate rules version %s\nlocal AMAX = %lld\n"
+    sb_printf(&b, "-- quotagate rules version %s\n"
+              "-- the library's body, run once per load (ops.lua's entry)\n"
+              "local function BODY()\nlocal AMAX = %lld\n"
               "local MMAX = %lld\n"
               "-- window list i, built on use (a call builds one or two)\n"
               "local function LIST(i)\n",
@@ -529,16 +545,31 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r,
     sb_add(&b, qg__redis_lua_lib, qg__redis_lua_lib_len);
     if (failed || b.failed)
         goto fail;
-    if (qg__rs_sha1(b.p, b.len, v->sha) != 0)
+    /* the EVAL text reads the call's KEYS and ARGV (globals there); the
+     * Function library declares them, and its entry sets them per call */
+    sb_str(&t, "local KEYS, ARGV = KEYS, ARGV\nlocal FNAME = nil\n");
+    sb_add(&t, b.p, b.len);
+    if (t.failed || qg__rs_sha1(t.p, t.len, v->sha) != 0)
         goto fail;
-    v->text = b.p;
-    v->len = b.len;
+    snprintf(v->fn_name, sizeof v->fn_name, "qg_%s", v->sha);
+    sb_printf(&f, "#!lua name=%s\nlocal KEYS, ARGV\nlocal FNAME = '%s'\n",
+              v->fn_name, v->fn_name);
+    sb_add(&f, b.p, b.len);
+    if (f.failed)
+        goto fail;
+    v->text = t.p;
+    v->len = t.len;
+    v->fn_text = f.p;
+    v->fn_len = f.len;
+    free(b.p);
     free(ents);
     *rc = QG_OK;
     return v;
 fail:
     qg__errf(err, errcap, "%s", "out of memory building the Redis script");
     free(b.p);
+    free(t.p);
+    free(f.p);
     free(ents);
     qg__rs_version_free(v);
     return NULL;
@@ -549,6 +580,7 @@ void qg__rs_version_free(qg__rs_version *v)
     if (!v)
         return;
     free(v->text);
+    free(v->fn_text);
     free(v->plan_list);
     free(v->org_list);
     for (int i = 0; i < v->nall; i++)

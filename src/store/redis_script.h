@@ -58,6 +58,10 @@ typedef struct qg__rs_version {
     char *text;                /* preamble + library, NUL-terminated */
     size_t len;
     char sha[41];              /* SHA1 of text, lowercase hex */
+    char *fn_text;             /* the same as a Function library */
+    size_t fn_len;
+    char fn_name[44];          /* its library's and function's name:
+                                  "qg_" and sha */
     int *plan_list;            /* per plan index: its 1-based list */
     int *org_list;             /* per org index */
     int nlists;                /* the rules' own distinct lists */
@@ -146,10 +150,13 @@ void qg__rs_place_of(qg_key member, int has_org, qg_key org,
 void qg__rs_index_value(const qg__rs_place *p, char out[65]);
 int qg__rs_index_parse(const char *v, size_t len, qg__rs_place *out);
 
-/* EVALSHA sha numkeys KEYS...: the keys of place p (record of rid, the
- * member's two keys, the org's two when there is one). */
-void qg__rs_eval_head(qg__rs_args *a, const char *sha, const qg__rs_place *p,
-                      const char *rid);
+/* EVALSHA sha numkeys KEYS..., or FCALL name numkeys KEYS... with fcall:
+ * the keys of place p (record of rid, the member's two keys, the org's
+ * two when there is one). */
+void qg__rs_eval_head(qg__rs_args *a, const qg__rs_version *v, int fcall,
+                      const qg__rs_place *p, const char *rid);
+/* Make the script call a (an FCALL's head) an EVALSHA of version v. */
+void qg__rs_args_to_evalsha(qg__rs_args *a, const qg__rs_version *v);
 
 /* The arguments of each operation after the head.  pnow is the instant
  * C computes calendar periods for (and, payg, the cap period it was

@@ -63,6 +63,8 @@ typedef struct redis_store {
     int timeout_ms, server_time;
     int64_t rid_ttl_opt;
     char claim_sha[41];
+    int no_fcall;                /* atomic: the server has no FCALL (or
+                                    may not use it): EVALSHA instead */
     qg_tz *utc;
     qg_redis_counters cnt;       /* atomic */
 
@@ -74,14 +76,16 @@ typedef struct redis_store {
     qg_store_lane *sync_lane;
 } redis_store;
 
-/* A script this lane asked a node to load: while the load is in flight
- * (pending), a NOSCRIPT from that node is answered by sending the command
- * again behind it on the same connection, not by another load: a burst of
- * decisions after a restart or SCRIPT FLUSH costs one load per node. */
+/* A script or Function library this lane asked a node to load: while the
+ * load is in flight (pending), a NOSCRIPT or "Function not found" from
+ * that node is answered by sending the command again behind it on the
+ * same connection, not by another load: a burst of decisions after a
+ * restart, SCRIPT FLUSH or FUNCTION FLUSH costs one load per node. */
 #define QG__RS_LOADS 16
+#define QG__RS_NAME_MAX 48       /* a SHA1 (EVALSHA), "qg_" SHA1 (FCALL) */
 typedef struct qg__rs_load {
     char node[QG__RLINK_ADDR_MAX];
-    char sha[41];
+    char sha[QG__RS_NAME_MAX];   /* the name the command calls */
     int pending;                 /* 1 in flight, 0 done, -1 unused */
 } qg__rs_load;
 

@@ -12,8 +12,8 @@
  *    exactly once (the subject ends at exactly its limit);
  *  - FLUSHALL under load: the counters are rebuilt from the ledgers, and
  *    the subject is never admitted beyond its limit;
- *  - faults during a race through one instance: SCRIPT FLUSH (reloaded,
- *    exactly 100, nothing local), every connection reset mid-pipeline
+ *  - faults during a race through one instance: SCRIPT FLUSH and
+ *    FUNCTION FLUSH (reloaded, exactly 100, nothing local), every connection reset mid-pipeline
  *    (CLIENT KILL) and Redis answering errors (OOM writes): never beyond
  *    100, exactly 100 once back, the log naming Redis's error;
  *  - a check Redis runs after the instance refused it locally (writes
@@ -425,6 +425,11 @@ static void *inject(void *arg)
         /* every script gone: NOSCRIPT, loaded again, nothing local */
         f->done = redisproc_cmd(&R, out, sizeof out, "SCRIPT", "FLUSH",
                                 NULL) == 0;
+    } else if (strcmp(f->what, "fflush") == 0) {
+        /* every Function library gone: "Function not found", loaded
+         * again, nothing local */
+        f->done = redisproc_cmd(&R, out, sizeof out, "FUNCTION", "FLUSH",
+                                NULL) == 0;
     } else if (strcmp(f->what, "kill") == 0) {
         /* every client connection reset in the middle of its pipeline */
         f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "KILL",
@@ -509,12 +514,33 @@ static void test_script_flushed_under_load(void **state)
     loads0 = metric0("quotagate_store_script_loads_total");
     local0 = metric0("quotagate_fallback_decisions_total");
     race_with_fault(&rc, "flush", &after);
+    /* decisions are FCALLs of the Function library: the flushed cache
+     * holds only the claims' compare-and-set, loaded again when one is
+     * needed; no error, no local decision */
+    (void)loads0;
+    assert_int_equal(rc.errors, 0);
+    assert_int_equal(rc.allowed, 100);
+    assert_int_equal(after, 0);
+    assert_true(metric0("quotagate_fallback_decisions_total") == local0);
+}
+
+static void test_functions_flushed_under_load(void **state)
+{
+    static race rc = {{"ff", "ff"}, "ff", 0, 0, 0, 0, 0, 1};
+    int after;
+    double loads0, local0;
+    (void)state;
+    if (!have_redis)
+        skip();
+    loads0 = metric0("quotagate_store_script_loads_total");
+    local0 = metric0("quotagate_fallback_decisions_total");
+    race_with_fault(&rc, "fflush", &after);
     /* loaded again inside the operations: no error, no local decision */
     assert_int_equal(rc.errors, 0);
     assert_int_equal(rc.allowed, 100);
     assert_int_equal(after, 0);
     if (metric0("quotagate_store_script_loads_total") <= loads0)
-        fail_msg("no SCRIPT LOAD after the flush");
+        fail_msg("no FUNCTION LOAD after the flush");
     assert_true(metric0("quotagate_fallback_decisions_total") == local0);
 }
 
@@ -844,6 +870,7 @@ int main(void)
         cmocka_unit_test_teardown(test_redis_stopped, gc_teardown),
         cmocka_unit_test_teardown(test_flushall, gc_teardown),
         cmocka_unit_test_teardown(test_script_flushed_under_load, gc_teardown),
+        cmocka_unit_test_teardown(test_functions_flushed_under_load, gc_teardown),
         cmocka_unit_test_teardown(test_connections_reset_under_load,
                                   gc_teardown),
         cmocka_unit_test_teardown(test_redis_answers_errors, gc_teardown),

@@ -14,15 +14,18 @@
  *    same org and across orgs, which lands in another hash slot),
  *    settles (completed, cancelled, failed, late, no_charge, another
  *    subject's, without a subject), concurrency lease expiry, restores,
- *    the refusal of rules outside the store's exact range, a flushed
- *    script cache (NOSCRIPT), a flushed data set (FLUSHALL: the epoch),
+ *    the refusal of rules outside the store's exact range, flushed
+ *    Function libraries ("Function not found") and script cache
+ *    (NOSCRIPT, on a server where FCALL may not be used: the EVALSHA
+ *    fallback), a flushed data set (FLUSHALL: the epoch),
  *    a server that went away (QG_ESTORE), round trips per operation, and the
  *    bignum helper the scripts use for 128-bit arithmetic;
  *  - the differential test: long random streams of checks, settles,
  *    usage, restores and known-id queries over rules with every window
  *    type, org windows, model-scoped windows, payg and concurrency, in
  *    exact mode and in the two bounded rolling modes (max_entries 16,
- *    precision 1m), fixed seed.  QG_REDIS_DIFF_OPS=N and
+ *    precision 1m), and exact mode again through EVALSHA (FCALL denied
+ *    by an ACL), fixed seed.  QG_REDIS_DIFF_OPS=N and
  *    QG_REDIS_DIFF_SEED=S for a long run; it prints the ops and the seed,
  *    the round trips per check and settle, and the bytes Redis holds per
  *    active subject (MEMORY USAGE over every key).
@@ -1027,19 +1030,38 @@ static void test_script_flush(void **state)
     twin_open(&t, unit_rules);
     assert_int_equal(t_check(&t, "r1", "a", NULL, 4000, 0, T0_MS, &d), 0);
     qg_store_redis_counters(t.rs, &c0);
-    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "SCRIPT", "FLUSH", NULL), 0);
-    /* NOSCRIPT: loaded again, the same answers */
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "FLUSH", NULL), 0);
+    /* "Function not found": the library loaded again, the same answers */
     assert_int_equal(t_check(&t, "r1", "b", NULL, 4000, 0, T0_MS + 1, &d), 0);
     assert_int_equal(t_check(&t, "r1", "c", NULL, 4000, 0, T0_MS + 2, &d), 0);
     assert_int_equal(d.outcome, QG_REJECT);
     qg_store_redis_counters(t.rs, &c1);
     assert_int_equal(c1.script_loads - c0.script_loads, 1);
+    /* the decisions are FCALLs: a flushed script cache changes nothing */
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "SCRIPT", "FLUSH", NULL), 0);
     assert_int_equal(t_settle(&t, "a", QG_SETTLE_COMPLETED, 0, 0, 1000,
                               T0_MS + 3, NULL), 0);
-    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "SCRIPT", "FLUSH", NULL), 0);
+    qg_store_redis_counters(t.rs, &c0);
+    assert_int_equal(c0.script_loads - c1.script_loads, 0);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "FLUSH", NULL), 0);
     t_usage(&t, "r1", T0_MS + 4, &d);
     twin_close(&t);
+    /* a server where FCALL may not be used (ACL; Redis < 7 has none):
+     * EVALSHA, and NOSCRIPT after SCRIPT FLUSH loads the script */
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
+                                   "default", "-fcall", NULL), 0);
+    twin_open(&t, unit_rules);
+    assert_int_equal(t_check(&t, "r1", "a", NULL, 4000, 0, T0_MS, &d), 0);
+    qg_store_redis_counters(t.rs, &c0);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "SCRIPT", "FLUSH", NULL), 0);
+    assert_int_equal(t_check(&t, "r1", "b", NULL, 4000, 0, T0_MS + 1, &d), 0);
+    assert_int_equal(t_check(&t, "r1", "c", NULL, 4000, 0, T0_MS + 2, &d), 0);
+    assert_int_equal(d.outcome, QG_REJECT);
+    qg_store_redis_counters(t.rs, &c1);
+    assert_int_equal(c1.script_loads - c0.script_loads, 1);
+    twin_close(&t);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
+                                   "default", "+@all", NULL), 0);
 }
 
 static void test_flushall(void **state)
@@ -1836,6 +1858,38 @@ static void test_diff_bounded_precision(void **state)
     run_diff(diff_precision, "precision 1m", 0x5eedd003ULL, DIFF_OPS / 3, 0);
 }
 
+/* The exact-mode differential through EVALSHA: a server where FCALL may
+ * not be used (an ACL here; Redis < 7 has no FCALL) makes the store fall
+ * back to the script, the same code run as its body at every call. */
+static long evalsha_calls(void)
+{
+    static char buf[32768];
+    const char *p;
+    if (redisproc_cmd(&srv, buf, sizeof buf, "INFO", "commandstats", NULL) != 0 ||
+        !(p = strstr(buf, "cmdstat_evalsha:calls=")))
+        return 0;
+    return strtol(p + 22, NULL, 10);
+}
+
+static void test_diff_evalsha(void **state)
+{
+    char out[64];
+    long before;
+    (void)state;
+    need_server();
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
+                                   "default", "-fcall", NULL), 0);
+    before = evalsha_calls();
+    run_diff(diff_exact, "exact through EVALSHA", 0x5eedd005ULL, DIFF_OPS / 3, 0);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
+                                   "default", "+@all", NULL), 0);
+    /* every script call went through EVALSHA (the claims' compare-and-set
+     * are EVALSHAs too, so at least one per check) */
+    if (evalsha_calls() - before < DIFF_OPS / 6)
+        fail_msg("only %ld EVALSHA calls: the store did not fall back",
+                 evalsha_calls() - before);
+}
+
 /* The same differential over a Redis Cluster of three masters: a
  * decision's keys on the master of its tag's slot, its request id's index
  * on the master of the id's, so one check talks to two nodes at once. */
@@ -2068,6 +2122,7 @@ int main(void)
         cmocka_unit_test_teardown(test_diff_exact, teardown),
         cmocka_unit_test_teardown(test_diff_bounded_entries, teardown),
         cmocka_unit_test_teardown(test_diff_bounded_precision, teardown),
+        cmocka_unit_test_teardown(test_diff_evalsha, teardown),
         cmocka_unit_test_teardown(test_diff_cluster, teardown),
         cmocka_unit_test_teardown(test_memory_per_subject, teardown),
     };

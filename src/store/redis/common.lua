@@ -178,7 +178,8 @@ local E = {}
 -- (Every field an entity will have is in its constructor: a table that
 -- grows is rebuilt at each power of two.)  hk: its state's KEYS index
 -- (the sorted set's is hk + 1); blob: the state as read (false: none);
--- S: unpacked; lay: the list bound; L: the list id it is written under;
+-- S: unpacked; S0: its values as read (the list's own format only);
+-- lay: the list bound; L: the list id it is written under;
 -- extras: windows of another list kept as they are; seen, now, rid: its
 -- newest instant, the instant the call judges at, the request's lease id;
 -- zn: members its windows count in the sorted set, znew: the set may
@@ -186,7 +187,7 @@ local E = {}
 -- calendar windows' periods; clear: slots to clear.
 function E.read(hk)
   return {hk = hk, zkey = KEYS[hk + 1], blob = rcall('GET', KEYS[hk]),
-          S = false, lay = false, L = false, extras = NOEXTRAS, seen = 0,
+          S = false, S0 = false, lay = false, L = false, extras = NOEXTRAS, seen = 0,
           now = 0, rid = '', zdirty = false, zn = 0, znew = false,
           X = false, pp = false, clear = false}
 end
@@ -323,6 +324,9 @@ function E.bind(e, lay, relayout)
   if blob and #blob == lay.size then
     local S = {sunpack(lay.fmt, blob)}
     if S[H_L] == lay.id and S[H_CANON] == 1 then
+      -- the values as read, for E.flush to see whether any changed
+      -- (cheaper than packing the state to compare it with the blob)
+      e.S0 = {unpack(S, 1, lay.nv)}
       local zn, lw = 0, lay.w
       for i = 1, #lw do
         local w = lw[i]
@@ -333,6 +337,7 @@ function E.bind(e, lay, relayout)
       return
     end
   end
+  e.S0 = false
   BIND.any(e, lay, relayout)
 end
 
@@ -421,8 +426,20 @@ function E.flush(e, now, u)
   if not e.lay and not e.blob and e.seen <= 0 then return 0 end
   S[H_T] = e.seen
   local v = S[H_V]
-  local blob = pack(e)
-  if blob == e.blob and not e.zdirty then return v end
+  local S0, lay = e.S0, e.lay
+  if S0 and e.L == lay.id and e.extras == NOEXTRAS then
+    -- read in the list's exact format and written back in it: the state
+    -- changed when a value did (pack would write the same header fields)
+    if not e.zdirty then
+      local same = true
+      for i = 1, lay.nv do
+        if S[i] ~= S0[i] then same = false; break end
+      end
+      if same then return v end
+    end
+  elseif pack(e) == e.blob and not e.zdirty then
+    return v
+  end
   local need = (u > now and u - now or 0) + MARGIN_MS
   local ttl
   if not e.blob or now + need > S[H_XP] then
@@ -430,7 +447,7 @@ function E.flush(e, now, u)
     S[H_XP] = now + ttl
   end
   S[H_V] = v + 1
-  blob = pack(e)
+  local blob = pack(e)
   if ttl then rcall('SET', KEYS[e.hk], blob, 'PX', ttl)
   else rcall('SET', KEYS[e.hk], blob, 'KEEPTTL') end
   if e.blob then UNDO.push(1, e.hk, e.blob, '') else UNDO.push(2, e.hk, '', '') end

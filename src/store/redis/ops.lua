@@ -12,7 +12,8 @@
 -- KEYS: [1] the request-id record qg:{TAG}:q:<RID> (usage: none), then
 -- the member's state and sorted set, then the org's when it has one.
 -- Argument layouts are built by src/store/redis_args.c; replies are
--- flat arrays redis_reply.c decodes.
+-- flat arrays redis_reply.c decodes.  The file ends with the entry, for
+-- FCALL (a loaded Function library) and for EVALSHA alike.
 local GROUP_NAMES = {lookup = true, settle = true, usage = true,
                      restore = true, void = true}
 local OPS = (function()
@@ -550,8 +551,19 @@ end)
 -- there; the others are built when called).
 local GROUP = {lookup = RP, settle = ST, usage = OT, restore = OT, void = OT}
 
+-- The struct format of n numbers, made once per n (kept across calls
+-- when the library is a loaded function).
+local NUMS_FMT = {}
+
 function OPS.run(op)
-  A.v = {sunpack('>' .. string.rep('d', #ARGV[2] / 8), ARGV[2])}
+  local nb = #ARGV[2] / 8
+  local fmt = NUMS_FMT[nb]
+  if not fmt then
+    fmt = '>' .. string.rep('d', nb)
+    NUMS_FMT[nb] = fmt
+  end
+  A.n, A.s = 0, 2
+  A.v = {sunpack(fmt, ARGV[2])}
   if op == 'check' then return OPS.check() end
   return GROUP[op][op]()
 end
@@ -559,8 +571,39 @@ end
 return OPS
 end)()
 
-local op = ARGV[1]
-if not (op == 'check' or GROUP_NAMES[op]) or not ARGV[2] then
-  return redis.error_reply('qg: unknown operation ' .. tostring(op))
+-- One call: KEYS and ARGV are the call's (the preamble's locals, set by
+-- the entry below).  A library loaded as a Redis Function keeps its
+-- state between calls, so what a call changes outside its entities is
+-- put back first: the argument cursor (OPS.run), the undo log and the
+-- calendar periods.  What stays is what a call only builds: the window
+-- lists (layout), the window types' functions (W), the lazy groups.
+local function qg_main()
+  UNDO.on, UNDO.n = false, 0
+  CALL.per = nil
+  local op = ARGV[1]
+  if not (op == 'check' or GROUP_NAMES[op]) or not ARGV[2] then
+    return redis.error_reply('qg: unknown operation ' .. tostring(op))
+  end
+  return OPS.run(op)
 end
-return OPS.run(op)
+
+-- The body ends by handing its entry out (the preamble opened the body
+-- as the function BODY, redis_script.c).
+return qg_main
+end
+
+-- The entry.  As a Function library (FUNCTION LOAD, then FCALL by the
+-- name FNAME the preamble sets) the library registers the function and
+-- runs its body once, at the function's first call (a library's load
+-- may use only a few globals: setmetatable is not among them); as an
+-- EVAL script (servers without Functions) the body runs at every call.
+if FNAME then
+  local main
+  redis.register_function(FNAME, function(keys, args)
+    KEYS, ARGV = keys, args
+    if not main then main = BODY() end
+    return main()
+  end)
+  return
+end
+return BODY()()
