@@ -50,6 +50,8 @@ typedef struct crossing {
     int64_t period_key;
     int rearms;                  /* rolling, session */
     int level;                   /* thresholds reached now */
+    int rearm_from;              /* > level: usage fell below thresholds
+                                    level..rearm_from-1 (re-arm them) */
     int64_t thr_milli[QG_NOTIFY_MAX_THRESHOLDS];
     int nthr;
     int forecast;                /* the forecast says: runs out first */
@@ -223,20 +225,31 @@ void qg__notify_decision(qg__notify *n, const qg_rules *r,
                      v->name, period);
         cur = atomic_load_explicit(&n->seen[h % SEEN_SLOTS],
                                    memory_order_relaxed);
+        memset(&c, 0, sizeof c);
         if (SLOT_TAG(cur) == h >> 32) {
             int sl = SLOT_LEVEL(cur);
             judge = ns->forecast && !SLOT_FC(cur) &&
                     SLOT_MINUTE(cur) != (minute & 0x7fffff);
-            if (level == sl && !judge)
+            if (level < sl && rearms) {
+                /* fell below: lowered here at once, so that the next
+                 * crossing is queued even before the recorder re-arms
+                 * (it does so first: the queue is in order) */
+                uint64_t nv = slot_make(h, level, level ? SLOT_FC(cur) : 0,
+                                        SLOT_MINUTE(cur));
+                if (!atomic_compare_exchange_strong(
+                        &n->seen[h % SEEN_SLOTS], &cur, nv))
+                    continue;           /* another worker saw it first */
+                c.rearm_from = sl;
+            } else if (level == sl && !judge) {
                 continue;
-            if (level < sl && !rearms && !judge)
+            } else if (level < sl && !judge) {
                 continue;
+            }
         } else {
             judge = ns->forecast;
             if (level == 0 && !judge)
                 continue;
         }
-        memset(&c, 0, sizeof c);
         if (judge && v->used_milli > 0) {
             const qg_window_spec *w = view_spec(r, d, v);
             int64_t start = w ? qg__crossing_start(w, d->anchor_ms, now_ms,
@@ -249,7 +262,7 @@ void qg__notify_decision(qg__notify *n, const qg_rules *r,
                 c.exhausted_at_ms = pace.exhausted_at_ms;
             }
         }
-        if (judge && !c.forecast) {
+        if (judge && !c.forecast && !c.rearm_from) {
             /* judged: not again this minute (unless a level changes) */
             int sl = SLOT_TAG(cur) == h >> 32 ? SLOT_LEVEL(cur) : 0;
             uint64_t nv = slot_make(h, sl, 0, minute);
@@ -373,15 +386,17 @@ static void record(qg__notify *n, const crossing *c, const char *const *urls,
     int ok = 0;
     char why[512];
 
-    if (c->level == from && (!c->forecast || fc))
+    if (c->rearm_from > c->level) {
+        /* fell below (rolling, session): the next crossing fires again;
+         * the decision path lowered the slot already */
+        for (int i = c->level; i < c->rearm_from && i < c->nthr; i++)
+            if (qg__outbox_rearm(n->ob, c->owner, c->window,
+                                 c->thr_milli[i], why, sizeof why) != QG_OK)
+                rec_log(n, "cannot re-arm a threshold", why);
+        return;
+    }
+    if (c->level <= from && (!c->forecast || fc))
         return;                         /* recorded meanwhile */
-    /* fell below (rolling, session): the next crossing fires again */
-    for (int i = c->level; c->rearms && i < from && i < c->nthr; i++)
-        if (qg__outbox_rearm(n->ob, c->owner, c->window, c->thr_milli[i],
-                             why, sizeof why) != QG_OK) {
-            rec_log(n, "cannot re-arm a threshold", why);
-            ok = -1;
-        }
     for (int i = from; i < c->level && i < c->nthr; i++)
         if (fire(n, c, "quota.threshold", c->thr_milli[i], c->period_key,
                  urls, nurls) < 0)

@@ -100,6 +100,11 @@ int qg__notify_webhook(qg__notify *n, const char *url, qg__webhook *out);
 /* The sender's counts into n's statistics. */
 void qg__notify_count(qg__notify *n, int outcome);
 void qg__notify_backlog(qg__notify *n, int64_t pending, int64_t oldest_ms);
+/* The pause after the attempts-th failed attempt (1, 2, ...): 2 s, 4 s,
+ * 8 s ..., at most an hour; the sender also stops at 24 hours after the
+ * event was created (QG_NOTIFY_HORIZON_MS), the last attempt at it. */
+#define QG_NOTIFY_HORIZON_MS (24 * 3600000LL)
+int64_t qg__notify_backoff_ms(int attempts);
 enum { QG_NOTIFY_DELIVERED, QG_NOTIFY_REJECTED, QG_NOTIFY_UNREACHABLE,
        QG_NOTIFY_EXPIRED };
 

@@ -39,7 +39,7 @@
 #define LEASE_MS 60000
 #define FIRST_RETRY_MS 2000
 #define MAX_BACKOFF_MS 3600000
-#define HORIZON_MS (24 * 3600000LL)
+#define HORIZON_MS QG_NOTIFY_HORIZON_MS
 
 typedef struct call call;
 
@@ -131,17 +131,22 @@ static qg_upstream *upstream_of(qg__sender *sd, const char *url, char *err,
     return u;
 }
 
+int64_t qg__notify_backoff_ms(int attempts)
+{
+    int64_t delay = FIRST_RETRY_MS;
+    for (int i = 1; i < attempts && delay < MAX_BACKOFF_MS; i++)
+        delay *= 2;
+    return delay > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : delay;
+}
+
 /* The attempt failed: again after the backoff, or given up. */
 static void failed(qg__sender *sd, const qg_outbox_event *ev, int outcome,
                    const char *error)
 {
-    int64_t now = qg__server_now(sd->s), delay = FIRST_RETRY_MS;
+    int64_t now = qg__server_now(sd->s);
     int attempts = ev->attempts + 1;
+    int64_t delay = qg__notify_backoff_ms(attempts);
     char why[512];
-    for (int i = 1; i < attempts && delay < MAX_BACKOFF_MS; i++)
-        delay *= 2;
-    if (delay > MAX_BACKOFF_MS)
-        delay = MAX_BACKOFF_MS;
     qg__notify_count(sd->n, outcome);
     if (now >= ev->created_ms + HORIZON_MS) {
         qg__notify_count(sd->n, QG_NOTIFY_EXPIRED);
