@@ -766,6 +766,30 @@ static void test_bad_rules(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_lint_error(&p, cases[i].block, cases[i].needle);
 
+    /* rules that load, with lint's findings: plain http, a plan that can
+     * never be notified */
+    {
+        char text[2048], *out = NULL, *err = NULL;
+        snprintf(text, sizeof text, "%splans:\n  basic:\n    windows:\n"
+                 "      - { name: rpm, type: rate, per: 1m, limit: 5 }\n"
+                 "notifications:\n  thresholds: [0.5]\n  webhooks:\n"
+                 "    - { url: \"http://h/x\", secret_env: S }\n",
+                 rules_head);
+        assert_int_equal(qgproc_write_file(qgproc_path(&p, "rules.yaml"),
+                                           text), 0);
+        const char *argv[] = {"lint", "-c", qgproc_path(&p, "rules.yaml"),
+                              NULL};
+        assert_int_equal(qg_run_cli(argv, 20000, &out, &err), 1);
+        assert_non_null(strstr(out, "webhook http://h/x is plain http"));
+        assert_non_null(strstr(out, "[notify-plain-http]"));
+        assert_non_null(strstr(out, "plan basic: notifications are on, but "
+                                    "the plan has no calendar, rolling or "
+                                    "session window"));
+        assert_non_null(strstr(out, "[notify-no-window]"));
+        free(out);
+        free(err);
+    }
+
     /* a secret that is missing or not whsec_ base64: serve refuses */
     char nb[512];
     notify_block(nb, sizeof nb, "[0.5]");
