@@ -7,7 +7,8 @@
 # req/s of the 3 runs with their range, the on/off ratio of the medians
 # (issue 12's target: >= 0.95), and the server CPU time per check (utime
 # + stime from /proc over each run, divided by the checks wrk completed:
-# the steadier figure on a shared machine).
+# the steadier figure on a shared machine), then system calls per check
+# counted with strace -c over a short run of each (when strace exists).
 #
 #   bench/webhook_bench.sh        (make bench runs it)
 #
@@ -77,5 +78,20 @@ say "webhook_bench: /v1/check, notifications off: $(spread $OFF_RPS) req/s (medi
 # shellcheck disable=SC2086
 say "webhook_bench: /v1/check, notifications on:  $(spread $ON_RPS) req/s (median of 3, range), $(median $ON_CPU) us CPU per check"
 say "webhook_bench: on / off = $(ratio "$MON" "$MOFF") (target >= 0.95)"
+# system calls per check (strace -c on the whole server, every thread:
+# its overhead slows the run, the count per check stays meaningful)
+if command -v strace >/dev/null 2>&1; then
+    for side in off on; do
+        if [ $side = off ]; then pid=$OFF_PID url=$OFF_URL; else pid=$ON_PID url=$ON_URL; fi
+        strace -f -c -p "$pid" -o "$TMP/strace-$side.txt" 2>/dev/null &
+        SPID=$!
+        sleep 1
+        DUR=3s CONNS=8 THREADS=1 run_wrk "strace-$side" "$url" bench/wrk_check.lua
+        kill -INT "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
+        calls=$(awk '$NF == "total" {print $4}' "$TMP/strace-$side.txt")
+        say "webhook_bench: notifications $side: $(awk -v c="${calls:-0}" -v n="$R_REQS" \
+             'BEGIN { printf "%.2f", c / n }') system calls per check (strace -c, $R_REQS checks)"
+    done
+fi
 EVENTS=$(curl -s "$ON_URL/metrics" | awk '$1 == "quotagate_webhook_events_total" {print $2}')
 say "webhook_bench: events created during the run: ${EVENTS:-?} (none expected: no threshold is reached)"

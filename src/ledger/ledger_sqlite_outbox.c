@@ -10,7 +10,7 @@
  * transaction.  Several processes on one file are serialised by SQLite's
  * write lock (busy_timeout), and the guard, not a read before the write,
  * decides.  The statements are small and rare (a crossing, an attempt):
- * prepared per call. */
+ * prepared per call.  A claim with nothing due only reads. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +206,22 @@ static int ob_claim(void *ob, const char *owner, int64_t now_ms,
     sqlite3_stmt *st = NULL;
     int rc = QG_OK, step;
     pthread_mutex_lock(&o->mu);
+    /* A read first: a WAL reader never waits for, nor blocks, the
+     * ledger's writer, where the UPDATE takes the file's write lock even
+     * when nothing is due (and the writer's busy handler sleeps while it
+     * is held: decisions would feel every idle poll). */
+    if (sqlite3_prepare_v2(o->db, "SELECT 1 FROM webhook_outbox WHERE"
+                           " state = 0 AND next_ms <= ?1 AND lease_until"
+                           " <= ?1 LIMIT 1", -1, &st, NULL) != SQLITE_OK) {
+        rc = fail(o, "cannot prepare the claim", why, whycap);
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, now_ms);
+    step = sqlite3_step(st);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (step == SQLITE_DONE)
+        goto out;                       /* nothing due */
     if (sqlite3_prepare_v2(o->db,
             "UPDATE webhook_outbox SET lease_owner = ?1,"
             " lease_until = ?2 + ?3 WHERE rowid IN (SELECT rowid FROM"
