@@ -8,7 +8,8 @@
  * window ratio and, when above the effective multiplier, is published with
  * it; weights were calibrated after every model last changed; and a rule
  * change that lowers any limit is announced at least `notice` before it
- * takes effect.  No printing: the CLI renders the findings. */
+ * takes effect; notifications go to https and reach every plan.  No
+ * printing: the CLI renders the findings. */
 #include "analysis.h"
 #include "rules.h"
 
@@ -16,8 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "civil.h"
+#include "crossing.h"
 #include "duration.h"
 #include "fixed.h"
 
@@ -334,9 +337,36 @@ static void check_payg(lint_ctx *c)
     }
 }
 
+/* ---------------------------------------------------- notifications */
+
+/* A webhook over plain http carries every subject's usage in clear text
+ * (the signature still authenticates it); a plan with no calendar,
+ * rolling or session window is never notified (crossing.h). */
+static void check_notify(lint_ctx *c)
+{
+    const qg_notify_spec *ns = &c->r->notify;
+    if (ns->nwebhooks == 0)
+        return;
+    for (int i = 0; i < ns->nwebhooks; i++)
+        if (strncasecmp(ns->webhooks[i].url, "http://", 7) == 0)
+            add(c, "notify-plain-http", NULL, NULL, "webhook %s is plain "
+                "http: its events (subjects' usage) travel unencrypted; "
+                "use https", ns->webhooks[i].url);
+    for (int i = 0; i < c->r->nplans; i++) {
+        const qg_plan *p = &c->r->plans[i];
+        int any = 0;
+        for (int k = 0; k < p->nwindows; k++)
+            any |= qg__crossing_applies(p->windows[k].type);
+        if (!any)
+            add(c, "notify-no-window", p->name, NULL, "notifications are "
+                "on, but the plan has no calendar, rolling or session "
+                "window: its members are never notified");
+    }
+}
+
 static void (*const checks[])(lint_ctx *) = {
     check_dimensions, check_derivable, check_claims, check_weights,
-    check_lowered, check_payg,
+    check_lowered, check_payg, check_notify,
 };
 
 int qg__lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,

@@ -57,6 +57,7 @@ void qg_rules_free(qg_rules *r)
     for (i = 0; r->zones && i < r->nzones; i++)
         qg__tz_free(r->zones[i]);
     free(r->zones);
+    qg__rules_notify_free(&r->notify);
     free(r->path);
     free(r->version);
     free(r->unit);

@@ -145,6 +145,31 @@ typedef struct qg_reconcile_spec {
     int repair;              /* repair what a periodic run finds */
 } qg_reconcile_spec;
 
+/* Notifications (PRODUCT.md 7, docs/rules.md "notifications"): the
+ * fractions of a window's limit that send quota.threshold, whether
+ * quota.forecast is sent, and where events go.  A webhook's secret is not
+ * part of the rules: secret_env names the environment variable the
+ * gateway reads it from at start and on every reload (notify.c). */
+#define QG_NOTIFY_MAX_THRESHOLDS 8
+#define QG_NOTIFY_MAX_WEBHOOKS 8
+#define QG_NOTIFY_URL_MAX 512     /* bytes of a webhook URL, with its NUL */
+#define QG_NOTIFY_ENV_MAX 128     /* bytes of secret_env, with its NUL */
+
+typedef struct qg_webhook_spec {
+    char *url;               /* "http[s]://HOST[:PORT][/PATH]" (url.h) */
+    char *secret_env;        /* [A-Za-z_][A-Za-z0-9_]* */
+    int line;
+} qg_webhook_spec;
+
+typedef struct qg_notify_spec {
+    int64_t thresholds_milli[QG_NOTIFY_MAX_THRESHOLDS]; /* ascending,
+                                unique, in (0, 1000] */
+    int nthresholds;
+    int forecast;            /* quota.forecast events (default 0) */
+    qg_webhook_spec *webhooks;
+    int nwebhooks;           /* 0: the block is absent (nothing is sent) */
+} qg_notify_spec;
+
 typedef struct qg_rules {
     char *path;              /* file it came from, for messages */
     char *version;           /* rule version id */
@@ -169,6 +194,7 @@ typedef struct qg_rules {
     qg_analysis_spec analysis;
     qg_store_spec store;
     qg_reconcile_spec reconcile;
+    qg_notify_spec notify;   /* notifications: (rules_notify.c) */
     qg_tz **zones;           /* owned zones referenced by calendar specs */
     int nzones;
 } qg_rules;
@@ -200,6 +226,10 @@ int qg__rules_index_orgs(qg_rules *r);
 int qg__rules_index_subjects(qg_rules *r);
 
 /* qg__rules_payg: payg.h. */
+
+/* rules_notify.c: the `notifications:` mapping n into r->notify (the
+ * compiler's context is rules_compile.h's); freeing it. */
+void qg__rules_notify_free(qg_notify_spec *n);
 
 /* Formats "path:line:col: message" into buf. */
 void qg__diag_format(const qg_diag *d, char *buf, size_t cap);

@@ -24,6 +24,9 @@ typedef struct qg__rctx {
 /* rules_yaml.c: a model name defined under weights.models -> its index. */
 int qg__rc_model_ref(qg__rctx *c, yaml_node_t *n, const char *path, int *out);
 
+/* rules_notify.c: the notifications block. */
+int qg__rc_notify(qg__rctx *c, yaml_node_t *n, const char *path);
+
 /* rules_windows.c */
 
 /* {usd_month: decimal} -> micro-dollars (plan price, spending cap). */

@@ -619,7 +619,7 @@ static const qg__ykey top_keys[] = {
     { "plans", QG_Y_ALL },     { "orgs", QG_Y_ALL },
     { "subjects", QG_Y_ALL },  { "default_plan", QG_Y_ALL },
     { "analysis", QG_Y_ALL },  { "store", QG_Y_ALL },
-    { "reconcile", QG_Y_ALL },
+    { "reconcile", QG_Y_ALL }, { "notifications", QG_Y_ALL },
 };
 
 /* Optional top-level dates and durations: key, parser kind, field. */
@@ -692,6 +692,9 @@ static int compile(qg__rctx *c, yaml_node_t *root)
         return -1;
     if ((v = qg__y_get(&c->y, root, "analysis")) &&
         c_analysis(c, v, "analysis") < 0)
+        return -1;
+    if ((v = qg__y_get(&c->y, root, "notifications")) &&
+        qg__rc_notify(c, v, "notifications") < 0)
         return -1;
     qg__rules_payg(r);
     return 0;

@@ -35,7 +35,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 4
+#define QG_LEDGER_SCHEMA_VERSION 5
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -253,5 +253,84 @@ int qg__ledger_shared(qg_ledger *l);
  * default 65,536) of the bound, which is kept for the rows of decisions
  * already admitted (their settles must still find room). */
 int qg__ledger_behind(qg_ledger *l);
+
+/* ------------------------------------------------- the webhook outbox */
+
+/* Notifications (PRODUCT.md 7) wait in the ledger's database until a
+ * webhook took them (ledger_outbox.c; docs/operations.md "Webhooks").
+ * Two tables: notify_marks, one row per subject x window x threshold
+ * that says whether it may fire again, and webhook_outbox, one row per
+ * event x webhook URL.  An event is created only by qg__outbox_fire,
+ * which changes its mark and inserts its rows in ONE transaction, so
+ * that of several callers (threads, processes, instances on one
+ * PostgreSQL) exactly one creates it, and it is durable before anyone
+ * sends it. */
+typedef struct qg_outbox qg_outbox;
+
+#define QG_OUTBOX_ID_MAX 40        /* "msg_" + 32 hex digits, with NUL */
+#define QG_OUTBOX_BODY_MAX 2048
+
+typedef struct qg_outbox_event {
+    char id[QG_OUTBOX_ID_MAX];     /* the webhook-id: set by fire, stable */
+    char url[512];                 /* claim: the webhook it goes to */
+    char type[32];                 /* "quota.threshold", "quota.forecast" */
+    char subject[300];             /* the mark's owner: a member, or
+                                      "org:NAME" for an org's window */
+    char window[64];
+    int64_t threshold_milli;       /* 0 for quota.forecast */
+    int64_t period_key;            /* > 0: the calendar period (its end,
+                                      ms): fires once per period; 0: fires
+                                      again only once re-armed */
+    int64_t created_ms;
+    int64_t next_ms;               /* when the next attempt is due */
+    int attempts;                  /* attempts made so far */
+    char body[QG_OUTBOX_BODY_MAX]; /* the JSON body, sent as is */
+} qg_outbox_event;
+
+/* A handle on the outbox of ledger l (its own connection to the
+ * database; l must outlive it).  Each handle is meant for one thread
+ * (calls on one handle are serialised).  NULL with err. */
+qg_outbox *qg__outbox_open(qg_ledger *l, char *err, size_t errcap);
+void qg__outbox_close(qg_outbox *o);
+
+/* Fire ev (type, subject, window, threshold_milli, period_key,
+ * created_ms, body) to each of urls[0..nurls): in one durable
+ * transaction, when its mark allows it (none yet; re-armed; or a later
+ * calendar period than the one it last fired in), the mark is taken and
+ * one pending row per URL is inserted, all with the same id (written
+ * into ev->id, derived from the mark and how often it fired: the same in
+ * every process).  *fired: 1 when this call created the event, 0 when
+ * the mark held it back.  QG_OK or an error with why. */
+int qg__outbox_fire(qg_outbox *o, qg_outbox_event *ev,
+                    const char *const *urls, int nurls, int *fired,
+                    char *why, size_t whycap);
+/* Re-arm the mark of subject x window x threshold (usage fell below it):
+ * its next crossing fires again.  QG_OK or an error. */
+int qg__outbox_rearm(qg_outbox *o, const char *subject, const char *window,
+                     int64_t threshold_milli, char *why, size_t whycap);
+/* Claim up to max pending rows due at now_ms that nobody holds, for
+ * owner, until now_ms + lease_ms (FOR UPDATE SKIP LOCKED on PostgreSQL:
+ * instances never claim the same row); *n rows into out (url, id, body,
+ * created_ms, attempts).  release: drop owner's leases (at start: a
+ * process that was killed held them).  QG_OK or an error. */
+int qg__outbox_claim(qg_outbox *o, const char *owner, int64_t now_ms,
+                     int64_t lease_ms, qg_outbox_event *out, int max,
+                     int *n, char *why, size_t whycap);
+int qg__outbox_release(qg_outbox *o, const char *owner, char *why,
+                       size_t whycap);
+/* The outcome of an attempt at row (id, url): delivered (state 1);
+ * retry at next_ms with attempts and the reason, lease dropped; or given
+ * up (state 2: past the retry horizon). */
+int qg__outbox_delivered(qg_outbox *o, const char *id, const char *url,
+                         int64_t now_ms, char *why, size_t whycap);
+int qg__outbox_retry(qg_outbox *o, const char *id, const char *url,
+                     int64_t next_ms, int attempts, const char *error,
+                     char *why, size_t whycap);
+int qg__outbox_give_up(qg_outbox *o, const char *id, const char *url,
+                       int64_t now_ms, const char *error, char *why,
+                       size_t whycap);
+/* Pending rows and the creation time of the oldest (0 when none). */
+int qg__outbox_backlog(qg_outbox *o, int64_t *pending, int64_t *oldest_ms,
+                       char *why, size_t whycap);
 
 #endif

@@ -19,7 +19,7 @@
 
 #include "ledger.h"
 
-#define QG_LEDGER_BACKEND_VERSION 2
+#define QG_LEDGER_BACKEND_VERSION 3
 
 /* One queued row with its callback, as the writer hands it over. */
 typedef struct qg__ledger_item {
@@ -108,6 +108,37 @@ typedef struct qg__ledger_keys_ops {
     int (*revoke)(void *b, const char *id, int64_t now_ms);
 } qg__ledger_keys_ops;
 
+/* The webhook outbox (version 3; ledger.h, "the webhook outbox"): open
+ * makes a handle with its own connection to the backend b is (one per
+ * thread that uses it: the front never shares one between threads);
+ * the rest as the qg__outbox_* functions of ledger.h, given the event id
+ * the front derived (id_of) for fire.  fire takes the mark and inserts
+ * the rows in one transaction, and must be safe against other processes
+ * doing the same at once (a unique key decides, never a read first). */
+typedef struct qg__ledger_outbox_ops {
+    void *(*open)(void *b, char *err, size_t errcap);
+    void (*close)(void *ob);
+    int (*fire)(void *ob, qg_outbox_event *ev, const char *const *urls,
+                int nurls, int *fired,
+                void (*id_of)(const qg_outbox_event *ev, int64_t episode,
+                              char *id),
+                char *why, size_t whycap);
+    int (*rearm)(void *ob, const char *subject, const char *window,
+                 int64_t threshold_milli, char *why, size_t whycap);
+    int (*claim)(void *ob, const char *owner, int64_t now_ms,
+                 int64_t lease_ms, qg_outbox_event *out, int max, int *n,
+                 char *why, size_t whycap);
+    int (*release)(void *ob, const char *owner, char *why, size_t whycap);
+    /* state 1 delivered, 2 given up: the row's end; error may be NULL */
+    int (*finish)(void *ob, const char *id, const char *url, int state,
+                  int64_t now_ms, const char *error, char *why,
+                  size_t whycap);
+    int (*retry)(void *ob, const char *id, const char *url, int64_t next_ms,
+                 int attempts, const char *error, char *why, size_t whycap);
+    int (*backlog)(void *ob, int64_t *pending, int64_t *oldest_ms,
+                   char *why, size_t whycap);
+} qg__ledger_outbox_ops;
+
 typedef struct qg__ledger_backend {
     const char *name;           /* "sqlite", "postgresql" */
     int version;                /* QG_LEDGER_BACKEND_VERSION */
@@ -124,6 +155,7 @@ typedef struct qg__ledger_backend {
     const qg__ledger_rows_ops *rows;
     const qg__ledger_subjects_ops *subjects;
     const qg__ledger_keys_ops *keys;
+    const qg__ledger_outbox_ops *outbox;   /* version 3 */
 } qg__ledger_backend;
 
 extern const qg__ledger_backend qg__ledger_sqlite;

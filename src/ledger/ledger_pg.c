@@ -414,4 +414,5 @@ const qg__ledger_backend qg__ledger_postgresql = {
     &pg_rows,
     &qg__pg_subjects_ops,
     &qg__pg_keys_ops,
+    &qg__pg_outbox_ops,
 };

@@ -29,7 +29,7 @@
 
 /* The PostgreSQL schema's own version (its migrations are not SQLite's:
  * version 1 already has every column of SQLite's version 4). */
-#define QG_PG_SCHEMA_VERSION 1
+#define QG_PG_SCHEMA_VERSION 2
 
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */
@@ -201,5 +201,9 @@ extern const qg__ledger_subjects_ops qg__pg_subjects_ops;
 extern const qg__ledger_keys_ops qg__pg_keys_ops;
 int qg__pg_prepare_subjects(PGconn *c, char *why, size_t cap);
 int qg__pg_prepare_keys(PGconn *c, char *why, size_t cap);
+
+/* ---------------------------------------------- ledger_pg_outbox.c */
+
+extern const qg__ledger_outbox_ops qg__pg_outbox_ops;
 
 #endif

@@ -14,7 +14,8 @@
  * for the 64-bit fields, plus seq: the order rows were first written,
  * which breaks ties of created_ms in a scan, as SQLite's rowid does),
  * subjects, keys (hashes only), and spool_marks (where each instance's
- * spool replay stands, written with the rows it replays).  Identifiers
+ * spool replay stands, written with the rows it replays); since version
+ * 2 notify_marks and webhook_outbox (ledger.h, the outbox).  Identifiers
  * compare byte-wise (COLLATE "C"): an id is bytes, not words of a
  * language, and the index is faster so. */
 #include <stdio.h>
@@ -65,6 +66,29 @@ static const char *const migrations[] = {
     " revoked_ms BIGINT NOT NULL DEFAULT 0);"
     "CREATE TABLE spool_marks ("
     " spool_id TEXT COLLATE \"C\" PRIMARY KEY, seq BIGINT NOT NULL);",
+    /* 1 -> 2: the webhook outbox (ledger.h; ledger_pg_outbox.c) */
+    "CREATE TABLE notify_marks ("
+    " subject TEXT COLLATE \"C\" NOT NULL,"
+    " \"window\" TEXT COLLATE \"C\" NOT NULL,"
+    " threshold_milli BIGINT NOT NULL, period_key BIGINT NOT NULL,"
+    " armed INTEGER NOT NULL, episode BIGINT NOT NULL,"
+    " fired_ms BIGINT NOT NULL,"
+    " PRIMARY KEY (subject, \"window\", threshold_milli));"
+    "CREATE TABLE webhook_outbox ("
+    " id TEXT COLLATE \"C\" NOT NULL, url TEXT COLLATE \"C\" NOT NULL,"
+    " type TEXT NOT NULL, subject TEXT COLLATE \"C\" NOT NULL,"
+    " \"window\" TEXT COLLATE \"C\" NOT NULL,"
+    " threshold_milli BIGINT NOT NULL, period_key BIGINT NOT NULL,"
+    " body TEXT NOT NULL, created_ms BIGINT NOT NULL,"
+    " state INTEGER NOT NULL DEFAULT 0, next_ms BIGINT NOT NULL,"
+    " attempts INTEGER NOT NULL DEFAULT 0,"
+    " lease_owner TEXT NOT NULL DEFAULT '',"
+    " lease_until BIGINT NOT NULL DEFAULT 0,"
+    " last_error TEXT NOT NULL DEFAULT '',"
+    " done_ms BIGINT NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (id, url));"
+    "CREATE INDEX webhook_outbox_due ON webhook_outbox (next_ms)"
+    " WHERE state = 0;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -605,4 +605,5 @@ const qg__ledger_backend qg__ledger_sqlite = {
     &sq_rows,
     &qg__sq_subjects,
     &qg__sq_keys,
+    &qg__sq_outbox_ops,
 };

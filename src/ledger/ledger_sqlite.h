@@ -100,6 +100,10 @@ void qg__sq_read_failed(qg__sq *s, sqlite3 *db);
 extern const qg__ledger_subjects_ops qg__sq_subjects;
 extern const qg__ledger_keys_ops qg__sq_keys;
 
+/* The webhook outbox (ledger_sqlite_outbox.c): its own connection per
+ * handle. */
+extern const qg__ledger_outbox_ops qg__sq_outbox_ops;
+
 /* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
  * err (QG_EIO); the file's schema version; the refusal of a version newer
  * than this build (QG_ESTATE); the pending migrations, in one transaction

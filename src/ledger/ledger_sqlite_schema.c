@@ -56,6 +56,26 @@ static const char *const migrations[] = {
     "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
     /* 3 -> 4: decided locally while the shared store was down */
     "ALTER TABLE requests ADD COLUMN fallback INTEGER NOT NULL DEFAULT 0;",
+    /* 4 -> 5: the webhook outbox (ledger.h; ledger_sqlite_outbox.c) */
+    "CREATE TABLE notify_marks ("
+    " subject TEXT NOT NULL, \"window\" TEXT NOT NULL,"
+    " threshold_milli INTEGER NOT NULL, period_key INTEGER NOT NULL,"
+    " armed INTEGER NOT NULL, episode INTEGER NOT NULL,"
+    " fired_ms INTEGER NOT NULL,"
+    " PRIMARY KEY (subject, \"window\", threshold_milli));"
+    "CREATE TABLE webhook_outbox ("
+    " id TEXT NOT NULL, url TEXT NOT NULL, type TEXT NOT NULL,"
+    " subject TEXT NOT NULL, \"window\" TEXT NOT NULL,"
+    " threshold_milli INTEGER NOT NULL, period_key INTEGER NOT NULL,"
+    " body TEXT NOT NULL, created_ms INTEGER NOT NULL,"
+    " state INTEGER NOT NULL DEFAULT 0, next_ms INTEGER NOT NULL,"
+    " attempts INTEGER NOT NULL DEFAULT 0,"
+    " lease_owner TEXT NOT NULL DEFAULT '',"
+    " lease_until INTEGER NOT NULL DEFAULT 0,"
+    " last_error TEXT NOT NULL DEFAULT '',"
+    " done_ms INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (id, url));"
+    "CREATE INDEX webhook_outbox_due ON webhook_outbox (state, next_ms);",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

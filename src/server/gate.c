@@ -17,6 +17,7 @@
 #include "gate.h"
 #include "keeper.h"
 #include "metrics.h"
+#include "notify.h"
 #include "rules.h"
 #include "weights.h"
 
@@ -204,6 +205,8 @@ void qg__gate_record(qg_server *s, const qg__admit *a, const char *window)
     if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the row of request "
                 "%s was not queued\n", a->req.request_id);
+    qg__notify_decision(s->notify, qg_engine_rules(s->engine), &a->d,
+                        a->req.subject, a->now_ms);
 }
 
 void qg__gate_headers(qg_server *s, const qg__admit *a, qg_hdr_buf *hb)
@@ -306,6 +309,46 @@ static int recover(qg_server *s, qg__settle *st)
     return QG_OK;
 }
 
+/* ------------------------------------------------------ notifications */
+
+typedef struct settled_usage {
+    qg_server *s;
+    char subject[256];
+    int64_t now_ms;
+    qg_decision d;
+} settled_usage;
+
+static void settled_views(void *ud, int rc)
+{
+    settled_usage *u = ud;
+    if (rc == QG_OK)
+        qg__notify_decision(u->s->notify, qg_engine_rules(u->s->engine),
+                            &u->d, u->subject, u->now_ms);
+    free(u);
+}
+
+/* The subject's views after a settle, through the worker's lane (no
+ * wait with the memory store; one call in flight with a remote one),
+ * handed to the notifications. */
+static void notify_settled(qg_server *s, int worker, const char *subject,
+                           int64_t now_ms)
+{
+    const qg_rules *r = qg_engine_rules(s->engine);
+    settled_usage *u;
+    int rc;
+    if (!s->notify || r->notify.nwebhooks == 0 || !subject || !subject[0] ||
+        !(u = malloc(sizeof *u)))
+        return;
+    u->s = s;
+    qg__row_copy(u->subject, sizeof u->subject, subject);
+    u->now_ms = now_ms;
+    rc = qg_engine_usage_async(s->engine, s->lanes && worker >= 0 &&
+                               worker < s->nlanes ? s->lanes[worker] : NULL,
+                               u->subject, now_ms, &u->d, settled_views, u);
+    if (rc != QG_PENDING)
+        settled_views(u, rc);
+}
+
 /* On the settling worker: the row is durable (or failed). */
 static void settle_answer(void *arg)
 {
@@ -396,6 +439,10 @@ static void settle_applied(void *arg, int rc)
                         q->input_tokens, q->output_tokens, &st->res,
                         st->now_ms);
     st->row.estimated = st->estimated;
+    /* a settle that charged more than was reserved may cross a threshold
+     * the check did not reach (notify.h) */
+    if (st->res.charged_milli > st->res.reserved_milli && !st->res.replayed)
+        notify_settled(s, st->worker, st->row.subject, st->now_ms);
     if (st->detail)
         qg__row_copy(st->row.detail, sizeof st->row.detail, st->detail);
     qrc = qg__ledger_submit(s->ledger, &st->row,

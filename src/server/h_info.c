@@ -5,6 +5,7 @@
 #include <string.h>
 #include "json_out.h"
 #include "metrics.h"
+#include "notify.h"
 #include "gate.h"
 #include "rules.h"
 #include "server.h"
@@ -145,6 +146,7 @@ void qg__h_metrics(qg_server *s, qg_http_req *r, const char *caller)
     qg_store_stats st;
     qg_ledger_stats ls;
     qg_http_stats hs;
+    qg__notify_stats ns;
     char *text;
 
     (void)caller;
@@ -152,6 +154,9 @@ void qg__h_metrics(qg_server *s, qg_http_req *r, const char *caller)
     qg__ledger_stats_get(s->ledger, &ls);
     qg__http_server_stats(s->http, &hs);
     qg__server_gauges(s, &st, &ls, &hs, &g);
+    qg__notify_stats_get(s->notify, &ns);
+    g.notify = s->notify ? &ns : NULL;
+    g.now_ms = qg__server_now(s);
     text = qg__metrics_render(s->metrics, &g);
     if (!text) {
         qg__reply_error(s, r, 500, "internal_error", "out of memory");

@@ -115,6 +115,12 @@ typedef struct qg_metrics_gauges {
     const qg_http_stats *http;      /* connections; NULL: not shown */
     const char *rules_version;      /* NULL: taken from the current rules */
     const char *weights_version;
+    /* notifications (notify.h): quotagate_webhook_deliveries_total
+     * {outcome}, quotagate_webhook_events_total,
+     * quotagate_webhook_dropped_total, quotagate_webhook_backlog,
+     * quotagate_webhook_oldest_pending_seconds; NULL: not shown */
+    const struct qg__notify_stats *notify;
+    int64_t now_ms;                 /* for the oldest pending's age */
 } qg_metrics_gauges;
 
 /* A registry sized for rules r (borrowed only during the call).  Returns

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "fixed.h"
 #include "metrics_internal.h"
+#include "notify.h"
 
 static const char *const outcome_names[NOUT] = {"allow", "reject",
                                                 "reject_never"};
@@ -298,6 +299,38 @@ static void render_connections(FILE *f, const qg_http_stats *h)
     }
 }
 
+/* Notifications (notify.h; docs/operations.md, "Webhooks"). */
+static void render_notify(FILE *f, const qg__notify_stats *n, int64_t now_ms)
+{
+    static const char *const outcomes[] = {"delivered", "rejected",
+                                           "unreachable", "expired"};
+    const uint64_t counts[] = {n->delivered, n->rejected, n->unreachable,
+                               n->expired};
+    family(f, "quotagate_webhook_deliveries_total", "counter",
+           "Webhook attempts by outcome: delivered (2xx), rejected (another "
+           "status), unreachable (no answer in time), expired (given up "
+           "after 24 hours).");
+    for (size_t i = 0; i < sizeof outcomes / sizeof outcomes[0]; i++)
+        fprintf(f, "quotagate_webhook_deliveries_total{outcome=\"%s\"} "
+                "%llu\n", outcomes[i], (unsigned long long)counts[i]);
+    gauge_u(f, "quotagate_webhook_events_total", "counter",
+            "Notification events this instance created in the outbox.",
+            n->events);
+    gauge_u(f, "quotagate_webhook_dropped_total", "counter",
+            "Crossings not queued because the notifications' queue was "
+            "full (queued again at the subject's next decision).",
+            n->dropped);
+    gauge_u(f, "quotagate_webhook_backlog", "gauge",
+            "Webhook deliveries pending in the outbox.",
+            n->backlog > 0 ? (uint64_t)n->backlog : 0);
+    family(f, "quotagate_webhook_oldest_pending_seconds", "gauge",
+           "Age of the oldest pending webhook delivery (0: none).");
+    fputs("quotagate_webhook_oldest_pending_seconds ", f);
+    put_scaled(f, n->oldest_ms > 0 && now_ms > n->oldest_ms
+                      ? (uint64_t)(now_ms - n->oldest_ms) : 0, 3);
+    fputc('\n', f);
+}
+
 char *qg__metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
 {
     char *text = NULL;
@@ -316,6 +349,8 @@ char *qg__metrics_render(qg_metrics *m, const qg_metrics_gauges *g)
         render_gauges(f, g);
     if (g && g->http)
         render_connections(f, g->http);
+    if (g && g->notify)
+        render_notify(f, g->notify, g->now_ms);
     gauge_u(f, "quotagate_up", "gauge", "1 while the gateway serves.", 1);
     family(f, "quotagate_rules_info", "gauge",
            "The rules and weights versions in force.");

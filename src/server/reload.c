@@ -16,8 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/crypto.h>
 #include "json_out.h"
 #include "metrics.h"
+#include "notify.h"
 #include "rules.h"
 #include "server.h"
 
@@ -47,17 +49,26 @@ struct qg_reloader {
 int qg__server_reload(qg_server *s, char *err, size_t errcap)
 {
     qg_rules *nr = NULL;
+    qg__notify_cfg cfg;
     int rc;
 
     pthread_mutex_lock(&s->reload_mu);
     rc = qg_rules_load(s->opts.rules_path, &nr, err, errcap);
+    /* the webhooks' secrets are read again: a missing one refuses it */
+    if (rc == QG_OK && qg__notify_cfg_load(nr, &cfg, err, errcap) != 0) {
+        qg_rules_free(nr);
+        rc = QG_ERULES;
+    }
     if (rc == QG_OK) {
         rc = qg_engine_reload(s->engine, nr, err, errcap);
-        if (rc != QG_OK)
+        if (rc != QG_OK) {
             qg_rules_free(nr);
-        else
+        } else {
             qg__metrics_rules(s->metrics, qg_engine_rules(s->engine));
+            qg__notify_set_cfg(s->notify, &cfg);
+        }
     }
+    OPENSSL_cleanse(&cfg, sizeof cfg);
     pthread_mutex_unlock(&s->reload_mu);
     if (rc == QG_OK)
         atomic_fetch_add(&s->reloads, 1);

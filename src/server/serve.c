@@ -17,9 +17,12 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+#include <openssl/crypto.h>
 #include "auth.h"
 #include "json_out.h"
 #include "metrics.h"
+#include "notify.h"
 #include "routes.h"
 #include "keeper.h"
 #include "proxy.h"
@@ -238,8 +241,35 @@ static int serve_check(qg_server *s, qg_rules **rules, char *host,
     return 0;
 }
 
+/* Notifications (notify.h): the webhooks' secrets from the environment
+ * (a missing one fails the start), then the recorder and the sender.
+ * The sender's leases are named after this host and --data, the same
+ * across restarts, so that a restart after kill -9 takes back at once
+ * what the killed process held.  0, or -1 with a message. */
+static int serve_notify(qg_server *s)
+{
+    char err[1024], host[256] = "", dir[4096], owner[1300];
+    qg__notify_cfg cfg;
+    int rc = 0;
+    if (qg__notify_cfg_load(qg_engine_rules(s->engine), &cfg, err,
+                            sizeof err) != 0) {
+        fprintf(stderr, "quotagate: notifications: %s\n", err);
+        return -1;
+    }
+    gethostname(host, sizeof host - 1);
+    if (!realpath(s->opts.data_dir, dir))
+        snprintf(dir, sizeof dir, "%s", s->opts.data_dir);
+    snprintf(owner, sizeof owner, "%.255s:%.1000s", host, dir);
+    if (!(s->notify = qg__notify_new(s, &cfg, owner, err, sizeof err))) {
+        fprintf(stderr, "quotagate: notifications: %s\n", err);
+        rc = -1;
+    }
+    OPENSSL_cleanse(&cfg, sizeof cfg);
+    return rc;
+}
+
 /* The ledger, the keys, the store, the engine (which takes *rules), the
- * metrics and the proxy.  0, or -1 with a message. */
+ * metrics, the proxy and notifications.  0, or -1 with a message. */
 static int serve_open(qg_server *s, qg_rules **rules, char *url,
                       size_t urlcap)
 {
@@ -317,7 +347,7 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         fprintf(stderr, "quotagate: --upstream: %s\n", err);
         return -1;
     }
-    return 0;
+    return serve_notify(s);
 }
 
 /* Subjects created through the admin API, then every window rebuilt from
@@ -423,6 +453,7 @@ static void serve_close(qg_server *s)
     /* Drain the ledger first: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
     qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
+    qg__notify_free(s->notify);         /* before the ledger it writes */
     qg__ledger_close(s->ledger);
     /* the lanes before the loops they were made on go */
     for (int i = 0; s->lanes && i < s->nlanes; i++)

@@ -55,6 +55,7 @@ typedef struct qg_server {
     _Atomic uint64_t reconcile_runs;
     _Atomic uint64_t reconcile_drifted; /* windows drifted, last run */
     _Atomic int64_t reconcile_max_drift;/* milli, last run */
+    struct qg__notify *notify;          /* notifications (notify.h) */
 } qg_server;
 /* Reconcile the gateway's counters against its ledger (reconcile_run.c,
  * docs/reconcile.md): blocks for the run (never call it on a worker);
