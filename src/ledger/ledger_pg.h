@@ -174,6 +174,9 @@ void qg__pg_text(const PGresult *r, int row, int col, char *dst,
 /* Append to a buffer, growing it up to cap bytes.  0 or QG_ENOMEM. */
 int qg__pg_buf_add(qg__pg_buf *b, const void *p, size_t n, size_t cap);
 
+/* 1 when s[0..n) is valid UTF-8 (what a UTF8 database stores). */
+int qg__pg_utf8_ok(const char *s, size_t n);
+
 /* Row columns from a binary result's row (QG_PG_ROW_COLS order). */
 void qg__pg_read_row(const PGresult *r, int row, qg_ledger_row *out);
 

@@ -175,12 +175,37 @@ static uint64_t id_hash(const char *id, size_t len)
     return XXH3_64bits(id, len);
 }
 
+/* The first text field of r that is not valid UTF-8, or NULL. */
+static const char *bad_text(const qg_ledger_row *r)
+{
+    const char *f[9] = {r->request_id, r->subject, r->org, r->plan,
+                        r->rules_version, r->weights_version, r->model,
+                        r->window, r->detail};
+    const size_t cap[9] = {sizeof r->request_id, sizeof r->subject,
+                           sizeof r->org, sizeof r->plan,
+                           sizeof r->rules_version, sizeof r->weights_version,
+                           sizeof r->model, sizeof r->window,
+                           sizeof r->detail};
+    static const char *const names[9] = {"request_id", "subject", "org",
+                                         "plan", "rules_version",
+                                         "weights_version", "model",
+                                         "window", "detail"};
+    for (int i = 0; i < 9; i++)
+        if (!qg__pg_utf8_ok(f[i], strnlen(f[i], cap[i])))
+            return names[i];
+    return NULL;
+}
+
 /* g->round[i]: the round of item i (a row one round after the previous
- * row of its id; merged items UINT32_MAX); *nrounds.  Open addressing on
+ * row of its id; merged items and rows that cannot be stored
+ * UINT32_MAX); *nrounds.  A row whose text is not valid UTF-8 would make
+ * the server refuse the statement, and with it the batch, every time the
+ * front tries it again: it is not sent, and is `refused` (not written;
+ * logged), the rest of the batch goes on.  Open addressing on
  * g->map: item index + 1 of the latest row of each id.  Also makes room
  * in g->pick for 2n items: [0, n) the rows of a round's array statements,
  * [n, 2n) the rows the guards stopped. */
-static int rounds(qg__pg *g, const qg__ledger_item *it, size_t n,
+static int rounds(qg__pg *g, qg__ledger_item *it, size_t n,
                   uint32_t *nrounds)
 {
     size_t cap = 16, mask;
@@ -197,7 +222,20 @@ static int rounds(qg__pg *g, const qg__ledger_item *it, size_t n,
     for (size_t i = 0; i < n; i++) {
         const char *id = it[i].row.request_id;
         size_t len = strnlen(id, sizeof it[i].row.request_id), h;
+        const char *bad;
         if (it[i].merged) {
+            g->round[i] = UINT32_MAX;
+            continue;
+        }
+        if ((bad = bad_text(&it[i].row)) != NULL) {
+            char hex[2 * 16 + 1];
+            for (size_t j = 0; j < 16 && j < len; j++)
+                snprintf(hex + 2 * j, 3, "%02x", (unsigned char)id[j]);
+            hex[2 * (len < 16 ? len : 16)] = '\0';
+            qg__pg_log(g, "ledger %s: a row not written: its %s is not "
+                       "valid UTF-8 (request id starting with bytes %s)",
+                       g->shown, bad, hex);
+            it[i].refused = 1;
             g->round[i] = UINT32_MAX;
             continue;
         }
