@@ -2,7 +2,8 @@
  * sending a batch side by side (docs/ledger-postgresql.md): one
  * statement of arrays per kind of row (unnest), one prepared statement
  * per row in libpq's pipeline mode, and the default that picks between
- * them by the number of rows, for batches of 1, 16, 256 and 4096 rows, on a PostgreSQL 15 the bench starts on the loopback
+ * them by the number of rows, for batches of 1, 16, 256 and 4096 rows,
+ * on a PostgreSQL 15 the bench starts on the loopback
  * (tests/support/pgproc.h: fsync and synchronous_commit on, so each
  * batch's commit waits for its WAL flush, as in production).
  *

@@ -104,6 +104,34 @@ int qg__pg_buf_add(qg__pg_buf *b, const void *p, size_t n, size_t cap)
     return QG_OK;
 }
 
+/* Strict UTF-8 as PostgreSQL checks it: no overlong forms, no
+ * surrogates, nothing past U+10FFFF. */
+int qg__pg_utf8_ok(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    while (p < end) {
+        unsigned c = *p;
+        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2
+                                   : (c & 0xf0) == 0xe0 ? 3
+                                   : (c & 0xf8) == 0xf0 ? 4 : 0;
+        uint32_t cp;
+        if (!len || (size_t)(end - p) < len)
+            return 0;
+        cp = len == 1 ? c : c & (0x7fu >> len);
+        for (size_t i = 1; i < len; i++) {
+            if ((p[i] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (p[i] & 0x3fu);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+            (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        p += len;
+    }
+    return 1;
+}
+
 #define TEXT(r, i, col, f) qg__pg_text(r, i, col, f, sizeof(f))
 
 void qg__pg_read_row(const PGresult *r, int i, qg_ledger_row *o)
@@ -252,6 +280,8 @@ static int pg_get(void *b, const char *request_id, qg_ledger_row *out)
     int lens[1] = {(int)strlen(request_id)}, rc;
     char why[512];
     PGresult *r;
+    if (!qg__pg_utf8_ok(request_id, (size_t)lens[0]))
+        return QG_ENOTFOUND;     /* never written (ledger_pg_writer.c) */
     pthread_mutex_lock(&g->get.mu);
     rc = qg__pg_exec(g, &g->get, "qg_get", 1, vals, lens, 1, &r, why,
                      sizeof why);

@@ -1,6 +1,7 @@
 /* ledger_pg.h - private to the PostgreSQL ledger backend: the handle
  * shared by ledger_pg.c (open, close, reads, the method table),
  * ledger_pg_conn.c (connections and what a failure means),
+ * ledger_pg_rows.c (the writer's statements and parameters),
  * ledger_pg_writer.c (write_batch), ledger_pg_schema.c (migrations) and
  * ledger_pg_admin.c (subjects and keys), and the helpers they share.
  * Not for use outside src/ledger. */
@@ -174,15 +175,38 @@ void qg__pg_text(const PGresult *r, int row, int col, char *dst,
 /* Append to a buffer, growing it up to cap bytes.  0 or QG_ENOMEM. */
 int qg__pg_buf_add(qg__pg_buf *b, const void *p, size_t n, size_t cap);
 
+/* 1 when s[0..n) is valid UTF-8 (what a UTF8 database stores). */
+int qg__pg_utf8_ok(const char *s, size_t n);
+
 /* Row columns from a binary result's row (QG_PG_ROW_COLS order). */
 void qg__pg_read_row(const PGresult *r, int row, qg_ledger_row *out);
+
+/* ------------------------------------------------ ledger_pg_rows.c */
+
+/* All parameters binary (formats of QG_PG_NCOLS parameters). */
+extern const int qg__pg_binary[QG_PG_NCOLS];
+/* The writer's statements (its connection's prepare). */
+int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap);
+/* The name of r's first text field that is not valid UTF-8, or NULL. */
+const char *qg__pg_bad_text(const qg_ledger_row *r);
+/* Send r's upsert (whole row or settle) into the pipeline: PQsend's
+ * 1 or 0. */
+int qg__pg_send_row(PGconn *c, const qg_ledger_row *r);
+/* Send the rows it[g->pick[first ... first + k)] (all whole rows, or all
+ * settles) as one statement of arrays (g->col).  QG_OK or an error. */
+int qg__pg_send_arrays(qg__pg *g, PGconn *c, const qg__ledger_item *it,
+                       size_t first, size_t k, int settle, char *why,
+                       size_t cap);
+/* A binary one-dimensional array of elem in b: start (b emptied), add
+ * each element, then set its count.  0 or QG_ENOMEM (its cap: 64 MiB). */
+int qg__pg_array_start(qg__pg_buf *b, Oid elem);
+int qg__pg_array_add(qg__pg_buf *b, const void *p, size_t n);
+void qg__pg_array_count(qg__pg_buf *b, size_t n);
 
 /* ---------------------------------------------- ledger_pg_writer.c */
 
 int qg__pg_write_batch(void *b, qg__ledger_item *it, size_t n,
                        const qg__spool_mark *mark, char *why, size_t whycap);
-/* The writer's statements (its connection's prepare). */
-int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap);
 /* Choose how batches are sent (the benchmark measures every way, the
  * tests run each); before the writer runs, or from its thread. */
 void qg__pg_set_write_mode(void *b, qg__pg_write_mode mode);

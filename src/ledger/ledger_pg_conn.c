@@ -253,9 +253,6 @@ int qg__pg_use(qg__pg *g, qg__pg_conn *k, char *why, size_t cap)
     return QG_OK;
 }
 
-static const int binary[QG_PG_NCOLS + 1] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-};
 
 int qg__pg_exec(qg__pg *g, qg__pg_conn *k, const char *stmt, int n,
                 const char *const *vals, const int *lens, int retry,
@@ -268,7 +265,7 @@ int qg__pg_exec(qg__pg *g, qg__pg_conn *k, const char *stmt, int n,
         ExecStatusType st;
         if ((rc = qg__pg_use(g, k, why, cap)) != QG_OK)
             return rc;
-        r = PQexecPrepared(k->c, stmt, n, vals, lens, binary, 1);
+        r = PQexecPrepared(k->c, stmt, n, vals, lens, qg__pg_binary, 1);
         st = PQresultStatus(r);
         if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
             *res = r;
@@ -311,8 +308,8 @@ int qg__pg_cursor(qg__pg *g, qg__pg_conn *k, const char *sql, int n,
             return rc;
     }
     {
-        PGresult *r = PQexecParams(k->c, decl, n, types, vals, lens, binary,
-                                   1);
+        PGresult *r = PQexecParams(k->c, decl, n, types, vals, lens,
+                                   qg__pg_binary, 1);
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
             rc = qg__pg_fail(k->c, r, why, cap);
         PQclear(r);

@@ -4,8 +4,9 @@
  * every column round-trips (int64 extremes, 255-byte ids); the guards give
  * what the SQLite backend's tests assert (test_ledger.c: test_guards,
  * test_upsert), row by row and with a whole scenario in one batch, in
- * every way of sending a batch; the spool mark is written with its batch
- * or not at all; schema versions (a newer one refused, two opens of a
+ * every way of sending a batch; a row the database cannot store (not
+ * UTF-8) kept out alone; the spool mark is written with its batch or not
+ * at all; schema versions (a newer one refused, two opens of a
  * fresh database at once migrate it once); an unreachable server at open,
  * a stopped or killed one later (QG_ELEDGER with a message) and the
  * reconnection after it returns; subjects, keys; scan order, the since
@@ -476,6 +477,62 @@ static void test_guards(void **state)
     be->close(b);
 }
 
+/* A row whose text is not valid UTF-8 cannot be stored (the server
+ * would refuse the statement, and the batch with it, each time it is
+ * tried): it alone is not written, refused and logged. */
+static char logged[2048];
+static void log_line(void *ud, const char *line)
+{
+    (void)ud;
+    snprintf(logged + strlen(logged), sizeof logged - strlen(logged),
+             "%s\n", line);
+}
+
+static void test_not_utf8(void **state)
+{
+    qg_ledger_opts o = default_opts;
+    qg_ledger_row rows[20], got;
+    int refused[20];
+    char why[512], err[512];
+    db d;
+    void *b;
+    (void)state;
+    NEED_PG();
+    assert_true(qg__pg_utf8_ok("caf\xc3\xa9 \xf0\x9f\x98\x80", 10));
+    assert_false(qg__pg_utf8_ok("\xff", 1));
+    assert_false(qg__pg_utf8_ok("\xc0\xaf", 2));          /* overlong */
+    assert_false(qg__pg_utf8_ok("\xed\xa0\x80", 3));      /* surrogate */
+    assert_false(qg__pg_utf8_ok("\xf4\x90\x80\x80", 4));  /* > 10FFFF */
+    assert_false(qg__pg_utf8_ok("\xe2\x82", 2));          /* cut short */
+    fresh_db(&d);
+    o.log = log_line;
+    logged[0] = '\0';
+    b = be->open(d.url, &o, err, sizeof err);
+    if (!b)
+        fail_msg("open: %s", err);
+    for (int m = 0; m < NMODES; m++) {
+        qg__pg_set_write_mode(b, modes[m]);
+        for (int i = 0; i < 20; i++) {
+            make_row(i + 1, &rows[i]);
+            snprintf(rows[i].request_id, sizeof rows[i].request_id,
+                     "u%d-%d", m, i);
+        }
+        rows[3].request_id[0] = (char)0xff;
+        strcpy(rows[7].subject, "bad\xc3");
+        assert_int_equal(write_rows(b, rows, 20, NULL, refused, why,
+                                    sizeof why), 0);
+        for (int i = 0; i < 20; i++) {
+            assert_int_equal(refused[i], i == 3 || i == 7);
+            assert_int_equal(be->rows->get(b, rows[i].request_id, &got),
+                             i == 3 || i == 7 ? QG_ENOTFOUND : 0);
+        }
+    }
+    if (!strstr(logged, "request_id is not valid UTF-8") ||
+        !strstr(logged, "subject is not valid UTF-8"))
+        fail_msg("not logged: \"%s\"", logged);
+    be->close(b);
+}
+
 /* An item folded into another by the front (merged) is skipped and
  * shares its row's fate. */
 static void test_merged(void **state)
@@ -517,6 +574,13 @@ static void test_mark_atomic(void **state)
     NEED_PG();
     fresh_db(&d);
     b = open_ok(d.url);
+    /* a row the server refuses: model "boom" (a trigger of this test) */
+    sql(&d, "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN IF NEW.model = 'boom' THEN"
+            " RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END $$",
+        NULL, 0);
+    sql(&d, "CREATE TRIGGER boom BEFORE INSERT OR UPDATE ON requests"
+            " FOR EACH ROW EXECUTE FUNCTION boom()", NULL, 0);
     assert_int_equal(be->rows->spool_applied(b, "spool-a", &seq), 0);
     assert_true(seq == 0);
     for (int m = 0; m < NMODES; m++) {
@@ -529,13 +593,13 @@ static void test_mark_atomic(void **state)
                                     sizeof why), 0);
         assert_int_equal(be->rows->spool_applied(b, "spool-a", &seq), 0);
         assert_true(seq == mark.seq);
-        /* a batch that fails (invalid UTF-8: the server refuses the
-         * statement) writes neither its rows nor its mark */
-        strcpy(rows[2].model, "bad\xff");
+        /* a batch that fails (the server refuses a row) writes neither
+         * its rows nor its mark */
+        strcpy(rows[2].model, "boom");
         mark.seq = 9 + 10 * m;
         assert_int_equal(write_rows(b, rows + 2, 1, &mark, NULL, why,
                                     sizeof why), QG_EIO);
-        assert_non_null(strstr(why, "UTF8"));
+        assert_non_null(strstr(why, "boom refused"));
         assert_int_equal(be->rows->spool_applied(b, "spool-a", &seq), 0);
         assert_true(seq == 5 + 10 * m);
         assert_int_equal(be->rows->get(b, rows[2].request_id, &got),
@@ -1003,6 +1067,7 @@ int main(void)
         cmocka_unit_test(test_columns),
         cmocka_unit_test(test_guards),
         cmocka_unit_test(test_merged),
+        cmocka_unit_test(test_not_utf8),
         cmocka_unit_test(test_mark_atomic),
         cmocka_unit_test(test_schema),
         cmocka_unit_test(test_subjects),
