@@ -449,6 +449,20 @@ static void test_pg_stopped_10s(void **state)
     if (spooled <= 0 || replayed != spooled)
         fail_msg("spooled %.0f rows, replayed %.0f", spooled, replayed);
     verify(&ld, &A, "after PostgreSQL's 10 s away");
+    /* in order: each client's requests (one after the other: check k,
+     * its settle, then check k + 1) were inserted in that order, spooled
+     * or not (seq: the insertion order PostgreSQL numbers) */
+    {
+        long late = atol(sql("SELECT count(*) FROM (SELECT seq, lag(seq) "
+                             "OVER (PARTITION BY split_part(request_id, "
+                             "'-', 2) ORDER BY split_part(request_id, '-', "
+                             "3)::int) AS prev FROM requests WHERE "
+                             "request_id LIKE 'st-%') x WHERE prev IS NOT "
+                             "NULL AND seq < prev"));
+        if (late != 0)
+            fail_msg("%ld requests reached PostgreSQL before an earlier "
+                     "request of the same client", late);
+    }
     load_free(&ld);
 }
 
