@@ -171,6 +171,8 @@ typedef struct qg_rules {
     qg_reconcile_spec reconcile;
     qg_tz **zones;           /* owned zones referenced by calendar specs */
     int nzones;
+    int64_t forecast_basis_ms; /* `forecast: { basis: 7d }` (default 7
+                                  days; docs/forecast.md) */
 } qg_rules;
 
 /* Where and why a rules file is unusable. */

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "json_out.h"
 #include "metrics.h"
+#include "forecast.h"
 #include "gate.h"
 #include "rules.h"
 #include "server.h"
@@ -29,9 +30,12 @@ static void usage_answer(void *ud, int rc)
     } else if (rc != QG_OK) {
         qg__reply_engine_error(s, u->r, rc, qg_strerror(rc));
     } else {
+        const qg_rules *rules = qg_engine_rules(s->engine);
+        qg_forecast fc[QG_MAX_VIEWS];
+        qg__usage_forecasts(s, rules, &u->d, u->subject, u->now, fc);
         qg__reply_json(s, u->r, 200,
-                       qg__json_usage(&u->d, u->subject, u->now,
-                                      qg_engine_rules(s->engine)->unit),
+                       qg__json_usage_forecast(&u->d, u->subject, u->now,
+                                               rules->unit, fc),
                        NULL, 0);
     }
     free(u);

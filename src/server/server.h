@@ -55,6 +55,7 @@ typedef struct qg_server {
     _Atomic uint64_t reconcile_runs;
     _Atomic uint64_t reconcile_drifted; /* windows drifted, last run */
     _Atomic int64_t reconcile_max_drift;/* milli, last run */
+    struct qg__pace *pace;       /* subjects' recent usage (pace.h) */
 } qg_server;
 /* Reconcile the gateway's counters against its ledger (reconcile_run.c,
  * docs/reconcile.md): blocks for the run (never call it on a worker);
@@ -193,6 +194,12 @@ void qg__h_history(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_requests(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_usage_history(qg_server *s, qg_http_req *r, const char *subject,
                          int requests);
+/* h_forecast.c: the forecast of each of d's views at the subject's pace
+ * (fc[0..d->nviews)); a pace the ledger cannot give is none. */
+struct qg_forecast;
+void qg__usage_forecasts(qg_server *s, const qg_rules *rules,
+                         const qg_decision *d, const char *subject,
+                         int64_t now_ms, struct qg_forecast *fc);
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_weights(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_healthz(qg_server *s, qg_http_req *r, const char *subject);
