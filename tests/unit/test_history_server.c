@@ -377,6 +377,43 @@ static void test_live_decisions(void **state)
     assert_int_equal(w, std_w);
     assert_int_equal(rq, std_n);
     assert_int_equal(rf, std_x);
+    /* the forecasts of /v1/usage: the pace is the ledger's (read now:
+     * the first /v1/usage of this subject), over 7 days (the first usage
+     * is March's), the exhausted rolling window exhausted now */
+    json_t *u = get_ok("/v1/usage", key);
+    json_t *win;
+    int seen = 0;
+    json_array_foreach(json_object_get(u, "windows"), i, win) {
+        const char *name = tst_jstr(win, "name", "window");
+        json_t *fc = json_object_get(win, "forecast");
+        int64_t basis_s = (int64_t)tst_jnum(fc, "basis_s", "forecast");
+        assert_true(basis_s >= 7 * 86400 && basis_s <= 7 * 86400 + 900);
+        assert_true(json_is_boolean(json_object_get(fc, "before_reset")));
+        if (strcmp(name, "std_daily") == 0) {
+            int64_t want = std_w * 3600 / basis_s;
+            assert_true(llabs(milli(fc, "weight_per_hour") - want) <= 1);
+            /* under 1 point an hour against 1000 a day: never */
+            assert_true(json_is_null(json_object_get(fc, "exhausted_at")));
+            seen++;
+        } else if (strcmp(name, "burst") == 0) {
+            int64_t want = all_w * 3600 / basis_s;
+            assert_true(llabs(milli(fc, "weight_per_hour") - want) <= 1);
+            assert_int_equal(milli(win, "remaining"), 0);
+            /* exhausted now: at the server's instant of this read, after
+             * the last decision (the newest row) */
+            assert_true(iso(tst_jstr(fc, "exhausted_at", "forecast")) >=
+                        iso(tst_jstr(r0, "time", "row")));
+            assert_true(tst_jbool(fc, "before_reset", "forecast"));
+            seen++;
+        } else if (strcmp(name, "rpm") == 0) {
+            int64_t want = (all_n - all_x) * 1000 * 3600 / basis_s;
+            assert_true(llabs(milli(fc, "weight_per_hour") - want) <= 1);
+            assert_true(json_is_null(json_object_get(fc, "exhausted_at")));
+            seen++;
+        }
+    }
+    assert_int_equal(seen, 3);
+
     /* a request-unit window counts admitted requests */
     w = 0;
     h = get_ok("/v1/usage/history?window=rpm", key);
