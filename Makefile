@@ -171,10 +171,11 @@ build/asan/upstream_double: tests/upstream/upstream_double.c
 	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
 bench: deps-bench build/bench_engine build/bench_ledger build/bench_ledger_pg build/quotagate \
-       build/upstream_double build/tests/test_store_redis
+       build/upstream_double build/tests/test_store_redis build/bench_history
 	@build/bench_engine
 	@build/bench_ledger
 	@build/bench_ledger_pg
+	@build/bench_history
 	@bench/http_bench.sh
 	@bench/proxy_bench.sh
 	@bench/rebuild_bench.sh
@@ -232,3 +233,9 @@ build/attack_slowloris: bench/attack_slowloris.c
 
 clean:
 	rm -rf build
+
+# the history reads of a subject with millions of rows, SQLite and
+# PostgreSQL (docs/benchmarks.md "History"); starts its own PostgreSQL 15
+build/bench_history: bench/bench_history.c build/obj/tests/support/pgproc.o \
+                     build/obj/tests/support/ports.o build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O2 -o $@ $^ $(LIBS)

@@ -197,6 +197,8 @@ typedef struct qg_rules {
     qg_notify_spec notify;   /* notifications: (rules_notify.c) */
     qg_tz **zones;           /* owned zones referenced by calendar specs */
     int nzones;
+    int64_t forecast_basis_ms; /* `forecast: { basis: 7d }` (default 7
+                                  days; docs/forecast.md) */
 } qg_rules;
 
 /* Where and why a rules file is unusable. */

@@ -18,6 +18,7 @@
 
 #include "civil.h"
 #include "fixed.h"
+#include "forecast.h"
 #include "payg.h"
 #include "quotagate.h"
 #include "rules_compile.h"
@@ -610,6 +611,35 @@ static int c_reconcile(qg__rctx *c, yaml_node_t *n, const char *path)
     return 0;
 }
 
+/* ----------------------------------------------------------- forecast */
+
+static const qg__ykey forecast_keys[] = {
+    { "basis", QG_Y_ALL },
+};
+
+/* forecast: { basis: 7d }: the span /v1/usage measures a subject's pace
+ * over (forecast.h bounds it). */
+static int c_forecast(qg__rctx *c, yaml_node_t *n, const char *path)
+{
+    char sub[QG_Y_PATHCAP];
+    yaml_node_t *v;
+
+    if (qg__y_check_map(&c->y, n, path, forecast_keys,
+                        QG_Y_NKEYS(forecast_keys), QG_Y_ALL, "") < 0)
+        return -1;
+    if ((v = qg__y_get(&c->y, n, "basis"))) {
+        qg__y_path_key(sub, path, "basis");
+        if (qg__y_duration(&c->y, v, sub, QG_Y_POSITIVE,
+                           &c->r->forecast_basis_ms) < 0)
+            return -1;
+        if (c->r->forecast_basis_ms < QG_FORECAST_MIN_BASIS_MS ||
+            c->r->forecast_basis_ms > QG_FORECAST_MAX_BASIS_MS)
+            return qg__y_fail(&c->y, v, sub, "a forecast basis from 1h to "
+                              "90d (the pace is measured over it)");
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------- top level */
 
 static const qg__ykey top_keys[] = {
@@ -620,6 +650,7 @@ static const qg__ykey top_keys[] = {
     { "subjects", QG_Y_ALL },  { "default_plan", QG_Y_ALL },
     { "analysis", QG_Y_ALL },  { "store", QG_Y_ALL },
     { "reconcile", QG_Y_ALL }, { "notifications", QG_Y_ALL },
+    { "forecast", QG_Y_ALL },
 };
 
 /* Optional top-level dates and durations: key, parser kind, field. */
@@ -695,6 +726,10 @@ static int compile(qg__rctx *c, yaml_node_t *root)
         return -1;
     if ((v = qg__y_get(&c->y, root, "notifications")) &&
         qg__rc_notify(c, v, "notifications") < 0)
+        return -1;
+    r->forecast_basis_ms = QG_FORECAST_DEFAULT_BASIS_MS;
+    if ((v = qg__y_get(&c->y, root, "forecast")) &&
+        c_forecast(c, v, "forecast") < 0)
         return -1;
     qg__rules_payg(r);
     return 0;

@@ -29,8 +29,10 @@
 #include "ledger_backend.h"
 
 /* The PostgreSQL schema's own version (its migrations are not SQLite's:
- * version 1 already has every column of SQLite's version 4). */
-#define QG_PG_SCHEMA_VERSION 2
+ * version 1 already has every column of SQLite's version 4; version 2
+ * adds what SQLite's version 5 adds, the webhook outbox; version 3 what
+ * SQLite's version 6 adds, the history). */
+#define QG_PG_SCHEMA_VERSION 3
 
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */
@@ -96,6 +98,7 @@ struct qg__pg {
     qg__pg_conn get;            /* get */
     qg__pg_conn subj;           /* subjects */
     qg__pg_conn keys;           /* keys */
+    qg__pg_conn hist;           /* history reads (ledger_pg_history.c) */
     pthread_mutex_t err_mu;     /* guards read_err */
     char read_err[512];         /* why the last failed read failed */
     int mutexes;                /* how many mutexes are initialised */
@@ -229,5 +232,9 @@ int qg__pg_prepare_keys(PGconn *c, char *why, size_t cap);
 /* ---------------------------------------------- ledger_pg_outbox.c */
 
 extern const qg__ledger_outbox_ops qg__pg_outbox_ops;
+/* --------------------------------------------- ledger_pg_history.c */
+
+extern const qg__ledger_history_ops qg__pg_history_ops;
+int qg__pg_prepare_history(PGconn *c, char *why, size_t cap);
 
 #endif

@@ -315,8 +315,29 @@ static void forecast_text(qg__jb *b, const qg_decision *d, int i)
     }
 }
 
+/* A window's forecast at the subject's pace (json_out.h "forecast"). */
+static void pace_text(qg__jb *b, const qg_forecast *f)
+{
+    QG__JB_LIT(b, ",\"forecast\":{\"basis_s\":");
+    qg__jb_i64(b, f->basis_ms / 1000);
+    QG__JB_LIT(b, ",\"weight_per_hour\":");
+    qg__jb_milli(b, f->per_hour_milli);
+    QG__JB_LIT(b, ",\"exhausted_at\":");
+    qg__jb_time(b, f->exhausted_at_ms);
+    QG__JB_LIT(b, ",\"before_reset\":");
+    qg__jb_bool(b, f->exhausted_at_ms > 0 && f->before_reset);
+    QG__JB_LIT(b, "}");
+}
+
 char *qg__json_usage(const qg_decision *d, const char *subject,
                      int64_t now_ms, const char *unit_name)
+{
+    return qg__json_usage_forecast(d, subject, now_ms, unit_name, NULL);
+}
+
+char *qg__json_usage_forecast(const qg_decision *d, const char *subject,
+                              int64_t now_ms, const char *unit_name,
+                              const qg_forecast *fc)
 {
     qg__jb b;
     if (qg__jb_init(&b, 512 + 512 * (size_t)(d->nviews > 0 ? d->nviews : 1)) <
@@ -339,6 +360,8 @@ char *qg__json_usage(const qg_decision *d, const char *subject,
         window_open(&b, &d->views[i], unit_name);
         QG__JB_LIT(&b, ",\"recovers\":");
         recovers_text(&b, d, i, now_ms);
+        if (fc)
+            pace_text(&b, &fc[i]);
         QG__JB_LIT(&b, "}");
     }
     QG__JB_LIT(&b, "],\"forecast\":[");

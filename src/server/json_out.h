@@ -28,10 +28,12 @@
  *  settle: {"request_id","status","reserved","actual","charged","late",
  *    "replayed"}
  *  usage: {"subject","plan","org"(or null),"rules_version",
- *    "windows":[window + "recovers":[{"at","in_s","remaining"}]],
- *    "forecast":[{"name","full_at","next_recovery"}]}
- *    The forecast says what happens if nothing more is charged (quotagate
- *    keeps no usage history to extrapolate a rate from): full_at is when
+ *    "windows":[window + "recovers":[{"at","in_s","remaining"}] +
+ *    "forecast":{"basis_s","weight_per_hour","exhausted_at",
+ *    "before_reset"}], "forecast":[{"name","full_at","next_recovery"}]}
+ *    A window's forecast is at the subject's pace (docs/forecast.md).
+ *    The top-level "forecast" array, older, says what happens if nothing
+ *    more is charged (kept for the clients that read it): full_at is when
  *    the window is back to its whole limit (null when nothing is used, or
  *    when the schedule does not reach it), next_recovery the first step
  *    {"at","remaining"} (null when nothing will come back).
@@ -52,6 +54,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "quotagate.h"
+#include "forecast.h"
 #include "rules.h"
 
 /* The bodies (each a malloc'ed text): decisions and errors in
@@ -63,9 +66,15 @@ char *qg__json_check(const qg_decision *d, const char *request_id,
                     const char *unit_name);
 /* /v1/settle body. */
 char *qg__json_settle(const qg_settle_result *s, const char *request_id);
-/* /v1/usage body of subject, from qg_engine_usage() at now_ms. */
+/* /v1/usage body of subject, from qg_engine_usage() at now_ms; with
+ * fc (one per view, may be NULL: none) every window also carries
+ * "forecast":{"basis_s","weight_per_hour","exhausted_at","before_reset"}
+ * (PRODUCT.md section 7, docs/forecast.md). */
 char *qg__json_usage(const qg_decision *d, const char *subject,
                     int64_t now_ms, const char *unit_name);
+char *qg__json_usage_forecast(const qg_decision *d, const char *subject,
+                              int64_t now_ms, const char *unit_name,
+                              const qg_forecast *fc);
 /* /v1/plans and /v1/weights from the rules. */
 char *qg__json_plans(const qg_rules *r);
 char *qg__json_weights(const qg_rules *r);

@@ -26,6 +26,7 @@
 #include "routes.h"
 #include "keeper.h"
 #include "proxy.h"
+#include "pace.h"
 #include "server.h"
 
 void qg__server_gauges(qg_server *s, const qg_store_stats *st,
@@ -302,6 +303,10 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
         fprintf(stderr, "quotagate: ledger: %s\n", err);
         return -1;
     }
+    if (!(s->pace = qg__pace_new())) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        return -1;
+    }
     if (!(s->auth = qg__auth_new(s->ledger, getenv("QUOTAGATE_ADMIN_KEY"),
                                  getenv("QUOTAGATE_SERVICE_KEY"))) ||
         qg__auth_bootstrap(s->auth, qg__server_now(s), stdout) != QG_OK) {
@@ -465,6 +470,7 @@ static void serve_close(qg_server *s)
     qg_engine_free(s->engine);
     qg_store_free(s->store);
     qg__auth_free(s->auth);
+    qg__pace_free(s->pace);
 }
 
 int qg_serve(const qg_serve_opts *opts)

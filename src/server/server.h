@@ -56,6 +56,7 @@ typedef struct qg_server {
     _Atomic uint64_t reconcile_drifted; /* windows drifted, last run */
     _Atomic int64_t reconcile_max_drift;/* milli, last run */
     struct qg__notify *notify;          /* notifications (notify.h) */
+    struct qg__pace *pace;       /* subjects' recent usage (pace.h) */
 } qg_server;
 /* Reconcile the gateway's counters against its ledger (reconcile_run.c,
  * docs/reconcile.md): blocks for the run (never call it on a worker);
@@ -188,6 +189,18 @@ int qg__server_settle_prior(qg_server *s, const qg_settle_req *req,
 void qg__h_check(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_settle(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_usage(qg_server *s, qg_http_req *r, const char *subject);
+/* h_history.c: /v1/usage/history and /v1/usage/requests (the caller's
+ * subject), and either for a named subject (requests 0: history). */
+void qg__h_history(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_requests(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_usage_history(qg_server *s, qg_http_req *r, const char *subject,
+                         int requests);
+/* h_forecast.c: the forecast of each of d's views at the subject's pace
+ * (fc[0..d->nviews)); a pace the ledger cannot give is none. */
+struct qg_forecast;
+void qg__usage_forecasts(qg_server *s, const qg_rules *rules,
+                         const qg_decision *d, const char *subject,
+                         int64_t now_ms, struct qg_forecast *fc);
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_weights(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_healthz(qg_server *s, qg_http_req *r, const char *subject);
