@@ -119,15 +119,20 @@ function windowCard(v, spec, usageUnit, legacy, withChart) {
 async function loadChart(card, v, spec, paths, unit, gen) {
   const el = card.querySelector('[data-chart]');
   const nowMs = Date.now();
+  const query = historyQuery(v.name, spec, nowMs);
   let history = null;
   let note = null;
   try {
-    history = await api.get(paths.history(historyQuery(v.name, spec, nowMs)));
+    history = await api.get(paths.history(query));
+    if (!Array.isArray(history.buckets)) {
+      history = null;
+      note = 'No history to draw (this gateway does not answer /v1/usage/history); the chart shows the recovery schedule only.';
+    }
   } catch (e) {
     note = `No history to draw (${e.message}); the chart shows the recovery schedule only.`;
   }
   if (gen !== state.generation) return;
-  drawChart(el, { view: v, unit, rollingS: spec && spec.type === 'rolling' ? spec.length_s : 0, history, nowMs });
+  drawChart(el, { view: v, unit, rollingS: spec && spec.type === 'rolling' ? spec.length_s : 0, history, fromMs: Date.parse(query.from), nowMs });
   if (note) el.append(h('p', { class: 'note' }, note));
 }
 

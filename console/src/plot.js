@@ -38,7 +38,8 @@ function slidingSums(buckets, bucketS, lengthS) {
 
 // d: { view (the /v1/usage window), unit, rollingS (length of a rolling
 // window, else 0), history (the /v1/usage/history answer, or null),
-// nowMs }.  Returns the uPlot instance.
+// fromMs (where the chart's span starts), nowMs }.  Returns the uPlot
+// instance.
 export function drawChart(el, d) {
   const v = d.view;
   const sec = (iso) => Math.floor(new Date(iso).getTime() / 1000);
@@ -70,8 +71,12 @@ export function drawChart(el, d) {
     label: 'if nothing more is used', stroke: COLORS.recovery, width: 2, dash: [6, 4],
     paths: uPlot.paths.stepped({ align: 1 }), points: { show: false },
   });
+  // the span: from the history's start to the last recovery step, and at
+  // least an hour past now
   const xsAll = points.flatMap((pts) => pts.map((p) => p[0]));
-  points.push([[Math.min(...xsAll), v.limit], [Math.max(...xsAll), v.limit]]);
+  const x0 = Math.min(Math.floor(d.fromMs / 1000), ...xsAll);
+  const x1 = Math.max(nowS + 3600, ...xsAll);
+  points.push([[x0, v.limit], [x1, v.limit]]);
   series.push({ label: 'limit', stroke: COLORS.limit, width: 1.5, points: { show: false } });
 
   const data = align(points);

@@ -51,6 +51,7 @@ static const route routes[] = {
     {QG_HTTP_GET, "/metrics", 0, ANY, qg__h_metrics, QG_ROUTE_METRICS},
     /* the usage console: the page asks for a key itself (h_console.c) */
     {QG_HTTP_GET, "/console", 0, ANY, qg__h_console, QG_ROUTE_CONSOLE},
+    {QG_HTTP_GET, "/console/", 0, ANY, qg__h_console, QG_ROUTE_CONSOLE},
     {QG_HTTP_GET, "/console/", 1, ANY, qg__h_console, QG_ROUTE_CONSOLE},
     {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg__h_admin_subjects,
      QG_ROUTE_ADMIN},
