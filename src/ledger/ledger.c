@@ -328,3 +328,34 @@ size_t qg__ledger_queued(qg_ledger *l)
 {
     return l ? atomic_load_explicit(&l->depth, memory_order_relaxed) : 0;
 }
+
+/* ------------------------------------------------------------ history */
+
+int qg__ledger_slots(qg_ledger *l, const char *subject, int64_t from_ms,
+                     int64_t to_ms,
+                     int (*fn)(const qg_usage_slot *s, void *ud), void *ud)
+{
+    if (!l || !subject || !fn || from_ms > to_ms)
+        return QG_EINVAL;
+    return l->be->history->slots(l->b, subject, from_ms, to_ms, fn, ud);
+}
+
+int qg__ledger_first_usage(qg_ledger *l, const char *subject,
+                           int64_t *start_ms)
+{
+    if (!l || !subject || !start_ms)
+        return QG_EINVAL;
+    return l->be->history->first_usage(l->b, subject, start_ms);
+}
+
+int qg__ledger_latest(qg_ledger *l, const char *subject, int64_t before_ms,
+                      int limit,
+                      int (*fn)(const qg_ledger_row *row, void *ud),
+                      void *ud)
+{
+    if (!l || !subject || !fn || limit < 0)
+        return QG_EINVAL;
+    if (limit == 0)
+        return QG_OK;
+    return l->be->history->latest(l->b, subject, before_ms, limit, fn, ud);
+}

@@ -35,7 +35,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 4
+#define QG_LEDGER_SCHEMA_VERSION 5
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -253,5 +253,47 @@ int qg__ledger_shared(qg_ledger *l);
  * default 65,536) of the bound, which is kept for the rows of decisions
  * already admitted (their settles must still find room). */
 int qg__ledger_behind(qg_ledger *l);
+
+/* ------------------------------------------- history (schema 5) */
+
+/* The ledger keeps, beside its rows, a rollup of every subject's usage
+ * per quarter of an hour and model (the table usage_slots), kept by the
+ * database itself (triggers on the rows: an insert adds a row's counts,
+ * a settle or a re-decided refusal moves them), so that a subject's
+ * history and pace are read from a few thousand rollup rows however many
+ * rows it has.  A quarter of an hour, because every time zone in use is
+ * a whole number of quarters of an hour from UTC: the hours and days of
+ * any window's zone are unions of slots. */
+#define QG_LEDGER_SLOT_MS INT64_C(900000)
+
+typedef struct qg_usage_slot {
+    int64_t start_ms;          /* a multiple of QG_LEDGER_SLOT_MS */
+    char model[64];            /* the rows' model, "" weight-only */
+    int64_t weight_milli;      /* sum of weight_milli of admitted rows */
+    int64_t admitted;          /* admitted rows (decision allow) */
+    int64_t requests;          /* every row (every decision) */
+    int64_t refused;           /* refused rows (decision reject, never) */
+} qg_usage_slot;
+
+/* The subject's slots with from_ms <= start_ms < to_ms, by start then
+ * model, to fn (0 goes on; a nonzero value stops and is returned).
+ * Returns 0 or an error.  Any thread (the history connection, under its
+ * own lock: it never waits for the writer or for qg__ledger_get). */
+int qg__ledger_slots(qg_ledger *l, const char *subject, int64_t from_ms,
+                     int64_t to_ms,
+                     int (*fn)(const qg_usage_slot *s, void *ud), void *ud);
+
+/* The start of the subject's first slot with an admitted row: 0, or
+ * QG_ENOTFOUND when it has none. */
+int qg__ledger_first_usage(qg_ledger *l, const char *subject,
+                           int64_t *start_ms);
+
+/* The subject's rows with created_ms < before_ms, newest first (ties: the
+ * row written last first), at most limit of them, to fn as in
+ * qg__ledger_slots. */
+int qg__ledger_latest(qg_ledger *l, const char *subject, int64_t before_ms,
+                      int limit,
+                      int (*fn)(const qg_ledger_row *row, void *ud),
+                      void *ud);
 
 #endif

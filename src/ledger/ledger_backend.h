@@ -5,7 +5,8 @@
  * check's row, retries after a failed transaction, the request-id filter,
  * the spool of a shared ledger that cannot be reached, and statistics.
  * A backend writes one batch of rows in one transaction and reads; its
- * three concerns are three method tables: usage rows, subjects, API keys.
+ * concerns are four method tables: usage rows, subjects, API keys, and
+ * (version 3) the history reads.
  *
  * Threads: rows->write_batch is called by the writer thread only (and
  * rows->spool_applied from it or before it starts); every other method
@@ -19,7 +20,7 @@
 
 #include "ledger.h"
 
-#define QG_LEDGER_BACKEND_VERSION 2
+#define QG_LEDGER_BACKEND_VERSION 3
 
 /* One queued row with its callback, as the writer hands it over. */
 typedef struct qg__ledger_item {
@@ -108,6 +109,20 @@ typedef struct qg__ledger_keys_ops {
     int (*revoke)(void *b, const char *id, int64_t now_ms);
 } qg__ledger_keys_ops;
 
+/* History reads (version 3), as qg__ledger_slots, qg__ledger_first_usage
+ * and qg__ledger_latest (ledger.h), on a connection of their own so that
+ * a long read never holds up the writer, get or scan.  The rollup
+ * (usage_slots) is the backend's to keep, in the same transaction as the
+ * rows (both backends: triggers created by the schema's migration). */
+typedef struct qg__ledger_history_ops {
+    int (*slots)(void *b, const char *subject, int64_t from_ms,
+                 int64_t to_ms, int (*fn)(const qg_usage_slot *s, void *ud),
+                 void *ud);
+    int (*first_usage)(void *b, const char *subject, int64_t *start_ms);
+    int (*latest)(void *b, const char *subject, int64_t before_ms, int limit,
+                  int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
+} qg__ledger_history_ops;
+
 typedef struct qg__ledger_backend {
     const char *name;           /* "sqlite", "postgresql" */
     int version;                /* QG_LEDGER_BACKEND_VERSION */
@@ -124,6 +139,7 @@ typedef struct qg__ledger_backend {
     const qg__ledger_rows_ops *rows;
     const qg__ledger_subjects_ops *subjects;
     const qg__ledger_keys_ops *keys;
+    const qg__ledger_history_ops *history;
 } qg__ledger_backend;
 
 extern const qg__ledger_backend qg__ledger_sqlite;

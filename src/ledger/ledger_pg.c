@@ -626,10 +626,11 @@ static void pg_last_read_error(void *b, char *out, size_t cap)
 
 static qg__pg_conn *conn_at(qg__pg *g, int i)
 {
-    qg__pg_conn *all[] = {&g->w, &g->scan, &g->get, &g->subj, &g->keys};
+    qg__pg_conn *all[] = {&g->w,    &g->scan, &g->get,
+                          &g->subj, &g->keys, &g->hist};
     return all[i];
 }
-#define NCONN 5
+#define NCONN 6
 
 static void pg_close(void *b)
 {
@@ -657,10 +658,10 @@ static void *pg_open(const char *target, const qg_ledger_opts *o, char *err,
                      size_t errcap)
 {
     static const char *const names[NCONN] = {"writer", "scan", "lookup",
-                                             "subjects", "keys"};
+                                             "subjects", "keys", "history"};
     int (*const prep[NCONN])(PGconn *, char *, size_t) = {
         qg__pg_prepare_writer, NULL, prepare_get, qg__pg_prepare_subjects,
-        qg__pg_prepare_keys};
+        qg__pg_prepare_keys, qg__pg_prepare_history};
     char msg[512];
     qg__pg *g;
     PGconn *c;
@@ -736,4 +737,5 @@ const qg__ledger_backend qg__ledger_postgresql = {
     &pg_rows,
     &qg__pg_subjects_ops,
     &qg__pg_keys_ops,
+    &qg__pg_history_ops,
 };

@@ -27,8 +27,9 @@
 #include "ledger_backend.h"
 
 /* The PostgreSQL schema's own version (its migrations are not SQLite's:
- * version 1 already has every column of SQLite's version 4). */
-#define QG_PG_SCHEMA_VERSION 1
+ * version 1 already has every column of SQLite's version 4; version 2
+ * adds what SQLite's version 5 adds: the history). */
+#define QG_PG_SCHEMA_VERSION 2
 
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */
@@ -89,6 +90,7 @@ struct qg__pg {
     qg__pg_conn get;            /* get */
     qg__pg_conn subj;           /* subjects */
     qg__pg_conn keys;           /* keys */
+    qg__pg_conn hist;           /* history reads (ledger_pg_history.c) */
     pthread_mutex_t err_mu;     /* guards read_err */
     char read_err[512];         /* why the last failed read failed */
     int mutexes;                /* how many mutexes are initialised */
@@ -171,5 +173,10 @@ extern const qg__ledger_subjects_ops qg__pg_subjects_ops;
 extern const qg__ledger_keys_ops qg__pg_keys_ops;
 int qg__pg_prepare_subjects(PGconn *c, char *why, size_t cap);
 int qg__pg_prepare_keys(PGconn *c, char *why, size_t cap);
+
+/* --------------------------------------------- ledger_pg_history.c */
+
+extern const qg__ledger_history_ops qg__pg_history_ops;
+int qg__pg_prepare_history(PGconn *c, char *why, size_t cap);
 
 #endif

@@ -29,6 +29,26 @@
 /* pg_advisory_xact_lock's key: "qgledger" as a big-endian integer. */
 #define SCHEMA_LOCK "8171619231619048818"
 
+/* The rollup's counts of the rows of T, by subject, slot and model. */
+#define SLOT_SUMS(T)                                                       \
+    "SELECT subject, created_ms - created_ms % 900000, model,"            \
+    " coalesce(sum(weight_milli) FILTER (WHERE decision = 1), 0)::bigint," \
+    " count(*) FILTER (WHERE decision = 1), count(*),"                    \
+    " count(*) FILTER (WHERE decision <> 1) FROM " T " GROUP BY 1, 2, 3"
+/* The rows of T as signed counts (SIGN "-": taken out). */
+#define SLOT_SIGNED(T, SIGN)                                               \
+    "SELECT subject, created_ms - created_ms % 900000 AS slot_ms, model,"  \
+    " " SIGN "(CASE WHEN decision = 1 THEN weight_milli ELSE 0 END) AS w,"  \
+    " " SIGN "(CASE WHEN decision = 1 THEN 1 ELSE 0 END) AS a,"             \
+    " " SIGN "1 AS n, " SIGN "(CASE WHEN decision <> 1 THEN 1 ELSE 0 END)"  \
+    " AS x FROM " T
+#define SLOT_UPSERT                                                        \
+    "ON CONFLICT (subject, slot_ms, model) DO UPDATE SET"                  \
+    " weight_milli = u.weight_milli + EXCLUDED.weight_milli,"              \
+    " admitted = u.admitted + EXCLUDED.admitted,"                          \
+    " requests = u.requests + EXCLUDED.requests,"                          \
+    " refused = u.refused + EXCLUDED.refused"
+
 static const char *const migrations[] = {
     /* 0 -> 1 */
     "CREATE TABLE requests ("
@@ -65,6 +85,37 @@ static const char *const migrations[] = {
     " revoked_ms BIGINT NOT NULL DEFAULT 0);"
     "CREATE TABLE spool_marks ("
     " spool_id TEXT COLLATE \"C\" PRIMARY KEY, seq BIGINT NOT NULL);",
+    /* 1 -> 2: the history (ledger.h "history"), as SQLite's version 5: a
+     * subject's rows by time, and the rollup per quarter hour and model,
+     * filled from the rows already there and kept by statement-level
+     * triggers (one upsert per batch and kind of row, its groups in key
+     * order, so that two instances' batches lock slots in one order) */
+    "CREATE INDEX requests_subject ON requests (subject, created_ms, seq);"
+    "CREATE TABLE usage_slots ("
+    " subject TEXT COLLATE \"C\" NOT NULL, slot_ms BIGINT NOT NULL,"
+    " model TEXT COLLATE \"C\" NOT NULL,"
+    " weight_milli BIGINT NOT NULL DEFAULT 0,"
+    " admitted BIGINT NOT NULL DEFAULT 0,"
+    " requests BIGINT NOT NULL DEFAULT 0,"
+    " refused BIGINT NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (subject, slot_ms, model));"
+    "INSERT INTO usage_slots " SLOT_SUMS("requests") ";"
+    "CREATE FUNCTION qg_slots_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN INSERT INTO usage_slots AS u " SLOT_SUMS("qg_new")
+    " ORDER BY 1, 2, 3 " SLOT_UPSERT "; RETURN NULL; END $$;"
+    "CREATE FUNCTION qg_slots_update() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN INSERT INTO usage_slots AS u SELECT subject, slot_ms, model,"
+    " sum(w)::bigint, sum(a)::bigint, sum(n)::bigint, sum(x)::bigint FROM ("
+    " " SLOT_SIGNED("qg_old", "-") " UNION ALL " SLOT_SIGNED("qg_new", "")
+    " ) d GROUP BY 1, 2, 3"
+    " HAVING sum(w) <> 0 OR sum(a) <> 0 OR sum(n) <> 0 OR sum(x) <> 0"
+    " ORDER BY 1, 2, 3 " SLOT_UPSERT "; RETURN NULL; END $$;"
+    "CREATE TRIGGER requests_slots_insert AFTER INSERT ON requests"
+    " REFERENCING NEW TABLE AS qg_new FOR EACH STATEMENT"
+    " EXECUTE FUNCTION qg_slots_insert();"
+    "CREATE TRIGGER requests_slots_update AFTER UPDATE ON requests"
+    " REFERENCING OLD TABLE AS qg_old NEW TABLE AS qg_new FOR EACH STATEMENT"
+    " EXECUTE FUNCTION qg_slots_update();",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -281,6 +281,7 @@ static void sq_close(void *b)
     sqlite3_finalize(s->rollback_st);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
+    qg__sq_history_finalize(s);
     sqlite3_close(s->sdb);
     sqlite3_close(s->gdb);
     sqlite3_close(s->adb);
@@ -289,6 +290,7 @@ static void sq_close(void *b)
         pthread_mutex_destroy(&s->scan_mu);
         pthread_mutex_destroy(&s->admin_mu);
         pthread_mutex_destroy(&s->get_mu);
+        pthread_mutex_destroy(&s->hist_mu);
         pthread_mutex_destroy(&s->err_mu);
     }
     free(s);
@@ -313,6 +315,7 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     pthread_mutex_init(&s->scan_mu, NULL);
     pthread_mutex_init(&s->admin_mu, NULL);
     pthread_mutex_init(&s->get_mu, NULL);
+    pthread_mutex_init(&s->hist_mu, NULL);
     pthread_mutex_init(&s->err_mu, NULL);
     s->mutexes_ready = 1;
 
@@ -365,6 +368,9 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         qg__sq_fail_db(s->gdb, path, "cannot prepare the lookup", err, errcap);
         goto fail;
     }
+    if (conn_open(path, o->busy_timeout_ms, full, &s->hdb, err, errcap) ||
+        qg__sq_history_prepare(s, err, errcap))
+        goto fail;
     return s;
 fail:
     sq_close(s);
@@ -605,4 +611,5 @@ const qg__ledger_backend qg__ledger_sqlite = {
     &sq_rows,
     &qg__sq_subjects,
     &qg__sq_keys,
+    &qg__sq_history,
 };

@@ -41,6 +41,11 @@ typedef struct qg__sq {
     sqlite3 *gdb;
     sqlite3_stmt *get_st;
 
+    pthread_mutex_t hist_mu;    /* guards hdb and its statements: the
+                                   history reads (ledger_sqlite_history.c) */
+    sqlite3 *hdb;
+    sqlite3_stmt *slots_st, *first_st, *latest_st;
+
     pthread_mutex_t err_mu;     /* guards read_err */
     char read_err[256];         /* why the last failed read failed */
     int mutexes_ready;
@@ -109,5 +114,12 @@ int qg__sq_fail_db(sqlite3 *db, const char *path, const char *what,
 int qg__sq_user_version(sqlite3 *db, int *out);
 int qg__sq_too_new(int v, const char *path, char *err, size_t errcap);
 int qg__sq_migrate(sqlite3 *db, const char *path, char *err, size_t errcap);
+
+/* History reads (ledger_sqlite_history.c), on hdb under hist_mu.
+ * prepare: the statements on hdb (open, after the migration); QG_OK or
+ * QG_EIO with err.  finalize: closes what prepare made (close). */
+extern const qg__ledger_history_ops qg__sq_history;
+int qg__sq_history_prepare(qg__sq *s, char *err, size_t errcap);
+void qg__sq_history_finalize(qg__sq *s);
 
 #endif

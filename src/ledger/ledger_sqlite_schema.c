@@ -22,6 +22,18 @@
 
 #include "ledger_sqlite.h"
 
+/* One row's counts into its slot (ROW: NEW or OLD; SIGN: "" or "-"). */
+#define QG__SQ_SLOT_ADD(ROW, SIGN)                                          \
+    "INSERT INTO usage_slots VALUES (" ROW ".subject, " ROW ".created_ms"    \
+    " - " ROW ".created_ms % 900000, coalesce(" ROW ".model, ''),"           \
+    " " SIGN "(CASE WHEN " ROW ".decision = 1 THEN " ROW ".weight_milli"     \
+    " ELSE 0 END), " SIGN "(" ROW ".decision = 1), " SIGN "1,"              \
+    " " SIGN "(" ROW ".decision <> 1)) ON CONFLICT (subject, slot_ms, model)" \
+    " DO UPDATE SET weight_milli = weight_milli + excluded.weight_milli,"    \
+    " admitted = admitted + excluded.admitted,"                            \
+    " requests = requests + excluded.requests,"                            \
+    " refused = refused + excluded.refused"
+
 static const char *const migrations[] = {
     /* 0 -> 1 */
     "CREATE TABLE requests ("
@@ -56,6 +68,30 @@ static const char *const migrations[] = {
     "ALTER TABLE requests ADD COLUMN detail TEXT NOT NULL DEFAULT '';",
     /* 3 -> 4: decided locally while the shared store was down */
     "ALTER TABLE requests ADD COLUMN fallback INTEGER NOT NULL DEFAULT 0;",
+    /* 4 -> 5: the history (ledger.h "history"): a subject's rows by time,
+     * and the rollup per quarter hour and model, filled from the rows
+     * already there and kept by triggers in every later transaction (an
+     * insert adds its row; an update, a settle or a refusal decided again,
+     * takes the old row's counts out and puts the new one's in) */
+    "CREATE INDEX requests_subject ON requests(subject, created_ms);"
+    "CREATE TABLE usage_slots ("
+    " subject TEXT NOT NULL, slot_ms INTEGER NOT NULL, model TEXT NOT NULL,"
+    " weight_milli INTEGER NOT NULL DEFAULT 0,"
+    " admitted INTEGER NOT NULL DEFAULT 0,"
+    " requests INTEGER NOT NULL DEFAULT 0,"
+    " refused INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (subject, slot_ms, model)) WITHOUT ROWID;"
+    "INSERT INTO usage_slots SELECT subject, created_ms - created_ms % 900000,"
+    " coalesce(model, ''),"
+    " sum(CASE WHEN decision = 1 THEN weight_milli ELSE 0 END),"
+    " sum(decision = 1), count(*), sum(decision <> 1)"
+    " FROM requests GROUP BY 1, 2, 3;"
+    "CREATE TRIGGER requests_slots_insert AFTER INSERT ON requests BEGIN"
+    " " QG__SQ_SLOT_ADD("NEW", "") "; END;"
+    "CREATE TRIGGER requests_slots_update AFTER UPDATE OF subject, model,"
+    " decision, weight_milli, created_ms ON requests BEGIN"
+    " " QG__SQ_SLOT_ADD("OLD", "-") ";"
+    " " QG__SQ_SLOT_ADD("NEW", "") "; END;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -44,7 +44,28 @@ void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
     int rc;
 
     if (strncmp(r->path, "/v1/usage/", 10) == 0) {
+        const char *slash = strchr(r->path + 10, '/');
+        char named[256];
         subject = r->path + 10;
+        if (slash) {
+            /* /v1/usage/{subject}/history and /requests (h_history.c) */
+            size_t n = (size_t)(slash - subject);
+            int requests = strcmp(slash, "/requests") == 0;
+            if ((!requests && strcmp(slash, "/history") != 0) || n == 0 ||
+                n >= sizeof named) {
+                qg__reply_error(s, r, 404, "not_found", "no such endpoint");
+                return;
+            }
+            memcpy(named, subject, n);
+            named[n] = '\0';
+            if (caller && strcmp(caller, named) != 0) {
+                qg__reply_error(s, r, 403, "forbidden",
+                               "a subject key reads only its own usage");
+                return;
+            }
+            qg__h_usage_history(s, r, named, requests);
+            return;
+        }
         /* a subject key reads only its own usage */
         if (caller && strcmp(caller, subject) != 0) {
             qg__reply_error(s, r, 403, "forbidden",

@@ -33,6 +33,12 @@ static const route routes[] = {
     {QG_HTTP_POST, "/v1/settle", 0, SERVICE | ADMIN, qg__h_settle,
      QG_ROUTE_SETTLE},
     {QG_HTTP_GET, "/v1/usage", 0, SUBJECT, qg__h_usage, QG_ROUTE_USAGE},
+    /* before the prefix below: the subject's own history (h_history.c;
+     * the admin's is /v1/usage/{subject}/history, through qg__h_usage) */
+    {QG_HTTP_GET, "/v1/usage/history", 0, ADMIN | SUBJECT, qg__h_history,
+     QG_ROUTE_USAGE},
+    {QG_HTTP_GET, "/v1/usage/requests", 0, ADMIN | SUBJECT, qg__h_requests,
+     QG_ROUTE_USAGE},
     {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg__h_usage,
      QG_ROUTE_USAGE},
     {QG_HTTP_GET, "/v1/orgs/", 1, ADMIN, qg__h_org_usage, QG_ROUTE_USAGE},

@@ -187,6 +187,12 @@ int qg__server_settle_prior(qg_server *s, const qg_settle_req *req,
 void qg__h_check(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_settle(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_usage(qg_server *s, qg_http_req *r, const char *subject);
+/* h_history.c: /v1/usage/history and /v1/usage/requests (the caller's
+ * subject), and either for a named subject (requests 0: history). */
+void qg__h_history(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_requests(qg_server *s, qg_http_req *r, const char *subject);
+void qg__h_usage_history(qg_server *s, qg_http_req *r, const char *subject,
+                         int requests);
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_weights(qg_server *s, qg_http_req *r, const char *subject);
 void qg__h_healthz(qg_server *s, qg_http_req *r, const char *subject);

@@ -1,0 +1,210 @@
+/* ledger_sqlite_history.c - the SQLite ledger's history reads
+ * (ledger_backend.h, qg__ledger_history_ops): a subject's usage slots, its
+ * first usage, its latest rows.
+ *
+ * They run on a connection of their own (hdb, under hist_mu): in WAL mode
+ * a reader sees a snapshot and never waits for the writer, and the
+ * lookups the decision path makes (get, on gdb) never wait for a history
+ * read.  The slots come from the rollup usage_slots, whose primary key
+ * (subject, slot_ms, model) is the order asked for: a range of it, never
+ * the subject's rows.  The latest rows come from the index
+ * requests_subject (subject, created_ms, and rowid as SQLite keeps it),
+ * read backwards from `before`: LIMIT rows, however many the subject has.
+ * Both made by migration 5 (ledger_sqlite_schema.c). */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+
+#include "ledger_sqlite.h"
+
+#define ROW_COLS \
+    "request_id, subject, org, plan, rules_version, weights_version, model," \
+    " \"window\", decision, status, estimated, input_tokens, output_tokens," \
+    " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
+    " overage_price_micro, overage_cost_micro, headroom_milli, detail," \
+    " fallback"
+
+static const char sql_slots[] =
+    "SELECT slot_ms, model, weight_milli, admitted, requests, refused"
+    " FROM usage_slots WHERE subject = ?1 AND slot_ms >= ?2 AND slot_ms < ?3"
+    " ORDER BY slot_ms, model";
+
+static const char sql_first[] =
+    "SELECT slot_ms FROM usage_slots WHERE subject = ?1 AND admitted > 0"
+    " ORDER BY slot_ms LIMIT 1";
+
+static const char sql_latest[] =
+    "SELECT " ROW_COLS " FROM requests WHERE subject = ?1 AND created_ms < ?2"
+    " ORDER BY created_ms DESC, rowid DESC LIMIT ?3";
+
+int qg__sq_history_prepare(qg__sq *s, char *err, size_t errcap)
+{
+    if (sqlite3_prepare_v3(s->hdb, sql_slots, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->slots_st, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->hdb, sql_first, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->first_st, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->hdb, sql_latest, -1, SQLITE_PREPARE_PERSISTENT,
+                           &s->latest_st, NULL) != SQLITE_OK)
+        return qg__sq_fail_db(s->hdb, s->path,
+                              "cannot prepare the history reads", err,
+                              errcap);
+    return QG_OK;
+}
+
+void qg__sq_history_finalize(qg__sq *s)
+{
+    sqlite3_finalize(s->slots_st);
+    sqlite3_finalize(s->first_st);
+    sqlite3_finalize(s->latest_st);
+    sqlite3_close(s->hdb);
+    s->slots_st = s->first_st = s->latest_st = NULL;
+    s->hdb = NULL;
+}
+
+/* Step st to its end, calling row for each row; fn's nonzero return
+ * stops and is returned.  Resets st.  hist_mu held. */
+static int run(qg__sq *s, sqlite3_stmt *st,
+               int (*row)(sqlite3_stmt *st, void *ud), void *ud)
+{
+    int rc, out = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        if ((out = row(st, ud)) != 0)
+            break;
+    if (out == 0 && rc != SQLITE_DONE) {
+        qg__sq_read_failed(s, s->hdb);
+        out = qg__sq_map_rc(rc);
+        if (out == QG_OK)
+            out = QG_EIO;
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return out;
+}
+
+typedef struct slots_ud {
+    int (*fn)(const qg_usage_slot *s, void *ud);
+    void *ud;
+} slots_ud;
+
+static int slot_row(sqlite3_stmt *st, void *ud)
+{
+    slots_ud *u = ud;
+    qg_usage_slot sl;
+    sl.start_ms = sqlite3_column_int64(st, 0);
+    COL_STR(st, 1, sl.model);
+    sl.weight_milli = sqlite3_column_int64(st, 2);
+    sl.admitted = sqlite3_column_int64(st, 3);
+    sl.requests = sqlite3_column_int64(st, 4);
+    sl.refused = sqlite3_column_int64(st, 5);
+    return u->fn(&sl, u->ud);
+}
+
+static int sq_slots(void *b, const char *subject, int64_t from_ms,
+                    int64_t to_ms, int (*fn)(const qg_usage_slot *s, void *ud),
+                    void *ud)
+{
+    qg__sq *s = b;
+    slots_ud u = {fn, ud};
+    int rc;
+    pthread_mutex_lock(&s->hist_mu);
+    sqlite3_bind_text(s->slots_st, 1, subject, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s->slots_st, 2, from_ms);
+    sqlite3_bind_int64(s->slots_st, 3, to_ms);
+    rc = run(s, s->slots_st, slot_row, &u);
+    pthread_mutex_unlock(&s->hist_mu);
+    return rc;
+}
+
+static int first_row(sqlite3_stmt *st, void *ud)
+{
+    *(int64_t *)ud = sqlite3_column_int64(st, 0);
+    return 1;
+}
+
+static int sq_first_usage(void *b, const char *subject, int64_t *start_ms)
+{
+    qg__sq *s = b;
+    int64_t t = -1;
+    int rc;
+    pthread_mutex_lock(&s->hist_mu);
+    sqlite3_bind_text(s->first_st, 1, subject, -1, SQLITE_STATIC);
+    rc = run(s, s->first_st, first_row, &t);
+    pthread_mutex_unlock(&s->hist_mu);
+    if (rc < 0)
+        return rc;
+    if (t < 0)
+        return QG_ENOTFOUND;
+    *start_ms = t;
+    return QG_OK;
+}
+
+typedef struct latest_ud {
+    int (*fn)(const qg_ledger_row *row, void *ud);
+    void *ud;
+    qg_ledger_row row;
+} latest_ud;
+
+/* Columns in ROW_COLS order, as ledger_sqlite.c reads them. */
+static int latest_row(sqlite3_stmt *st, void *ud)
+{
+    latest_ud *u = ud;
+    qg_ledger_row *r = &u->row;
+    memset(r, 0, sizeof *r);
+    COL_STR(st, 0, r->request_id);
+    COL_STR(st, 1, r->subject);
+    COL_STR(st, 2, r->org);
+    COL_STR(st, 3, r->plan);
+    COL_STR(st, 4, r->rules_version);
+    COL_STR(st, 5, r->weights_version);
+    COL_STR(st, 6, r->model);
+    COL_STR(st, 7, r->window);
+    r->decision = sqlite3_column_int(st, 8);
+    r->status = sqlite3_column_int(st, 9);
+    r->estimated = sqlite3_column_int(st, 10);
+    r->input_tokens = sqlite3_column_int64(st, 11);
+    r->output_tokens = sqlite3_column_int64(st, 12);
+    r->reserved_milli = sqlite3_column_int64(st, 13);
+    r->weight_milli = sqlite3_column_int64(st, 14);
+    r->created_ms = sqlite3_column_int64(st, 15);
+    r->settled_ms = sqlite3_column_int64(st, 16);
+    r->overage_milli = sqlite3_column_int64(st, 17);
+    r->overage_price_micro = sqlite3_column_int64(st, 18);
+    r->overage_cost_micro = sqlite3_column_int64(st, 19);
+    r->headroom_milli = sqlite3_column_int64(st, 20);
+    COL_STR(st, 21, r->detail);
+    r->fallback = sqlite3_column_int(st, 22);
+    return u->fn(r, u->ud);
+}
+
+static int sq_latest(void *b, const char *subject, int64_t before_ms,
+                     int limit, int (*fn)(const qg_ledger_row *row, void *ud),
+                     void *ud)
+{
+    qg__sq *s = b;
+    latest_ud *u;
+    int rc;
+    /* a row is 3 KB: not on a worker's stack */
+    if (!(u = sqlite3_malloc(sizeof *u)))
+        return QG_ENOMEM;
+    u->fn = fn;
+    u->ud = ud;
+    pthread_mutex_lock(&s->hist_mu);
+    sqlite3_bind_text(s->latest_st, 1, subject, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s->latest_st, 2, before_ms);
+    sqlite3_bind_int(s->latest_st, 3, limit);
+    rc = run(s, s->latest_st, latest_row, u);
+    pthread_mutex_unlock(&s->hist_mu);
+    sqlite3_free(u);
+    return rc;
+}
+
+const qg__ledger_history_ops qg__sq_history = {
+    sq_slots,
+    sq_first_usage,
+    sq_latest,
+};

@@ -1,0 +1,476 @@
+/* test_ledger_history.c - the ledger's history reads on SQLite and on a
+ * real PostgreSQL (tests/support/pgproc): the rollup usage_slots, kept by
+ * the database's triggers, is checked against an aggregation the test
+ * makes of the rows the ledger holds (every row read back), after
+ * inserts, settles that change the weight, refusals decided again
+ * (another instant, another model, allowed) and rows spread over many
+ * slots and subjects; the first usage; the latest rows: newest first,
+ * limit, before, ties; and a ledger of schema 4 migrated with rows in it
+ * (SQLite: the rollup filled from them). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "quotagate.h"
+#include "ledger.h"
+#include "pgproc.h"
+
+#define BASE_MS INT64_C(1767225600000)     /* 2026-01-01T00:00:00Z */
+#define SLOT QG_LEDGER_SLOT_MS
+
+static pgproc PG;
+static int on_pg;
+
+typedef struct tmpdb {
+    char dir[64];
+    char path[128];
+} tmpdb;
+
+static void tmpdb_make(tmpdb *t)
+{
+    if (on_pg) {
+        char db[64];
+        if (pgproc_createdb(&PG, db, sizeof db) < 0)
+            fail_msg("createdb: %s", PG.why);
+        t->dir[0] = '\0';
+        pgproc_url(&PG, db, t->path, sizeof t->path);
+        return;
+    }
+    strcpy(t->dir, "/tmp/qghist.XXXXXX");
+    assert_non_null(mkdtemp(t->dir));
+    snprintf(t->path, sizeof t->path, "%s/ledger.db", t->dir);
+}
+
+static void tmpdb_remove(tmpdb *t)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm"};
+    char p[160];
+    if (on_pg)
+        return;
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", t->path, sfx[i]);
+        unlink(p);
+    }
+    rmdir(t->dir);
+}
+
+/* What the ledger reports goes to the test's log. */
+static void log_line(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "ledger: %s\n", line);
+}
+
+static qg_ledger *open_ok(const char *url)
+{
+    char err[512];
+    qg_ledger_opts o = {0};
+    o.sync = QG_LEDGER_DURABLE;
+    o.log = log_line;
+    qg_ledger *l = qg__ledger_open(url, &o, err, sizeof err);
+    if (!l)
+        fail_msg("open %s: %s", url, err);
+    return l;
+}
+
+typedef struct counter {
+    atomic_int n;
+} counter;
+
+static void count_done(void *arg, int rc)
+{
+    counter *c = arg;
+    if (rc != 0)
+        fprintf(stderr, "a row failed: %s\n", qg_strerror(rc));
+    else
+        atomic_fetch_add(&c->n, 1);
+}
+
+static void wait_done(counter *c, int n)
+{
+    struct timespec ts = {0, 1000000L};
+    for (int i = 0; i < 30000 && atomic_load(&c->n) < n; i++)
+        nanosleep(&ts, NULL);
+    assert_int_equal(atomic_load(&c->n), n);
+}
+
+static void submit_all(qg_ledger *l, qg_ledger_row *rows, int n)
+{
+    counter c = {0};
+    for (int i = 0; i < n; i++)
+        assert_int_equal(qg__ledger_submit(l, &rows[i], count_done, &c), 0);
+    wait_done(&c, n);
+}
+
+/* A small deterministic generator (the test's rows differ per seed). */
+static uint64_t rng = 88172645463325252ULL;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static const char *const MODELS[] = {"", "light", "standard"};
+
+static void make_row(qg_ledger_row *r, int i, const char *subject)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->request_id, sizeof r->request_id, "h-%s-%06d", subject, i);
+    snprintf(r->subject, sizeof r->subject, "%s", subject);
+    strcpy(r->plan, "free");
+    strcpy(r->rules_version, "v1");
+    strcpy(r->weights_version, "w1");
+    strcpy(r->model, MODELS[next_rand() % 3]);
+    r->decision = next_rand() % 5 == 0 ? 2 : 1;
+    if (r->decision != 1)
+        strcpy(r->window, "burst");
+    r->status = r->decision == 1 ? QG_ROW_RESERVED : QG_ROW_REJECTED;
+    r->input_tokens = (int64_t)(next_rand() % 5000);
+    r->output_tokens = (int64_t)(next_rand() % 900);
+    r->reserved_milli = 1000 + (int64_t)(next_rand() % 20000);
+    r->weight_milli = r->decision == 1 ? r->reserved_milli : 0;
+    /* spread over three days, some on slot boundaries */
+    r->created_ms = BASE_MS + (int64_t)(next_rand() % (3 * 96)) * SLOT +
+                    (next_rand() % 4 == 0 ? 0 : (int64_t)(next_rand() % SLOT));
+    r->headroom_milli = -1;
+}
+
+/* ------------------------------------------------ the test's oracle */
+
+#define MAXSLOTS 4096
+typedef struct agg {
+    qg_usage_slot s[MAXSLOTS];
+    int n;
+} agg;
+
+static qg_usage_slot *agg_at(agg *a, int64_t start, const char *model)
+{
+    for (int i = 0; i < a->n; i++)
+        if (a->s[i].start_ms == start && strcmp(a->s[i].model, model) == 0)
+            return &a->s[i];
+    assert_true(a->n < MAXSLOTS);
+    memset(&a->s[a->n], 0, sizeof a->s[0]);
+    a->s[a->n].start_ms = start;
+    snprintf(a->s[a->n].model, sizeof a->s[0].model, "%s", model);
+    return &a->s[a->n++];
+}
+
+static int add_row(const qg_ledger_row *r, void *ud)
+{
+    qg_usage_slot *s = agg_at(ud, r->created_ms - r->created_ms % SLOT,
+                              r->model);
+    s->requests++;
+    if (r->decision == 1) {
+        s->admitted++;
+        s->weight_milli += r->weight_milli;
+    } else {
+        s->refused++;
+    }
+    return 0;
+}
+
+static int add_slot(const qg_usage_slot *sl, void *ud)
+{
+    agg *a = ud;
+    /* ascending start, then model */
+    if (a->n > 0) {
+        const qg_usage_slot *p = &a->s[a->n - 1];
+        assert_true(p->start_ms < sl->start_ms ||
+                    (p->start_ms == sl->start_ms &&
+                     strcmp(p->model, sl->model) < 0));
+    }
+    assert_true(a->n < MAXSLOTS);
+    a->s[a->n++] = *sl;
+    return 0;
+}
+
+/* The ledger's rollup of subject in [from, to) equals the aggregation of
+ * its rows (slots whose counts went back to zero are left out). */
+static void check_rollup(qg_ledger *l, const char *subject, int64_t from,
+                         int64_t to, int64_t *nrows)
+{
+    static agg want, got;
+    want.n = got.n = 0;
+    /* every row, read back from the ledger itself */
+    assert_int_equal(qg__ledger_latest(l, subject, INT64_MAX, 1000000,
+                                       add_row, &want), 0);
+    assert_int_equal(qg__ledger_slots(l, subject, from, to, add_slot, &got),
+                     0);
+    int64_t rows = 0, m = 0;
+    for (int i = 0; i < want.n; i++) {
+        const qg_usage_slot *w = &want.s[i];
+        if (w->start_ms < from || w->start_ms >= to)
+            continue;
+        rows += w->requests;
+        const qg_usage_slot *g = NULL;
+        for (int k = 0; k < got.n; k++)
+            if (got.s[k].start_ms == w->start_ms &&
+                strcmp(got.s[k].model, w->model) == 0)
+                g = &got.s[k];
+        if (!g)
+            fail_msg("slot %lld/%s missing", (long long)w->start_ms,
+                     w->model);
+        assert_int_equal(g->weight_milli, w->weight_milli);
+        assert_int_equal(g->admitted, w->admitted);
+        assert_int_equal(g->requests, w->requests);
+        assert_int_equal(g->refused, w->refused);
+        m++;
+    }
+    for (int k = 0; k < got.n; k++)
+        if (got.s[k].requests != 0)
+            m--;
+    assert_int_equal(m, 0);     /* no slot the rows do not explain */
+    if (nrows)
+        *nrows = rows;
+}
+
+/* ------------------------------------------------------------ tests */
+
+#define N 1500
+
+static void test_rollup_follows_rows(void **state)
+{
+    (void)state;
+    tmpdb t;
+    tmpdb_make(&t);
+    qg_ledger *l = open_ok(t.path);
+    qg_ledger_row *rows = calloc(N, sizeof *rows);
+    int64_t counted = 0, first = 0;
+    uint64_t seed = rng;        /* stage 3 makes the same rows again */
+    assert_non_null(rows);
+
+    assert_int_equal(qg__ledger_first_usage(l, "alice", &first),
+                     QG_ENOTFOUND);
+    for (int i = 0; i < N; i++)
+        make_row(&rows[i], i, i % 3 ? "alice" : "bob");
+    submit_all(l, rows, N);
+    check_rollup(l, "alice", 0, INT64_MAX, &counted);
+    assert_true(counted > 900);
+    check_rollup(l, "bob", 0, INT64_MAX, NULL);
+
+    /* settles: the weight of admitted rows changes (up and down) */
+    int nset = 0;
+    for (int i = 0; i < N; i++) {
+        if (rows[i].decision != 1 || i % 2)
+            continue;
+        qg_ledger_row s = rows[i];
+        s.settle_only = 1;
+        s.status = QG_ROW_COMPLETED;
+        s.weight_milli = i % 4 ? 0 : rows[i].reserved_milli * 3;
+        s.settled_ms = s.created_ms + 1000;
+        rows[nset++] = s;
+    }
+    submit_all(l, rows, nset);
+
+    /* refusals decided again: allowed, later, with another model */
+    qg_ledger_row *again = calloc(N, sizeof *again);
+    int nagain = 0;
+    assert_non_null(again);
+    rng = seed;
+    for (int i = 0; i < N; i++) {
+        qg_ledger_row r;
+        make_row(&r, i, i % 3 ? "alice" : "bob");
+        if (r.decision == 1 || i % 2)
+            continue;
+        r.decision = 1;
+        r.window[0] = '\0';
+        r.status = QG_ROW_RESERVED;
+        r.weight_milli = r.reserved_milli;
+        r.created_ms += 5 * SLOT;
+        strcpy(r.model, "standard");
+        again[nagain++] = r;
+    }
+    assert_true(nagain > 10);
+    submit_all(l, again, nagain);
+
+    int64_t after = 0;
+    check_rollup(l, "alice", 0, INT64_MAX, &after);
+    check_rollup(l, "bob", 0, INT64_MAX, NULL);
+    /* a range: only the slots inside it */
+    check_rollup(l, "alice", BASE_MS + 10 * SLOT, BASE_MS + 100 * SLOT, NULL);
+    assert_int_equal(qg__ledger_first_usage(l, "alice", &first), 0);
+    assert_true(first >= BASE_MS && first < BASE_MS + 4 * SLOT);
+    assert_int_equal(first % SLOT, 0);
+    assert_int_equal(qg__ledger_first_usage(l, "nobody", &first),
+                     QG_ENOTFOUND);
+
+    /* the same figures after a reopen (the rollup is in the database) */
+    qg__ledger_close(l);
+    l = open_ok(t.path);
+    check_rollup(l, "alice", 0, INT64_MAX, &counted);
+    assert_int_equal(counted, after);
+    qg__ledger_close(l);
+    free(rows);
+    free(again);
+    tmpdb_remove(&t);
+}
+
+typedef struct listing {
+    qg_ledger_row rows[64];
+    int n;
+} listing;
+
+static int keep_row(const qg_ledger_row *r, void *ud)
+{
+    listing *ls = ud;
+    assert_true(ls->n < 64);
+    ls->rows[ls->n++] = *r;
+    return 0;
+}
+
+static void test_latest(void **state)
+{
+    (void)state;
+    tmpdb t;
+    tmpdb_make(&t);
+    qg_ledger *l = open_ok(t.path);
+    qg_ledger_row rows[40];
+    static listing ls;
+
+    /* 40 rows of carol, two per instant (ties), submitted out of order,
+     * and rows of dave around them */
+    for (int i = 0; i < 40; i++) {
+        make_row(&rows[i], i, i % 5 == 4 ? "dave" : "carol");
+        rows[i].created_ms = BASE_MS + (int64_t)((i * 7) % 40 / 2) * 1000;
+    }
+    submit_all(l, rows, 40);
+
+    ls.n = 0;
+    assert_int_equal(qg__ledger_latest(l, "carol", INT64_MAX, 10, keep_row,
+                                       &ls), 0);
+    assert_int_equal(ls.n, 10);
+    for (int i = 1; i < ls.n; i++)
+        assert_true(ls.rows[i - 1].created_ms >= ls.rows[i].created_ms);
+    /* the newest carol row of all is first */
+    int64_t newest = 0;
+    for (int i = 0; i < 40; i++)
+        if (strcmp(rows[i].subject, "carol") == 0 &&
+            rows[i].created_ms > newest)
+            newest = rows[i].created_ms;
+    assert_int_equal(ls.rows[0].created_ms, newest);
+    for (int i = 0; i < ls.n; i++)
+        assert_string_equal(ls.rows[i].subject, "carol");
+
+    /* before: strictly earlier rows only, still newest first */
+    int64_t before = BASE_MS + 10 * 1000;
+    ls.n = 0;
+    assert_int_equal(qg__ledger_latest(l, "carol", before, 64, keep_row,
+                                       &ls), 0);
+    int want = 0;
+    for (int i = 0; i < 40; i++)
+        if (strcmp(rows[i].subject, "carol") == 0 &&
+            rows[i].created_ms < before)
+            want++;
+    assert_int_equal(ls.n, want);
+    for (int i = 0; i < ls.n; i++)
+        assert_true(ls.rows[i].created_ms < before);
+    /* the fields come back whole */
+    for (int i = 0; i < 40; i++)
+        if (strcmp(rows[i].request_id, ls.rows[0].request_id) == 0) {
+            assert_string_equal(rows[i].model, ls.rows[0].model);
+            assert_int_equal(rows[i].weight_milli, ls.rows[0].weight_milli);
+            assert_int_equal(rows[i].decision, ls.rows[0].decision);
+            assert_int_equal(rows[i].input_tokens, ls.rows[0].input_tokens);
+        }
+    ls.n = 0;
+    assert_int_equal(qg__ledger_latest(l, "carol", BASE_MS, 64, keep_row,
+                                       &ls), 0);
+    assert_int_equal(ls.n, 0);
+    assert_int_equal(qg__ledger_latest(l, "carol", INT64_MAX, 0, keep_row,
+                                       &ls), 0);
+    assert_int_equal(ls.n, 0);
+    assert_int_equal(qg__ledger_latest(l, "carol", INT64_MAX, -1, keep_row,
+                                       &ls), QG_EINVAL);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* A schema-4 SQLite file with rows: migration 5 fills the rollup from
+ * them, and the triggers keep it from then on. */
+static void test_sqlite_migration_fills_rollup(void **state)
+{
+    (void)state;
+    tmpdb t;
+    tmpdb_make(&t);
+    qg_ledger *l = open_ok(t.path);
+    qg_ledger_row rows[300];
+    for (int i = 0; i < 300; i++)
+        make_row(&rows[i], i, "erin");
+    submit_all(l, rows, 300);
+    qg__ledger_close(l);
+
+    /* take the file back to version 4: no rollup, no triggers */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+        "DROP TRIGGER requests_slots_insert;"
+        "DROP TRIGGER requests_slots_update;"
+        "DROP TABLE usage_slots; DROP INDEX requests_subject;"
+        "PRAGMA user_version=4;", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    l = open_ok(t.path);
+    check_rollup(l, "erin", 0, INT64_MAX, NULL);
+    qg_ledger_row more[50];
+    for (int i = 0; i < 50; i++)
+        make_row(&more[i], 1000 + i, "erin");
+    submit_all(l, more, 50);
+    check_rollup(l, "erin", 0, INT64_MAX, NULL);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static int pg_setup(void **state)
+{
+    (void)state;
+    if (pgproc_start(&PG) < 0) {
+        fprintf(stderr, "PostgreSQL: %s\n", PG.why);
+        return -1;
+    }
+    on_pg = 1;
+    return 0;
+}
+
+static int pg_teardown(void **state)
+{
+    (void)state;
+    pgproc_destroy(&PG);
+    on_pg = 0;
+    return 0;
+}
+
+#define PG_TEST(f) {"postgresql: " #f, f, NULL, NULL, NULL}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rollup_follows_rows),
+        cmocka_unit_test(test_latest),
+        cmocka_unit_test(test_sqlite_migration_fills_rollup),
+    };
+    const struct CMUnitTest pg_tests[] = {
+        PG_TEST(test_rollup_follows_rows),
+        PG_TEST(test_latest),
+    };
+    int failed = cmocka_run_group_tests_name("sqlite", tests, NULL, NULL);
+    if (!pgproc_bindir()) {
+        fprintf(stderr, "no PostgreSQL binaries: make test installs "
+                "Debian's postgresql\n");
+        return 1;
+    }
+    return failed + cmocka_run_group_tests_name("postgresql", pg_tests,
+                                                pg_setup, pg_teardown);
+}
