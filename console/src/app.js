@@ -136,18 +136,17 @@ async function loadChart(card, v, spec, paths, unit, gen) {
   if (note) el.append(h('p', { class: 'note' }, note));
 }
 
+// The latest ledger rows (/v1/usage/requests, newest first).
 function requestsTable(rows) {
   if (!rows.length) return h('p', {}, 'No requests yet.');
   const cols = ['Time', 'Model', 'Tokens', 'Weight', 'Decision', 'Window'];
-  const tokens = (r) => (r.input_tokens === undefined && r.output_tokens === undefined ? '–'
-    : fmt.num((Number(r.input_tokens) || 0) + (Number(r.output_tokens) || 0)));
   return h('table', { class: 'requests' },
     h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
     h('tbody', {}, rows.map((r) => {
-      const at = r.decided_at || r.at || r.time;
-      const cells = [at ? fmt.stamp(at) : '–', r.model || '(weight only)', tokens(r),
-        fmt.num(r.weight), r.decision || '–', r.window || '–'];
-      return h('tr', {}, cells.map((c, i) => h('td', { 'data-label': cols[i] }, c)));
+      const tokens = `${fmt.num(r.input_tokens)} in, ${fmt.num(r.output_tokens)} out${r.estimated ? ' (estimated)' : ''}`;
+      const cells = [fmt.stamp(r.time), r.model || '(weight only)', tokens, fmt.num(r.weight),
+        `${r.decision}${r.status ? ` (${r.status})` : ''}`, r.window || '–'];
+      return h('tr', { 'data-request': r.request_id }, cells.map((c, i) => h('td', { 'data-label': cols[i] }, c)));
     })));
 }
 
@@ -160,7 +159,7 @@ async function loadRequests(section, paths, gen) {
     return;
   }
   if (gen !== state.generation) return;
-  section.append(requestsTable(body.requests || body.rows || []));
+  section.append(requestsTable(body.requests));
 }
 
 function statementsSection(plan) {

@@ -10,7 +10,9 @@
 //   - a subject key signs in: every window of /v1/usage is on the page
 //     with used / limit / remaining / reset_at as the API gives them (read
 //     from the data-window / data-field hooks), a chart canvas of non-zero
-//     size in its data-chart, and its forecast sentence;
+//     size in its data-chart drawn from /v1/usage/history, and its
+//     forecast sentence; the latest requests as /v1/usage/requests lists
+//     them; the plan's statements as /v1/plans words them;
 //   - at a 375-pixel viewport nothing overflows sideways;
 //   - the admin key opens the org and sees its members and its windows;
 //   - nothing was logged as an error in the browser console.
@@ -225,6 +227,13 @@ test('a subject key: every window as /v1/usage gives it, chart, forecast, 375 px
     const box = await canvas.boundingBox();
     assert.ok(box && box.width > 0 && box.height > 0, `${v.name}: chart of ${JSON.stringify(box)}`);
   }
+  // every chart drew its history (no note that it could not be read)
+  assert.deepEqual(await page.locator('[data-chart] .note').allTextContents(), []);
+  // the latest requests, newest first, as /v1/usage/requests lists them
+  const latest = await ok('GET', '/v1/usage/requests?limit=20', keys[subject]);
+  assert.ok(latest.requests.length >= 6, JSON.stringify(latest));
+  const rows = await page.locator('#requests tr[data-request]').evaluateAll((els) => els.map((e) => e.dataset.request));
+  assert.deepEqual(rows, latest.requests.map((r) => r.request_id));
   // the plan's statements, as /v1/plans words them
   const plans = await (await fetch(`${srv.base}/v1/plans`)).json();
   const team = plans.plans.find((p) => p.name === 'team');
