@@ -123,6 +123,9 @@ async function loadChart(card, v, spec, paths, unit, gen) {
   let history = null;
   let note = null;
   try {
+    // requests in flight have no history: the ledger counts requests per
+    // bucket, not how many were open at once
+    if (v.type === 'concurrency') throw new Error('requests in flight are not kept over time');
     history = await api.get(paths.history(query));
     if (!Array.isArray(history.buckets)) {
       history = null;
@@ -132,7 +135,7 @@ async function loadChart(card, v, spec, paths, unit, gen) {
     note = `No history to draw (${e.message}); the chart shows the recovery schedule only.`;
   }
   if (gen !== state.generation) return;
-  drawChart(el, { view: v, unit, rollingS: spec && spec.type === 'rolling' ? spec.length_s : 0, history, fromMs: Date.parse(query.from), nowMs });
+  drawChart(el, { view: v, unit: v.unit || unit, rollingS: spec && spec.type === 'rolling' ? spec.length_s : 0, history, fromMs: Date.parse(query.from), nowMs });
   if (note) el.append(h('p', { class: 'note' }, note));
 }
 
