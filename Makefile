@@ -37,7 +37,7 @@ INC_http     := -Iinclude -Isrc/http
 INC_ledger   := -Iinclude -Isrc/ledger
 INC_proxy    := $(INC_core) -Isrc/http -Isrc/proxy
 INC_server   := $(INC_core) -Isrc/store -Isrc/io -Isrc/http -Isrc/ledger \
-                -Isrc/proxy -Isrc/server
+                -Isrc/proxy -Isrc/analysis -Isrc/server
 INC_cli      := -Iinclude -Isrc/analysis -Isrc/cli
 INC_all      := $(INC_server) -Isrc/analysis -Isrc/cli -Itests/support
 # include flags of a source file: its layer's, or all of them outside src/
@@ -52,7 +52,8 @@ SAN     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 REDIS_LUA := $(addprefix src/store/redis/,bignum.lua common.lua \
                win_rolling.lua win_calendar.lua win_session.lua win_rate.lua \
                win_concurrency.lua decide.lua ops.lua)
-GEN_SRC := build/gen/redis_lua_lib.c build/gen/redis_lua_claim.c
+GEN_SRC := build/gen/redis_lua_lib.c build/gen/redis_lua_claim.c \
+           build/gen/console_assets.c
 LIB_SRC := $(wildcard src/core/*.c src/store/*.c src/io/*.c src/analysis/*.c \
              src/http/*.c src/ledger/*.c src/server/*.c src/proxy/*.c) $(GEN_SRC)
 CLI_SRC := $(wildcard src/cli/*.c)
@@ -122,6 +123,19 @@ build/gen/redis_lua_lib.c: $(REDIS_LUA) scripts/embed.sh
 build/gen/redis_lua_claim.c: src/store/redis/claim.lua scripts/embed.sh
 	@mkdir -p $(dir $@)
 	scripts/embed.sh $@ qg__redis_lua_claim src/store/redis/claim.lua
+
+# the usage console (docs/console.md): npm packages installed from the
+# committed lockfile (npm ci writes node_modules/.package-lock.json), the
+# sources bundled by esbuild into build/console, that folder embedded as
+# a table of files (scripts/embed_assets.sh) served by h_console.c
+CONSOLE_SRC := $(wildcard console/src/*) console/build.mjs
+console/node_modules/.package-lock.json: console/package-lock.json
+	cd console && npm ci --no-audit --no-fund --loglevel=error
+build/console/index.html: $(CONSOLE_SRC) console/node_modules/.package-lock.json
+	node console/build.mjs build/console
+build/gen/console_assets.c: build/console/index.html scripts/embed_assets.sh
+	@mkdir -p $(dir $@)
+	scripts/embed_assets.sh $@ build/console
 
 $(eval $(call flavour,OPTB,build,$(OPT)))
 $(eval $(call flavour,ASANB,build/asan,$(SAN)))

@@ -272,6 +272,17 @@ int qg_engine_set_subject(qg_engine *e, const char *subject, const char *plan,
                           const char *org, int64_t billing_anchor_ms,
                           char *err, size_t errcap);
 
+/* The registered members of organisation `org` (static subjects and
+ * those set since), in no particular order: *names gets a malloc'ed
+ * array of *n malloc'ed names, at most `cap` of them (free both with
+ * qg_engine_names_free), and *total (may be NULL) how many there are in
+ * all.  Thread-safe (each registry shard is read under its lock).
+ * Returns 0, QG_ENOTFOUND when the rules have no such org (nothing
+ * allocated), or QG_ENOMEM. */
+int qg_engine_org_members(qg_engine *e, const char *org, size_t cap,
+                          char ***names, size_t *n, size_t *total);
+void qg_engine_names_free(char **names, size_t n);
+
 #define QG_DEFAULT_OUTPUT_ESTIMATE 1024 /* when max_output_tokens is absent */
 #define QG_REQUEST_ID_MAX 255
 

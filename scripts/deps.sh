@@ -3,16 +3,20 @@
 # Usage: scripts/deps.sh [build|test|bench|fuzz]
 # (fuzz: clang and libFuzzer for make fuzz only; make test replays the
 # fuzz corpora with gcc and needs neither; postgresql: the server the
-# PostgreSQL ledger's tests start themselves, tests/support/pgproc.c)
+# PostgreSQL ledger's tests start themselves, tests/support/pgproc.c;
+# nodejs and npm: the console's assets are bundled from npm packages at
+# build time, console/; chromium: the console's browser test, tests/console)
 set -e
 want="gcc make pkg-config libyaml-dev libjansson-dev libyajl-dev libxxhash-dev tzdata \
       libevent-dev libsqlite3-dev libssl-dev libhttp-parser-dev libhiredis-dev \
       libpq-dev"
+# the console (console/build.mjs): esbuild and uPlot from npm, bundled at build time
+{ command -v node && command -v npm; } >/dev/null || want="$want nodejs npm"
 case "${1:-build}" in
   test)  want="$want libcmocka-dev curl prometheus nginx-light sqlite3 openssl redis-server \
-               postgresql"
-         # tests/sdk: the openai npm package under node --test
-         { command -v node && command -v npm; } >/dev/null || want="$want nodejs npm" ;;
+               postgresql chromium"
+         # tests/console: playwright-core drives Debian's chromium (headless)
+         ;;
   bench) want="$want libcmocka-dev wrk nginx-light curl sqlite3 redis-server postgresql" ;;
   fuzz)  want="$want clang libfuzzer-14-dev" ;;
 esac

@@ -33,10 +33,14 @@ for dir in "$@"; do
     fi
   done
 done
-# tests/sdk: the official openai and @anthropic-ai/sdk packages against the proxy, once, on
-# the optimised build (node --test; its TAP "# pass N" / "# fail M" tallied)
-case " $* " in *" build "*)
-  t=tests/sdk; log=build/tests/sdk.log; mkdir -p build/tests; echo "== $t"
+# The npm-based suites, once, on the optimised build (node --test; their
+# TAP "# pass N" / "# fail M" tallied), each installed from its committed
+# lockfile when missing:
+#   tests/sdk      the official openai and @anthropic-ai/sdk packages
+#                  against the proxy
+#   tests/console  the usage console in Debian's chromium (playwright-core)
+node_suite() {
+  t=$1; log=build/tests/$(basename "$t").log; mkdir -p build/tests; echo "== $t"
   { [ -d $t/node_modules ] || npm ci --prefix $t --no-audit --no-fund; } >"$log" 2>&1 &&
     QG_BIN="$(pwd)/build/quotagate" QG_UPSTREAM_BIN="$(pwd)/build/upstream_double" \
     node --test --test-reporter=tap $t/ >>"$log" 2>&1
@@ -46,7 +50,11 @@ case " $* " in *" build "*)
   passed=$((passed + p)); failed=$((failed + f))
   if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then
     cat "$log"; [ "$f" -eq 0 ] && failed=$((failed + 1)); broken="$broken $t"
-  else echo "   $p passed"; fi ;;
+  else echo "   $p passed"; fi
+}
+case " $* " in *" build "*)
+  node_suite tests/sdk
+  node_suite tests/console ;;
 esac
 [ "$skipped" -ne 0 ] && echo "$skipped skipped (see above why)"
 [ -n "$broken" ] && echo "failing:$broken"

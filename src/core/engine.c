@@ -353,6 +353,57 @@ int64_t qg_engine_reach_ms(const qg_engine *e)
     return cur_gen(e)->reach_ms;
 }
 
+int qg_engine_org_members(qg_engine *e, const char *org, size_t cap,
+                          char ***names, size_t *n, size_t *total)
+{
+    char **out = NULL;
+    size_t got = 0, all = 0;
+    int rc = QG_OK;
+
+    *names = NULL;
+    *n = 0;
+    if (total)
+        *total = 0;
+    if (qg__rules_find_org(cur_gen(e)->rules, org) < 0)
+        return QG_ENOTFOUND;
+    if (cap && !(out = calloc(cap, sizeof *out)))
+        return QG_ENOMEM;
+    for (int i = 0; i < REG_SHARDS && rc == QG_OK; i++) {
+        reg_shard *sh = &e->reg[i];
+        pthread_rwlock_rdlock(&sh->lock);
+        /* the org's index in the generation this shard's records follow
+         * (a reload remaps them under every shard's write lock) */
+        int ix = qg__rules_find_org(cur_gen(e)->rules, org);
+        for (uint32_t j = 0; ix >= 0 && j < sh->cap; j++) {
+            if (!sh->slots[j].name || sh->slots[j].org != ix)
+                continue;
+            all++;
+            if (got < cap && !(out[got++] = strdup(sh->slots[j].name))) {
+                got--;
+                rc = QG_ENOMEM;
+                break;
+            }
+        }
+        pthread_rwlock_unlock(&sh->lock);
+    }
+    if (rc != QG_OK) {
+        qg_engine_names_free(out, got);
+        return rc;
+    }
+    *names = out;
+    *n = got;
+    if (total)
+        *total = all;
+    return QG_OK;
+}
+
+void qg_engine_names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
 int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
 {
     gen *old, *g;

@@ -391,6 +391,71 @@ char *qg__json_usage_forecast(const qg_decision *d, const char *subject,
     return qg__jb_finish(&b);
 }
 
+/* The views of one scope (org or member) with their recovery steps. */
+static void scope_windows(qg__jb *b, const qg_decision *d, int org,
+                          int64_t now_ms, const char *unit_name)
+{
+    int first = 1;
+    QG__JB_LIT(b, "[");
+    for (int i = 0; i < d->nviews; i++) {
+        if (!d->views[i].org != !org)
+            continue;
+        if (!first)
+            QG__JB_LIT(b, ",");
+        first = 0;
+        window_open(b, &d->views[i], unit_name);
+        QG__JB_LIT(b, ",\"recovers\":");
+        recovers_text(b, d, i, now_ms);
+        QG__JB_LIT(b, "}");
+    }
+    QG__JB_LIT(b, "]");
+}
+
+char *qg__json_org_usage(const char *org, const qg_org_member *m, int n,
+                         size_t total, int64_t now_ms, const char *unit_name)
+{
+    const qg_decision *any = NULL;
+    qg__jb b;
+
+    if (qg__jb_init(&b, 512 + 1024 * (size_t)(n > 0 ? n : 1)) < 0)
+        return NULL;
+    for (int i = 0; i < n && !any; i++)
+        if (m[i].rc == QG_OK)
+            any = m[i].d;
+    QG__JB_LIT(&b, "{\"org\":");
+    qg__jb_str(&b, org);
+    QG__JB_LIT(&b, ",\"unit\":");
+    qg__jb_str(&b, unit_name ? unit_name : "weight points");
+    QG__JB_LIT(&b, ",\"windows\":");
+    if (any)
+        scope_windows(&b, any, 1, now_ms, unit_name);
+    else
+        QG__JB_LIT(&b, "[]");
+    QG__JB_LIT(&b, ",\"members_total\":");
+    qg__jb_i64(&b, (int64_t)total);
+    QG__JB_LIT(&b, ",\"truncated\":");
+    qg__jb_bool(&b, total > (size_t)n);
+    QG__JB_LIT(&b, ",\"members\":[");
+    for (int i = 0; i < n; i++) {
+        if (i)
+            QG__JB_LIT(&b, ",");
+        QG__JB_LIT(&b, "{\"subject\":");
+        qg__jb_str(&b, m[i].subject);
+        if (m[i].rc != QG_OK) {
+            QG__JB_LIT(&b, ",\"error\":");
+            qg__jb_str(&b, qg_strerror(m[i].rc));
+        } else {
+            QG__JB_LIT(&b, ",\"plan\":");
+            qg__jb_str(&b, m[i].d->plan);
+            QG__JB_LIT(&b, ",\"windows\":");
+            scope_windows(&b, m[i].d, 0, now_ms, unit_name);
+        }
+        QG__JB_LIT(&b, "}");
+    }
+    QG__JB_LIT(&b, "]}");
+    return qg__jb_finish(&b);
+}
+
 /* --------------------------------------------------------------- error */
 
 char *qg__json_error(const char *type, const char *message)

@@ -75,6 +75,18 @@ char *qg__json_usage(const qg_decision *d, const char *subject,
 char *qg__json_usage_forecast(const qg_decision *d, const char *subject,
                               int64_t now_ms, const char *unit_name,
                               const qg_forecast *fc);
+/* One member of an org's usage (h_org.c): its usage read's result and,
+ * when rc is 0, its views. */
+typedef struct qg_org_member {
+    const char *subject;
+    int rc;
+    const qg_decision *d;
+} qg_org_member;
+/* /v1/orgs/{org}/usage body: the org's windows (its scope's views, read
+ * through the first member whose read succeeded), then every member's
+ * own windows; total is how many members the org has in all. */
+char *qg__json_org_usage(const char *org, const qg_org_member *m, int n,
+                         size_t total, int64_t now_ms, const char *unit_name);
 /* /v1/plans and /v1/weights from the rules. */
 char *qg__json_plans(const qg_rules *r);
 char *qg__json_weights(const qg_rules *r);

@@ -41,6 +41,9 @@ static const route routes[] = {
      QG_ROUTE_USAGE},
     {QG_HTTP_GET, "/v1/usage/", 1, ADMIN | SUBJECT, qg__h_usage,
      QG_ROUTE_USAGE},
+    {QG_HTTP_GET, "/v1/orgs/", 1, ADMIN, qg__h_org_usage, QG_ROUTE_USAGE},
+    {QG_HTTP_GET, "/v1/whoami", 0, ADMIN | SUBJECT, qg__h_whoami,
+     QG_ROUTE_CONSOLE},
     {QG_HTTP_GET, "/v1/plans", 0, ANY, qg__h_plans, QG_ROUTE_PLANS},
     {QG_HTTP_GET, "/v1/weights", 0, ANY, qg__h_weights, QG_ROUTE_WEIGHTS},
     /* any method: Envoy's ext_authz asks with the client's own method;
@@ -52,6 +55,10 @@ static const route routes[] = {
      QG_ROUTE_MESSAGES},
     {QG_HTTP_GET, "/healthz", 0, ANY, qg__h_healthz, QG_ROUTE_HEALTHZ},
     {QG_HTTP_GET, "/metrics", 0, ANY, qg__h_metrics, QG_ROUTE_METRICS},
+    /* the usage console: the page asks for a key itself (h_console.c) */
+    {QG_HTTP_GET, "/console", 0, ANY, qg__h_console, QG_ROUTE_CONSOLE},
+    {QG_HTTP_GET, "/console/", 0, ANY, qg__h_console, QG_ROUTE_CONSOLE},
+    {QG_HTTP_GET, "/console/", 1, ANY, qg__h_console, QG_ROUTE_CONSOLE},
     {QG_HTTP_POST, "/v1/admin/subjects", 0, ADMIN, qg__h_admin_subjects,
      QG_ROUTE_ADMIN},
     {QG_HTTP_POST, "/v1/admin/keys", 0, ADMIN, qg__h_admin_keys,

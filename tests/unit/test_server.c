@@ -631,6 +631,156 @@ static void test_plans_and_weights(void **state)
                      tst_excerpt(r));
 }
 
+/* /v1/plans: each plan's statements carry analyze's effective multiplier
+ * (the oracle: `quotagate analyze --json` on the same rules). */
+static void test_plans_statements(void **state)
+{
+    const char *argv[] = {"analyze", "-c", qgproc_path(&P, "rules.yaml"),
+                          "--json", NULL};
+    char *out = NULL;
+    json_t *j, *an, *p, *st;
+    size_t i, k;
+    (void)state;
+    assert_int_equal(qg_run_cli(argv, 60000, &out, NULL), 0);
+    an = tst_jparse_text(out, strlen(out), "analyze");   /* freed at teardown */
+    free(out);
+    j = tst_jparse(req("GET", "/v1/plans", NULL, NULL), "plans");
+    assert_string_equal(tst_jstr(j, "baseline", "plans"),
+                        tst_jstr(an, "baseline", "analyze"));
+    json_array_foreach(json_object_get(j, "plans"), i, p) {
+        const char *name = tst_jstr(p, "name", "plan");
+        json_t *ap = NULL, *x, *eff = NULL;
+        json_array_foreach(json_object_get(an, "plans"), k, x)
+            if (!strcmp(tst_jstr(x, "plan", "analyze"), name))
+                ap = x;
+        assert_non_null(ap);
+        json_array_foreach(json_object_get(p, "statements"), k, st)
+            if (!strcmp(tst_jstr(st, "kind", "statement"), "effective"))
+                eff = st;
+        if (!eff)
+            fail_msg("plan %s: no effective statement: %s", name, tst_dump(p));
+        if (strcmp(name, tst_jstr(an, "baseline", "analyze")) != 0 &&
+            !NEAR(tst_jnum(eff, "multiplier", "statement"),
+                  tst_jnum(ap, "effective_multiplier", "analyze")))
+            fail_msg("plan %s: statement %s, analyze %s", name, tst_dump(eff),
+                     tst_dump(ap));
+        if (!strstr(tst_jstr(eff, "text", "statement"),
+                    tst_fmt("%.15g", tst_jnum(ap, "redeemable", "analyze"))))
+            fail_msg("plan %s: the statement does not give the redeemable "
+                     "%g: %s", name, tst_jnum(ap, "redeemable", "analyze"),
+                     tst_dump(eff));
+    }
+}
+
+/* GET /console and its files; GET /v1/whoami; GET /v1/orgs/{org}/usage. */
+static void test_console_routes(void **state)
+{
+    const char *a = new_subject("roomy", "acme"), *b = new_subject("basic", "acme");
+    const char *loner = new_subject("basic", NULL);
+    http_resp *r;
+    json_t *j, *m, *w, *org_w = NULL;
+    const char *etag, *key, *asset;
+    size_t i, k, found = 0;
+    (void)state;
+
+    r = req("GET", "/console", NULL, NULL);
+    WANT(r, 200, "GET /console");
+    assert_non_null(strstr(http_resp_header(r, "content-type"), "text/html"));
+    assert_string_equal(http_resp_header(r, "cache-control"), "no-cache");
+    assert_non_null(strstr(http_resp_header(r, "content-security-policy"),
+                           "script-src 'self'"));
+    assert_null(strstr(http_resp_header(r, "content-security-policy"),
+                       "unsafe-inline"));
+    assert_non_null(strstr(r->body, "name=\"key\""));
+    etag = tst_fmt("%s", http_resp_header(r, "etag"));
+    assert_true(strlen(etag) > 2);
+    asset = strstr(r->body, "/console/app-");
+    assert_non_null(asset);
+    asset = tst_fmt("%.*s", (int)strcspn(asset, "\""), asset);
+    {
+        const char *h[] = {tst_fmt("If-None-Match: %s", etag), NULL};
+        r = tst_gc_add(GC_RESP, calloc(1, sizeof *r));
+        if (httpc_request(&C, "GET", "/console", h, NULL, 0, r) < 0)
+            fail_msg("GET /console again: %s", C.err);
+        if (r->status != 304 || r->body_len != 0)
+            fail_msg("If-None-Match %s: %d with %zu bytes", etag, r->status,
+                     r->body_len);
+    }
+    WANT(req("GET", "/console/", NULL, NULL), 200, "GET /console/");
+    r = req("GET", asset, NULL, NULL);
+    WANT(r, 200, asset);
+    assert_non_null(strstr(http_resp_header(r, "content-type"), "text/javascript"));
+    assert_non_null(strstr(http_resp_header(r, "cache-control"), "immutable"));
+    WANT_ERR(req("GET", "/console/nothing.js", NULL, NULL), 404, "not_found",
+             "an unknown console file");
+
+    /* whoami: the admin, a subject, nobody else */
+    j = tst_jparse(req("GET", "/v1/whoami", ADMIN, NULL), "whoami admin");
+    assert_string_equal(tst_jstr(j, "role", "whoami"), "admin");
+    assert_null(json_object_get(j, "subject"));
+    r = req("POST", "/v1/admin/keys", ADMIN, tst_fmt("{\"subject\":\"%s\"}", a));
+    key = tst_jstr(tst_jparse(r, "keys"), "key", "keys");
+    j = tst_jparse(req("GET", "/v1/whoami", key, NULL), "whoami subject");
+    assert_string_equal(tst_jstr(j, "role", "whoami"), "subject");
+    assert_string_equal(tst_jstr(j, "subject", "whoami"), a);
+    WANT_ERR(req("GET", "/v1/whoami", SERVICE, NULL), 403, "forbidden",
+             "whoami with the service key");
+    WANT_ERR(req("GET", "/v1/whoami", NULL, NULL), 401, "unauthorized",
+             "whoami without a key");
+
+    /* the org: both members with their own windows, the org's windows as
+     * each member's usage shows them */
+    WANT(check_w(a, tst_uid("r"), 3), 200, "check a");
+    WANT(check_w(b, tst_uid("r"), 4.5), 200, "check b");
+    r = req("GET", "/v1/orgs/acme/usage", ADMIN, NULL);
+    WANT(r, 200, "GET /v1/orgs/acme/usage");
+    j = tst_jparse(r, "org");
+    assert_string_equal(tst_jstr(j, "org", "org"), "acme");
+    assert_false(tst_jbool(j, "truncated", "org"));
+    assert_int_equal((size_t)tst_jnum(j, "members_total", "org"),
+                     json_array_size(json_object_get(j, "members")));
+    json_array_foreach(json_object_get(j, "windows"), i, w) {
+        assert_string_equal(tst_jstr(w, "scope", "org window"), "org");
+        if (!strcmp(tst_jstr(w, "name", "org window"), "org_monthly"))
+            org_w = w;
+    }
+    assert_non_null(org_w);
+    {
+        json_t *ua = find_window(json_object_get(usage_of(a), "windows"),
+                                 "org_monthly");
+        assert_non_null(ua);
+        assert_true(NEAR(tst_jnum(org_w, "used", "org"),
+                         tst_jnum(ua, "used", "a's view")));
+    }
+    const char *prev = "";
+    json_array_foreach(json_object_get(j, "members"), i, m) {
+        const char *name = tst_jstr(m, "subject", "member");
+        double want = !strcmp(name, a) ? 3 : !strcmp(name, b) ? 4.5 : -1;
+        if (strcmp(prev, name) >= 0)
+            fail_msg("members not sorted: %s after %s", name, prev);
+        prev = name;
+        if (!strcmp(name, loner))
+            fail_msg("%s is not in acme: %s", loner, tst_excerpt(r));
+        json_array_foreach(json_object_get(m, "windows"), k, w)
+            assert_string_equal(tst_jstr(w, "scope", "member window"), "member");
+        if (want < 0)
+            continue;
+        found++;
+        w = find_window(json_object_get(m, "windows"), "burst_5h");
+        assert_non_null(w);
+        assert_true(NEAR(tst_jnum(w, "used", "member"), want));
+    }
+    assert_int_equal(found, 2);
+    WANT_ERR(req("GET", "/v1/orgs/nowhere/usage", ADMIN, NULL), 404,
+             "unknown_org", "an unknown org");
+    WANT_ERR(req("GET", "/v1/orgs/acme/usage", key, NULL), 403, "forbidden",
+             "a subject key reading an org");
+    WANT_ERR(req("GET", "/v1/orgs/acme", ADMIN, NULL), 404, "not_found",
+             "/v1/orgs/acme");
+    WANT_ERR(req("GET", "/v1/orgs/acme/usage/x", ADMIN, NULL), 404,
+             "not_found", "/v1/orgs/acme/usage/x");
+}
+
 static void test_check_allow_weight(void **state)
 {
     const char *s = new_subject("roomy", "acme"), *rid = tst_uid("r");
@@ -1760,6 +1910,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_healthz, gc_teardown),
         cmocka_unit_test_teardown(test_plans_and_weights, gc_teardown),
+        cmocka_unit_test_teardown(test_plans_statements, gc_teardown),
+        cmocka_unit_test_teardown(test_console_routes, gc_teardown),
         cmocka_unit_test_teardown(test_check_allow_weight, gc_teardown),
         cmocka_unit_test_teardown(test_check_allow_model, gc_teardown),
         cmocka_unit_test_teardown(test_check_replay, gc_teardown),
