@@ -1036,6 +1036,47 @@ static void test_scan(void **state)
 
 /* ------------------------------------------------------------- group */
 
+/* A database written by the first schema (version 1: rows, subjects,
+ * keys, spool marks) is migrated at open to this build's version with its
+ * rows kept: the webhook outbox's tables appear, and the history's
+ * rollup is filled from the rows already there. */
+static void test_migrate_from_1(void **state)
+{
+    qg_ledger_row rows[200];
+    db d;
+    void *b;
+    (void)state;
+    NEED_PG();
+    fresh_db(&d);
+    b = open_ok(d.url);
+    for (int i = 0; i < 200; i++)
+        make_row(i, &rows[i]);
+    write_ok(b, rows, 200);
+    be->close(b);
+    /* back to version 1: what versions 2 and 3 added, dropped */
+    sql(&d, "DROP TRIGGER requests_slots_insert ON requests;"
+            "DROP TRIGGER requests_slots_update ON requests;"
+            "DROP FUNCTION qg_slots_insert(); DROP FUNCTION qg_slots_update();"
+            "DROP TABLE usage_slots; DROP INDEX requests_subject;"
+            "DROP TABLE webhook_outbox; DROP TABLE notify_marks;"
+            "DELETE FROM quotagate_schema WHERE version > 1", NULL, 0);
+    assert_int_equal(sql_long(&d, "SELECT max(version) FROM "
+                                  "quotagate_schema"), 1);
+    b = open_ok(d.url);
+    be->close(b);
+    assert_int_equal(sql_long(&d, "SELECT max(version) FROM "
+                                  "quotagate_schema"), QG_PG_SCHEMA_VERSION);
+    assert_int_equal(sql_long(&d, "SELECT count(*) FROM requests"), 200);
+    assert_int_equal(sql_long(&d, "SELECT count(*) FROM notify_marks"), 0);
+    /* the rollup holds what the rows hold */
+    assert_int_equal(sql_long(&d, "SELECT coalesce(sum(requests), 0) FROM "
+                                  "usage_slots"), 200);
+    assert_int_equal(sql_long(&d, "SELECT coalesce(sum(weight_milli), 0) "
+                                  "FROM usage_slots"),
+                     sql_long(&d, "SELECT coalesce(sum(weight_milli), 0) "
+                                  "FROM requests WHERE decision = 1"));
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1070,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_not_utf8),
         cmocka_unit_test(test_mark_atomic),
         cmocka_unit_test(test_schema),
+        cmocka_unit_test(test_migrate_from_1),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_scan),
