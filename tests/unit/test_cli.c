@@ -434,7 +434,7 @@ static void test_lint_findings(void **state)
         { "lint/payg.yaml", NULL,
           { "payg-without-cap", "payg-lifts-nothing" } },
         { "lint/lowered_new.yaml", "lint/lowered_old.yaml",
-          { "limit-lowered-without-notice" } },
+          { "change-without-notice" } },
     };
     size_t i, j, k;
     (void)state;
