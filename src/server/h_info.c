@@ -31,8 +31,12 @@ static void usage_answer(void *ud, int rc)
         qg__reply_engine_error(s, u->r, rc, qg_strerror(rc));
     } else {
         qg__reply_json(s, u->r, 200,
-                       qg__json_usage(&u->d, u->subject, u->now,
-                                      qg_engine_rules(s->engine)->unit),
+                       qg__json_usage_upcoming(
+                           qg__json_usage(&u->d, u->subject, u->now,
+                                          qg_engine_rules_at(s->engine,
+                                                             u->now)->unit),
+                           qg_engine_rules(s->engine), u->now, u->d.plan,
+                           u->d.org),
                        NULL, 0);
     }
     free(u);
@@ -76,14 +80,17 @@ void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg__reply_json(s, r, 200, qg__json_plans(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200, qg__json_plans(qg_engine_rules(s->engine),
+                                             qg__server_now(s)),
                   NULL, 0);
 }
 
 void qg__h_weights(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg__reply_json(s, r, 200, qg__json_weights(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200,
+                   qg__json_weights(qg_engine_rules_at(s->engine,
+                                                       qg__server_now(s))),
                   NULL, 0);
 }
 
