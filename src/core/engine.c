@@ -212,8 +212,9 @@ static const ver *gen_pick(const gen *g, int64_t t_ms, int how)
 /* Copy out a subject's registration and the generation it belongs to,
  * with the version in force at t_ms and the subject's plan and org as
  * that version's indices; unknown subjects fall back to its default plan.
- * QG_ENOSUBJECT (unknown, no default plan), or QG_ESTATE with the reason
- * in err: no version in force yet, or the version lacks the plan. */
+ * QG_ENOSUBJECT (unknown, no default plan), or QG_EINVAL with the reason
+ * in err: no version in force yet, or the version lacks the plan (not
+ * QG_ESTATE, which the server reads as its store rebuilding). */
 static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
                    qg_key *k, subject *out, gen **g, const ver **vp,
                    char *err, size_t errcap)
@@ -241,7 +242,7 @@ static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
         qg_iso8601_format((*g)->rules->effective_ms, when, sizeof when);
         qg__errf(err, errcap, "no rules version is in force yet: the first, "
                  "\"%s\", takes effect at %s", (*g)->rules->version, when);
-        return QG_ESTATE;
+        return QG_EINVAL;
     }
     if (s) {
         int p = v->plan_of[out->plan];
@@ -249,7 +250,7 @@ static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
             qg__errf(err, errcap, "plan \"%s\" of subject \"%s\" is not "
                      "in rules version \"%s\", in force at that instant",
                      (*g)->plan_names[out->plan], name, v->rules->version);
-            return QG_ESTATE;
+            return QG_EINVAL;
         }
         out->plan = p;
         out->org = out->org >= 0 ? v->org_of[out->org] : -1;

@@ -624,7 +624,7 @@ static void test_versions_by_instant(void **state)
     assert_true(view_of(&d, "burst")->limit_milli == 10000);
     /* a plan only v2 has: refused before it exists, decided after */
     assert_int_equal(qg_engine_check(f.eng, &req, eff - 1, &d, err,
-                                     sizeof err), QG_ESTATE);
+                                     sizeof err), QG_EINVAL);
     assert_non_null(strstr(err, "plan \"solo\" of subject \"sam\" is not in "
                            "rules version \"v1\""));
     assert_int_equal(check_w(&f, "sam", "s1", 1000, eff, &d), QG_ALLOW);
@@ -634,7 +634,7 @@ static void test_versions_by_instant(void **state)
     req.subject = "olga";
     req.request_id = "o2";
     assert_int_equal(qg_engine_check(f.eng, &req, eff, &d, err, sizeof err),
-                     QG_ESTATE);
+                     QG_EINVAL);
     assert_non_null(strstr(err, "rules version \"v2\""));
     /* an unknown subject takes the default plan of the version in force */
     assert_int_equal(check_w(&f, "newbie", "n1", 1000, eff, &d), QG_ALLOW);
@@ -671,11 +671,11 @@ static void test_version_not_yet(void **state)
     f.eng = qg_engine_new(tst_rules_parse(text), f.store);
     assert_non_null(f.eng);
     assert_int_equal(qg_engine_check(f.eng, &req, T_MS, &d, err, sizeof err),
-                     QG_ESTATE);
+                     QG_EINVAL);
     assert_non_null(strstr(err, "no rules version is in force yet: the "
                            "first, \"later\", takes effect at "
                            "2026-03-02T11:00:00Z"));
-    assert_int_equal(qg_engine_usage(f.eng, "alice", T_MS, &d), QG_ESTATE);
+    assert_int_equal(qg_engine_usage(f.eng, "alice", T_MS, &d), QG_EINVAL);
     assert_int_equal(qg_engine_check(f.eng, &req, T_MS + HOUR_MS, &d, err,
                                      sizeof err), 0);
     assert_int_equal(d.outcome, QG_ALLOW);
