@@ -132,6 +132,16 @@ typedef struct qg_recovery_point {
 int qg_rules_load(const char *path, qg_rules **out, char *err, size_t errcap);
 void qg_rules_free(qg_rules *r);
 const char *qg_rules_version(const qg_rules *r);
+/* Versions over time (PRODUCT.md 8): a rules file of several documents
+ * loads as a chain of versions in the order they take effect, the handle
+ * being the first.  qg_rules_at: the version in force at t_ms (the last
+ * whose effective instant is <= t_ms), NULL when none is yet; the result
+ * is owned by the chain.  qg_rules_next: the version after r, NULL for the
+ * last.  qg_rules_effective_ms: when r takes effect (0: from the
+ * beginning). */
+const qg_rules *qg_rules_at(const qg_rules *r, int64_t t_ms);
+const qg_rules *qg_rules_next(const qg_rules *r);
+int64_t qg_rules_effective_ms(const qg_rules *r);
 /* The file the rules came from, and the name of their weight unit
  * ("weight points"): both owned by the rules. */
 const char *qg_rules_path(const qg_rules *r);
@@ -261,6 +271,10 @@ void qg_store_lane_free(qg_store *s, qg_store_lane *l);
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store);
 void qg_engine_free(qg_engine *e);
 const qg_rules *qg_engine_rules(const qg_engine *e);
+/* The version of the engine's rules in force at t_ms (the first when none
+ * is yet: what names and settings a caller shows); owned by the engine,
+ * valid as long as it lives. */
+const qg_rules *qg_engine_rules_at(const qg_engine *e, int64_t t_ms);
 
 /* 1 when checks for this subject would be decided: it is registered, or
  * the rules have a default plan; 0 otherwise. */

@@ -111,7 +111,9 @@ int64_t qg__ratio_milli(int64_t a, int64_t b);
 typedef struct qg_finding {
     const char *code;         /* static, e.g. "claim-needs-disclosure" */
     char plan[QG_NAME_MAX];   /* "" when not about a plan */
-    char window[QG_NAME_MAX]; /* "" when not about a window */
+    char window[QG_NAME_MAX]; /* "" when not about a window (or the model
+                                 of a change-without-notice) */
+    char version[QG_NAME_MAX]; /* the rules version it is about */
     char message[384];
 } qg_finding;
 
@@ -120,8 +122,10 @@ typedef struct qg_lint_result {
     qg_finding *findings;
 } qg_lint_result;
 
-/* Run the pre-release checklist on `r`; `previous` (may be NULL) is the
- * rule set currently in force, for the notice check on lowered limits.
+/* Run the pre-release checklist on every version of `r` (each finding
+ * names its version); `previous` (one version, may be NULL) is the rule
+ * set currently in force, to which the first version is compared for
+ * change-without-notice as each later version is to the one before it.
  * Returns 0 with *out filled (free with qg__lint_free), or an error. */
 int qg__lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
             char *err, size_t errcap);

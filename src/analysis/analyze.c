@@ -510,6 +510,14 @@ static int simulate_all(const qg_rules *r, const qg_analyze_opts *o,
             snprintf(err, errcap, "simulation of %s: %s", ap->name, why);
             return QG_ERULES;
         }
+        /* the version under analysis alone, in force on the whole
+         * virtual clock (its own effective instant is another date) */
+        if (!(copy = qg__rules_take_version(copy, r->version))) {
+            snprintf(err, errcap, "simulation of %s: the rules file no "
+                     "longer holds version \"%s\"", ap->name, r->version);
+            return QG_ERULES;
+        }
+        copy->effective_ms = 0;
         rc = qg__simulate_plan(copy, ap->name, ap->t0_ms, a->period_ms,
                               &ap->sim_redeemable_milli, &ap->sim_decisions,
                               why, sizeof why);

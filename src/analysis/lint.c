@@ -6,9 +6,12 @@
  * multipliers are derivable (a window shared with the baseline); every
  * claim names its unit, matches the window's unit, is redeemable by the
  * window ratio and, when above the effective multiplier, is published with
- * it; weights were calibrated after every model last changed; and a rule
- * change that lowers any limit is announced at least `notice` before it
- * takes effect; notifications go to https and reach every plan.  No
+ * it; weights were calibrated after every model last changed; a change
+ * that gives a subject less (rules_diff.c), from one version of the file
+ * to the next or from --previous to the first, is announced at least
+ * `notice` before it takes effect (change-without-notice); notifications
+ * go to https and reach every plan.  Every version is checked; each
+ * finding names its version.  No
  * printing: the CLI renders the findings. */
 #include "analysis.h"
 #include "rules.h"
@@ -23,6 +26,7 @@
 #include "crossing.h"
 #include "duration.h"
 #include "fixed.h"
+#include "rules_diff.h"
 
 typedef struct lint_ctx {
     const qg_rules *r, *prev;
@@ -207,97 +211,48 @@ static void check_weights(lint_ctx *c)
     }
 }
 
-/* ---------------------------------------------------- lowered limits */
+/* ------------------------------------------- change without notice */
 
-/* Why window `now` is tighter than `was` (NULL: it is not), into buf. */
-static const char *tighter(const qg_rules *r, const qg_window_spec *now,
-                           const qg_window_spec *was, char *buf, size_t cap)
-{
-    char a[32], b[32];
-    const char *unit = now->unit == QG_UNIT_REQUESTS ? "requests" : r->unit;
-    if (!was) {
-        snprintf(buf, cap, "window %s is new (a limit where there was none)",
-                 now->name);
-        return buf;
-    }
-    if (now->limit_milli < was->limit_milli ||
-        (now->type == QG_WIN_RATE && now->burst_milli < was->burst_milli)) {
-        int burst = now->limit_milli >= was->limit_milli;
-        qg_fixed_format(burst ? was->burst_milli : was->limit_milli, 3, a,
-                        sizeof a);
-        qg_fixed_format(burst ? now->burst_milli : now->limit_milli, 3, b,
-                        sizeof b);
-        snprintf(buf, cap, "%s %s lowered from %s to %s %s", now->name,
-                 burst ? "burst" : "limit", a, b,
-                 now->type == QG_WIN_CONCURRENCY ? "slots" : unit);
-        return buf;
-    }
-    if (now->type == was->type && now->type != QG_WIN_CALENDAR &&
-        now->type != QG_WIN_CONCURRENCY && now->length_ms > was->length_ms) {
-        qg_duration_format(was->length_ms, a, sizeof a);
-        qg_duration_format(now->length_ms, b, sizeof b);
-        snprintf(buf, cap, "%s now spreads its limit over %s instead of %s",
-                 now->name, b, a);
-        return buf;
-    }
-    return NULL;
-}
-
-static void compare_windows(lint_ctx *c, const char *kind, const char *owner,
-                            const qg_window_spec *now, int nnow,
-                            const qg_window_spec *was, int nwas)
+/* Every change from the version before (c->prev) to c->r that gives a
+ * subject less (rules_diff.c) needs r announced at least its notice
+ * before it takes effect. */
+static void check_notice(lint_ctx *c)
 {
     const qg_rules *r = c->r;
-    char why[200], ann[40], eff[40], need[32];
-    int i, j, announced_ok;
+    qg_rules_change *ch = NULL;
+    char ann[40], eff[40], need[32], owner[QG_NAME_MAX + 8];
+    int n = 0;
 
-    announced_ok = r->announced_ms > 0 && r->effective_ms > 0 &&
-                   r->effective_ms - r->announced_ms >= r->notice_ms;
-    if (announced_ok)
+    if (!c->prev || qg__rules_notice_ok(r))
         return;
-    for (i = 0; i < nnow; i++) {
-        const qg_window_spec *prev = NULL;
-        for (j = 0; j < nwas && !prev; j++)
-            if (strcmp(was[j].name, now[i].name) == 0)
-                prev = &was[j];
-        if (!tighter(r, &now[i], prev, why, sizeof why))
+    if (qg__rules_diff(c->prev, r, &ch, &n) != QG_OK) {
+        c->oom = 1;
+        return;
+    }
+    snprintf(ann, sizeof ann, "unset");
+    snprintf(eff, sizeof eff, "unset");
+    if (r->announced_ms > 0)
+        qg_iso8601_format(r->announced_ms, ann, sizeof ann);
+    if (r->effective_ms > 0)
+        qg_iso8601_format(r->effective_ms, eff, sizeof eff);
+    qg_duration_format(r->notice_ms, need, sizeof need);
+    for (int i = 0; i < n; i++) {
+        const qg_rules_change *x = &ch[i];
+        if (!x->less)
             continue;
-        snprintf(ann, sizeof ann, "unset");
-        snprintf(eff, sizeof eff, "unset");
-        if (r->announced_ms > 0)
-            qg_iso8601_format(r->announced_ms, ann, sizeof ann);
-        if (r->effective_ms > 0)
-            qg_iso8601_format(r->effective_ms, eff, sizeof eff);
-        qg_duration_format(r->notice_ms, need, sizeof need);
-        add(c, "limit-lowered-without-notice",
-            strcmp(kind, "plan") == 0 ? owner : NULL, now[i].name,
-            "%s%s%s%s: a lowered limit needs announcing at least %s before "
-            "it takes effect (announced: %s, effective: %s)",
-            strcmp(kind, "org") == 0 ? "org " : "",
-            strcmp(kind, "org") == 0 ? owner : "",
-            strcmp(kind, "org") == 0 ? ": " : "", why, need, ann, eff);
+        if (x->org[0])
+            snprintf(owner, sizeof owner, "org %s: ", x->org);
+        else
+            owner[0] = '\0';
+        add(c, "change-without-notice", x->plan[0] ? x->plan : NULL,
+            x->item[0] ? x->item : NULL,
+            "%s%s%s%s: %s -> %s gives less; it needs announcing at least %s "
+            "before it takes effect (version %s after %s; announced: %s, "
+            "effective: %s)",
+            owner, x->kind, x->item[0] ? " " : "", x->item, x->from, x->to,
+            need, r->version, c->prev->version, ann, eff);
     }
-}
-
-static void check_lowered(lint_ctx *c)
-{
-    int i, k;
-    if (!c->prev)
-        return;
-    for (i = 0; i < c->r->nplans; i++) {
-        const qg_plan *p = &c->r->plans[i];
-        if ((k = qg__rules_find_plan(c->prev, p->name)) >= 0)
-            compare_windows(c, "plan", p->name, p->windows, p->nwindows,
-                            c->prev->plans[k].windows,
-                            c->prev->plans[k].nwindows);
-    }
-    for (i = 0; i < c->r->norgs; i++) {
-        const qg_org_spec *o = &c->r->orgs[i];
-        if ((k = qg__rules_find_org(c->prev, o->name)) >= 0)
-            compare_windows(c, "org", o->name, o->windows, o->nwindows,
-                            c->prev->orgs[k].windows,
-                            c->prev->orgs[k].nwindows);
-    }
+    free(ch);
 }
 
 /* ------------------------------------------------------------- run */
@@ -366,29 +321,39 @@ static void check_notify(lint_ctx *c)
 
 static void (*const checks[])(lint_ctx *) = {
     check_dimensions, check_derivable, check_claims, check_weights,
-    check_lowered, check_payg, check_notify,
+    check_notice, check_payg, check_notify,
 };
 
 int qg__lint(const qg_rules *r, const qg_rules *previous, qg_lint_result *out,
             char *err, size_t errcap)
 {
     qg_analyze_opts o = { NULL, 0, 0, NULL, NULL };
-    qg_analysis *a = NULL;
     lint_ctx c;
     char why[512];
+    const qg_rules *v;
     size_t i;
 
     memset(out, 0, sizeof *out);
     memset(&c, 0, sizeof c);
-    c.r = r;
-    c.prev = previous;
     c.res = out;
-    if (qg__analyze(r, &o, &a, why, sizeof why) != QG_OK)
-        add(&c, "analysis-failed", NULL, NULL, "%s", why);
-    c.a = a;
-    for (i = 0; i < sizeof checks / sizeof checks[0] && !c.oom; i++)
-        checks[i](&c);
-    qg__analysis_free(a);
+    /* Every version of the file, each against the one before it (the
+     * first against --previous, the rules in force now, when given). */
+    for (v = r; v && !c.oom; v = v->next) {
+        qg_analysis *a = NULL;
+        int first = out->nfindings;
+        c.r = v;
+        c.prev = v == r ? previous : c.prev;
+        if (qg__analyze(v, &o, &a, why, sizeof why) != QG_OK)
+            add(&c, "analysis-failed", NULL, NULL, "%s", why);
+        c.a = a;
+        for (i = 0; i < sizeof checks / sizeof checks[0] && !c.oom; i++)
+            checks[i](&c);
+        qg__analysis_free(a);
+        for (int k = first; k < out->nfindings; k++)
+            snprintf(out->findings[k].version,
+                     sizeof out->findings[k].version, "%s", v->version);
+        c.prev = v;
+    }
     if (!c.oom)
         return QG_OK;
     snprintf(err, errcap, "out of memory");

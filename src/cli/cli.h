@@ -22,6 +22,8 @@ typedef struct qg_cli_args {
     const char *period;       /* --period DUR */
     const char *trace;        /* --trace FILE.csv */
     const char *start;        /* --start ISO8601 */
+    const char *at;           /* --at ISO8601: the rules version in force
+                                 then */
     const char *previous;     /* --previous OLD_RULES */
     const char *data;         /* --data DIR */
     const char *ledger;       /* --ledger URL */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "analysis.h"
 #include "cli.h"
@@ -113,8 +114,9 @@ static int print_human(const qg_rules *r, const qg_analysis *a)
     int i;
     qg_duration_format(a->period_ms, per, sizeof per);
     qg_duration_format(a->hold_ms, dur, sizeof dur);
-    printf("analyze %s: baseline %s, period %s, reference request %s %s "
-           "held %s\n", qg_rules_path(r), a->plans[a->baseline].name, per,
+    printf("analyze %s (rules version %s): baseline %s, period %s, "
+           "reference request %s %s held %s\n", qg_rules_path(r),
+           qg_rules_version(r), a->plans[a->baseline].name, per,
            num(a->weight_milli, w, sizeof w), qg_rules_unit(r), dur);
     for (i = 0; i < a->nplans; i++)
         print_plan(r, &a->plans[i], per);
@@ -173,7 +175,8 @@ static int print_json(const qg_rules *r, const qg_analysis *a)
     int i;
     for (i = 0; i < a->nplans; i++)
         json_array_append_new(plans, plan_json(&a->plans[i]));
-    root = json_pack("{s:s, s:I, s:s, s:o, s:o}", "baseline",
+    root = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "rules_version",
+                     qg_rules_version(r), "baseline",
                      a->plans[a->baseline].name, "period_s",
                      (json_int_t)(a->period_ms / 1000), "unit", qg_rules_unit(r),
                      "reference_weight", qg__cli_json_milli(a->weight_milli),
@@ -181,12 +184,29 @@ static int print_json(const qg_rules *r, const qg_analysis *a)
     return qg__json_emit(root, 1);
 }
 
-int qg__cmd_analyze(const qg_cli_args *args, qg_rules *r)
+int qg__cmd_analyze(const qg_cli_args *args, qg_rules *chain)
 {
     qg_analyze_opts o = { args->baseline, 0, 1, NULL, NULL };
     qg_analysis *a = NULL;
-    char err[1024];
+    const qg_rules *r;
+    char err[1024], when[40];
+    int64_t at;
     int rc = QG_EXIT_USAGE;
+
+    /* the version in force at --at (default now) is the one analysed */
+    if (args->at ? qg_iso8601_parse(args->at, &at) < 0
+                 : (at = (int64_t)time(NULL) * 1000) < 0) {
+        fprintf(stderr, "quotagate analyze: --at: expected an ISO 8601 time "
+                "such as 2027-01-15T00:00:00Z, got \"%s\"\n", args->at);
+        goto done;
+    }
+    if (!(r = qg_rules_at(chain, at))) {
+        qg_iso8601_format(at, when, sizeof when);
+        fprintf(stderr, "quotagate analyze: no rules version of %s is in "
+                "force at %s (the first, \"%s\", takes effect later)\n",
+                qg_rules_path(chain), when, qg_rules_version(chain));
+        goto done;
+    }
 
     if (args->period &&
         (qg_duration_parse(args->period, strlen(args->period), &o.period_ms) <
@@ -204,6 +224,6 @@ int qg__cmd_analyze(const qg_cli_args *args, qg_rules *r)
         rc = QG_EXIT_OK;
 done:
     qg__analysis_free(a);
-    qg_rules_free(r);
+    qg_rules_free(chain);
     return rc;
 }

@@ -9,13 +9,15 @@
 #include "analysis.h"
 #include "cli.h"
 
-static void print_human(const qg_lint_result *res)
+static void print_human(const qg_lint_result *res, int versions)
 {
     int i;
     for (i = 0; i < res->nfindings; i++) {
         const qg_finding *f = &res->findings[i];
-        printf("lint: %s%s%s%s [%s]\n", f->plan[0] ? "plan " : "", f->plan,
-               f->plan[0] ? ": " : "", f->message, f->code);
+        printf("lint: %s%s%s%s%s%s%s [%s]\n", versions ? "version " : "",
+               versions ? f->version : "", versions ? ": " : "",
+               f->plan[0] ? "plan " : "", f->plan, f->plan[0] ? ": " : "",
+               f->message, f->code);
     }
     printf("%d finding%s\n", res->nfindings, res->nfindings == 1 ? "" : "s");
 }
@@ -27,7 +29,8 @@ static int print_json(const qg_lint_result *res)
     for (i = 0; i < res->nfindings; i++) {
         const qg_finding *f = &res->findings[i];
         json_array_append_new(
-            arr, json_pack("{s:s, s:s?, s:s?, s:s}", "code", f->code, "plan",
+            arr, json_pack("{s:s, s:s, s:s?, s:s?, s:s}", "code", f->code,
+                           "version", f->version, "plan",
                            f->plan[0] ? f->plan : NULL, "window",
                            f->window[0] ? f->window : NULL, "message",
                            f->message));
@@ -40,17 +43,22 @@ static int print_json(const qg_lint_result *res)
 int qg__cmd_lint(const qg_cli_args *args, qg_rules *r)
 {
     qg_rules *prev = NULL;
+    const qg_rules *was = NULL;
     qg_lint_result res = { 0, NULL };
     char err[512];
     int rc = QG_EXIT_USAGE;
 
     if (args->previous && !(prev = qg__cli_load_rules(args->previous)))
         goto done;
-    if (qg__lint(r, prev, &res, err, sizeof err) != QG_OK) {
+    /* the old file's last version: what its rules lead to */
+    for (was = prev; was && qg_rules_next(was); was = qg_rules_next(was))
+        ;
+    if (qg__lint(r, was, &res, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate lint: %s\n", err);
         goto done;
     }
-    if (args->json ? print_json(&res) : (print_human(&res), 0))
+    if (args->json ? print_json(&res)
+                   : (print_human(&res, qg_rules_next(r) != NULL), 0))
         goto done;
     rc = res.nfindings ? QG_EXIT_FINDINGS : QG_EXIT_OK;
 done:

@@ -105,9 +105,11 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
         return -1;
     }
     qg_iso8601_format(now, at, sizeof at);
-    line = json_pack("{s:o, s:s, s:s, s:s}", "t", qg__cli_json_milli(row->t_ms),
-                     "subject", row->subject, "request_id", req.request_id,
-                     "decision", d.outcome == QG_ALLOW ? "allow" : "reject");
+    line = json_pack("{s:o, s:s, s:s, s:s, s:s}", "t",
+                     qg__cli_json_milli(row->t_ms), "subject", row->subject,
+                     "request_id", req.request_id, "decision",
+                     d.outcome == QG_ALLOW ? "allow" : "reject",
+                     "rules_version", d.rules_version);
     if (d.outcome == QG_ALLOW) {
         memset(&sreq, 0, sizeof sreq);
         sreq.request_id = req.request_id;
@@ -168,18 +170,27 @@ static int print_summary(run *rn)
         0);
 }
 
-/* Names the engine would refuse, found before any decision is printed. */
-static int check_names(const char *path, const qg_rules *r, const qg_trace *t)
+/* Names no rules version knows, found before any decision is printed
+ * (a name only some versions know is the engine's to refuse, at the
+ * row's instant). */
+static int check_names(const char *path, const qg_rules *chain,
+                       const qg_trace *t)
 {
     int k;
     for (k = 0; k < t->nrows; k++) {
         const qg_trace_row *row = &t->rows[k];
-        if (row->model && qg_rules_find_model(r, row->model) < 0) {
+        const qg_rules *r;
+        int model_ok = !row->model, subject_ok = 0;
+        for (r = chain; r; r = qg_rules_next(r)) {
+            model_ok |= row->model && qg_rules_find_model(r, row->model) >= 0;
+            subject_ok |= qg_rules_admits_subject(r, row->subject);
+        }
+        if (!model_ok) {
             fprintf(stderr, "%s:%d: model: unknown model \"%s\"\n", path,
                     row->line, row->model);
             return -1;
         }
-        if (!qg_rules_admits_subject(r, row->subject)) {
+        if (!subject_ok) {
             fprintf(stderr, "%s:%d: subject: unknown subject \"%s\" (the "
                     "rules have no default_plan)\n", path, row->line,
                     row->subject);

@@ -18,7 +18,7 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_AT, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -43,6 +43,9 @@ static const struct flag {
     [F_TRACE] = { "trace", 0, "FILE.csv", offsetof(qg_cli_args, trace),
                   "usage trace: t,subject,weight or "
                   "t,subject,model,input_tokens,output_tokens[,request_id]" },
+    [F_AT] = { "at", 0, "TIME", offsetof(qg_cli_args, at),
+               "ISO 8601 instant whose rules version is analysed (default: "
+               "now)" },
     [F_START] = { "start", 0, "TIME", offsetof(qg_cli_args, start),
                   "ISO 8601 origin of the virtual clock (default: now)" },
     [F_PREVIOUS] = { "previous", 0, "OLD_RULES",
@@ -127,8 +130,9 @@ static const struct command {
       FL(F_CONFIG), 0 },
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",
-      "quotagate analyze -c RULES [--baseline PLAN] [--period DUR] [--json]",
-      FL(F_CONFIG) | FL(F_JSON) | FL(F_BASELINE) | FL(F_PERIOD),
+      "quotagate analyze -c RULES [--baseline PLAN] [--period DUR] "
+      "[--at TIME] [--json]",
+      FL(F_CONFIG) | FL(F_JSON) | FL(F_BASELINE) | FL(F_PERIOD) | FL(F_AT),
       FL(F_CONFIG), 0 },
     { "simulate", qg__cmd_simulate,
       "replay a usage trace through the real engine on a virtual clock",

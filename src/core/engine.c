@@ -10,7 +10,15 @@
  *
  * Rules generations: a reload builds a new generation (rules plus derived
  * tables), remaps every registered subject's plan and org by name under
- * all registry write locks, and publishes it.  A reader copies its subject
+ * all registry write locks, and publishes it.
+ *
+ * Versions over time (PRODUCT.md 8): a generation holds every version of
+ * its rules file, and each call picks the one in force at its own instant
+ * (the last whose effective <= now), so a crossing needs no reload and a
+ * version is never enforced early.  The registry names plans and orgs by
+ * an index into the generation's union of names; each version maps that
+ * index to its own (or -1 where it lacks the plan).  Stores carry a
+ * window's state across versions by name and type, as across reloads.  A reader copies its subject
  * and the generation under the same shard read lock, so the two always
  * agree.  Old generations are retired, not freed, until the engine is
  * freed: a store may still hold pointers into their window specs and
@@ -60,12 +68,31 @@ typedef struct reg_shard {
     char pad[64];
 } reg_shard;
 
+/* One version of a generation and its derived tables. */
+typedef struct ver {
+    const qg_rules *rules;       /* owned by the generation's chain */
+    qg_key *org_keys;            /* per org index of this version */
+    int *plan_of;                /* registry plan index -> this version's
+                                    plan index, -1 when it has none */
+    int *org_of;                 /* likewise for orgs */
+} ver;
+
 typedef struct gen {
-    qg_rules *rules;
-    qg_key *org_keys;            /* per org index */
+    qg_rules *rules;             /* the chain's first version (owned) */
+    ver *vers;                   /* in the order they take effect */
+    int nvers;
+    const char **plan_names;     /* the registry's plan indices: every
+                                    version's plans, by first appearance */
+    int nplan_names;
+    const char **org_names;
+    int norg_names;
     int64_t reach_ms;            /* how far back usage can still count */
     struct gen *prev;            /* retired generations */
 } gen;
+
+/* How reg_get picks a version when none is in force yet at the instant:
+ * a decision is refused, a replay of older usage takes the first. */
+enum { PICK_IN_FORCE, PICK_OR_FIRST };
 
 struct qg_engine {
     gen *_Atomic cur;
@@ -173,13 +200,29 @@ static void reg_set_hint(qg_engine *e, qg_key k, void *expected, void *hint)
     pthread_rwlock_unlock(&sh->lock);
 }
 
-/* Copy out a subject's registration and the generation it belongs to;
- * unknown subjects fall back to the default plan. */
-static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out,
-                   gen **g)
+static const ver *gen_pick(const gen *g, int64_t t_ms, int how)
+{
+    const ver *v = NULL;
+    for (int i = 0; i < g->nvers && g->vers[i].rules->effective_ms <= t_ms;
+         i++)
+        v = &g->vers[i];
+    return v ? v : how == PICK_OR_FIRST ? &g->vers[0] : NULL;
+}
+
+/* Copy out a subject's registration and the generation it belongs to,
+ * with the version in force at t_ms and the subject's plan and org as
+ * that version's indices; unknown subjects fall back to its default plan.
+ * QG_ENOSUBJECT (unknown, no default plan), or QG_EINVAL with the reason
+ * in err: no version in force yet, or the version lacks the plan (not
+ * QG_ESTATE, which the server reads as its store rebuilding). */
+static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
+                   qg_key *k, subject *out, gen **g, const ver **vp,
+                   char *err, size_t errcap)
 {
     reg_shard *sh;
     subject *s;
+    const ver *v;
+    char when[40];
 
     *k = hash_key(name, strlen(name), SEED_SUBJECT);
     sh = &e->reg[k->hi % REG_SHARDS];
@@ -195,11 +238,27 @@ static int reg_get(qg_engine *e, const char *name, qg_key *k, subject *out,
         out->hint = atomic_load_explicit(&s->hint, memory_order_relaxed);
     }
     pthread_rwlock_unlock(&sh->lock);
-    if (s)
+    if (!(v = *vp = gen_pick(*g, t_ms, how))) {
+        qg_iso8601_format((*g)->rules->effective_ms, when, sizeof when);
+        qg__errf(err, errcap, "no rules version is in force yet: the first, "
+                 "\"%s\", takes effect at %s", (*g)->rules->version, when);
+        return QG_EINVAL;
+    }
+    if (s) {
+        int p = v->plan_of[out->plan];
+        if (p < 0) {
+            qg__errf(err, errcap, "plan \"%s\" of subject \"%s\" is not "
+                     "in rules version \"%s\", in force at that instant",
+                     (*g)->plan_names[out->plan], name, v->rules->version);
+            return QG_EINVAL;
+        }
+        out->plan = p;
+        out->org = out->org >= 0 ? v->org_of[out->org] : -1;
         return QG_OK;
-    if ((*g)->rules->default_plan < 0)
+    }
+    if (v->rules->default_plan < 0)
         return QG_ENOSUBJECT;
-    out->plan = (*g)->rules->default_plan;
+    out->plan = v->rules->default_plan;
     out->org = -1;
     out->anchor_ms = 0;
     out->hint = NULL;
@@ -246,19 +305,19 @@ int64_t qg__window_reach(const qg_window_spec *w, int n)
     return reach;
 }
 
-static gen *gen_new(qg_rules *rules)
+/* Index of name in names[0..n), else append it (names has room). */
+static int name_slot(const char **names, int *n, const char *name)
 {
-    gen *g = calloc(1, sizeof *g);
-    if (!g)
-        return NULL;
-    g->org_keys = calloc((size_t)rules->norgs + 1, sizeof *g->org_keys);
-    if (!g->org_keys) {
-        free(g);
-        return NULL;
-    }
-    for (int i = 0; i < rules->norgs; i++)
-        g->org_keys[i] = hash_key(rules->orgs[i].name,
-                                  strlen(rules->orgs[i].name), SEED_ORG);
+    for (int i = 0; i < *n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    names[*n] = name;
+    return (*n)++;
+}
+
+static int64_t version_reach(const qg_rules *rules)
+{
+    int64_t reach = 0;
     for (int i = 0; i < rules->nplans; i++) {
         int64_t r = qg__window_reach(rules->plans[i].windows,
                                  rules->plans[i].nwindows);
@@ -266,33 +325,129 @@ static gen *gen_new(qg_rules *rules)
          * rebuilt from the rows of that period */
         if (rules->plans[i].payg && r < 32 * QG_MS_PER_DAY)
             r = 32 * QG_MS_PER_DAY;
-        if (r > g->reach_ms)
-            g->reach_ms = r;
+        if (r > reach)
+            reach = r;
     }
     for (int i = 0; i < rules->norgs; i++) {
         int64_t r = qg__window_reach(rules->orgs[i].windows,
                                  rules->orgs[i].nwindows);
         if (rules->orgs[i].payg && r < 32 * QG_MS_PER_DAY)
             r = 32 * QG_MS_PER_DAY;
-        if (r > g->reach_ms)
-            g->reach_ms = r;
+        if (r > reach)
+            reach = r;
+    }
+    return reach;
+}
+
+static void gen_free_one(gen *g)
+{
+    for (int i = 0; g->vers && i < g->nvers; i++) {
+        free(g->vers[i].org_keys);
+        free(g->vers[i].plan_of);
+        free(g->vers[i].org_of);
+    }
+    free(g->vers);
+    free(g->plan_names);
+    free(g->org_names);
+    qg_rules_free(g->rules);
+    free(g);
+}
+
+static gen *gen_new(qg_rules *rules)
+{
+    gen *g = calloc(1, sizeof *g);
+    const qg_rules *r;
+    size_t np = 0, no = 0;
+    int n = 0;
+
+    if (!g)
+        return NULL;
+    for (r = rules; r; r = r->next) {
+        n++;
+        np += (size_t)r->nplans;
+        no += (size_t)r->norgs;
+    }
+    if (!(g->vers = calloc((size_t)n, sizeof *g->vers)) ||
+        !(g->plan_names = calloc(np + 1, sizeof *g->plan_names)) ||
+        !(g->org_names = calloc(no + 1, sizeof *g->org_names)))
+        goto fail;
+    g->nvers = n;
+    for (r = rules; r; r = r->next) {
+        for (int i = 0; i < r->nplans; i++)
+            name_slot(g->plan_names, &g->nplan_names, r->plans[i].name);
+        for (int i = 0; i < r->norgs; i++)
+            name_slot(g->org_names, &g->norg_names, r->orgs[i].name);
+    }
+    n = 0;
+    for (r = rules; r; r = r->next, n++) {
+        ver *v = &g->vers[n];
+        int64_t reach;
+        v->rules = r;
+        if (!(v->org_keys = calloc((size_t)r->norgs + 1, sizeof *v->org_keys)) ||
+            !(v->plan_of = calloc((size_t)g->nplan_names + 1, sizeof(int))) ||
+            !(v->org_of = calloc((size_t)g->norg_names + 1, sizeof(int))))
+            goto fail;
+        for (int i = 0; i < r->norgs; i++)
+            v->org_keys[i] = hash_key(r->orgs[i].name, strlen(r->orgs[i].name),
+                                      SEED_ORG);
+        for (int i = 0; i < g->nplan_names; i++)
+            v->plan_of[i] = qg__rules_find_plan(r, g->plan_names[i]);
+        for (int i = 0; i < g->norg_names; i++)
+            v->org_of[i] = qg__rules_find_org(r, g->org_names[i]);
+        if ((reach = version_reach(r)) > g->reach_ms)
+            g->reach_ms = reach;
     }
     g->rules = rules;
     return g;
+fail:
+    gen_free_one(g);            /* g->rules is still NULL: not freed */
+    return NULL;
+}
+
+/* The registry index of plan (org) `name`, -1 when no version has it. */
+static int gen_plan(const gen *g, const char *name)
+{
+    for (int i = 0; name && i < g->nplan_names; i++)
+        if (strcmp(g->plan_names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+static int gen_org(const gen *g, const char *name)
+{
+    for (int i = 0; name && i < g->norg_names; i++)
+        if (strcmp(g->org_names[i], name) == 0)
+            return i;
+    return -1;
 }
 
 static void gen_free_chain(gen *g)
 {
     while (g) {
         gen *p = g->prev;
-        qg_rules_free(g->rules);
-        free(g->org_keys);
-        free(g);
+        gen_free_one(g);
         g = p;
     }
 }
 
 /* ----------------------------------------------------------- lifecycle */
+
+/* Register the subjects every version lists (a later version's entry of
+ * the same subject wins: a file lists them again in each version). */
+static int reg_load_subjects(qg_engine *e, const gen *g)
+{
+    for (const qg_rules *r = g->rules; r; r = r->next)
+        for (int i = 0; i < r->nsubjects; i++) {
+            const qg_subject_spec *s = &r->subjects[i];
+            int rc = reg_put(e, s->name, gen_plan(g, r->plans[s->plan].name),
+                             s->org >= 0 ? gen_org(g, r->orgs[s->org].name)
+                                         : -1,
+                             s->billing_anchor_ms);
+            if (rc != QG_OK)
+                return rc;
+        }
+    return QG_OK;
+}
 
 qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
 {
@@ -312,11 +467,8 @@ qg_engine *qg_engine_new(qg_rules *rules, qg_store *store)
     if (!(g = gen_new(rules)))
         goto fail;
     atomic_store(&e->cur, g);
-    for (int i = 0; i < rules->nsubjects; i++) {
-        const qg_subject_spec *s = &rules->subjects[i];
-        if (reg_put(e, s->name, s->plan, s->org, s->billing_anchor_ms) != QG_OK)
-            goto fail;
-    }
+    if (reg_load_subjects(e, g) != QG_OK)
+        goto fail;
     return e;
 fail:
     if (g)
@@ -346,6 +498,11 @@ void qg_engine_free(qg_engine *e)
 const qg_rules *qg_engine_rules(const qg_engine *e)
 {
     return cur_gen(e)->rules;
+}
+
+const qg_rules *qg_engine_rules_at(const qg_engine *e, int64_t t_ms)
+{
+    return gen_pick(cur_gen(e), t_ms, PICK_OR_FIRST)->rules;
 }
 
 int64_t qg_engine_reach_ms(const qg_engine *e)
@@ -422,13 +579,13 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
             const char *pn, *on;
             if (!s->name)
                 continue;
-            pn = old->rules->plans[s->plan].name;
-            on = s->org >= 0 ? old->rules->orgs[s->org].name : NULL;
-            if (qg__rules_find_plan(rules, pn) < 0) {
+            pn = old->plan_names[s->plan];
+            on = s->org >= 0 ? old->org_names[s->org] : NULL;
+            if (gen_plan(g, pn) < 0) {
                 qg__errf(err, errcap, "the new rules drop plan \"%s\", which "
                        "subjects use", pn);
                 rc = QG_EINVAL;
-            } else if (on && qg__rules_find_org(rules, on) < 0) {
+            } else if (on && gen_org(g, on) < 0) {
                 qg__errf(err, errcap, "the new rules drop org \"%s\", which "
                        "subjects use", on);
                 rc = QG_EINVAL;
@@ -440,11 +597,9 @@ int qg_engine_reload(qg_engine *e, qg_rules *rules, char *err, size_t errcap)
                 subject *s = &e->reg[i].slots[j];
                 if (!s->name)
                     continue;
-                s->plan = qg__rules_find_plan(rules,
-                                             old->rules->plans[s->plan].name);
+                s->plan = gen_plan(g, old->plan_names[s->plan]);
                 if (s->org >= 0)
-                    s->org = qg__rules_find_org(rules,
-                                               old->rules->orgs[s->org].name);
+                    s->org = gen_org(g, old->org_names[s->org]);
             }
         g->prev = old;
         atomic_store_explicit(&e->cur, g, memory_order_release);
@@ -469,13 +624,15 @@ int qg_engine_set_subject(qg_engine *e, const char *subject_name,
         qg__errf(err, errcap, "%s", "subject must be 1 to 255 bytes");
         return QG_EINVAL;
     }
-    const qg_rules *r = cur_gen(e)->rules;
+    const gen *g = cur_gen(e);
 
-    if (!plan || (p = qg__rules_find_plan(r, plan)) < 0) {
+    /* a plan of any version: a decision outside the versions that have
+     * it is refused (reg_get) */
+    if (!plan || (p = gen_plan(g, plan)) < 0) {
         qg__errf(err, errcap, "unknown plan \"%s\"", plan ? plan : "");
         return QG_EINVAL;
     }
-    if (org && *org && (o = qg__rules_find_org(r, org)) < 0) {
+    if (org && *org && (o = gen_org(g, org)) < 0) {
         qg__errf(err, errcap, "unknown org \"%s\"", org);
         return QG_EINVAL;
     }
@@ -487,9 +644,13 @@ int qg_engine_knows_subject(qg_engine *e, const char *subject_name)
     subject s;
     qg_key k;
     gen *g;
+    const ver *v;
     if (!subject_name || !*subject_name)
         return 0;
-    return reg_get(e, subject_name, &k, &s, &g) == QG_OK;
+    /* known to the registry, or admitted by a default plan of some
+     * version: the first's */
+    return reg_get(e, subject_name, 0, PICK_OR_FIRST, &k, &s, &g, &v, NULL,
+                   0) != QG_ENOSUBJECT;
 }
 
 /* ------------------------------------------------------------ decisions */
@@ -537,10 +698,10 @@ static int weight_ok(int64_t w, const char *field, char *err, size_t errcap)
     return QG_OK;
 }
 
-static void fill_names(const gen *g, const subject *s, int model,
+static void fill_names(const ver *v, const subject *s, int model,
                        qg_decision *out)
 {
-    const qg_rules *r = g->rules;
+    const qg_rules *r = v->rules;
     out->plan = r->plans[s->plan].name;
     out->org = s->org >= 0 ? r->orgs[s->org].name : NULL;
     out->model = model >= 0 ? r->models[model].name : NULL;
@@ -560,8 +721,10 @@ typedef struct call {
         qg_store_settle settle;
         qg_store_usage usage;
     } in;
-    subject s;                   /* check, usage: the subject */
+    subject s;                   /* check, usage: the subject, its plan and
+                                    org as indices of v */
     gen *g;
+    const ver *v;                /* the version in force at the call */
     char rid[QG_REQUEST_ID_MAX + 1], subject[256];
     void *out;
     char *err;
@@ -591,12 +754,14 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
     }
     if (!time_ok(now_ms, "the decision's instant", err, errcap))
         return QG_EINVAL;
-    if ((rc = reg_get(e, req->subject, &in->member, &c->s, &c->g)) != QG_OK) {
-        qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
+    if ((rc = reg_get(e, req->subject, now_ms, PICK_IN_FORCE, &in->member,
+                      &c->s, &c->g, &c->v, err, errcap)) != QG_OK) {
+        if (rc == QG_ENOSUBJECT)
+            qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
     }
     memcpy(c->rid, req->request_id, idlen + 1);
-    r = c->g->rules;
+    r = c->v->rules;
     in->rules = r;
     in->model = -1;
     in->model_spec = NULL;
@@ -631,7 +796,7 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
     }
     in->rid = hash_key(req->request_id, idlen, SEED_RID);
     in->has_org = c->s.org >= 0;
-    in->org = in->has_org ? c->g->org_keys[c->s.org] : (qg_key){0, 0};
+    in->org = in->has_org ? c->v->org_keys[c->s.org] : (qg_key){0, 0};
     in->plan = &r->plans[c->s.plan];
     in->orgspec = in->has_org ? &r->orgs[c->s.org] : NULL;
     in->anchor_ms = c->s.anchor_ms;
@@ -658,7 +823,7 @@ static int finish_check(call *c, int rc, qg_decision *out, char *err,
     if (rc == QG_OK) {
         if (c->e->fb)
             qg__fallback_note(c->e->fb, in, out);
-        fill_names(c->g, &c->s, in->model, out);
+        fill_names(c->v, &c->s, in->model, out);
         out->spending_cap_micro = in->payg_mask ? in->cap_micro : 0;
         out->cap_period_end_ms = in->payg_mask ? in->cap_end_ms : 0;
         if (!in->payg_mask)
@@ -736,9 +901,11 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
         subject s;
         qg_key k;
         gen *g;
-        if (reg_get(e, req->subject, &k, &s, &g) == QG_OK && s.org >= 0) {
+        const ver *v;
+        if (reg_get(e, req->subject, now_ms, PICK_OR_FIRST, &k, &s, &g, &v,
+                    NULL, 0) == QG_OK && s.org >= 0) {
             in->has_org = 1;
-            in->org = g->org_keys[s.org];
+            in->org = v->org_keys[s.org];
         }
     }
     return QG_OK;
@@ -790,13 +957,14 @@ static int prepare_usage(qg_engine *e, const char *subject_name,
     if (!subject_name || !*subject_name ||
         !time_ok(now_ms, "now", NULL, 0))
         return QG_EINVAL;
-    if ((rc = reg_get(e, subject_name, &in->member, &c->s, &c->g)) != QG_OK)
+    if ((rc = reg_get(e, subject_name, now_ms, PICK_IN_FORCE, &in->member,
+                      &c->s, &c->g, &c->v, NULL, 0)) != QG_OK)
         return rc;
-    in->rules = c->g->rules;
+    in->rules = c->v->rules;
     in->has_org = c->s.org >= 0;
-    in->org = in->has_org ? c->g->org_keys[c->s.org] : (qg_key){0, 0};
-    in->plan = &c->g->rules->plans[c->s.plan];
-    in->orgspec = in->has_org ? &c->g->rules->orgs[c->s.org] : NULL;
+    in->org = in->has_org ? c->v->org_keys[c->s.org] : (qg_key){0, 0};
+    in->plan = &c->v->rules->plans[c->s.plan];
+    in->orgspec = in->has_org ? &c->v->rules->orgs[c->s.org] : NULL;
     in->anchor_ms = c->s.anchor_ms;
     in->now_ms = now_ms;
     memset(out, 0, sizeof *out);
@@ -819,7 +987,7 @@ static int prepare_usage(qg_engine *e, const char *subject_name,
 static int finish_usage(call *c, int rc, qg_decision *out)
 {
     if (rc == QG_OK)
-        fill_names(c->g, &c->s, -1, out);
+        fill_names(c->v, &c->s, -1, out);
     return rc;
 }
 
@@ -938,6 +1106,7 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     qg_store_restore in;
     subject s;
     gen *g;
+    const ver *v;
     size_t idlen;
     int rc;
 
@@ -966,8 +1135,13 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
                  (long long)QG_MONEY_MAX_MICRO);
         return QG_ERANGE;
     }
-    if ((rc = reg_get(e, req->subject, &in.member, &s, &g)) != QG_OK) {
-        qg__errf(err, errcap, "restore: unknown subject \"%s\"", req->subject);
+    /* the usage of a row counts under the version in force when it was
+     * decided (the first, for rows older than every version) */
+    if ((rc = reg_get(e, req->subject, req->decided_at_ms, PICK_OR_FIRST,
+                      &in.member, &s, &g, &v, err, errcap)) != QG_OK) {
+        if (rc == QG_ENOSUBJECT)
+            qg__errf(err, errcap, "restore: unknown subject \"%s\"",
+                     req->subject);
         return rc;
     }
     in.model = -1;
@@ -975,16 +1149,16 @@ int qg_engine_restore(qg_engine *e, const qg_restore_req *req, char *err,
     if (req->model && *req->model) {
         /* A model the current rules no longer price still counts in the
          * unscoped windows, as a weight-only charge. */
-        in.model = qg_rules_find_model(g->rules, req->model);
+        in.model = qg_rules_find_model(v->rules, req->model);
         if (in.model >= 0)
-            in.model_spec = &g->rules->models[in.model];
+            in.model_spec = &v->rules->models[in.model];
     }
-    in.rules = g->rules;
+    in.rules = v->rules;
     in.rid = hash_key(req->request_id, idlen, SEED_RID);
     in.has_org = s.org >= 0;
-    in.org = in.has_org ? g->org_keys[s.org] : (qg_key){0, 0};
-    in.plan = &g->rules->plans[s.plan];
-    in.orgspec = in.has_org ? &g->rules->orgs[s.org] : NULL;
+    in.org = in.has_org ? v->org_keys[s.org] : (qg_key){0, 0};
+    in.plan = &v->rules->plans[s.plan];
+    in.orgspec = in.has_org ? &v->rules->orgs[s.org] : NULL;
     in.anchor_ms = s.anchor_ms;
     in.at_ms = req->decided_at_ms;
     in.reserved_milli = req->reserved_milli;
@@ -1035,7 +1209,7 @@ int qg_engine_check_local(qg_engine *e, const qg_check_req *req,
         return rc;
     }
     if (rc == QG_OK) {
-        fill_names(c.g, &c.s, c.in.check.model, out);
+        fill_names(c.v, &c.s, c.in.check.model, out);
         out->spent_micro = 0;
     }
     return rc;
@@ -1059,7 +1233,7 @@ int qg_engine_settle_local(qg_engine *e, const qg_settle_req *req,
         return QG_ENOTFOUND;
     actual = req->weight_milli;
     if (model[0]) {
-        const qg_rules *r = cur_gen(e)->rules;
+        const qg_rules *r = qg_engine_rules_at(e, now_ms);
         int m = qg_rules_find_model(r, model);
         actual = m >= 0 ? qg__weight_milli(&r->models[m], req->input_tokens,
                                            req->output_tokens)

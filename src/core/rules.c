@@ -23,11 +23,10 @@ static void free_windows(qg_window_spec *w, int n)
     free(w);
 }
 
-void qg_rules_free(qg_rules *r)
+/* One version, not the ones after it. */
+static void free_version(qg_rules *r)
 {
     int i, j;
-    if (!r)
-        return;
     for (i = 0; r->plans && i < r->nplans; i++) {
         qg_plan *p = &r->plans[i];
         free(p->name);
@@ -62,7 +61,51 @@ void qg_rules_free(qg_rules *r)
     free(r->version);
     free(r->unit);
     free(r->weights_version);
+    free(r->changes);
     free(r);
+}
+
+void qg_rules_free(qg_rules *r)
+{
+    while (r) {
+        qg_rules *next = r->next;
+        free_version(r);
+        r = next;
+    }
+}
+
+const qg_rules *qg_rules_at(const qg_rules *r, int64_t t_ms)
+{
+    const qg_rules *in_force = NULL;
+    for (; r && r->effective_ms <= t_ms; r = r->next)
+        in_force = r;
+    return in_force;
+}
+
+qg_rules *qg__rules_take_version(qg_rules *head, const char *version)
+{
+    qg_rules *found = NULL, **link = &head;
+    while (*link && !found) {
+        if (strcmp((*link)->version, version) == 0) {
+            found = *link;
+            *link = found->next;
+            found->next = NULL;
+        } else {
+            link = &(*link)->next;
+        }
+    }
+    qg_rules_free(head);
+    return found;
+}
+
+const qg_rules *qg_rules_next(const qg_rules *r)
+{
+    return r ? r->next : NULL;
+}
+
+int64_t qg_rules_effective_ms(const qg_rules *r)
+{
+    return r->effective_ms;
 }
 
 void qg__diag_format(const qg_diag *d, char *buf, size_t cap)

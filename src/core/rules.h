@@ -1,8 +1,11 @@
-/* rules.h - the compiled, immutable rule set (PRODUCT.md section 2).
+/* rules.h - the compiled, immutable rule set (PRODUCT.md sections 2, 8).
  *
  * A qg_rules is produced by qg__rules_parse() from the YAML text of a rules
  * file (rules_yaml.c) and never changes afterwards; the engine holds it by
- * pointer and a reload swaps in a new one.  Every quantity is an integer:
+ * pointer and a reload swaps in a new one.  A file of several documents
+ * is a chain of versions in the order they take effect: the head (the
+ * first document) owns the rest through `next`, and qg_rules_at() picks
+ * the version in force at an instant.  Every quantity is an integer:
  * limits and weights in milli-units (1 point or 1 request = 1000), weight
  * coefficients in micro-points per 1000 tokens, times in ms, prices in
  * micro-dollars.  All strings and arrays are owned by the qg_rules. */
@@ -176,9 +179,16 @@ typedef struct qg_rules {
     char *unit;              /* "weight points" */
     char *weights_version;
     int64_t calibrated_ms;
-    int64_t effective_ms;    /* 0 unset */
+    int64_t effective_ms;    /* 0 unset: in force from the beginning
+                                (only the first version may omit it) */
     int64_t announced_ms;    /* 0 unset */
-    int64_t notice_ms;       /* required notice for lowered limits */
+    int64_t notice_ms;       /* required notice for a change that gives
+                                less (default 30d, else the previous
+                                version's) */
+    char *changes;           /* what this version changes, in words; NULL */
+    int line;                /* where its document starts in the file */
+    struct qg_rules *next;   /* the version after this one, NULL last;
+                                owned (qg_rules_free frees the chain) */
     qg_model *models;
     int nmodels;
     qg_plan *plans;
@@ -232,6 +242,11 @@ int qg__rules_index_subjects(qg_rules *r);
 /* rules_notify.c: the `notifications:` mapping n into r->notify (the
  * compiler's context is rules_compile.h's); freeing it. */
 void qg__rules_notify_free(qg_notify_spec *n);
+
+/* Detach the version named `version` from the chain `head` (owned: the
+ * rest is freed) and return it alone, or NULL when no version has that
+ * name.  For analyses of one version in isolation. */
+qg_rules *qg__rules_take_version(qg_rules *head, const char *version);
 
 /* Formats "path:line:col: message" into buf. */
 void qg__diag_format(const qg_diag *d, char *buf, size_t cap);

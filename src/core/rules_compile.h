@@ -15,6 +15,8 @@
 typedef struct qg__rctx {
     qg__ydoc y;
     qg_rules *r;             /* being built; owned by qg__rules_parse */
+    const qg_rules *prev;    /* the version before it in the file, NULL
+                                for the first document */
     qg_tz_resolver tzr;
     void *tzud;
     char **zone_names;       /* names as written, parallel to r->zones */

@@ -651,6 +651,7 @@ static const qg__ykey top_keys[] = {
     { "analysis", QG_Y_ALL },  { "store", QG_Y_ALL },
     { "reconcile", QG_Y_ALL }, { "notifications", QG_Y_ALL },
     { "forecast", QG_Y_ALL },
+    { "changes", QG_Y_ALL },
 };
 
 /* Optional top-level dates and durations: key, parser kind, field. */
@@ -681,7 +682,11 @@ static int compile(qg__rctx *c, yaml_node_t *root)
         return -1;
     if (!r->unit && !(r->unit = strdup("weight points")))
         return qg__y_oom(&c->y, root);
-    r->notice_ms = 30 * QG_MS_PER_DAY;
+    if ((v = qg__y_get(&c->y, root, "changes")) &&
+        qg__y_string(&c->y, v, "changes", &r->changes) < 0)
+        return -1;
+    /* a later version without notice keeps the earlier one's */
+    r->notice_ms = c->prev ? c->prev->notice_ms : 30 * QG_MS_PER_DAY;
     for (i = 0; i < QG_Y_NKEYS(top_times); i++) {
         int64_t *dst = (int64_t *)((char *)r + top_times[i].offset);
         if (!(v = qg__y_get(&c->y, root, top_times[i].key)))
@@ -736,13 +741,53 @@ static int compile(qg__rctx *c, yaml_node_t *root)
 }
 
 
+/* Where key `key` of document root `root` sits (root itself when absent). */
+static yaml_node_t *at_key(qg__rctx *c, yaml_node_t *root, const char *key)
+{
+    yaml_node_t *v = qg__y_get(&c->y, root, key);
+    return v ? v : root;
+}
+
+/* A later document against the versions before it (`head` .. `prev`):
+ * it must take effect strictly after prev, under a version name of its
+ * own.  The file's order is the order of time: nothing is sorted. */
+static int check_sequence(qg__rctx *c, yaml_node_t *root,
+                          const qg_rules *head, const qg_rules *prev)
+{
+    const qg_rules *r = c->r, *o;
+    char when[40];
+
+    if (!qg__y_get(&c->y, root, "effective"))
+        return qg__y_fail(&c->y, root, "effective", "expected an effective "
+                          "instant: "
+                          "every rules version after the first says when "
+                          "it takes effect");
+    for (o = head; o; o = o->next)
+        if (strcmp(o->version, r->version) == 0)
+            return qg__y_fail(&c->y, at_key(c, root, "version"), "version",
+                              "expected a version name of its own: \"%s\" is also "
+                              "the version of the document at line %d",
+                              r->version, o->line);
+    if (r->effective_ms <= prev->effective_ms) {
+        qg_iso8601_format(prev->effective_ms, when, sizeof when);
+        return qg__y_fail(&c->y, at_key(c, root, "effective"), "effective",
+                          "expected an instant after %s, when version \"%s\" (line "
+                          "%d) takes effect: versions are listed in the "
+                          "order they take effect, each strictly later",
+                          prev->effective_ms > 0 ? when : "the beginning",
+                          prev->version, prev->line);
+    }
+    return 0;
+}
+
 int qg__rules_parse(const char *text, size_t len, const char *path,
                    qg_tz_resolver tzr, void *tzud, qg_rules **out,
                    qg_diag *diag)
 {
     qg_diag scratch;
-    yaml_document_t doc;
-    int have_doc = 0, rc, i;
+    yaml_document_t *docs = NULL;
+    int ndocs = 0, rc, i, d;
+    qg_rules *head = NULL, *last = NULL;
     qg__rctx c;
     yaml_node_t *root;
 
@@ -758,12 +803,15 @@ int qg__rules_parse(const char *text, size_t len, const char *path,
     *out = NULL;
     if (!text)
         text = "";
-    rc = qg__y_load(text, len, &doc, diag);
+    if (!(docs = calloc(QG_Y_MAXDOCS, sizeof *docs))) {
+        snprintf(diag->message, sizeof diag->message, "out of memory");
+        return QG_ENOMEM;
+    }
+    rc = qg__y_load(text, len, docs, &ndocs, diag);
     if (rc != QG_OK)
         goto done;
-    have_doc = 1;
     rc = QG_ERULES;
-    root = yaml_document_get_root_node(&doc);
+    root = ndocs ? yaml_document_get_root_node(&docs[0]) : NULL;
     if (!root || qg__y_is_null(root)) {
         diag->line = diag->column = 1;
         snprintf(diag->message, sizeof diag->message,
@@ -771,20 +819,45 @@ int qg__rules_parse(const char *text, size_t len, const char *path,
                  "and plans");
         goto done;
     }
-    c.y.doc = &doc;
-    c.y.diag = diag;
-    c.tzr = tzr;
-    c.tzud = tzud;
-    c.r = calloc(1, sizeof *c.r);
-    if (!c.r || !(c.r->path = strdup(diag->path)))
-        goto nomem;
-    if (compile(&c, root) < 0) {
-        if (c.y.oom)
-            rc = QG_ENOMEM;
-        goto done;
+    /* One compilation per document, each a complete rules version. */
+    for (d = 0; d < ndocs; d++) {
+        memset(&c, 0, sizeof c);
+        root = yaml_document_get_root_node(&docs[d]);
+        c.y.doc = &docs[d];
+        c.y.diag = diag;
+        c.tzr = tzr;
+        c.tzud = tzud;
+        c.prev = last;
+        if (qg__y_is_null(root)) {
+            qg__y_fail(&c.y, root, "", "expected a rules version (a mapping with "
+                       "version, effective, weights and plans) in document "
+                       "%d, found an empty one", d + 1);
+            goto done;
+        }
+        c.r = calloc(1, sizeof *c.r);
+        if (!c.r || !(c.r->path = strdup(diag->path)))
+            goto nomem;
+        c.r->line = (int)root->start_mark.line + 1;
+        if (compile(&c, root) < 0 ||
+            (last && check_sequence(&c, root, head, last) < 0)) {
+            if (c.y.oom)
+                rc = QG_ENOMEM;
+            goto done;
+        }
+        if (last)
+            last->next = c.r;
+        else
+            head = c.r;
+        last = c.r;
+        c.r = NULL;
+        for (i = 0; i < c.nzone_names; i++)
+            free(c.zone_names[i]);
+        free(c.zone_names);
+        c.zone_names = NULL;
+        c.nzone_names = 0;
     }
-    *out = c.r;
-    c.r = NULL;
+    *out = head;
+    head = NULL;
     rc = QG_OK;
     goto done;
 nomem:
@@ -795,7 +868,9 @@ done:
         free(c.zone_names[i]);
     free(c.zone_names);
     qg_rules_free(c.r);
-    if (have_doc)
-        yaml_document_delete(&doc);
+    qg_rules_free(head);
+    for (d = 0; d < ndocs; d++)
+        yaml_document_delete(&docs[d]);
+    free(docs);
     return rc;
 }

@@ -515,7 +515,8 @@ static int set_at(qg_diag *d, const yaml_mark_t *m, const char *msg,
     return -1;
 }
 
-/* Events only: syntax, one document, no anchors or aliases. */
+/* Events only: syntax, at most QG_Y_MAXDOCS documents, no anchors or
+ * aliases. */
 static int syntax_pass(const char *text, size_t len, qg_diag *d)
 {
     yaml_parser_t p;
@@ -539,9 +540,10 @@ static int syntax_pass(const char *text, size_t len, qg_diag *d)
             done = 1;
             break;
         case YAML_DOCUMENT_START_EVENT:
-            if (++docs > 1)
-                rc = set_at(d, &ev.start_mark, "expected a single YAML "
-                            "document, found a second one", "");
+            if (++docs > QG_Y_MAXDOCS)
+                rc = set_at(d, &ev.start_mark, "too many YAML documents "
+                            "(rules versions): at most "
+                            QG_Y_STR(QG_Y_MAXDOCS), "");
             break;
         case YAML_ALIAS_EVENT:
             rc = set_at(d, &ev.start_mark, "YAML aliases are not supported; "
@@ -568,11 +570,13 @@ static int syntax_pass(const char *text, size_t len, qg_diag *d)
     return rc;
 }
 
-int qg__y_load(const char *text, size_t len, yaml_document_t *doc,
-               qg_diag *d)
+int qg__y_load(const char *text, size_t len, yaml_document_t *docs,
+               int *ndocs, qg_diag *d)
 {
     yaml_parser_t parser;
+    int n = 0, rc = QG_OK;
 
+    *ndocs = 0;
     if (syntax_pass(text, len, d) < 0)
         return QG_ERULES;
     if (!yaml_parser_initialize(&parser)) {
@@ -580,11 +584,27 @@ int qg__y_load(const char *text, size_t len, yaml_document_t *doc,
         return QG_ENOMEM;
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!yaml_parser_load(&parser, doc)) {
-        syntax_diag(d, &parser, text, len);
-        yaml_parser_delete(&parser);
-        return QG_ERULES;
+    /* libyaml's marks count lines from the start of the stream, so every
+     * document's nodes carry the file's own line numbers. */
+    while (n < QG_Y_MAXDOCS) {
+        if (!yaml_parser_load(&parser, &docs[n])) {
+            syntax_diag(d, &parser, text, len);
+            rc = QG_ERULES;
+            break;
+        }
+        if (!yaml_document_get_root_node(&docs[n])) {
+            /* the stream's end: an empty document after the last */
+            yaml_document_delete(&docs[n]);
+            break;
+        }
+        n++;
     }
     yaml_parser_delete(&parser);
+    if (rc != QG_OK) {
+        while (n > 0)
+            yaml_document_delete(&docs[--n]);
+        return rc;
+    }
+    *ndocs = n;
     return QG_OK;
 }

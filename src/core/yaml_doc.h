@@ -1,8 +1,8 @@
 /* yaml_doc.h - reading a YAML document with positions: the internal
  * toolkit under the rules compiler (rules_yaml.c, rules_windows.c).
  *
- * Nothing here knows quotagate's schema.  It loads a document (refusing
- * anchors, aliases and second documents, and keeping libyaml's own wording
+ * Nothing here knows quotagate's schema.  It loads the documents of a
+ * stream (refusing anchors, aliases and more than QG_Y_MAXDOCS documents, and keeping libyaml's own wording
  * for syntax errors), walks nodes, checks a mapping's keys against a table,
  * reads typed scalars, and writes every error as "path: what was expected"
  * at the 1-based line and column of the node at fault.  Not part of the
@@ -53,11 +53,17 @@ enum { QG_Y_NONNEG, QG_Y_POSITIVE };
 
 /* --- loading */
 
-/* Syntax pass (events only: one document, no anchors or aliases), then
- * load text into *doc.  Returns QG_OK (caller deletes *doc), QG_ERULES
- * with d's line, column and message set, or QG_ENOMEM. */
-int qg__y_load(const char *text, size_t len, yaml_document_t *doc,
-               qg_diag *d);
+#define QG_Y_MAXDOCS 64     /* documents (rules versions) in one stream */
+#define QG_Y_STR_(x) #x
+#define QG_Y_STR(x) QG_Y_STR_(x)
+
+/* Syntax pass (events only: at most QG_Y_MAXDOCS documents, no anchors or
+ * aliases), then load text into docs[0..*ndocs) (docs holds QG_Y_MAXDOCS;
+ * an empty stream gives *ndocs = 0).  Returns QG_OK (caller deletes each
+ * document), QG_ERULES with d's line, column and message set, or
+ * QG_ENOMEM (nothing to delete on failure). */
+int qg__y_load(const char *text, size_t len, yaml_document_t *docs,
+               int *ndocs, qg_diag *d);
 
 /* --- diagnostics */
 

@@ -205,13 +205,15 @@ void qg__gate_record(qg_server *s, const qg__admit *a, const char *window)
     if (qg__ledger_submit(s->ledger, &row, NULL, NULL) != QG_OK)
         fprintf(stderr, "quotagate: ledger queue full: the row of request "
                 "%s was not queued\n", a->req.request_id);
-    qg__notify_decision(s->notify, qg_engine_rules(s->engine), &a->d,
+    qg__notify_decision(s->notify,
+                        qg_engine_rules_at(s->engine, a->now_ms), &a->d,
                         a->req.subject, a->now_ms);
 }
 
 void qg__gate_headers(qg_server *s, const qg__admit *a, qg_hdr_buf *hb)
 {
-    if (qg__headers_for_decision(&a->d, qg_engine_rules(s->engine),
+    if (qg__headers_for_decision(&a->d,
+                                 qg_engine_rules_at(s->engine, a->now_ms),
                                  a->now_ms, hb) < 0)
         hb->n = 0;
 }

@@ -31,12 +31,16 @@ static void usage_answer(void *ud, int rc)
     } else if (rc != QG_OK) {
         qg__reply_engine_error(s, u->r, rc, qg_strerror(rc));
     } else {
-        const qg_rules *rules = qg_engine_rules(s->engine);
+        /* the version in force now decides the unit and the windows */
+        const qg_rules *rules = qg_engine_rules_at(s->engine, u->now);
         qg_forecast fc[QG_MAX_VIEWS];
         qg__usage_forecasts(s, rules, &u->d, u->subject, u->now, fc);
         qg__reply_json(s, u->r, 200,
-                       qg__json_usage_forecast(&u->d, u->subject, u->now,
-                                               rules->unit, fc),
+                       qg__json_usage_upcoming(
+                           qg__json_usage_forecast(&u->d, u->subject, u->now,
+                                                   rules->unit, fc),
+                           qg_engine_rules(s->engine), u->now, u->d.plan,
+                           u->d.org),
                        NULL, 0);
     }
     free(u);
@@ -101,14 +105,17 @@ void qg__h_usage(qg_server *s, qg_http_req *r, const char *caller)
 void qg__h_plans(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg__reply_json(s, r, 200, qg__json_plans(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200, qg__json_plans(qg_engine_rules(s->engine),
+                                             qg__server_now(s)),
                   NULL, 0);
 }
 
 void qg__h_weights(qg_server *s, qg_http_req *r, const char *caller)
 {
     (void)caller;
-    qg__reply_json(s, r, 200, qg__json_weights(qg_engine_rules(s->engine)),
+    qg__reply_json(s, r, 200,
+                   qg__json_weights(qg_engine_rules_at(s->engine,
+                                                       qg__server_now(s))),
                   NULL, 0);
 }
 

@@ -88,7 +88,15 @@ typedef struct qg_org_member {
 char *qg__json_org_usage(const char *org, const qg_org_member *m, int n,
                          size_t total, int64_t now_ms, const char *unit_name);
 /* /v1/plans and /v1/weights from the rules. */
-char *qg__json_plans(const qg_rules *r);
+/* /v1/plans: the version of `chain` in force at now (its plans, orgs,
+ * effective, announced, changes) and "upcoming": the later versions, each
+ * with its differences from the one before. */
+char *qg__json_plans(const qg_rules *chain, int64_t now);
+/* /v1/usage with "upcoming_changes": the later versions whose differences
+ * touch the member's plan (and org), added to the usage body (taken and
+ * freed; returned as it is when nothing is upcoming).  NULL: no memory. */
+char *qg__json_usage_upcoming(char *body, const qg_rules *chain, int64_t now,
+                              const char *plan, const char *org);
 char *qg__json_weights(const qg_rules *r);
 /* {"error":{"type","message"}}. */
 char *qg__json_error(const char *type, const char *message);

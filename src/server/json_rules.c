@@ -20,6 +20,7 @@
 #include "fixed.h"
 #include "json_out.h"
 #include "json_text.h"
+#include "rules_diff.h"
 #include "tz.h"
 
 /* A string member, or null when s is NULL. */
@@ -282,13 +283,102 @@ static json_t *org_obj(const qg_rules *r, const qg_org_spec *g)
     return o;
 }
 
-char *qg__json_plans(const qg_rules *r)
+/* ------------------------------------------------------------ upcoming */
+
+static json_t *instant_or_null(int64_t ms)
+{
+    char buf[40];
+    if (ms <= 0)
+        return json_null();
+    qg_iso8601_format(ms, buf, (int)sizeof buf);
+    return json_string(buf);
+}
+
+/* The versions of `chain` that take effect after `now`, each with its
+ * differences from the version before it (rules_diff.c); with plan set
+ * (a member's plan and org), only the differences that touch it, and only
+ * the versions that have some.  NULL on out of memory. */
+static json_t *upcoming_of(const qg_rules *chain, int64_t now,
+                           const char *plan, const char *org)
+{
+    json_t *arr = json_array();
+    const qg_rules *prev = qg_rules_at(chain, now), *v;
+    for (v = prev ? prev->next : chain; arr && v; prev = v, v = v->next) {
+        qg_rules_change *ch = NULL;
+        json_t *e, *diffs = json_array();
+        int n = 0, rc = 0;
+        if (!diffs || (prev && qg__rules_diff(prev, v, &ch, &n) != QG_OK)) {
+            json_decref(diffs);
+            goto fail;
+        }
+        for (int i = 0; i < n && !rc; i++) {
+            const qg_rules_change *c = &ch[i];
+            int model = !c->plan[0] && !c->org[0];
+            if (plan && !qg__rules_change_touches(c, plan, org))
+                continue;
+            rc |= json_array_append_new(diffs, json_pack(
+                "{s:s, s:s?, s:s?, s:s?, s:s?, s:s, s:s, s:b}", "kind",
+                c->kind, "plan", c->plan[0] ? c->plan : NULL, "org",
+                c->org[0] ? c->org : NULL, "window",
+                !model && c->item[0] ? c->item : NULL, "model",
+                model ? c->item : NULL, "from", c->from, "to", c->to,
+                "less", c->less));
+        }
+        free(ch);
+        if (plan && !rc && json_array_size(diffs) == 0) {
+            json_decref(diffs);
+            continue;
+        }
+        e = json_pack("{s:s, s:o, s:o, s:o, s:o}", "version", v->version,
+                      "announced", instant_or_null(v->announced_ms),
+                      "effective", instant_or_null(v->effective_ms),
+                      "changes", str_or_null(v->changes), "differences",
+                      diffs);
+        if (rc || !e || json_array_append_new(arr, e)) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+fail:
+    json_decref(arr);
+    return NULL;
+}
+
+char *qg__json_usage_upcoming(char *body, const qg_rules *chain, int64_t now,
+                              const char *plan, const char *org)
+{
+    const qg_rules *v = qg_rules_at(chain, now);
+    json_t *o, *up;
+    if (!body || !(v ? v->next : chain))
+        return body;             /* nothing upcoming: the body as it is */
+    if (!(o = json_loads(body, 0, NULL)) ||
+        !(up = upcoming_of(chain, now, plan, org)) ||
+        json_object_set_new(o, "upcoming_changes", up)) {
+        json_decref(o);
+        free(body);
+        return NULL;
+    }
+    free(body);
+    return qg__json_dump_steal(o);
+}
+
+char *qg__json_plans(const qg_rules *chain, int64_t now)
 {
     json_t *o = json_object(), *plans = json_array(), *orgs = json_array();
     qg_analyze_opts ao = {NULL, 0, 0, NULL, NULL};   /* analytic only */
     qg_analysis *a = NULL;
     char err[256];
+    const qg_rules *r = qg_rules_at(chain, now);
     int rc = 0;
+
+    if (!r)
+        r = chain;               /* none in force yet: the first */
+    rc |= json_object_set_new(o, "effective", instant_or_null(r->effective_ms));
+    rc |= json_object_set_new(o, "announced", instant_or_null(r->announced_ms));
+    rc |= json_object_set_new(o, "changes", str_or_null(r->changes));
+    rc |= json_object_set_new(o, "upcoming", upcoming_of(chain, now, NULL,
+                                                         NULL));
 
     rc |= json_object_set_new(o, "rules_version", str_or_null(r->version));
     rc |= json_object_set_new(o, "weights_version",

@@ -11,7 +11,14 @@
  * of a load that began after the request arrived.  Requests that arrive
  * while a load runs are answered together by the next load, which reads
  * the file as it is then: each sees the file as it was at or after its
- * request, and a burst of reloads costs two loads, not one each. */
+ * request, and a burst of reloads costs two loads, not one each.
+ *
+ * Versions (docs/rules.md "Versions over time"): a file with no version in
+ * force now is refused.  A reload that changes the version in force so
+ * that it gives a subject less (rules_diff.c) without the notice the
+ * rules require (a version edited in place never has it) is applied, as
+ * the operator asked, but warned about: one stderr line per change, and
+ * "warnings" in the admin API's answer. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +28,7 @@
 #include "metrics.h"
 #include "notify.h"
 #include "rules.h"
+#include "rules_diff.h"
 #include "server.h"
 
 /* One held admin request and, once loaded, the outcome it answers
@@ -33,6 +41,7 @@ typedef struct waiter {
     const char *version;       /* the rules in force (generations live
                                   as long as the server) */
     char err[1024];
+    char warn[1024];           /* changes without notice, "" none */
     struct waiter *next;
 } waiter;
 
@@ -46,14 +55,76 @@ struct qg_reloader {
     int stop;
 };
 
+/* The version in force now under the new rules `nr` against the one in
+ * force under the engine's: QG_ERULES when none is in force; else 0,
+ * writing into warn ("" when none) the changes that give less without
+ * notice, "; "-separated, each also logged. */
+static int reload_versions(qg_server *s, const qg_rules *nr, char *err,
+                           size_t errcap, char *warn, size_t warncap)
+{
+    int64_t now = qg__server_now(s);
+    const qg_rules *was = qg_engine_rules_at(s->engine, now);
+    const qg_rules *v = qg_rules_at(nr, now);
+    qg_rules_change *ch = NULL;
+    char when[40];
+    size_t off = 0;
+    int n = 0, same;
+
+    warn[0] = '\0';
+    if (!v) {
+        qg_iso8601_format(qg_rules_effective_ms(nr), when, sizeof when);
+        snprintf(err, errcap, "%s: no rules version is in force now: the "
+                 "first, \"%s\", takes effect at %s (keep the version in "
+                 "force as the file's first document)",
+                 qg_rules_path(nr), qg_rules_version(nr), when);
+        return QG_ERULES;
+    }
+    same = strcmp(qg_rules_version(was), qg_rules_version(v)) == 0;
+    if ((!same && qg__rules_notice_ok(v)) ||
+        qg__rules_diff(was, v, &ch, &n) != QG_OK)
+        return QG_OK;            /* announced in time (or no memory to say) */
+    for (int i = 0; i < n; i++) {
+        const qg_rules_change *c = &ch[i];
+        char line[1024];
+        if (!c->less)
+            continue;
+        snprintf(line, sizeof line, "version %s%s%s in force now: %s%s%s "
+                 "%s%s%s: %s -> %s gives less without notice",
+                 qg_rules_version(v), same ? " edited in place" : " replaces ",
+                 same ? "" : qg_rules_version(was), c->plan[0] ? "plan " : "",
+                 c->plan[0] ? c->plan : c->org[0] ? "org " : "",
+                 c->org[0] ? c->org : "", c->kind, c->item[0] ? " " : "",
+                 c->item, c->from, c->to);
+        fprintf(stderr, "quotagate: reload warning: %s\n", line);
+        if (off < warncap)
+            off += (size_t)snprintf(warn + off, warncap - off, "%s%s",
+                                    off ? "; " : "", line);
+    }
+    free(ch);
+    return QG_OK;
+}
+
 int qg__server_reload(qg_server *s, char *err, size_t errcap)
+{
+    char warn[1024];
+    return qg__server_reload_warn(s, err, errcap, warn, sizeof warn);
+}
+
+int qg__server_reload_warn(qg_server *s, char *err, size_t errcap,
+                           char *warn, size_t warncap)
 {
     qg_rules *nr = NULL;
     qg__notify_cfg cfg;
     int rc;
 
+    warn[0] = '\0';
     pthread_mutex_lock(&s->reload_mu);
     rc = qg_rules_load(s->opts.rules_path, &nr, err, errcap);
+    if (rc == QG_OK &&
+        (rc = reload_versions(s, nr, err, errcap, warn, warncap)) != QG_OK) {
+        qg_rules_free(nr);
+        nr = NULL;
+    }
     /* the webhooks' secrets are read again: a missing one refuses it */
     if (rc == QG_OK && qg__notify_cfg_load(nr, &cfg, err, errcap) != 0) {
         qg_rules_free(nr);
@@ -81,7 +152,14 @@ int qg__server_reload(qg_server *s, char *err, size_t errcap)
 static void answer(void *arg)
 {
     waiter *a = arg;
-    if (a->rc == QG_OK)
+    if (a->rc == QG_OK && a->warn[0])
+        qg__reply_json(a->s, a->r, 200,
+                      qg__json_dump_steal(json_pack(
+                          "{s:s, s:s, s:[s]}", "status", "reloaded",
+                          "rules_version", a->version, "warnings",
+                          a->warn)),
+                      NULL, 0);
+    else if (a->rc == QG_OK)
         qg__reply_json(a->s, a->r, 200,
                       qg__json_dump_steal(json_pack(
                           "{s:s, s:s}", "status", "reloaded",
@@ -102,7 +180,7 @@ static void *reloader_main(void *arg)
     for (;;) {
         waiter *w;
         int hup, rc;
-        char err[1024];
+        char err[1024], warn[1024];
         const char *version;
 
         pthread_mutex_lock(&rl->mu);
@@ -119,8 +197,9 @@ static void *reloader_main(void *arg)
         pthread_mutex_unlock(&rl->mu);
 
         err[0] = '\0';
-        rc = qg__server_reload(s, err, sizeof err);
-        version = qg_rules_version(qg_engine_rules(s->engine));
+        rc = qg__server_reload_warn(s, err, sizeof err, warn, sizeof warn);
+        version = qg_rules_version(qg_engine_rules_at(s->engine,
+                                                      qg__server_now(s)));
         if (rc == QG_OK)
             fprintf(stderr, "quotagate: rules reloaded (version %s, %s)\n",
                     version, !w ? "SIGHUP" : hup ? "SIGHUP and admin API"
@@ -133,6 +212,7 @@ static void *reloader_main(void *arg)
             w->rc = rc;
             w->version = version;
             memcpy(w->err, err, sizeof w->err);
+            memcpy(w->warn, warn, sizeof w->warn);
             /* A refused post means the server is stopping: the held
              * request is then released by qg__http_server_free. */
             if (qg__http_post(s->http, w->r->worker, answer, w) != 0)

@@ -229,6 +229,16 @@ static int serve_check(qg_server *s, qg_rules **rules, char *host,
         fprintf(stderr, "quotagate: %s\n", err);
         return 2;
     }
+    if (!qg_rules_at(*rules, qg__clock_ms(CLOCK_REALTIME))) {
+        /* a version is never enforced early: nothing could decide */
+        char when[40];
+        qg_iso8601_format(qg_rules_effective_ms(*rules), when, sizeof when);
+        fprintf(stderr, "quotagate: %s: no rules version is in force now: "
+                "the first, \"%s\", takes effect at %s (keep the version in "
+                "force as the file's first document)\n", s->opts.rules_path,
+                qg_rules_version(*rules), when);
+        return 2;
+    }
     *nofile = raise_nofile();
     if (s->opts.max_connections > qg__http_fd_budget(workers)) {
         fprintf(stderr, "quotagate: --max-connections %d: only %d file "
@@ -440,7 +450,8 @@ static void serve_banner(qg_server *s, const char *host, long nofile)
             "-H \"Authorization: Bearer $QUOTAGATE_SERVICE_KEY\" "
             "-d '{\"subject\":\"bob\",\"request_id\":\"r1\",\"weight\":1}'\n"
             "quotagate: listening on http://%s:%d\n",
-            s->opts.rules_path, qg_rules_version(qg_engine_rules(s->engine)),
+            s->opts.rules_path,
+            qg_rules_version(qg_engine_rules_at(s->engine, qg__server_now(s))),
             s->opts.ledger_url,
             s->opts.store_url ? s->opts.store_url : "memory", host, port,
             host, port);

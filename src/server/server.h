@@ -85,6 +85,10 @@ int64_t qg__clock_ms(clockid_t id);
  * says why (file:line:column).  Returns 0 or an error.  Blocks for as
  * long as the load takes: the serving threads use the reloader. */
 int qg__server_reload(qg_server *s, char *err, size_t errcap);
+/* The same, writing into warn ("" none) what the reload changed in the
+ * version in force without notice (applied, but warned about). */
+int qg__server_reload_warn(qg_server *s, char *err, size_t errcap,
+                           char *warn, size_t warncap);
 
 /* The reloader (reload.c): a thread that runs qg__server_reload for the
  * admin route and SIGHUP.  qg__reloader_new starts it (NULL: out of

@@ -295,12 +295,156 @@ static void test_lint_direct(void **state)
     memcpy(strstr(older, "limit: 10 }"), "limit: 12 }", 11);
     prev = parse_text(older);
     assert_int_equal(qg__lint(r, prev, &res, err, sizeof err), QG_OK);
-    assert_true(has_finding(&res, "limit-lowered-without-notice", "base"));
-    assert_false(has_finding(&res, "limit-lowered-without-notice", "big"));
+    assert_true(has_finding(&res, "change-without-notice", "base"));
+    assert_false(has_finding(&res, "change-without-notice", "big"));
     qg__lint_free(&res);
     qg_rules_free(prev);
     free(older);
     qg_rules_free(r);
+}
+
+/* change-without-notice across the versions of one file: each kind of
+ * change that gives a subject less, made alone in a second version. */
+#define CN_BODY                                                               \
+    "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"              \
+    "  models:\n"                                                             \
+    "    light: { per_request: 1, input_per_1k: 1, output_per_1k: 2 }\n"       \
+    "    large: { per_request: 2 }\n"                                         \
+    "plans:\n"                                                                \
+    "  pro:\n    windows:\n"                                                  \
+    "      - { name: burst, type: rolling, length: 5h, limit: 100 }\n"         \
+    "      - { name: weekly, type: calendar, every: week, at: \"MON 00:00\", " \
+    "tz: \"UTC\", limit: 500 }\n"                                             \
+    "      - { name: rpm, type: rate, per: 1m, limit: 10, burst: 20, "         \
+    "unit: requests }\n"                                                      \
+    "    concurrency: 4\n"                                                    \
+    "  team:\n    windows:\n"                                                 \
+    "      - { name: burst, type: rolling, length: 5h, limit: 200 }\n"
+
+/* Lint v1 + v2, v2 being CN_BODY with `from` replaced by `to` (from ""
+ * appends to), announced `announced` (NULL: not). */
+static int lint_change(const char *from, const char *to, const char *announced,
+                       qg_lint_result *res)
+{
+    char body[2048], text[4096], err[256];
+    const char *at;
+    qg_rules *r;
+    int rc;
+    snprintf(body, sizeof body, "%s", CN_BODY);
+    if (!*from) {
+        snprintf(body + strlen(body), sizeof body - strlen(body), "%s", to);
+    } else {
+        at = strstr(CN_BODY, from);
+        if (!at)
+            fail_msg("no \"%s\" in the body", from);
+        snprintf(body, sizeof body, "%.*s%s%s", (int)(at - CN_BODY), CN_BODY,
+                 to, at + strlen(from));
+    }
+    snprintf(text, sizeof text, "version: \"v1\"\nnotice: 30d\n%s---\n"
+             "version: \"v2\"\neffective: \"2027-01-15T00:00:00Z\"\n"
+             "%s%s%s%s", CN_BODY, announced ? "announced: \"" : "",
+             announced ? announced : "", announced ? "\"\n" : "", body);
+    r = parse_text(text);
+    rc = qg__lint(r, NULL, res, err, sizeof err);
+    qg_rules_free(r);
+    return rc;
+}
+
+/* The change-without-notice finding of version v2 whose message holds
+ * `what`, or NULL. */
+static const qg_finding *notice_finding(const qg_lint_result *res,
+                                        const char *what)
+{
+    for (int i = 0; i < res->nfindings; i++)
+        if (strcmp(res->findings[i].code, "change-without-notice") == 0 &&
+            strcmp(res->findings[i].version, "v2") == 0 &&
+            strstr(res->findings[i].message, what))
+            return &res->findings[i];
+    return NULL;
+}
+
+static int count_code(const qg_lint_result *res, const char *code)
+{
+    int n = 0;
+    for (int i = 0; i < res->nfindings; i++)
+        n += strcmp(res->findings[i].code, code) == 0;
+    return n;
+}
+
+static void test_lint_change_without_notice(void **state)
+{
+    static const struct {
+        const char *from, *to, *what, *plan, *item;
+    } cases[] = {
+        { "limit: 100 }", "limit: 90 }",
+          "limit burst: 100 weight points -> 90 weight points", "pro",
+          "burst" },
+        { "limit: 10, burst", "limit: 5, burst",
+          "rate rpm: 10 requests -> 5 requests", "pro", "rpm" },
+        { "burst: 20", "burst: 15", "burst rpm: 20 requests -> 15 requests",
+          "pro", "rpm" },
+        { "length: 5h, limit: 100", "length: 6h, limit: 100",
+          "length burst: 5h -> 6h", "pro", "burst" },
+        { "every: week, at: \"MON 00:00\"", "every: month, at: \"1 00:00\"",
+          "period weekly: week -> month", "pro", "weekly" },
+        { "output_per_1k: 2", "output_per_1k: 3", "weight light: 1 + 1/1k in "
+          "+ 2/1k out -> 1 + 1/1k in + 3/1k out", "", "light" },
+        { "concurrency: 4", "concurrency: 3",
+          "concurrency concurrency: 4 slots -> 3 slots", "pro",
+          "concurrency" },
+        { "  team:\n    windows:\n"
+          "      - { name: burst, type: rolling, length: 5h, limit: 200 }\n",
+          "", "plan-removed: 1 windows -> none", "team", "" },
+        { "    large: { per_request: 2 }\n", "",
+          "model-removed large: 2 + 0/1k in + 0/1k out -> none", "", "large" },
+        { "", "      - { name: daily, type: calendar, every: day, at: "
+          "\"00:00\", tz: \"UTC\", limit: 150 }\n",
+          "window-added daily: none -> 150 weight points", "team", "daily" },
+    };
+    qg_lint_result res;
+    const qg_finding *f;
+    size_t i;
+    (void)state;
+
+    /* the same version twice: nothing changes, nothing to announce */
+    assert_int_equal(lint_change("limit: 100 }", "limit: 100 }", NULL, &res),
+                     QG_OK);
+    assert_int_equal(count_code(&res, "change-without-notice"), 0);
+    qg__lint_free(&res);
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* unannounced: the finding, naming the change */
+        assert_int_equal(lint_change(cases[i].from, cases[i].to, NULL, &res),
+                         QG_OK);
+        if (!(f = notice_finding(&res, cases[i].what)))
+            fail_msg("case %zu: no change-without-notice \"%s\" (%d "
+                     "findings%s%s)", i, cases[i].what, res.nfindings,
+                     res.nfindings ? ", first: " : "",
+                     res.nfindings ? res.findings[0].message : "");
+        assert_int_equal(count_code(&res, "change-without-notice"), 1);
+        assert_string_equal(f->plan, cases[i].plan);
+        assert_string_equal(f->window, cases[i].item);
+        assert_non_null(strstr(f->message, "at least 30d"));
+        qg__lint_free(&res);
+        /* announced 20 days ahead: still short of 30d */
+        assert_int_equal(lint_change(cases[i].from, cases[i].to,
+                                     "2026-12-26T00:00:00Z", &res), QG_OK);
+        assert_non_null(notice_finding(&res, cases[i].what));
+        qg__lint_free(&res);
+        /* announced exactly 30 days ahead: enough */
+        assert_int_equal(lint_change(cases[i].from, cases[i].to,
+                                     "2026-12-16T00:00:00Z", &res), QG_OK);
+        assert_int_equal(count_code(&res, "change-without-notice"), 0);
+        qg__lint_free(&res);
+    }
+    /* changes that give more need no notice */
+    assert_int_equal(lint_change("limit: 100 }", "limit: 120 }", NULL, &res),
+                     QG_OK);
+    assert_int_equal(count_code(&res, "change-without-notice"), 0);
+    qg__lint_free(&res);
+    assert_int_equal(lint_change("output_per_1k: 2", "output_per_1k: 1", NULL,
+                                 &res), QG_OK);
+    assert_int_equal(count_code(&res, "change-without-notice"), 0);
+    qg__lint_free(&res);
 }
 
 /* ------------------------------------------------------------ trace */
@@ -373,6 +517,7 @@ int main(void)
         cmocka_unit_test(test_baseline_and_period),
         cmocka_unit_test(test_simulate_plan),
         cmocka_unit_test(test_lint_direct),
+        cmocka_unit_test(test_lint_change_without_notice),
         cmocka_unit_test(test_trace_parse),
         cmocka_unit_test(test_trace_errors),
     };

@@ -264,7 +264,7 @@ static void test_simulate_trace(void **state)
     };
     tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
                                    "--trace", EX("trace.csv"), "--start",
-                                   "2026-03-02T00:00:00Z", NULL);
+                                   "2026-11-02T00:00:00Z", NULL);
     json_t **v, *sum, *bob;
     int n, i;
     (void)state;
@@ -309,7 +309,7 @@ static void test_simulate_retry_exact(void **state)
 {
     tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
                                    "--trace", EX("trace.csv"), "--start",
-                                   "2026-03-02T00:00:00Z", NULL);
+                                   "2026-11-02T00:00:00Z", NULL);
     char path[] = "/tmp/qgcli.trace.XXXXXX", t_at[32], t_before[32];
     json_t **v;
     int n, fd;
@@ -339,7 +339,7 @@ static void test_simulate_retry_exact(void **state)
             "%s,bob,standard,3000,2500,r7\n", t_before, t_at);
     fclose(f);
     r = tst_cli_run("simulate", "-c", EX("rules.yaml"), "--trace", path,
-                    "--start", "2026-03-02T00:00:00Z", NULL);
+                    "--start", "2026-11-02T00:00:00Z", NULL);
     unlink(path);
     assert_int_equal(r.rc, 0);
     v = lines_of(r.out, &n);
@@ -357,7 +357,7 @@ static void test_simulate_weights_and_quoting(void **state)
 {
     tst_cli_result r = tst_cli_run("simulate", "-c", EX("rules.yaml"),
                                    "--trace", TD("cli/trace_weights.csv"),
-                                   "--start", "2026-03-02T00:00:00Z", NULL);
+                                   "--start", "2026-11-02T00:00:00Z", NULL);
     json_t **v;
     int n;
     (void)state;
@@ -434,7 +434,7 @@ static void test_lint_findings(void **state)
         { "lint/payg.yaml", NULL,
           { "payg-without-cap", "payg-lifts-nothing" } },
         { "lint/lowered_new.yaml", "lint/lowered_old.yaml",
-          { "limit-lowered-without-notice" } },
+          { "change-without-notice" } },
     };
     size_t i, j, k;
     (void)state;

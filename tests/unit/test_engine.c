@@ -10,7 +10,8 @@
  * requests, replayed and unknown settles, late settles after the lease
  * expired); the member + org decision is all or nothing; model-scoped
  * windows; a reservation table full of live reservations; usage views and
- * recovery schedules. */
+ * recovery schedules; versions over time (the version in force chosen by
+ * each decision's instant, usage kept across versions by window name). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -547,6 +548,142 @@ static void test_settle_after_zero_reservation(void **state)
     assert_string_equal(binding(&d), "burst");
 }
 
+/* Versions over time: a rules file of two documents, v2 (effective at
+ * T_MS + 1h) lowering burst from 10 to 6, adding plan `solo` and
+ * dropping plan `old`.  The engine picks the version by each decision's
+ * instant on a virtual clock: no reload happens. */
+static const char versions_text[] =
+    "version: \"v1\"\n"
+    "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+    "  models:\n    light: { per_request: 1 }\n"
+    "plans:\n"
+    "  basic:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 10 }\n"
+    "  old:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 10 }\n"
+    "subjects:\n  alice: { plan: basic }\n  olga: { plan: old }\n"
+    "default_plan: basic\n"
+    "---\n"
+    "version: \"v2\"\n"
+    "effective: \"2026-03-02T11:00:00Z\"\n"
+    "announced: \"2026-01-01T00:00:00Z\"\n"
+    "changes: \"basic: burst lowered from 10 to 6\"\n"
+    "weights:\n  version: \"w2\"\n  calibrated: \"2026-01-01\"\n"
+    "  models:\n    light: { per_request: 1 }\n"
+    "plans:\n"
+    "  basic:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 6 }\n"
+    "  solo:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 2 }\n"
+    "subjects:\n  alice: { plan: basic }\n  sam: { plan: solo }\n"
+    "default_plan: basic\n";
+
+static void test_versions_by_instant(void **state)
+{
+    fixture f;
+    qg_decision d;
+    char err[256], rid[32];
+    const int64_t eff = T_MS + HOUR_MS;   /* 2026-03-02T11:00:00Z */
+    qg_check_req req = { .subject = "sam", .request_id = "s1",
+                         .weight_milli = 1000 };
+    int i;
+    (void)state;
+
+    f.store = qg_store_memory_new(NULL);
+    assert_non_null(f.store);
+    f.eng = qg_engine_new(tst_rules_parse(versions_text), f.store);
+    assert_non_null(f.eng);
+    assert_string_equal(qg_rules_version(qg_engine_rules_at(f.eng, eff - 1)),
+                        "v1");
+    assert_string_equal(qg_rules_version(qg_engine_rules_at(f.eng, eff)),
+                        "v2");
+    /* before the instant: v1's limit 10 decides; 7 points admitted */
+    for (i = 0; i < 7; i++) {
+        snprintf(rid, sizeof rid, "a%d", i);
+        assert_int_equal(check_w(&f, "alice", rid, 1000, eff - 7 + i, &d),
+                         QG_ALLOW);
+        assert_string_equal(d.rules_version, "v1");
+        assert_string_equal(d.weights_version, "w1");
+        assert_true(view_of(&d, "burst")->limit_milli == 10000);
+    }
+    /* a millisecond before it, still v1 and room under 10 */
+    assert_int_equal(check_w(&f, "alice", "a7", 1000, eff - 1, &d), QG_ALLOW);
+    assert_string_equal(d.rules_version, "v1");
+    /* at the instant: v2's 6, and the 8 points already used count (the
+     * same window by name): refused, and the row would say v2 */
+    assert_int_equal(check_w(&f, "alice", "a8", 1000, eff, &d), QG_REJECT);
+    assert_string_equal(d.rules_version, "v2");
+    assert_string_equal(d.weights_version, "w2");
+    assert_string_equal(binding(&d), "burst");
+    assert_true(view_of(&d, "burst")->limit_milli == 6000);
+    assert_true(view_of(&d, "burst")->used_milli == 8000);
+    /* usage follows the instant too */
+    assert_true(used(&f, "alice", "burst", eff - 1) == 8000);
+    assert_int_equal(qg_engine_usage(f.eng, "alice", eff - 1, &d), 0);
+    assert_string_equal(d.rules_version, "v1");
+    assert_true(view_of(&d, "burst")->limit_milli == 10000);
+    /* a plan only v2 has: refused before it exists, decided after */
+    assert_int_equal(qg_engine_check(f.eng, &req, eff - 1, &d, err,
+                                     sizeof err), QG_EINVAL);
+    assert_non_null(strstr(err, "plan \"solo\" of subject \"sam\" is not in "
+                           "rules version \"v1\""));
+    assert_int_equal(check_w(&f, "sam", "s1", 1000, eff, &d), QG_ALLOW);
+    assert_string_equal(d.plan, "solo");
+    /* a plan v2 dropped: decided before, refused after */
+    assert_int_equal(check_w(&f, "olga", "o1", 1000, eff - 1, &d), QG_ALLOW);
+    req.subject = "olga";
+    req.request_id = "o2";
+    assert_int_equal(qg_engine_check(f.eng, &req, eff, &d, err, sizeof err),
+                     QG_EINVAL);
+    assert_non_null(strstr(err, "rules version \"v2\""));
+    /* an unknown subject takes the default plan of the version in force */
+    assert_int_equal(check_w(&f, "newbie", "n1", 1000, eff, &d), QG_ALLOW);
+    assert_string_equal(d.rules_version, "v2");
+    assert_true(view_of(&d, "burst")->limit_milli == 6000);
+    /* set_subject accepts a plan of any version */
+    assert_int_equal(qg_engine_set_subject(f.eng, "carl", "solo", NULL, 0,
+                                           err, sizeof err), 0);
+    assert_int_equal(qg_engine_set_subject(f.eng, "carl", "nope", NULL, 0,
+                                           err, sizeof err), QG_EINVAL);
+    qg_engine_free(f.eng);
+    qg_store_free(f.store);
+}
+
+/* A single version whose effective instant is ahead: never enforced
+ * early; decisions are refused with the reason until it takes effect. */
+static void test_version_not_yet(void **state)
+{
+    fixture f;
+    qg_decision d;
+    char err[256];
+    qg_check_req req = { .subject = "alice", .request_id = "r1",
+                         .weight_milli = 1000 };
+    static const char text[] =
+        "version: \"later\"\n"
+        "effective: \"2026-03-02T11:00:00Z\"\n"
+        "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+        "  models:\n    light: { per_request: 1 }\n"
+        "plans:\n  basic:\n    windows:\n"
+        "      - { name: burst, type: rolling, length: 5h, limit: 3 }\n"
+        "default_plan: basic\n";
+    (void)state;
+    f.store = qg_store_memory_new(NULL);
+    f.eng = qg_engine_new(tst_rules_parse(text), f.store);
+    assert_non_null(f.eng);
+    assert_int_equal(qg_engine_check(f.eng, &req, T_MS, &d, err, sizeof err),
+                     QG_EINVAL);
+    assert_non_null(strstr(err, "no rules version is in force yet: the "
+                           "first, \"later\", takes effect at "
+                           "2026-03-02T11:00:00Z"));
+    assert_int_equal(qg_engine_usage(f.eng, "alice", T_MS, &d), QG_EINVAL);
+    assert_int_equal(qg_engine_check(f.eng, &req, T_MS + HOUR_MS, &d, err,
+                                     sizeof err), 0);
+    assert_int_equal(d.outcome, QG_ALLOW);
+    assert_string_equal(d.rules_version, "later");
+    qg_engine_free(f.eng);
+    qg_store_free(f.store);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -562,6 +699,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_model_scoped, setup, teardown),
         cmocka_unit_test(test_reservations_full),
+        cmocka_unit_test(test_versions_by_instant),
+        cmocka_unit_test(test_version_not_yet),
         cmocka_unit_test_setup_teardown(test_usage_and_recovery, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_settle_after_zero_reservation,

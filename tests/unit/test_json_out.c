@@ -419,7 +419,7 @@ static void test_plans(void **state)
 {
     qg_rules *r = tst_rules_parse(rules_text);
     (void)state;
-    char *text = qg__json_plans(r);
+    char *text = qg__json_plans(r, INT64_C(1780000000000));
     assert_non_null(strstr(text, "\"price_usd_month\":19.99,"));
     assert_non_null(strstr(text, "\"limit\":2.5,"));
     json_t *j = parse(text);

@@ -316,6 +316,90 @@ static void test_reconcile_block(void **state)
     expect_err("reconcile: { repair: maybe }\n", 12, 22, "reconcile.repair");
 }
 
+/* A second version as a tail of `base`: "---" is line 12, then version
+ * (13), effective (14), the extra lines (15...), weights (15 + extra). */
+#define V2_HEAD "---\nversion: \"v2\"\neffective: \"2027-01-15T00:00:00Z\"\n"
+#define V2_BODY                                                         \
+    "weights:\n  version: \"w1\"\n  calibrated: \"2026-10-15\"\n"        \
+    "  models:\n    light: { per_request: 1 }\n"                          \
+    "plans:\n  free:\n    windows:\n"                                     \
+    "      - { name: burst, type: rolling, length: 5h, limit: 4 }\n"
+
+/* Several documents: a chain of versions, the one in force by instant. */
+static void test_versions(void **state)
+{
+    char text[4096];
+    qg_rules *r = NULL;
+    const qg_rules *v2;
+    qg_diag d;
+    (void)state;
+    snprintf(text, sizeof text, "%snotice: 45d\n" V2_HEAD
+             "announced: \"2026-12-01T00:00:00Z\"\n"
+             "changes: \"free: burst lowered from 5 to 4\"\n" V2_BODY, base);
+    assert_int_equal(qg__rules_parse(text, strlen(text), "v.yaml", utc_only,
+                                     NULL, &r, &d), 0);
+    assert_string_equal(r->version, "v1");
+    assert_true(r->effective_ms == 0);
+    assert_int_equal(r->line, 1);
+    assert_null(r->changes);
+    v2 = qg_rules_next(r);
+    assert_non_null(v2);
+    assert_null(qg_rules_next(v2));
+    assert_string_equal(v2->version, "v2");
+    assert_int_equal(v2->line, 14);      /* its mapping's first line */
+    assert_true(v2->effective_ms == 1799971200000LL);  /* 2027-01-15 */
+    assert_true(v2->announced_ms == 1796083200000LL);  /* 2026-12-01 */
+    assert_true(v2->notice_ms == 45 * 86400000LL);     /* v1's, inherited */
+    assert_string_equal(v2->changes, "free: burst lowered from 5 to 4");
+    assert_true(v2->plans[0].windows[0].limit_milli == 4000);
+    assert_int_equal(v2->nmodels, 1);
+    /* the version in force: the last whose effective <= t */
+    assert_ptr_equal(qg_rules_at(r, 0), r);
+    assert_ptr_equal(qg_rules_at(r, 1799971200000LL - 1), r);
+    assert_ptr_equal(qg_rules_at(r, 1799971200000LL), v2);
+    assert_ptr_equal(qg_rules_at(r, 1900000000000LL), v2);
+    qg_rules_free(r);
+    /* a single document with effective: nothing in force before it */
+    snprintf(text, sizeof text, "%seffective: \"2027-01-15\"\n", base);
+    assert_int_equal(qg__rules_parse(text, strlen(text), "s.yaml", utc_only,
+                                     NULL, &r, &d), 0);
+    assert_null(qg_rules_next(r));
+    assert_null(qg_rules_at(r, 1799971200000LL - 1));
+    assert_ptr_equal(qg_rules_at(r, 1799971200000LL), r);
+    qg_rules_free(r);
+}
+
+/* Bad multi-document files: each error at the document's own lines. */
+static void test_err_versions(void **state)
+{
+    (void)state;
+    /* a later version must say when it takes effect */
+    expect_err("---\nversion: \"v2\"\n" V2_BODY, 13, 1,
+               "effective: expected an effective instant");
+    /* strictly later than the one before it, in file order */
+    expect_err("effective: \"2027-02-01\"\n" V2_HEAD V2_BODY, 15, 12,
+               "effective: expected an instant after 2027-02-01T00:00:00Z, "
+               "when version \"v1\" (line 1) takes effect");
+    expect_err("effective: \"2027-01-15\"\n" V2_HEAD V2_BODY, 15, 12,
+               "versions are listed in the order they take effect");
+    /* a version name of its own */
+    expect_err("---\nversion: \"v1\"\neffective: \"2027-01-15\"\n" V2_BODY,
+               13, 10, "\"v1\" is also the version of the document at "
+               "line 1");
+    /* a complete version: the second document's own errors, at its lines */
+    expect_err(V2_HEAD "weights:\n  version: \"w1\"\n"
+               "  calibrated: \"2026-10-15\"\n"
+               "  models:\n    light: { per_request: 1 }\n", 13, 1,
+               "missing required key \"plans\"");
+    expect_err(V2_HEAD "chanegs: x\n" V2_BODY, 15, 1,
+               "unknown key \"chanegs\"");
+    expect_err(V2_HEAD V2_BODY "      - { name: w2, type: rolling, length: 5h,"
+               " limit: -1 }\n", 24, 55, "plans.free.windows[1].limit");
+    expect_err("---\n[1, 2]\n", 13, 1, "expected a mapping");
+    /* a "---" with nothing after it is an empty version, refused */
+    expect_err("---\n", 13, 1, "expected a rules version");
+}
+
 static void test_err_syntax(void **state)
 {
     (void)state;
@@ -739,6 +823,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_example),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_versions),
+        cmocka_unit_test(test_err_versions),
         cmocka_unit_test(test_err_syntax),
         cmocka_unit_test(test_err_unknown_key),
         cmocka_unit_test(test_err_wrong_type),
