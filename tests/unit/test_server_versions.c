@@ -28,6 +28,7 @@
 #include "httpc.h"
 #include "qgproc.h"
 #include "quotagate.h"
+#include "redisproc.h"
 #include "runcli.h"
 #include "srvtest.h"
 
@@ -109,7 +110,8 @@ static double burst_limit(json_t *u)
     return -1;
 }
 
-static void test_serve_crossing(void **state)
+/* The crossing on the store of args (NULL: memory). */
+static void serve_crossing(const char *const *args)
 {
     const char *subject = tst_uid("alice");
     char eff[40];
@@ -117,7 +119,6 @@ static void test_serve_crossing(void **state)
     int64_t now_ms;
     json_t *plans, *up, *u;
     int status[MAX_STEPS], n = 0, used = 0, seen_v2 = 0;
-    (void)state;
 
     /* the instant: 4 whole seconds ahead of the wall clock */
     now_ms = (int64_t)time(NULL) * 1000;
@@ -126,7 +127,7 @@ static void test_serve_crossing(void **state)
     assert_int_equal(qgproc_init(&P), 0);
     assert_int_equal(qgproc_write_file(qgproc_path(&P, "rules.yaml"),
                                        rules_text(eff)), 0);
-    if (qgproc_start(&P, qgproc_path(&P, "rules.yaml"), NULL, NULL) < 0)
+    if (qgproc_start(&P, qgproc_path(&P, "rules.yaml"), args, NULL) < 0)
         fail_msg("serve: %s", P.why);
 
     /* before: v1 in force, v2 upcoming with its computed difference */
@@ -223,6 +224,30 @@ static void test_serve_crossing(void **state)
     assert_int_equal(qgproc_finish(&P), 0);
 }
 
+static void test_serve_crossing(void **state)
+{
+    (void)state;
+    serve_crossing(NULL);
+}
+
+/* The same on a real Redis: the window's usage is kept across the
+ * versions by name in the store's entity, under each version's script
+ * parameters, and Redis's clock (the same host's) decides the instant. */
+static void test_serve_crossing_redis(void **state)
+{
+    redisproc rp;
+    const char *args[3];
+    (void)state;
+    memset(&rp, 0, sizeof rp);
+    if (redisproc_start(&rp, NULL) < 0)
+        fail_msg("redis-server: %s", rp.why);
+    args[0] = "--store";
+    args[1] = tst_fmt("%s", redisproc_url(&rp));
+    args[2] = NULL;
+    serve_crossing(args);
+    redisproc_stop(&rp);
+}
+
 /* simulate: the same file, a trace crossing the same instant on the
  * virtual clock (--start 2 s before it). */
 static void test_simulate_crossing(void **state)
@@ -297,6 +322,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_serve_crossing, gc_teardown),
+        cmocka_unit_test_teardown(test_serve_crossing_redis, gc_teardown),
         cmocka_unit_test_teardown(test_simulate_crossing, gc_teardown),
     };
     signal(SIGPIPE, SIG_IGN);
