@@ -47,6 +47,7 @@ int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_reconcile(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_explain(const qg_cli_args *a, qg_rules *rules);
 /* keys takes no rules file: rules is NULL. */
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules);

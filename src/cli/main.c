@@ -148,6 +148,14 @@ static const struct command {
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER) | FL(F_SUBJECT) |
           FL(F_REPAIR) | FL(F_JSON),
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER), 0 },
+    { "explain", qg__cmd_explain,
+      "one request's charge from the ledger: rule version, weight "
+      "arithmetic, windows at that moment (exit 0, 1 not found, 2 "
+      "unusable input)",
+      "quotagate explain REQUEST_ID (--data DIR | --ledger URL) -c RULES "
+      "[--json]",
+      FL(F_CONFIG) | FL(F_DATA) | FL(F_LEDGER) | FL(F_JSON),
+      FL(F_CONFIG), 1 },
     { "keys", qg__cmd_keys,
       "API keys, stored only as hashes: create (prints the key last), "
       "list, revoke",

@@ -30,7 +30,7 @@
 
 /* The PostgreSQL schema's own version (its migrations are not SQLite's:
  * version 1 already has every column of SQLite's version 4). */
-#define QG_PG_SCHEMA_VERSION 2
+#define QG_PG_SCHEMA_VERSION 3
 
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */

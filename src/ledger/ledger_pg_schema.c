@@ -89,6 +89,10 @@ static const char *const migrations[] = {
     " PRIMARY KEY (id, url));"
     "CREATE INDEX webhook_outbox_due ON webhook_outbox (next_ms)"
     " WHERE state = 0;",
+    /* 2 -> 3: one subject's and one org's rows by time (explain) */
+    "CREATE INDEX requests_subject ON requests (subject, created_ms, seq);"
+    "CREATE INDEX requests_org ON requests (org, created_ms, seq)"
+    " WHERE org <> '';",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -76,6 +76,9 @@ static const char *const migrations[] = {
     " done_ms INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (id, url));"
     "CREATE INDEX webhook_outbox_due ON webhook_outbox (state, next_ms);",
+    /* 5 -> 6: one subject's and one org's rows by time (explain) */
+    "CREATE INDEX requests_subject ON requests (subject, created_ms);"
+    "CREATE INDEX requests_org ON requests (org, created_ms);",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==
