@@ -18,7 +18,7 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_FORMAT, F_AT, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -104,6 +104,12 @@ static const struct flag {
     [F_REPAIR] = { "repair", 0, NULL, offsetof(qg_cli_args, repair),
                    "set the store to the ledger's figures where it lacks "
                    "what the ledger holds (live reservations stay)" },
+    [F_FORMAT] = { "format", 0, "md|html|json",
+                   offsetof(qg_cli_args, format),
+                   "page format (default md)" },
+    [F_AT] = { "at", 0, "TIME", offsetof(qg_cli_args, at),
+               "ISO 8601 instant the page is for: changes not yet in force "
+               "then are listed (default now)" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -148,6 +154,12 @@ static const struct command {
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER) | FL(F_SUBJECT) |
           FL(F_REPAIR) | FL(F_JSON),
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER), 0 },
+    { "pricing", qg__cmd_pricing,
+      "the public limits table and verifiable multiplier statements",
+      "quotagate pricing -c RULES [--format md|html|json] [--baseline PLAN] "
+      "[--at TIME]",
+      FL(F_CONFIG) | FL(F_FORMAT) | FL(F_BASELINE) | FL(F_AT) | FL(F_JSON),
+      FL(F_CONFIG), 0 },
     { "explain", qg__cmd_explain,
       "one request's charge from the ledger: rule version, weight "
       "arithmetic, windows at that moment (exit 0, 1 not found, 2 "
