@@ -37,7 +37,7 @@ INC_http     := -Iinclude -Isrc/http
 INC_ledger   := -Iinclude -Isrc/ledger
 INC_proxy    := $(INC_core) -Isrc/http -Isrc/proxy
 INC_server   := $(INC_core) -Isrc/store -Isrc/io -Isrc/http -Isrc/ledger \
-                -Isrc/proxy -Isrc/server
+                -Isrc/proxy -Isrc/analysis -Isrc/server
 INC_cli      := -Iinclude -Isrc/analysis -Isrc/cli
 INC_all      := $(INC_server) -Isrc/analysis -Isrc/cli -Itests/support
 # include flags of a source file: its layer's, or all of them outside src/

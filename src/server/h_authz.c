@@ -477,7 +477,7 @@ static void authz_answer(qg_server *s, authz_call *c)
     extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", c->q.rid};
     answer(s, c->r, c->nginx, c->a.d.outcome == QG_ALLOW ? 200 : 429,
            qg__json_check(&c->a.d, c->q.rid,
-                          qg_engine_rules(s->engine)->unit),
+                          qg_engine_rules(s->engine)),
            extra, n);
     free(c);
 }

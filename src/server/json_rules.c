@@ -11,6 +11,9 @@
 #include "fixed.h"
 #include "json_out.h"
 #include "json_text.h"
+#include "analysis.h"
+#include "phrase.h"
+#include "pricing.h"
 #include "tz.h"
 
 /* A string member, or null when s is NULL. */
@@ -85,9 +88,13 @@ static json_t *window_spec(const qg_rules *r, const qg_window_spec *w)
 
     if (!o)
         return NULL;
+    char text[512];
     rc |= json_object_set_new(o, "name", json_string(w->name));
     rc |= json_object_set_new(o, "type",
                               json_string(qg__json_win_type_name(w->type)));
+    /* the window in pricing's words (phrase.c) */
+    if (qg__phrase_window(r, w, text, sizeof text) >= 0)
+        rc |= json_object_set_new(o, "text", json_string(text));
     rc |= json_object_set_new(o, "limit", qg__json_milli(w->limit_milli));
     rc |= json_object_set_new(o, "unit",
                               json_string(w->unit == QG_UNIT_REQUESTS
@@ -172,13 +179,19 @@ static int windows_members(json_t *o, const qg_rules *r, const char *name,
     return rc ? -1 : 0;
 }
 
-static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
+static json_t *plan_obj(const qg_rules *r, const qg_plan *p,
+                        const qg_analysis *a)
 {
     json_t *o = json_object();
     int rc;
     if (!o)
         return NULL;
     rc = windows_members(o, r, p->name, p->windows, p->nwindows);
+    /* the plan's statements exactly as `quotagate pricing` words them
+     * (the console shows these) */
+    rc |= json_object_set_new(o, "statements",
+                              a ? qg__pricing_statements(r, a, p->index)
+                                : json_array());
     rc |= json_object_set_new(o, "price_usd_month",
                               p->price_micro >= 0
                                   ? qg__json_scaled(p->price_micro, 6)
@@ -206,9 +219,17 @@ static json_t *org_obj(const qg_rules *r, const qg_org_spec *g)
 char *qg__json_plans(const qg_rules *r)
 {
     json_t *o = json_object(), *plans = json_array(), *orgs = json_array();
+    qg_analyze_opts ao = {NULL, 0, 0, NULL, NULL};
+    qg_analysis *a = NULL;
+    char err[256];
     int rc = 0;
 
+    if (qg__analyze(r, &ao, &a, err, sizeof err) != QG_OK)
+        a = NULL;                    /* no baseline: no statements */
     rc |= json_object_set_new(o, "rules_version", str_or_null(r->version));
+    if (a)
+        rc |= json_object_set_new(o, "baseline",
+                                  json_string(r->plans[a->baseline].name));
     rc |= json_object_set_new(o, "weights_version",
                               str_or_null(r->weights_version));
     rc |= json_object_set_new(o, "unit",
@@ -216,9 +237,10 @@ char *qg__json_plans(const qg_rules *r)
     rc |= json_object_set_new(o, "plans", plans);
     rc |= json_object_set_new(o, "orgs", orgs);
     for (int i = 0; !rc && i < r->nplans; i++)
-        rc |= json_array_append_new(plans, plan_obj(r, &r->plans[i]));
+        rc |= json_array_append_new(plans, plan_obj(r, &r->plans[i], a));
     for (int i = 0; !rc && i < r->norgs; i++)
         rc |= json_array_append_new(orgs, org_obj(r, &r->orgs[i]));
+    qg__analysis_free(a);
     if (rc) {
         json_decref(o);
         return NULL;

@@ -5,6 +5,7 @@
  * the restore request that replays it (the rebuilds, reconciliation). */
 #include <stdio.h>
 #include <string.h>
+#include "phrase.h"
 #include "server.h"
 
 void qg__row_copy(char *dst, size_t cap, const char *src)
@@ -31,9 +32,10 @@ void qg__row_of_decision(qg_ledger_row *row, const qg_decision *d,
     qg__row_copy(row->weights_version, sizeof row->weights_version,
                 d->weights_version);
     qg__row_copy(row->model, sizeof row->model, d->model);
-    if (d->binding >= 0)
-        qg__row_copy(row->window, sizeof row->window,
-                    d->views[d->binding].name);
+    if (d->binding >= 0)               /* its one name: "org.NAME" too */
+        qg__phrase_window_name(d->views[d->binding].name,
+                               d->views[d->binding].org, row->window,
+                               sizeof row->window);
     row->decision = d->outcome;
     row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
     row->input_tokens = input_tokens;

@@ -447,7 +447,10 @@ static void check_rate_headers(const http_resp *r, json_t *body,
         const rule_win *rw = pass ? org : plan;
         for (; rw && rw->name; rw++) {
             int pi = -1;
-            json_t *bw = find_window(windows, rw->name);
+            /* an org's window is "org.NAME" in the body too */
+            json_t *bw = find_window(windows, pass ? tst_fmt("org.%s",
+                                                             rw->name)
+                                                   : rw->name);
             if (!bw)
                 fail_msg("%s: rules window %s missing from the body", what,
                          rw->name);
@@ -650,7 +653,7 @@ static void test_check_allow_weight(void **state)
     assert_true(NEAR(tst_jnum(bw, "used", "burst_5h"), 2));
     assert_true(NEAR(tst_jnum(bw, "remaining", "burst_5h"), 99998));
     assert_string_equal(tst_jstr(find_window(json_object_get(j, "windows"),
-                                         "org_monthly"), "scope", "org"),
+                                         "org.org_monthly"), "scope", "org"),
                         "org");
     assert_string_equal(tst_jstr(bw, "type", "burst_5h"), "rolling");
     check_rate_headers(r, j, ROOMY, ACME, "allow (roomy+acme)");
@@ -977,8 +980,9 @@ static void test_admin_subjects(void **state)
     if (r->status != 200 && r->status != 201)
         fail_msg("create subject: %d %s", r->status, tst_excerpt(r));
     assert_string_equal(tst_jstr(usage_of(s), "plan", "usage"), "basic");
-    if (!find_window(json_object_get(usage_of(s), "windows"), "org_monthly"))
-        fail_msg("subject in org acme has no org_monthly window");
+    if (!find_window(json_object_get(usage_of(s), "windows"),
+                     "org.org_monthly"))
+        fail_msg("subject in org acme has no org.org_monthly window");
     /* update */
     r = req("POST", "/v1/admin/subjects", ADMIN,
             tst_fmt("{\"subject\":\"%s\",\"plan\":\"roomy\"}", s));
@@ -1644,7 +1648,7 @@ static void test_crash_recovery(void **state)
         r = req_on(&k, "GET", "/v1/usage/alice", "bearer", ADMIN, NULL);
         WANT(r, 200, "usage after kill -9");
         j = tst_jparse(r, "usage");
-        for (const char *w = "burst_5h\0weekly\0org_monthly\0"; *w;
+        for (const char *w = "burst_5h\0weekly\0org.org_monthly\0"; *w;
              w += strlen(w) + 1) {
             json_t *win = find_window(json_object_get(j, "windows"), w);
             if (!win)
