@@ -207,6 +207,8 @@ static void fail(qg_server *s, qg_http_req *r, int nginx, int status,
 static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
                         const char *msg)
 {
+    char hint[1024];
+    msg = qg__engine_error_hint(s, rc, msg, hint, sizeof hint);
     switch (rc) {
     case QG_ENOSUBJECT:
         fail(s, r, nginx, 404, "unknown_subject", msg);

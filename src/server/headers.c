@@ -245,13 +245,19 @@ static int64_t secs_until(int64_t at_ms, int64_t now_ms)
 }
 
 /* Index of the view with the least remaining among those of the wanted
- * unit (concurrency excluded), or -1. */
-static int least_remaining(const qg_decision *d, qg_unit unit)
+ * unit that apply to the request's model (concurrency excluded; a window
+ * scoped to other models says nothing of this request), or -1. */
+static int least_remaining(const qg_decision *d, const qg_rules *r,
+                           qg_unit unit)
 {
     int best = -1;
+    int model = r && d->model ? qg_rules_find_model(r, d->model) : -1;
     for (int i = 0; i < d->nviews; i++) {
         const qg_window_view *v = &d->views[i];
+        const qg_window_spec *spec = qg__view_spec(r, d, v);
         if (v->type == QG_WIN_CONCURRENCY || v->unit != unit)
+            continue;
+        if (spec && !qg__window_applies(spec, model))
             continue;
         if (best < 0 || v->remaining_milli < d->views[best].remaining_milli)
             best = i;
@@ -259,10 +265,11 @@ static int least_remaining(const qg_decision *d, qg_unit unit)
     return best;
 }
 
-static void openai_family(writer *w, const qg_decision *d, int64_t now_ms,
-                          int unit, const char *const names[3])
+static void openai_family(writer *w, const qg_decision *d,
+                          const qg_rules *r, int64_t now_ms, int unit,
+                          const char *const names[3])
 {
-    int i = least_remaining(d, unit);
+    int i = least_remaining(d, r, unit);
     char dur[48];
 
     if (i < 0)
@@ -323,8 +330,8 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
         }
         w_end(&w, "RateLimit");
     }
-    openai_family(&w, d, now_ms, QG_UNIT_REQUESTS, requests_names);
-    openai_family(&w, d, now_ms, QG_UNIT_WEIGHT, tokens_names);
+    openai_family(&w, d, r, now_ms, QG_UNIT_REQUESTS, requests_names);
+    openai_family(&w, d, r, now_ms, QG_UNIT_WEIGHT, tokens_names);
 
     if (d->outcome == QG_REJECT) {
         int64_t ra = d->retry_after_ms > 0 ? d->retry_after_ms : 0;

@@ -161,6 +161,10 @@ void qg__row_restore_req(const qg_ledger_row *row, qg_restore_req *rr);
 /* A restore request against the bounds: 0 as is, 1 clamped, -1 skip; why
  * says what (rows.c). */
 int qg__row_in_bounds(qg_restore_req *rr, char *why, size_t cap);
+/* msg with what helps next: an unknown subject says how subjects are
+ * created, an unknown model lists the models (buf, or msg itself). */
+const char *qg__engine_error_hint(qg_server *s, int rc, const char *msg,
+                                  char *buf, size_t cap);
 void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg);
 
