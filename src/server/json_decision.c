@@ -44,7 +44,7 @@ static void refusal_message(const qg_decision *d, int b, const qg_rules *r,
                             const char *unit, char *buf, size_t cap)
 {
     char used[32], limit[32], weight[32], at[40], name[QG_NAME_MAX + 8];
-    char phrase[400], said[416] = "";
+    char phrase[256], said[272] = "";
     qg_fixed_format(d->weight_milli, 3, weight, sizeof weight);
     if (b < 0) {
         snprintf(buf, cap, "request refused: this request (%s) does not fit",
@@ -208,7 +208,7 @@ char *qg__json_check(const qg_decision *d, const char *request_id,
 {
     const char *unit_name = r ? r->unit : NULL;
     int refused = d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER;
-    char msg[512];
+    char msg[1024];
     qg__jb b;
 
     if (qg__jb_init(&b, 256 + 256 * (size_t)(d->nviews > 0 ? d->nviews : 1)) < 0)
