@@ -35,6 +35,7 @@ static tst_cli_result run_ok(tst_cli_result r, const char *what)
     return r;
 }
 
+/* r's stdout as JSON (freed at teardown, tst_gc), r released */
 static json_t *parse_out(tst_cli_result *r, const char *what)
 {
     json_t *j = tst_jparse_text(r->out, strlen(r->out), what);
@@ -155,8 +156,6 @@ static void test_json_against_analyze(void **state)
     }
     assert_int_equal(json_array_size(json_object_get(pj, "weights")), 3);
     assert_true(json_is_array(json_object_get(pj, "changes")));
-    json_decref(pj);
-    json_decref(aj);
 }
 
 /* md and html say the JSON's sentences, each one. */
@@ -190,7 +189,6 @@ static void test_pages_say_the_json(void **state)
         assert_non_null(strstr(md.out, tst_jstr(o, "text", "t")));
     tst_cli_done(&md);
     tst_cli_done(&html);
-    json_decref(pj);
     /* flags */
     r = tst_cli_run("pricing", "-c", rules, "--format", "pdf", NULL);
     assert_int_equal(r.rc, 2);
@@ -282,7 +280,6 @@ static void test_one_phrase_everywhere(void **state)
     if (!strstr(tst_jstr(e, "message", "e"), burst))
         fail_msg("429 message \"%s\" lacks pricing's \"%s\"",
                  tst_jstr(e, "message", "e"), burst);
-    json_decref(pj);
     httpc_close(&c);
     assert_int_equal(qgproc_finish(&p), 0);
 }
