@@ -415,6 +415,12 @@ int qg__explain(qg_ledger *l, const char *rules_path, const char *request_id,
                 "the row was decided under rule version %s, the figures "
                 "are replayed under version %s", row.rules_version,
                 qg_rules_version(r)));
+        else if (r->weights_version &&
+                 strcmp(r->weights_version, row.weights_version) != 0)
+            json_object_set_new(j, "warning", json_sprintf(
+                "the row was weighed with weights %s, the formula shows "
+                "the coefficients of weights %s", row.weights_version,
+                r->weights_version));
         replay = NULL;
     }
     *out = j;
