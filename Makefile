@@ -185,9 +185,10 @@ build/asan/upstream_double: tests/upstream/upstream_double.c
 	$(CC) $(ASANB_FLAGS) -o $@ $< $(DOUBLE_LIBS)
 
 bench: deps-bench build/bench_engine build/bench_ledger build/bench_ledger_pg build/quotagate \
-       build/upstream_double build/tests/test_store_redis build/bench_history
+       build/upstream_double build/tests/test_store_redis build/bench_history build/bench_explain
 	@build/bench_engine
 	@build/bench_ledger
+	@build/bench_explain
 	@build/bench_ledger_pg
 	@build/bench_history
 	@bench/http_bench.sh
@@ -229,6 +230,10 @@ build/bench_redis: bench/bench_redis.c build/obj/tests/support/redisproc.o build
 
 build/bench_ledger: bench/bench_ledger.c build/libquotagate.a
 	$(CC) $(OPTB_FLAGS) $(INC_all) -O3 -o $@ bench/bench_ledger.c build/libquotagate.a $(LIBS)
+
+# explain on a 10-million-row SQLite ledger (docs/benchmarks.md)
+build/bench_explain: bench/bench_explain.c build/libquotagate.a
+	$(CC) $(OPTB_FLAGS) $(INC_all) -O2 -o $@ bench/bench_explain.c build/libquotagate.a $(LIBS)
 
 # the PostgreSQL ledger's two ways of sending a batch, side by side
 # (docs/ledger-postgresql.md); starts its own PostgreSQL 15

@@ -602,6 +602,19 @@ typedef struct qg_reconcile_opts {
 int qg_reconcile(const qg_reconcile_opts *opts, qg_reconcile_report **out,
                  char *err, size_t errcap);
 
+/* -------------------------------------------------------------- explain */
+
+/* `quotagate explain`: one request's charge reconstructed from the ledger
+ * at ledger_url ("sqlite:PATH" or a PostgreSQL URL) under the rules file
+ * at rules_path: the JSON of PRODUCT.md 8 (docs/cli.md "explain").
+ * Returns 0 with *json_out (a malloc'd string, caller frees), or
+ * QG_ENOTFOUND (no such request id), QG_EIO (the ledger cannot be opened
+ * or read), QG_ERULES, QG_EINVAL (the row's plan or org is not in the
+ * rules), QG_ENOMEM, with the reason in err. */
+int qg_explain(const char *ledger_url, const char *rules_path,
+               const char *request_id, char **json_out, char *err,
+               size_t errcap);
+
 /* -------------------------------------------------------------- serve */
 
 /* `quotagate serve`: the gateway process (docs/operations.md). */

@@ -50,7 +50,9 @@ function specOf(rules, usage, v) {
     ? (rules.orgs || []).find((o) => o.name === usage.org)
     : (rules.plans || []).find((p) => p.name === usage.plan);
   if (v.type === 'concurrency') return { type: 'concurrency' };
-  return owner ? (owner.windows || []).find((w) => w.name === v.name) || null : null;
+  // an org's window is "org.NAME" in /v1/usage, "NAME" in its org's spec
+  const name = v.scope === 'org' && v.name.startsWith('org.') ? v.name.slice(4) : v.name;
+  return owner ? (owner.windows || []).find((w) => w.name === name) || null : null;
 }
 
 // A window's length in seconds, for choosing the chart's span.
@@ -229,7 +231,8 @@ async function renderOrg(org) {
   const [usage, rules] = await Promise.all([api.orgUsage(org), plansOnce()]);
   if (gen !== state.generation) return;
   const spec = (rules.orgs || []).find((o) => o.name === org);
-  const specFor = (v) => (spec ? (spec.windows || []).find((w) => w.name === v.name) : null);
+  const bare = (n) => (n.startsWith('org.') ? n.slice(4) : n);
+  const specFor = (v) => (spec ? (spec.windows || []).find((w) => w.name === bare(v.name)) : null);
   const view = $('view');
   view.replaceChildren(
     h('h1', {}, `Organisation ${usage.org}`),

@@ -14,6 +14,7 @@
  * finding names its version.  No
  * printing: the CLI renders the findings. */
 #include "analysis.h"
+#include "phrase.h"
 #include "rules.h"
 
 #include <stdarg.h>
@@ -183,6 +184,20 @@ static void check_claims(lint_ctx *c)
                     "claim %s (line %d)", ac->message, cl->line);
             if (ac && ac->needs_disclosure)
                 disclosure(c, p, cl, ac, m);
+            /* pricing prints every claim in the phrase builder's words
+             * (phrase.c): one it cannot word would go missing there */
+            {
+                char text[512];
+                const qg_plan *vs = &c->r->plans[cl->vs_plan];
+                if (qg__phrase_claim(c->r, cl->multiplier_milli, vs->name, w,
+                                     qg__plan_find_window(vs, cl->window),
+                                     text, sizeof text) < 0)
+                    add(c, "claim-unprintable", p->name, cl->window,
+                        "claim %sx on %s (line %d): pricing cannot state it "
+                        "(the window must exist in %s and %s)", m,
+                        cl->window ? cl->window : "(none)", cl->line, p->name,
+                        vs->name);
+            }
         }
     }
 }

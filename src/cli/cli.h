@@ -40,6 +40,7 @@ typedef struct qg_cli_args {
     const char *request_ids;  /* serve: --request-ids N */
     const char *subject;      /* reconcile: --subject NAME */
     int repair;               /* reconcile: --repair */
+    const char *format;       /* pricing: --format md|html|json */
     int nargs;                /* positional arguments after the command, */
     char **args;              /* for commands whose table row allows them */
 } qg_cli_args;
@@ -49,6 +50,8 @@ int qg__cmd_analyze(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_simulate(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_lint(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_reconcile(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_explain(const qg_cli_args *a, qg_rules *rules);
+int qg__cmd_pricing(const qg_cli_args *a, qg_rules *rules);
 /* keys takes no rules file: rules is NULL. */
 int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules);
 int qg__cmd_keys(const qg_cli_args *a, qg_rules *rules);

@@ -135,8 +135,9 @@ static int replay_row(run *rn, const qg_trace_row *row, int64_t start)
         rn->admitted++;
     } else {
         if (d.binding >= 0)
-            json_object_set_new(line, "window",
-                                json_string(d.views[d.binding].name));
+            json_object_set_new(line, "window", json_sprintf(
+                "%s%s", d.views[d.binding].org ? "org." : "",
+                d.views[d.binding].name));   /* docs/api.md "Window names" */
         if (d.outcome == QG_REJECT)
             json_object_set_new(line, "retry_after_s",
                                 qg__cli_json_milli(d.retry_after_ms));

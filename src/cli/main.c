@@ -18,7 +18,7 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_AT, F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_FORMAT, F_AT, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -44,8 +44,8 @@ static const struct flag {
                   "usage trace: t,subject,weight or "
                   "t,subject,model,input_tokens,output_tokens[,request_id]" },
     [F_AT] = { "at", 0, "TIME", offsetof(qg_cli_args, at),
-               "ISO 8601 instant whose rules version is analysed (default: "
-               "now)" },
+               "ISO 8601 instant whose rules version is analysed or priced "
+               "(default: now)" },
     [F_START] = { "start", 0, "TIME", offsetof(qg_cli_args, start),
                   "ISO 8601 origin of the virtual clock (default: now)" },
     [F_PREVIOUS] = { "previous", 0, "OLD_RULES",
@@ -107,6 +107,9 @@ static const struct flag {
     [F_REPAIR] = { "repair", 0, NULL, offsetof(qg_cli_args, repair),
                    "set the store to the ledger's figures where it lacks "
                    "what the ledger holds (live reservations stay)" },
+    [F_FORMAT] = { "format", 0, "md|html|json",
+                   offsetof(qg_cli_args, format),
+                   "page format (default md)" },
     [F_HELP] = { "help", 'h', NULL, 0, "this help" },
 };
 
@@ -152,6 +155,20 @@ static const struct command {
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER) | FL(F_SUBJECT) |
           FL(F_REPAIR) | FL(F_JSON),
       FL(F_CONFIG) | FL(F_STORE) | FL(F_LEDGER), 0 },
+    { "pricing", qg__cmd_pricing,
+      "the public limits table and verifiable multiplier statements",
+      "quotagate pricing -c RULES [--format md|html|json] [--baseline PLAN] "
+      "[--at TIME]",
+      FL(F_CONFIG) | FL(F_FORMAT) | FL(F_BASELINE) | FL(F_AT) | FL(F_JSON),
+      FL(F_CONFIG), 0 },
+    { "explain", qg__cmd_explain,
+      "one request's charge from the ledger: rule version, weight "
+      "arithmetic, windows at that moment (exit 0, 1 not found, 2 "
+      "unusable input)",
+      "quotagate explain REQUEST_ID (--data DIR | --ledger URL) -c RULES "
+      "[--json]",
+      FL(F_CONFIG) | FL(F_DATA) | FL(F_LEDGER) | FL(F_JSON),
+      FL(F_CONFIG), 1 },
     { "keys", qg__cmd_keys,
       "API keys, stored only as hashes: create (prints the key last), "
       "list, revoke",

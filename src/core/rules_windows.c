@@ -53,6 +53,8 @@ static int resolve_tz(qg__rctx *c, yaml_node_t *n, const char *path,
         z = c->tzr(name, c->tzud, err, sizeof err);
     else
         z = strcmp(name, "UTC") == 0 ? qg__tz_utc() : NULL;
+    if (!z && strncmp(err, "unknown time zone", 17) == 0)
+        return qg__y_fail(&c->y, n, path, "%s", err);   /* it names it */
     if (!z)
         return qg__y_fail(&c->y, n, path, "unknown time zone \"%s\"%s%s", name,
                           err[0] ? ": " : "", err);

@@ -367,11 +367,13 @@ static int c_weights(qg__rctx *c, yaml_node_t *n, const char *path)
     qg__y_path_key(sub, path, "version");
     if (qg__y_string(&c->y, v, sub, &c->r->weights_version) < 0)
         return -1;
-    if (qg__y_need_key(&c->y, n, path, "calibrated", &v) < 0)
-        return -1;
-    qg__y_path_key(sub, path, "calibrated");
-    if (qg__y_date(&c->y, v, sub, &c->r->calibrated_ms) < 0)
-        return -1;
+    /* optional: a minimal file may leave it out, lint says so
+     * (weights-uncalibrated) */
+    if ((v = qg__y_get(&c->y, n, "calibrated"))) {
+        qg__y_path_key(sub, path, "calibrated");
+        if (qg__y_date(&c->y, v, sub, &c->r->calibrated_ms) < 0)
+            return -1;
+    }
     if (qg__y_need_key(&c->y, n, path, "models", &v) < 0)
         return -1;
     qg__y_path_key(sub, path, "models");

@@ -207,6 +207,17 @@ int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
     return l->be->rows->scan(l->b, since_ms, fn, ud);
 }
 
+int qg__ledger_scan_entity(qg_ledger *l, const char *subject, const char *org,
+                           int64_t since_ms, int64_t until_ms,
+                           int (*fn)(const qg_ledger_row *row, void *ud),
+                           void *ud)
+{
+    if (!l || !subject || !fn)
+        return QG_EINVAL;
+    return l->be->rows->scan_entity(l->b, subject, org ? org : "", since_ms,
+                                    until_ms, fn, ud);
+}
+
 int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out)
 {
     if (!l || !request_id || !out)

@@ -35,7 +35,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 6
+#define QG_LEDGER_SCHEMA_VERSION 7
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -148,6 +148,18 @@ int qg__ledger_submit(qg_ledger *l, const qg_ledger_row *row,
  * qg__ledger_scan itself (the scan connection is held). */
 int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
+
+/* The admitted rows (decision allow) decided in [since_ms, until_ms] whose
+ * subject is `subject` or whose org is `org` ("" or NULL: none), in
+ * created_ms order (ties in the order they were written): what one
+ * subject's windows and its org's held at an instant (explain).  Read
+ * through per-subject and per-org indexes (schema 6), so its cost follows
+ * that subject's and org's rows in the span, not the ledger's size.  fn
+ * as in qg__ledger_scan, under the same connection. */
+int qg__ledger_scan_entity(qg_ledger *l, const char *subject, const char *org,
+                           int64_t since_ms, int64_t until_ms,
+                           int (*fn)(const qg_ledger_row *row, void *ud),
+                           void *ud);
 
 /* One row by request id.  Returns 0, QG_ENOTFOUND, or an error. */
 int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out);

@@ -20,7 +20,7 @@
 
 #include "ledger.h"
 
-#define QG_LEDGER_BACKEND_VERSION 4
+#define QG_LEDGER_BACKEND_VERSION 5
 
 /* One queued row with its callback, as the writer hands it over. */
 typedef struct qg__ledger_item {
@@ -84,6 +84,10 @@ typedef struct qg__ledger_rows_ops {
     void (*last_read_error)(void *b, char *out, size_t cap);
     int64_t (*estimate)(void *b);   /* rows in the ledger, roughly (to size
                                        the id filter); -1 unknown */
+    int (*scan_entity)(void *b, const char *subject, const char *org,
+                       int64_t since_ms, int64_t until_ms,
+                       int (*fn)(const qg_ledger_row *row, void *ud),
+                       void *ud);
 } qg__ledger_rows_ops;
 
 /* Subjects created through the admin API; durable on return.  get: 0 or

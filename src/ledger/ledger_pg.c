@@ -206,6 +206,48 @@ static int pg_scan(void *b, int64_t since_ms,
     return rc;
 }
 
+/* One subject's rows and its org's other members' rows, each half from
+ * its own index (schema 3). */
+static int pg_scan_entity(void *b, const char *subject, const char *org,
+                          int64_t since_ms, int64_t until_ms,
+                          int (*fn)(const qg_ledger_row *row, void *ud),
+                          void *ud)
+{
+    qg__pg *g = b;
+    static const Oid types[4] = {QG_PG_TEXT, QG_PG_TEXT, QG_PG_INT8,
+                                 QG_PG_INT8};
+    unsigned char since[8], until[8];
+    const char *vals[4] = {subject, org, (const char *)since,
+                           (const char *)until};
+    int lens[4] = {(int)strlen(subject), (int)strlen(org), 8, 8}, rc;
+    char why[512];
+    scan_ud *s = calloc(1, sizeof *s);
+    if (!s)
+        return QG_ENOMEM;
+    s->fn = fn;
+    s->ud = ud;
+    qg__pg_put64(since, since_ms);
+    qg__pg_put64(until, until_ms);
+    pthread_mutex_lock(&g->scan.mu);
+    rc = qg__pg_cursor(g, &g->scan,
+                     "SELECT * FROM ("
+                     "SELECT " QG_PG_ROW_COLS ", seq FROM requests"
+                     " WHERE subject = $1 AND decision = 1"
+                     "   AND created_ms >= $3 AND created_ms <= $4"
+                     " UNION ALL "
+                     "SELECT " QG_PG_ROW_COLS ", seq FROM requests"
+                     " WHERE $2 <> '' AND org = $2 AND subject <> $1"
+                     "   AND decision = 1"
+                     "   AND created_ms >= $3 AND created_ms <= $4) AS e"
+                     " ORDER BY created_ms, seq",
+                     4, types, vals, lens, scan_row, s, why, sizeof why);
+    pthread_mutex_unlock(&g->scan.mu);
+    if (rc < 0)
+        qg__pg_read_failed(g, why);
+    free(s);
+    return rc;
+}
+
 typedef struct ids_ud {
     int (*fn)(const char *id, size_t len, void *ud);
     void *ud;
@@ -434,6 +476,7 @@ static const qg__ledger_rows_ops pg_rows = {
     pg_spool_applied,
     pg_last_read_error,
     pg_estimate,
+    pg_scan_entity,
 };
 
 const qg__ledger_backend qg__ledger_postgresql = {

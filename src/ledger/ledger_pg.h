@@ -31,8 +31,9 @@
 /* The PostgreSQL schema's own version (its migrations are not SQLite's:
  * version 1 already has every column of SQLite's version 4; version 2
  * adds what SQLite's version 5 adds, the webhook outbox; version 3 what
- * SQLite's version 6 adds, the history). */
-#define QG_PG_SCHEMA_VERSION 3
+ * SQLite's version 6 adds, the history; version 4 what SQLite's version 7
+ * adds, the indexes explain reads a subject's and an org's rows by). */
+#define QG_PG_SCHEMA_VERSION 4
 
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */

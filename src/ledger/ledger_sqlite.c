@@ -109,6 +109,18 @@ static const char sql_scan[] =
     "SELECT " ROW_COLS " FROM requests"
     " WHERE decision = 1 AND created_ms >= ?1 ORDER BY created_ms, rowid";
 
+/* One subject's rows and its org's other members' rows, each half read
+ * from its own index (schema 6); only these rows are sorted. */
+static const char sql_scan_entity[] =
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    " WHERE subject = ?1 AND decision = 1"
+    "   AND created_ms >= ?3 AND created_ms <= ?4"
+    " UNION ALL "
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    " WHERE ?2 <> '' AND org = ?2 AND subject <> ?1 AND decision = 1"
+    "   AND created_ms >= ?3 AND created_ms <= ?4"
+    " ORDER BY created_ms, seq";
+
 static const char sql_get[] =
     "SELECT " ROW_COLS " FROM requests WHERE request_id = ?1";
 
@@ -417,6 +429,41 @@ static int sq_scan(void *b, int64_t since_ms,
     return out;
 }
 
+static int sq_scan_entity(void *b, const char *subject, const char *org,
+                          int64_t since_ms, int64_t until_ms,
+                          int (*fn)(const qg_ledger_row *row, void *ud),
+                          void *ud)
+{
+    qg__sq *s = b;
+    sqlite3_stmt *st = NULL;
+    qg_ledger_row r;
+    int rc, out = QG_OK;
+    pthread_mutex_lock(&s->scan_mu);
+    if (sqlite3_prepare_v2(s->sdb, sql_scan_entity, -1, &st, NULL) !=
+        SQLITE_OK) {
+        qg__sq_read_failed(s, s->sdb);
+        pthread_mutex_unlock(&s->scan_mu);
+        return QG_EIO;
+    }
+    sqlite3_bind_text(st, 1, subject, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, org, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, since_ms);
+    sqlite3_bind_int64(st, 4, until_ms);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        memset(&r, 0, sizeof r);
+        read_row(st, &r);
+        if ((out = fn(&r, ud)) != 0)
+            break;
+    }
+    if (out == 0 && rc != SQLITE_DONE) {
+        out = qg__sq_map_rc(rc) == QG_OK ? QG_EIO : qg__sq_map_rc(rc);
+        qg__sq_read_failed(s, s->sdb);
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&s->scan_mu);
+    return out;
+}
+
 static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 {
     qg__sq *s = b;
@@ -600,6 +647,7 @@ static const qg__ledger_rows_ops sq_rows = {
     sq_spool_applied,
     sq_last_read_error,
     sq_estimate,
+    sq_scan_entity,
 };
 
 const qg__ledger_backend qg__ledger_sqlite = {

@@ -207,6 +207,8 @@ static void fail(qg_server *s, qg_http_req *r, int nginx, int status,
 static void fail_engine(qg_server *s, qg_http_req *r, int nginx, int rc,
                         const char *msg)
 {
+    char hint[1024];
+    msg = qg__engine_error_hint(s, rc, msg, hint, sizeof hint);
     switch (rc) {
     case QG_ENOSUBJECT:
         fail(s, r, nginx, 404, "unknown_subject", msg);
@@ -477,7 +479,7 @@ static void authz_answer(qg_server *s, authz_call *c)
     extra[n++] = (qg_http_out_header){"X-Quotagate-Request-Id", c->q.rid};
     answer(s, c->r, c->nginx, c->a.d.outcome == QG_ALLOW ? 200 : 429,
            qg__json_check(&c->a.d, c->q.rid,
-                          qg_engine_rules(s->engine)->unit),
+                          qg_engine_rules(s->engine)),
            extra, n);
     free(c);
 }

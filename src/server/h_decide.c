@@ -39,7 +39,7 @@ static void check_decided(qg__admit *a, void *ud)
         qg__gate_headers(s, a, &hb);
         qg__reply_json(s, r, a->d.outcome == QG_ALLOW ? 200 : 429,
                        qg__json_check(&a->d, a->req.request_id,
-                                      qg_engine_rules(s->engine)->unit),
+                                      qg_engine_rules(s->engine)),
                        hb.h, hb.n);
     }
     free(a);

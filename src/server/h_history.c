@@ -182,13 +182,18 @@ static int time_param(const qg_query *q, const char *key, int64_t *out,
 }
 
 /* The window named `name` among the subject's (its plan's, then its
- * org's), or NULL. */
+ * org's: "org.NAME", as every answer names an org's window; a bare NAME
+ * that no plan window has is looked up in the org too), or NULL. */
 static const qg_window_spec *find_window(const qg_rules *r,
                                          const qg_decision *d,
                                          const char *name)
 {
     int p = d->plan ? qg__rules_find_plan(r, d->plan) : -1;
     int o = d->org ? qg__rules_find_org(r, d->org) : -1;
+    if (strncmp(name, "org.", 4) == 0) {
+        p = -1;
+        name += 4;
+    }
     if (p >= 0)
         for (int i = 0; i < r->plans[p].nwindows; i++)
             if (strcmp(r->plans[p].windows[i].name, name) == 0)

@@ -26,8 +26,11 @@ static void usage_answer(void *ud, int rc)
     qg_server *s = u->s;
     char msg[320];
     if (rc == QG_ENOSUBJECT) {
+        char hint[1024];
         snprintf(msg, sizeof msg, "unknown subject \"%s\"", u->subject);
-        qg__reply_error(s, u->r, 404, "unknown_subject", msg);
+        qg__reply_error(s, u->r, 404, "unknown_subject",
+                        qg__engine_error_hint(s, QG_ENOSUBJECT, msg, hint,
+                                              sizeof hint));
     } else if (rc != QG_OK) {
         qg__reply_engine_error(s, u->r, rc, qg_strerror(rc));
     } else {

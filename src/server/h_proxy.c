@@ -147,7 +147,7 @@ static void px_refuse(qg__px *p, const qg__admit *a, int queue_full,
         json = qg__json_error("queue_full", msg);
     } else {
         json = qg__json_check(&a->d, p->rid,
-                              qg_engine_rules(s->engine)->unit);
+                              qg_engine_rules(s->engine));
     }
     for (int i = 0; i < p->hb.n; i++)
         h[n++] = p->hb.h[i];

@@ -10,6 +10,7 @@
 #include "calendar.h"
 #include "fixed.h"
 #include "headers.h"
+#include "phrase.h"
 
 /* Go's Duration.String() restricted to whole milliseconds: below one
  * second "<n>ms"; otherwise [<h>h][<m>m]<s>[.<frac>]s where the minutes
@@ -150,15 +151,8 @@ static void w_sf_string(writer *w, const char *s, size_t n)
 static void w_policy_name(writer *w, const qg_window_view *v)
 {
     char buf[QG_NAME_MAX + 8];
-    size_t p = 0, n = v->name ? strlen(v->name) : 0;
-    if (v->org) {
-        memcpy(buf, "org.", 4);
-        p = 4;
-    }
-    if (n > sizeof buf - 1 - p)
-        n = sizeof buf - 1 - p;
-    memcpy(buf + p, v->name ? v->name : "", n);
-    w_sf_string(w, buf, p + n);
+    int n = qg__phrase_window_name(v->name, v->org, buf, sizeof buf);
+    w_sf_string(w, buf, n < 0 ? 0 : (size_t)n);
 }
 
 /* Close the value begun by w_begin as header `name`. */
@@ -195,10 +189,9 @@ static void header_i64(writer *w, const char *name, int64_t v)
 
 /* ------------------------------------------------------------- windows */
 
-/* The spec of view v: member windows in d's plan, org windows in d's org,
- * both by name.  NULL when absent. */
-static const qg_window_spec *spec_of(const qg_rules *r, const qg_decision *d,
-                                     const qg_window_view *v)
+/* The spec of view v (headers.h). */
+const qg_window_spec *qg__view_spec(const qg_rules *r, const qg_decision *d,
+                                    const qg_window_view *v)
 {
     if (!r || !v->name)
         return NULL;
@@ -252,13 +245,19 @@ static int64_t secs_until(int64_t at_ms, int64_t now_ms)
 }
 
 /* Index of the view with the least remaining among those of the wanted
- * unit (concurrency excluded), or -1. */
-static int least_remaining(const qg_decision *d, qg_unit unit)
+ * unit that apply to the request's model (concurrency excluded; a window
+ * scoped to other models says nothing of this request), or -1. */
+static int least_remaining(const qg_decision *d, const qg_rules *r,
+                           qg_unit unit)
 {
     int best = -1;
+    int model = r && d->model ? qg_rules_find_model(r, d->model) : -1;
     for (int i = 0; i < d->nviews; i++) {
         const qg_window_view *v = &d->views[i];
+        const qg_window_spec *spec = qg__view_spec(r, d, v);
         if (v->type == QG_WIN_CONCURRENCY || v->unit != unit)
+            continue;
+        if (spec && !qg__window_applies(spec, model))
             continue;
         if (best < 0 || v->remaining_milli < d->views[best].remaining_milli)
             best = i;
@@ -266,10 +265,11 @@ static int least_remaining(const qg_decision *d, qg_unit unit)
     return best;
 }
 
-static void openai_family(writer *w, const qg_decision *d, int64_t now_ms,
-                          int unit, const char *const names[3])
+static void openai_family(writer *w, const qg_decision *d,
+                          const qg_rules *r, int64_t now_ms, int unit,
+                          const char *const names[3])
 {
-    int i = least_remaining(d, unit);
+    int i = least_remaining(d, r, unit);
     char dur[48];
 
     if (i < 0)
@@ -300,7 +300,7 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
         w_begin(&w);
         for (int i = 0; i < d->nviews; i++) {
             const qg_window_view *v = &d->views[i];
-            int64_t secs = window_seconds(d, v, spec_of(r, d, v), now_ms);
+            int64_t secs = window_seconds(d, v, qg__view_spec(r, d, v), now_ms);
             if (i)
                 W_LIT(&w, ", ");
             w_policy_name(&w, v);
@@ -330,8 +330,8 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
         }
         w_end(&w, "RateLimit");
     }
-    openai_family(&w, d, now_ms, QG_UNIT_REQUESTS, requests_names);
-    openai_family(&w, d, now_ms, QG_UNIT_WEIGHT, tokens_names);
+    openai_family(&w, d, r, now_ms, QG_UNIT_REQUESTS, requests_names);
+    openai_family(&w, d, r, now_ms, QG_UNIT_WEIGHT, tokens_names);
 
     if (d->outcome == QG_REJECT) {
         int64_t ra = d->retry_after_ms > 0 ? d->retry_after_ms : 0;

@@ -63,4 +63,9 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
  * length of the full string, as snprintf does. */
 size_t qg__go_duration(int64_t ms, char *buf, size_t cap);
 
+/* The spec of view v of decision d: member windows in d's plan, org
+ * windows in d's org, both by name.  NULL when absent (or r NULL). */
+const qg_window_spec *qg__view_spec(const qg_rules *r, const qg_decision *d,
+                                    const qg_window_view *v);
+
 #endif

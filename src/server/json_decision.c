@@ -8,6 +8,18 @@
 #include "fixed.h"
 #include "json_out.h"
 #include "json_text.h"
+#include "headers.h"
+#include "phrase.h"
+
+/* A view's one name: "NAME", or "org.NAME" for an org's window
+ * (phrase.h; docs/api.md "Window names"). */
+static void jb_view_name(qg__jb *b, const qg_window_view *v)
+{
+    char buf[QG_NAME_MAX + 8];
+    if (qg__phrase_window_name(v->name, v->org, buf, sizeof buf) < 0)
+        buf[0] = '\0';
+    qg__jb_str(b, buf);
+}
 
 /* --------------------------------------------------------------- check */
 
@@ -25,11 +37,14 @@ static int refusing_view(const qg_decision *d)
     return -1;
 }
 
-/* The refusal's plain sentence, in the words pricing and the console use. */
-static void refusal_message(const qg_decision *d, int b, const char *unit,
-                            char *buf, size_t cap)
+/* The refusal's plain sentence, in the words pricing and the console use:
+ * with the rules, the window as `quotagate pricing` says it (phrase.c),
+ * "burst_5h limit reached (50 weight points per rolling 5 hours): ...". */
+static void refusal_message(const qg_decision *d, int b, const qg_rules *r,
+                            const char *unit, char *buf, size_t cap)
 {
-    char used[32], limit[32], weight[32], at[40];
+    char used[32], limit[32], weight[32], at[40], name[QG_NAME_MAX + 8];
+    char phrase[256], said[272] = "";
     qg_fixed_format(d->weight_milli, 3, weight, sizeof weight);
     if (b < 0) {
         snprintf(buf, cap, "request refused: this request (%s) does not fit",
@@ -38,13 +53,18 @@ static void refusal_message(const qg_decision *d, int b, const char *unit,
     }
     const qg_window_view *v = &d->views[b];
     const char *u = qg__json_unit_of(v, unit);
+    const qg_window_spec *spec = qg__view_spec(r, d, v);
+    if (qg__phrase_window_name(v->name, v->org, name, sizeof name) < 0)
+        name[0] = '\0';
+    if (spec && qg__phrase_window(r, spec, phrase, sizeof phrase) >= 0)
+        snprintf(said, sizeof said, " (%s)", phrase);
     qg_fixed_format(v->used_milli, 3, used, sizeof used);
     qg_fixed_format(v->limit_milli, 3, limit, sizeof limit);
     if (d->outcome == QG_REJECT_NEVER) {
         snprintf(buf, cap,
-                 "this request (%s %s) exceeds the %s limit of %s %s on "
+                 "this request (%s %s) exceeds the %s limit%s of %s %s on "
                  "plan %s: it can never be admitted",
-                 weight, unit ? unit : "weight points", v->name, limit, u,
+                 weight, unit ? unit : "weight points", name, said, limit, u,
                  d->plan ? d->plan : "?");
         return;
     }
@@ -54,15 +74,15 @@ static void refusal_message(const qg_decision *d, int b, const char *unit,
      * weight would be a number in another unit, so it is left out. */
     if (v->unit == QG_UNIT_REQUESTS)
         snprintf(buf, cap,
-                 "%s limit reached: %s of %s %s %s; this request fits "
+                 "%s limit reached%s: %s of %s %s %s; this request fits "
                  "again at %s",
-                 v->name, used, limit, u,
+                 name, said, used, limit, u,
                  v->type == QG_WIN_CONCURRENCY ? "in flight" : "used", at);
     else
         snprintf(buf, cap,
-                 "%s limit reached: %s of %s %s used; this request (%s) "
+                 "%s limit reached%s: %s of %s %s used; this request (%s) "
                  "fits again at %s",
-                 v->name, used, limit, u, weight, at);
+                 name, said, used, limit, u, weight, at);
 }
 
 /* The spending-cap refusal's sentence. */
@@ -70,6 +90,10 @@ static void cap_message(const qg_decision *d, int b, const char *unit,
                         char *buf, size_t cap)
 {
     char spent[32], capv[32], cost[32], over[32], at[40];
+    char name[QG_NAME_MAX + 8] = "the limit";
+    if (b >= 0 && qg__phrase_window_name(d->views[b].name, d->views[b].org,
+                                         name, sizeof name) < 0)
+        snprintf(name, sizeof name, "the limit");
     qg_fixed_format(d->spent_micro, 6, spent, sizeof spent);
     qg_fixed_format(d->spending_cap_micro, 6, capv, sizeof capv);
     qg_fixed_format(d->overage_cost_micro, 6, cost, sizeof cost);
@@ -79,7 +103,7 @@ static void cap_message(const qg_decision *d, int b, const char *unit,
                  "(%s %s beyond %s) would cost $%s, more than the whole "
                  "spending cap of $%s: it can never be admitted", over,
                  unit ? unit : "weight points",
-                 b >= 0 ? d->views[b].name : "the limit", cost, capv);
+                 name, cost, capv);
         return;
     }
     qg_iso8601_format(d->decided_at_ms + d->retry_after_ms, at,
@@ -88,7 +112,7 @@ static void cap_message(const qg_decision *d, int b, const char *unit,
              "this request's overage (%s %s beyond %s) would cost $%s; it "
              "fits again at %s", spent, capv, over,
              unit ? unit : "weight points",
-             b >= 0 ? d->views[b].name : "the limit", cost, at);
+             name, cost, at);
 }
 
 /* The payg object of a decision (docs/api.md). */
@@ -117,7 +141,7 @@ static void window_open(qg__jb *b, const qg_window_view *v,
                         const char *unit_name)
 {
     QG__JB_LIT(b, "{\"name\":");
-    qg__jb_str(b, v->name);
+    jb_view_name(b, v);
     if (v->org)
         QG__JB_LIT(b, ",\"scope\":\"org\",\"type\":");
     else
@@ -163,7 +187,7 @@ static void recovers_text(qg__jb *b, const qg_decision *d, int only,
             first = 0;
             if (only < 0 && d->views[i].name) {
                 QG__JB_LIT(b, "{\"window\":");
-                qg__jb_str(b, d->views[i].name);
+                jb_view_name(b, &d->views[i]);
                 QG__JB_LIT(b, ",\"at\":");
             } else {
                 QG__JB_LIT(b, "{\"at\":");
@@ -180,10 +204,11 @@ static void recovers_text(qg__jb *b, const qg_decision *d, int only,
 }
 
 char *qg__json_check(const qg_decision *d, const char *request_id,
-                    const char *unit_name)
+                    const qg_rules *r)
 {
+    const char *unit_name = r ? r->unit : NULL;
     int refused = d->outcome == QG_REJECT || d->outcome == QG_REJECT_NEVER;
-    char msg[512];
+    char msg[1024];
     qg__jb b;
 
     if (qg__jb_init(&b, 256 + 256 * (size_t)(d->nviews > 0 ? d->nviews : 1)) < 0)
@@ -220,7 +245,7 @@ char *qg__json_check(const qg_decision *d, const char *request_id,
         if (d->cap_reached)
             cap_message(d, v, unit_name, msg, sizeof msg);
         else
-            refusal_message(d, v, unit_name, msg, sizeof msg);
+            refusal_message(d, v, r, unit_name, msg, sizeof msg);
         if (d->cap_reached)
             QG__JB_LIT(&b, ",\"error\":{\"type\":\"spending_cap_reached\""
                        ",\"window\":");
@@ -229,7 +254,10 @@ char *qg__json_check(const qg_decision *d, const char *request_id,
                        ",\"window\":");
         else
             QG__JB_LIT(&b, ",\"error\":{\"type\":\"quota_exceeded\",\"window\":");
-        qg__jb_str(&b, v >= 0 ? d->views[v].name : NULL);
+        if (v >= 0)
+            jb_view_name(&b, &d->views[v]);
+        else
+            QG__JB_LIT(&b, "null");
         QG__JB_LIT(&b, ",\"message\":");
         qg__jb_str(&b, msg);
         QG__JB_LIT(&b, "},\"retryable\":");
@@ -300,7 +328,7 @@ static void forecast_text(qg__jb *b, const qg_decision *d, int i)
         d->recovery[i][n - 1].remaining_milli >= v->limit_milli)
         full_at = d->recovery[i][n - 1].at_ms;
     QG__JB_LIT(b, "{\"name\":");
-    qg__jb_str(b, v->name);
+    jb_view_name(b, v);
     QG__JB_LIT(b, ",\"full_at\":");
     qg__jb_time(b, full_at);
     QG__JB_LIT(b, ",\"next_recovery\":");

@@ -63,7 +63,7 @@
 #include "json_text.h"
 
 char *qg__json_check(const qg_decision *d, const char *request_id,
-                    const char *unit_name);
+                    const qg_rules *r);
 /* /v1/settle body. */
 char *qg__json_settle(const qg_settle_result *s, const char *request_id);
 /* /v1/usage body of subject, from qg_engine_usage() at now_ms; with

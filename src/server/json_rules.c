@@ -5,22 +5,20 @@
  * json_decref of the root releases everything; a failed allocation
  * anywhere yields NULL at the root.
  *
- * Each plan of /v1/plans carries its "statements": the multiplier lines
- * of `quotagate analyze` (src/analysis, analytic figures only: no
- * simulation on a request's path), in the shape `quotagate pricing
- * --json` gives them (PRODUCT.md section 8), until that command words
- * them itself: every claim of the plan checked against the baseline
- * (kind "window", the claim line analyze prints) and the effective
- * multiplier over the period (kind "effective"). */
+ * Each plan of /v1/plans carries its "statements" and each window its
+ * "text", in the words `quotagate pricing` prints (one phrase builder,
+ * phrase.c: PRODUCT.md section 8). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "analysis.h"
 #include "civil.h"
 #include "fixed.h"
 #include "json_out.h"
 #include "json_text.h"
 #include "rules_diff.h"
+#include "analysis.h"
+#include "phrase.h"
+#include "pricing.h"
 #include "tz.h"
 
 /* A string member, or null when s is NULL. */
@@ -95,9 +93,13 @@ static json_t *window_spec(const qg_rules *r, const qg_window_spec *w)
 
     if (!o)
         return NULL;
+    char text[512];
     rc |= json_object_set_new(o, "name", json_string(w->name));
     rc |= json_object_set_new(o, "type",
                               json_string(qg__json_win_type_name(w->type)));
+    /* the window in pricing's words (phrase.c) */
+    if (qg__phrase_window(r, w, text, sizeof text) >= 0)
+        rc |= json_object_set_new(o, "text", json_string(text));
     rc |= json_object_set_new(o, "limit", qg__json_milli(w->limit_milli));
     rc |= json_object_set_new(o, "unit",
                               json_string(w->unit == QG_UNIT_REQUESTS
@@ -182,13 +184,19 @@ static int windows_members(json_t *o, const qg_rules *r, const char *name,
     return rc ? -1 : 0;
 }
 
-static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
+static json_t *plan_obj(const qg_rules *r, const qg_plan *p,
+                        const qg_analysis *a)
 {
     json_t *o = json_object();
     int rc;
     if (!o)
         return NULL;
     rc = windows_members(o, r, p->name, p->windows, p->nwindows);
+    /* the plan's statements exactly as `quotagate pricing` words them
+     * (the console shows these) */
+    rc |= json_object_set_new(o, "statements",
+                              a ? qg__pricing_statements(r, a, p->index)
+                                : json_array());
     rc |= json_object_set_new(o, "price_usd_month",
                               p->price_micro >= 0
                                   ? qg__json_scaled(p->price_micro, 6)
@@ -199,76 +207,6 @@ static json_t *plan_obj(const qg_rules *r, const qg_plan *p)
         return NULL;
     }
     return o;
-}
-
-/* "3.5x", as analyze prints a multiplier. */
-static const char *times(int64_t milli, char *buf, size_t cap)
-{
-    size_t n = qg_fixed_format(milli, 3, buf, cap);
-    if (n + 2 <= cap) {
-        buf[n] = 'x';
-        buf[n + 1] = '\0';
-    }
-    return buf;
-}
-
-static json_t *statement(const char *kind, int64_t multiplier_milli,
-                         const char *window, const char *text)
-{
-    return json_pack("{s:s, s:o, s:s?, s:s}", "kind", kind, "multiplier",
-                     multiplier_milli >= 0 ? qg__json_milli(multiplier_milli)
-                                           : json_null(),
-                     "window", window, "text", text);
-}
-
-/* The statements of plan p of analysis a (see the top of this file). */
-static json_t *statements_of(const qg_rules *r, const qg_analysis *a,
-                             const qg_an_plan *p)
-{
-    const qg_an_plan *base = &a->plans[a->baseline];
-    const char *unit = r->unit ? r->unit : "weight points";
-    const char *binding = p->binding >= 0 ? p->windows[p->binding].name
-                                          : "none";
-    char text[768], per[32], m[48], v1[48], v2[48];
-    json_t *arr = json_array();
-    int rc = arr ? 0 : -1;
-
-    qg_duration_format(a->period_ms, per, sizeof per);
-    for (int j = 0; !rc && j < p->nclaims; j++) {
-        const qg_an_claim *c = &p->claims[j];
-        snprintf(text, sizeof text, "claim %s vs %s on %s: %s: %s",
-                 times(c->multiplier_milli, m, sizeof m), c->vs, c->window,
-                 !c->ok                ? "NOT REDEEMABLE"
-                 : c->needs_disclosure ? "ok, NEEDS DISCLOSURE"
-                                       : "ok",
-                 c->message);
-        rc |= json_array_append_new(
-            arr, statement("window", c->multiplier_milli, c->window, text));
-    }
-    if (!rc && p->redeemable_milli >= 0) {
-        qg_fixed_format(p->redeemable_milli, 3, v1, sizeof v1);
-        if (p == base)
-            snprintf(text, sizeof text, "the baseline of the multipliers: "
-                     "%s %s redeemable over %s (binding: %s)", v1, unit, per,
-                     binding);
-        else if (p->effective_milli >= 0 && base->redeemable_milli >= 0) {
-            qg_fixed_format(base->redeemable_milli, 3, v2, sizeof v2);
-            snprintf(text, sizeof text, "effective multiplier: %s vs %s "
-                     "over %s: %s vs %s %s redeemable (binding: %s)",
-                     times(p->effective_milli, m, sizeof m), base->name, per,
-                     v1, v2, unit, binding);
-        } else
-            snprintf(text, sizeof text, "redeemable over %s: %s %s "
-                     "(binding: %s)", per, v1, unit, binding);
-        rc |= json_array_append_new(
-            arr, statement("effective", p == base ? 1000 : p->effective_milli,
-                           p->binding >= 0 ? binding : NULL, text));
-    }
-    if (rc) {
-        json_decref(arr);
-        return NULL;
-    }
-    return arr;
 }
 
 static json_t *org_obj(const qg_rules *r, const qg_org_spec *g)
@@ -374,36 +312,28 @@ char *qg__json_plans(const qg_rules *chain, int64_t now)
 
     if (!r)
         r = chain;               /* none in force yet: the first */
+    if (qg__analyze(r, &ao, &a, err, sizeof err) != QG_OK)
+        a = NULL;                    /* no baseline: no statements */
     rc |= json_object_set_new(o, "effective", instant_or_null(r->effective_ms));
     rc |= json_object_set_new(o, "announced", instant_or_null(r->announced_ms));
     rc |= json_object_set_new(o, "changes", str_or_null(r->changes));
     rc |= json_object_set_new(o, "upcoming", upcoming_of(chain, now, NULL,
                                                          NULL));
-
     rc |= json_object_set_new(o, "rules_version", str_or_null(r->version));
+    if (a)
+        rc |= json_object_set_new(o, "baseline",
+                                  json_string(r->plans[a->baseline].name));
     rc |= json_object_set_new(o, "weights_version",
                               str_or_null(r->weights_version));
     rc |= json_object_set_new(o, "unit",
                               json_string(r->unit ? r->unit : "weight points"));
     rc |= json_object_set_new(o, "plans", plans);
     rc |= json_object_set_new(o, "orgs", orgs);
-    /* rules without plans to compare have no statements */
-    if (r->nplans > 0 && qg__analyze(r, &ao, &a, err, sizeof err) != QG_OK)
-        a = NULL;
-    if (a)
-        rc |= json_object_set_new(o, "baseline",
-                                  json_string(a->plans[a->baseline].name));
-    for (int i = 0; !rc && i < r->nplans; i++) {
-        json_t *p = plan_obj(r, &r->plans[i]);
-        rc |= json_array_append_new(plans, p);
-        for (int k = 0; !rc && a && k < a->nplans; k++)
-            if (a->plans[k].index == i)
-                rc |= json_object_set_new(p, "statements",
-                                          statements_of(r, a, &a->plans[k]));
-    }
-    qg__analysis_free(a);
+    for (int i = 0; !rc && i < r->nplans; i++)
+        rc |= json_array_append_new(plans, plan_obj(r, &r->plans[i], a));
     for (int i = 0; !rc && i < r->norgs; i++)
         rc |= json_array_append_new(orgs, org_obj(r, &r->orgs[i]));
+    qg__analysis_free(a);
     if (rc) {
         json_decref(o);
         return NULL;

@@ -67,6 +67,8 @@ static const route routes[] = {
      QG_ROUTE_ADMIN},
     {QG_HTTP_POST, "/v1/admin/reconcile", 0, ADMIN, qg__h_admin_reconcile,
      QG_ROUTE_ADMIN},
+    {QG_HTTP_GET, "/v1/admin/requests/", 1, ADMIN, qg__h_admin_request,
+     QG_ROUTE_ADMIN},
 };
 
 static int path_matches(const route *rt, const char *path)

@@ -5,6 +5,7 @@
  * the restore request that replays it (the rebuilds, reconciliation). */
 #include <stdio.h>
 #include <string.h>
+#include "phrase.h"
 #include "server.h"
 
 void qg__row_copy(char *dst, size_t cap, const char *src)
@@ -31,9 +32,10 @@ void qg__row_of_decision(qg_ledger_row *row, const qg_decision *d,
     qg__row_copy(row->weights_version, sizeof row->weights_version,
                 d->weights_version);
     qg__row_copy(row->model, sizeof row->model, d->model);
-    if (d->binding >= 0)
-        qg__row_copy(row->window, sizeof row->window,
-                    d->views[d->binding].name);
+    if (d->binding >= 0)               /* its one name: "org.NAME" too */
+        qg__phrase_window_name(d->views[d->binding].name,
+                               d->views[d->binding].org, row->window,
+                               sizeof row->window);
     row->decision = d->outcome;
     row->status = d->outcome == QG_ALLOW ? QG_ROW_RESERVED : QG_ROW_REJECTED;
     row->input_tokens = input_tokens;
@@ -80,9 +82,33 @@ void qg__row_of_settle(qg_ledger_row *row, const char *rid,
                        now_ms);
 }
 
+const char *qg__engine_error_hint(qg_server *s, int rc, const char *msg,
+                                  char *buf, size_t cap)
+{
+    const qg_rules *rules = qg_engine_rules(s->engine);
+    size_t n;
+    if (rc == QG_ENOSUBJECT) {
+        snprintf(buf, cap, "%s; a subject is created with POST "
+                 "/v1/admin/subjects (admin key) or listed under subjects: "
+                 "in the rules, and with default_plan: any subject is "
+                 "decided on that plan", msg ? msg : "unknown subject");
+        return buf;
+    }
+    if (rc != QG_EMODEL || !rules)
+        return msg;
+    n = (size_t)snprintf(buf, cap, "%s; the models of the rules (weights "
+                         "%s) are:", msg ? msg : "unknown model",
+                         rules->weights_version ? rules->weights_version : "");
+    for (int i = 0; i < rules->nmodels && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s %s", i ? "," : "",
+                              rules->models[i].name);
+    return buf;
+}
+
 void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg)
 {
+    char hint[1024];
     static const struct {
         int rc, status;
         const char *type;
@@ -99,7 +125,9 @@ void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (map[i].rc == rc) {
-            qg__reply_error(s, r, map[i].status, map[i].type, msg);
+            qg__reply_error(s, r, map[i].status, map[i].type,
+                            qg__engine_error_hint(s, rc, msg, hint,
+                                                  sizeof hint));
             return;
         }
     qg__reply_error(s, r, 500, "internal_error", msg);

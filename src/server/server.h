@@ -11,6 +11,7 @@
 #include "http.h"
 #include "ledger.h"
 #include "quotagate.h"
+#include <jansson.h>
 
 typedef struct qg_metrics qg_metrics;
 typedef struct qg_auth qg_auth;
@@ -62,6 +63,16 @@ typedef struct qg_server {
  * docs/reconcile.md): blocks for the run (never call it on a worker);
  * counts it in the metrics and logs a warning per drifted window.
  * Returns as qg__reconcile (src/core/reconcile.h). */
+/* One request's charge from the ledger, the explain JSON (explain.c,
+ * PRODUCT.md 8): the rules read again from rules_path, the subject's and
+ * its org's rows before it replayed into a fresh engine.  0 with *out
+ * (caller owns it), QG_ENOTFOUND (no such request), QG_ERULES, QG_EINVAL
+ * (the row's plan or org is not in the rules), QG_EIO, QG_ENOMEM; err
+ * says why.  Blocks for the ledger reads. */
+int qg__explain(qg_ledger *l, const char *rules_path, const char *request_id,
+                json_t **out, char *err, size_t errcap);
+void qg__h_admin_request(qg_server *s, qg_http_req *r, const char *subject);
+
 int qg__server_reconcile(qg_server *s, const char *subject, int repair,
                          qg_reconcile_report **out, char *err, size_t errcap);
 /* The reconciler (reconciler.c): a thread of its own that runs the rules'
@@ -155,6 +166,10 @@ void qg__row_restore_req(const qg_ledger_row *row, qg_restore_req *rr);
 /* A restore request against the bounds: 0 as is, 1 clamped, -1 skip; why
  * says what (rows.c). */
 int qg__row_in_bounds(qg_restore_req *rr, char *why, size_t cap);
+/* msg with what helps next: an unknown subject says how subjects are
+ * created, an unknown model lists the models (buf, or msg itself). */
+const char *qg__engine_error_hint(qg_server *s, int rc, const char *msg,
+                                  char *buf, size_t cap);
 void qg__reply_engine_error(qg_server *s, qg_http_req *r, int rc,
                            const char *msg);
 

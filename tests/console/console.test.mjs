@@ -270,7 +270,7 @@ test('the admin key opens the org and sees its members', { timeout: 60000 }, asy
   assert.deepEqual(api.members.map((m) => m.subject), expected);
   const shown = await page.locator('[data-member]').evaluateAll((els) => els.map((e) => e.dataset.member));
   assert.deepEqual(shown, expected);
-  assert.ok(api.windows.some((w) => w.name === 'monthly'), JSON.stringify(api));
+  assert.ok(api.windows.some((w) => w.name === 'org.monthly'), JSON.stringify(api));
   for (const v of api.windows) {
     const card = page.locator(`[data-window="${v.name}"]`);
     for (const field of ['used', 'limit', 'remaining'])
@@ -279,7 +279,7 @@ test('the admin key opens the org and sees its members', { timeout: 60000 }, asy
   // the org's monthly window counts both members' usage
   const used = await Promise.all(MEMBERS.map(async (m) =>
     (await ok('GET', `/v1/usage/${m}`, ADMIN_KEY)).windows.find((w) => w.name === 'burst_5h').used));
-  assert.equal(api.windows.find((w) => w.name === 'monthly').used, used[0] + used[1]);
+  assert.equal(api.windows.find((w) => w.name === 'org.monthly').used, used[0] + used[1]);
   // a member opens from the org's list
   await page.click(`[data-member="${MEMBERS[1]}"] a`);
   await page.waitForFunction((s) => document.querySelector('#view[data-ready] h1')?.textContent === s, MEMBERS[1]);

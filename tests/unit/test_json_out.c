@@ -145,7 +145,7 @@ static void test_check_allow(void **state)
     (void)state;
     sample(&d);
     d.replayed = 1;
-    char *text = qg__json_check(&d, "req-1", "weight points");
+    char *text = qg__json_check(&d, "req-1", NULL);
     assert_non_null(strstr(text, "\"weight\":16.5,"));
     json_t *j = parse(text);
     assert_string_equal(str(j, "decision"), "allow");
@@ -169,7 +169,8 @@ static void test_check_allow(void **state)
                  "2026-03-09T00:00:00Z");
     check_window(json_array_get(w, 2), "rpm", "member", "rate", "requests",
                  20000, 1000, 19000, "2026-03-02T10:00:03Z");
-    check_window(json_array_get(w, 3), "monthly", "org", "calendar",
+    /* an org's window has one name: "org.NAME" (docs/api.md) */
+    check_window(json_array_get(w, 3), "org.monthly", "org", "calendar",
                  "weight points", 100000000, 0, 100000000, NULL);
     json_decref(j);
 
@@ -199,7 +200,7 @@ static void test_check_reject(void **state)
     d.nrecovery[1] = 1;
     d.recovery[1][0] = (qg_recovery_point){NEXT_MONDAY_MS, 400000};
 
-    char *text = qg__json_check(&d, "req-3", "weight points");
+    char *text = qg__json_check(&d, "req-3", NULL);
     assert_non_null(strstr(text, "\"retry_after_s\":568800,"));
     json_t *j = parse(text);
     assert_string_equal(str(j, "decision"), "reject");
@@ -230,7 +231,7 @@ static void test_check_reject(void **state)
     d.binding = 2;
     d.views[2].used_milli = 20000;
     d.retry_after_ms = 3000;
-    j = parse(qg__json_check(&d, "req-3", "weight points"));
+    j = parse(qg__json_check(&d, "req-3", NULL));
     assert_string_equal(str(json_object_get(j, "error"), "message"),
                         "rpm limit reached: 20 of 20 requests used; this "
                         "request fits again at 2026-03-02T10:00:03Z");
@@ -239,7 +240,7 @@ static void test_check_reject(void **state)
 
     /* a retry_after with milliseconds keeps them */
     d.retry_after_ms = 59765;
-    text = qg__json_check(&d, "req-3", "weight points");
+    text = qg__json_check(&d, "req-3", NULL);
     assert_non_null(strstr(text, "\"retry_after_s\":59.765,"));
     free(text);
 }
@@ -257,7 +258,7 @@ static void test_check_payg(void **state)
     d.spent_micro = 125000;
     d.spending_cap_micro = 0;
     d.cap_period_end_ms = NEXT_MONDAY_MS;
-    json_t *j = parse(qg__json_check(&d, "p-1", "weight points"));
+    json_t *j = parse(qg__json_check(&d, "p-1", NULL));
     json_t *o = json_object_get(j, "overage");
     assert_non_null(o);
     assert_string_equal(str(o, "policy"), "payg");
@@ -272,7 +273,7 @@ static void test_check_payg(void **state)
 
     /* no window lifted: no overage object */
     d.headroom_milli = -1;
-    j = parse(qg__json_check(&d, "p-2", "weight points"));
+    j = parse(qg__json_check(&d, "p-2", NULL));
     assert_null(json_object_get(j, "overage"));
     json_decref(j);
 
@@ -284,7 +285,7 @@ static void test_check_payg(void **state)
     d.spent_micro = 4990000;
     d.spending_cap_micro = 5000000;
     d.retry_after_ms = 1233500;
-    j = parse(qg__json_check(&d, "p-3", "weight points"));
+    j = parse(qg__json_check(&d, "p-3", NULL));
     json_t *e = json_object_get(j, "error");
     assert_string_equal(str(e, "type"), "spending_cap_reached");
     assert_string_equal(str(e, "window"), "burst_5h");
@@ -307,7 +308,7 @@ static void test_check_never(void **state)
     d.outcome = QG_REJECT_NEVER;
     d.weight_milli = 60000;
     d.binding = 0;
-    json_t *j = parse(qg__json_check(&d, "big", "weight points"));
+    json_t *j = parse(qg__json_check(&d, "big", NULL));
     json_t *e = json_object_get(j, "error");
     assert_string_equal(str(j, "decision"), "reject");
     assert_string_equal(str(e, "type"), "request_too_large_for_plan");
@@ -322,7 +323,7 @@ static void test_check_never(void **state)
 
     /* without a binding index, the window under the weight is named */
     d.binding = -1;
-    j = parse(qg__json_check(&d, "big", "weight points"));
+    j = parse(qg__json_check(&d, "big", NULL));
     assert_string_equal(str(json_object_get(j, "error"), "window"),
                         "burst_5h");
     json_decref(j);

@@ -355,6 +355,7 @@ static void test_write_failure_recovers(void **state)
 static void test_damaged_ledger_message(void **state)
 {
     const char *db, *log, *sub;
+    long long last_leaf = 0;
     char page[4096];
     struct stat sb;
     int fd, i;
@@ -365,26 +366,26 @@ static void test_damaged_ledger_message(void **state)
         WANT(check_w(sub, tst_uid("dmg"), 0), 200, "check");
     assert_int_equal(qgproc_stop(&P, 20000), 0);  /* checkpointed */
     db = tst_fmt("%s/ledger.db", P.data);
-    /* the last page of the requests table (the rebuild reads it; since
-     * schema 5 the history's rollup and index have pages of their own
-     * among the table's, found with SQLite's dbstat table) */
-    sqlite3 *sq;
-    sqlite3_stmt *st;
-    long long pageno = 0;
-    assert_int_equal(sqlite3_open(db, &sq), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(sq, "SELECT max(pageno) FROM dbstat"
-                                        " WHERE name = 'requests'", -1, &st,
-                                        NULL), SQLITE_OK);
-    if (sqlite3_step(st) == SQLITE_ROW)
-        pageno = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(sq);
-    assert_true(pageno > 1);
+    /* the last leaf page of the requests table (its indexes have pages of
+     * their own, which a start does not read), found with dbstat */
+    {
+        sqlite3 *h;
+        sqlite3_stmt *st;
+        if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
+            sqlite3_prepare_v2(h, "SELECT max(pageno) FROM dbstat WHERE "
+                               "name = 'requests' AND pagetype = 'leaf'", -1,
+                               &st, NULL) != SQLITE_OK ||
+            sqlite3_step(st) != SQLITE_ROW)
+            fail_msg("cannot find the rows' pages of %s: %s", db,
+                     sqlite3_errmsg(h));
+        last_leaf = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+    }
     memset(page, 0x5a, sizeof page);
     if ((fd = open(db, O_WRONLY)) < 0 || fstat(fd, &sb) != 0 ||
-        sb.st_size < 8 * 4096 ||
-        pwrite(fd, page, sizeof page, (off_t)(pageno - 1) * 4096) !=
-            sizeof page)
+        sb.st_size < 8 * 4096 || last_leaf < 2 ||
+        pwrite(fd, page, sizeof page, (last_leaf - 1) * 4096) != sizeof page)
         fail_msg("cannot damage %s: %s", db, strerror(errno));
     close(fd);
     if (qgproc_restart(&P) == 0)
