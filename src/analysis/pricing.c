@@ -139,27 +139,33 @@ static json_t *weights_json(const qg_rules *r)
     return ws;
 }
 
-/* The upcoming changes the rules carry: a version not yet in force at
- * at_ms (its effective instant later).  A file of several versions
- * (PRODUCT.md 8, "Versions over time") lists each; a single document has
- * at most itself. */
-static json_t *changes_json(const qg_rules *r, int64_t at_ms)
+/* The upcoming changes the rules carry: every version of the chain whose
+ * effective instant comes after at_ms (PRODUCT.md 8, "Versions over
+ * time"), in order, with its announcement and its `changes` text. */
+static json_t *changes_json(const qg_rules *chain, int64_t at_ms)
 {
     json_t *ch = json_array();
     char eff[40], ann[40];
-    if (r->effective_ms > at_ms) {
-        qg_iso8601_format(r->effective_ms, eff, sizeof eff);
-        qg_iso8601_format(r->announced_ms, ann, sizeof ann);
+    for (const qg_rules *v = chain; v; v = qg_rules_next(v)) {
+        if (v->effective_ms <= at_ms)
+            continue;
+        qg_iso8601_format(v->effective_ms, eff, sizeof eff);
+        qg_iso8601_format(v->announced_ms, ann, sizeof ann);
         json_array_append_new(ch, json_pack(
-            "{s:s, s:s, s:o}", "version", r->version, "effective", eff,
-            "announced", r->announced_ms ? json_string(ann) : json_null()));
+            "{s:s, s:s, s:o, s:o}", "version", v->version, "effective", eff,
+            "announced", v->announced_ms ? json_string(ann) : json_null(),
+            "changes", v->changes ? json_string(v->changes) : json_null()));
     }
     return ch;
 }
 
-int qg__pricing(const qg_rules *r, const char *baseline, int64_t at_ms,
+int qg__pricing(const qg_rules *chain, const char *baseline, int64_t at_ms,
                 json_t **out, char *err, size_t errcap)
 {
+    /* the page of the version in force at at_ms (before the first
+     * version's instant: the first, which is what comes) */
+    const qg_rules *r = qg_rules_at(chain, at_ms) ? qg_rules_at(chain, at_ms)
+                                                  : chain;
     qg_analyze_opts o = {baseline, 0, 0, NULL, NULL};
     qg_analysis *a = NULL;
     json_t *plans, *root;
@@ -185,7 +191,7 @@ int qg__pricing(const qg_rules *r, const char *baseline, int64_t at_ms,
                      "rule_version", qg_rules_version(r), "period_s",
                      (json_int_t)(a->period_ms / 1000), "plans", plans,
                      "weights", weights_json(r), "changes",
-                     changes_json(r, at_ms));
+                     changes_json(chain, at_ms));
     qg__analysis_free(a);
     if (!root) {
         snprintf(err, errcap, "out of memory");

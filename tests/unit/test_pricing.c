@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "httpc.h"
 #include "qgproc.h"
@@ -284,6 +285,62 @@ static void test_one_phrase_everywhere(void **state)
     assert_int_equal(qgproc_finish(&p), 0);
 }
 
+/* --at across the versions of one file (PRODUCT.md 8): before v2's
+ * instant the page is v1's and lists v2 with its date and words; at it,
+ * the page is v2's (its lower limit in the window's text) and lists
+ * nothing upcoming. */
+static void test_at_across_versions(void **state)
+{
+    char path[] = "/tmp/qgpricing.XXXXXX";
+    int fd = mkstemp(path);
+    static const char text[] =
+        "version: \"v1\"\n"
+        "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+        "  models:\n    light: { per_request: 1 }\n"
+        "plans:\n  basic:\n    windows:\n"
+        "      - { name: burst, type: rolling, length: 1h, limit: 10 }\n"
+        "---\n"
+        "version: \"v2\"\n"
+        "effective: \"2027-01-15T00:00:00Z\"\n"
+        "announced: \"2026-12-01T00:00:00Z\"\n"
+        "notice: 30d\n"
+        "changes: \"basic: burst lowered from 10 to 4\"\n"
+        "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+        "  models:\n    light: { per_request: 1 }\n"
+        "plans:\n  basic:\n    windows:\n"
+        "      - { name: burst, type: rolling, length: 1h, limit: 4 }\n";
+    tst_cli_result r;
+    json_t *j, *ch, *w;
+    (void)state;
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    r = run_ok(tst_cli_run("pricing", "-c", path, "--format", "json", "--at",
+                           "2027-01-14T23:59:59Z", NULL), "pricing --at before");
+    j = parse_out(&r, "pricing before");
+    assert_string_equal(tst_jstr(j, "rule_version", "before"), "v1");
+    ch = json_object_get(j, "changes");
+    assert_int_equal(json_array_size(ch), 1);
+    assert_string_equal(tst_jstr(json_array_get(ch, 0), "version", "change"),
+                        "v2");
+    assert_string_equal(tst_jstr(json_array_get(ch, 0), "effective", "change"),
+                        "2027-01-15T00:00:00Z");
+    assert_string_equal(tst_jstr(json_array_get(ch, 0), "changes", "change"),
+                        "basic: burst lowered from 10 to 4");
+    w = json_array_get(json_object_get(json_array_get(json_object_get(j,
+                       "plans"), 0), "windows"), 0);
+    assert_true(num(w, "limit") == 10);
+    r = run_ok(tst_cli_run("pricing", "-c", path, "--format", "json", "--at",
+                           "2027-01-15T00:00:00Z", NULL), "pricing --at after");
+    j = parse_out(&r, "pricing after");
+    assert_string_equal(tst_jstr(j, "rule_version", "after"), "v2");
+    assert_int_equal(json_array_size(json_object_get(j, "changes")), 0);
+    w = json_array_get(json_object_get(json_array_get(json_object_get(j,
+                       "plans"), 0), "windows"), 0);
+    assert_true(num(w, "limit") == 4);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +348,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pages_say_the_json, gc_teardown),
         cmocka_unit_test_teardown(test_docs_pricing_current, gc_teardown),
         cmocka_unit_test_teardown(test_one_phrase_everywhere, gc_teardown),
+        cmocka_unit_test_teardown(test_at_across_versions, gc_teardown),
     };
     return cmocka_run_group_tests_name("pricing", tests, setup, NULL);
 }
