@@ -341,7 +341,9 @@ int qg__explain(qg_ledger *l, const char *rules_path, const char *request_id,
         goto done;
     }
     {
-        const qg_rules *r = qg_engine_rules(e);
+        /* the version in force at the decision (PRODUCT.md 8): its
+         * coefficients, units and name are what the row was decided by */
+        const qg_rules *r = qg_engine_rules_at(e, row.created_ms);
         j = json_object();
         json_object_set_new(j, "request_id", json_string(row.request_id));
         json_object_set_new(j, "subject", json_string(row.subject));
