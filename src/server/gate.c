@@ -252,7 +252,7 @@ int qg__row_status_of(qg_settle_status st)
  * subject (and the model, for token counts). */
 static int recover(qg_server *s, qg__settle *st)
 {
-    const qg_rules *rules = qg_engine_rules(s->engine);
+    const qg_rules *rules = qg_engine_rules_at(s->engine, st->now_ms);
     const qg_settle_req *q = &st->req;
     qg_ledger_row *row = &st->row;
     qg_restore_req rr;
@@ -335,7 +335,7 @@ static void settled_views(void *ud, int rc)
 static void notify_settled(qg_server *s, int worker, const char *subject,
                            int64_t now_ms)
 {
-    const qg_rules *r = qg_engine_rules(s->engine);
+    const qg_rules *r = qg_engine_rules_at(s->engine, now_ms);
     settled_usage *u;
     int rc;
     if (!s->notify || r->notify.nwebhooks == 0 || !subject || !subject[0] ||

@@ -39,7 +39,8 @@ static void check_decided(qg__admit *a, void *ud)
         qg__gate_headers(s, a, &hb);
         qg__reply_json(s, r, a->d.outcome == QG_ALLOW ? 200 : 429,
                        qg__json_check(&a->d, a->req.request_id,
-                                      qg_engine_rules(s->engine)),
+                                      qg_engine_rules_at(s->engine,
+                                                         a->now_ms)),
                        hb.h, hb.n);
     }
     free(a);

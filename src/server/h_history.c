@@ -217,7 +217,8 @@ static void window_names(const qg_decision *d, char *buf, size_t cap)
 static void answer_history(hist_call *c)
 {
     qg_server *s = c->s;
-    const qg_rules *rules = qg_engine_rules(s->engine);
+    /* the windows of the version in force now */
+    const qg_rules *rules = qg_engine_rules_at(s->engine, c->now);
     const char *name = qg__query_get(&c->q, "window");
     const char *bucket = qg__query_get(&c->q, "bucket");
     const qg_window_spec *w;

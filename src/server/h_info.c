@@ -153,7 +153,8 @@ void qg__h_healthz(qg_server *s, qg_http_req *r, const char *caller)
                   "ledger_state", ls.spooling  ? "spooling"
                                   : ls.failing ? "errors"
                                                : "ok",
-                  "rules_version", qg_rules_version(qg_engine_rules(s->engine)),
+                  "rules_version", qg_rules_version(qg_engine_rules_at(
+                                       s->engine, qg__server_now(s))),
                   "ledger_queue", (json_int_t)ls.queued,
                   "ledger_errors", (json_int_t)ls.errors,
                   "subjects", (json_int_t)st.subjects,

@@ -147,7 +147,7 @@ static void px_refuse(qg__px *p, const qg__admit *a, int queue_full,
         json = qg__json_error("queue_full", msg);
     } else {
         json = qg__json_check(&a->d, p->rid,
-                              qg_engine_rules(s->engine));
+                              qg_engine_rules_at(s->engine, a->now_ms));
     }
     for (int i = 0; i < p->hb.n; i++)
         h[n++] = p->hb.h[i];
@@ -177,7 +177,7 @@ static void px_downgraded(qg__admit *b, void *ud)
 {
     qg__px *p = ud;
     px_adm *x = (px_adm *)((char *)b - offsetof(px_adm, b));
-    const qg_rules *rules = qg_engine_rules(p->s->engine);
+    const qg_rules *rules = qg_engine_rules_at(p->s->engine, b->now_ms);
     char err[QG_GATE_ERRCAP];
     if (b->rc != QG_OK || b->d.replayed || b->d.outcome != QG_ALLOW) {
         px_conclude(p, x, &x->a);
@@ -202,7 +202,7 @@ static void px_decided(qg__admit *a, void *ud)
     px_adm *x = (px_adm *)((char *)a - offsetof(px_adm, a));
     qg_server *s = p->s;
     qg_http_req *r = p->r;
-    const qg_rules *rules = qg_engine_rules(s->engine);
+    const qg_rules *rules = qg_engine_rules_at(s->engine, a->now_ms);
     char err[QG_GATE_ERRCAP];
 
     if (a->rc == QG_ERANGE && p->info.max_output_tokens > QG_TOKENS_MAX)
@@ -248,7 +248,8 @@ static void px_admit(qg__px *p)
 {
     qg_server *s = p->s;
     qg_http_req *r = p->r;
-    const qg_rules *rules = qg_engine_rules(s->engine);
+    /* the version in force now: its models and their upstreams */
+    const qg_rules *rules = qg_engine_rules_at(s->engine, qg__server_now(s));
     char err[QG_GATE_ERRCAP];
     px_adm *x;
     int m;

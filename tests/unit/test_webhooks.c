@@ -635,6 +635,10 @@ static void test_receiver_fails_then_down_then_back(void **state)
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT attempts FROM webhook_outbox WHERE"
              " id = '%s' AND state = 1", id);
+    /* the receiver has it; the sender marks it delivered right after
+     * (its own transaction): wait for that, bounded */
+    for (int i = 0; i < 200 && sq_value(&p, sql) < 1; i++)
+        usleep(50000);
     assert_true(sq_value(&p, sql) >= 1);
     assert_int_equal(metric(qgproc_port(&p), "quotagate_webhook_deliveries_"
                                              "total{outcome=\"rejected\"}"),
