@@ -33,6 +33,7 @@
 #include <xxhash.h>
 
 #include "crossing.h"
+#include "phrase.h"
 #include "json_text.h"
 #include "ledger.h"
 #include "notify.h"
@@ -277,7 +278,8 @@ void qg__notify_decision(qg__notify *n, const qg_rules *r,
         copy(c.subject, sizeof c.subject, subject);
         copy(c.org, sizeof c.org, d->org);
         copy(c.plan, sizeof c.plan, d->plan);
-        copy(c.window, sizeof c.window, v->name);
+        /* the window's one name (phrase.c): "org.NAME" for an org's */
+        qg__phrase_window_name(v->name, v->org, c.window, sizeof c.window);
         copy(c.unit, sizeof c.unit, qg__json_unit_of(v, r->unit));
         c.used_milli = v->used_milli;
         c.limit_milli = v->limit_milli;
