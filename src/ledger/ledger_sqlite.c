@@ -43,15 +43,10 @@
 
 #include "quotagate.h"
 #include "ledger.h"
+#include "ledger_sqlite.h"
 
 /* ------------------------------------------------------------- schema */
 
-#define ROW_COLS \
-    "request_id, subject, org, plan, rules_version, weights_version, model," \
-    " \"window\", decision, status, estimated, input_tokens, output_tokens," \
-    " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
-    " overage_price_micro, overage_cost_micro, headroom_milli, detail," \
-    " fallback"
 
 /* A row once written is changed only by its own request: a whole row
  * (a decision) replaces only a refusal of the same subject (a refused
@@ -124,7 +119,6 @@ static const char sql_scan_entity[] =
 static const char sql_get[] =
     "SELECT " ROW_COLS " FROM requests WHERE request_id = ?1";
 
-#include "ledger_sqlite.h"
 
 static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
 {
@@ -156,7 +150,7 @@ static int bind_row(sqlite3_stmt *st, const qg_ledger_row *r)
     return rc;
 }
 
-static void read_row(sqlite3_stmt *st, qg_ledger_row *r)
+void qg__sq_read_row(sqlite3_stmt *st, qg_ledger_row *r)
 {
     COL_STR(st, 0, r->request_id);
     COL_STR(st, 1, r->subject);
@@ -416,7 +410,7 @@ static int sq_scan(void *b, int64_t since_ms,
     pthread_mutex_lock(&s->scan_mu);
     sqlite3_bind_int64(s->scan_st, 1, since_ms);
     while ((rc = sqlite3_step(s->scan_st)) == SQLITE_ROW) {
-        read_row(s->scan_st, &r);
+        qg__sq_read_row(s->scan_st, &r);
         if ((out = fn(&r, ud)) != 0)
             break;
     }
@@ -451,7 +445,7 @@ static int sq_scan_entity(void *b, const char *subject, const char *org,
     sqlite3_bind_int64(st, 4, until_ms);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         memset(&r, 0, sizeof r);
-        read_row(st, &r);
+        qg__sq_read_row(st, &r);
         if ((out = fn(&r, ud)) != 0)
             break;
     }
@@ -473,7 +467,7 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
     rc = sqlite3_step(s->get_st);
     if (rc == SQLITE_ROW) {
         memset(out, 0, sizeof *out);
-        read_row(s->get_st, out);
+        qg__sq_read_row(s->get_st, out);
         rc = QG_OK;
     } else if (rc == SQLITE_DONE) {
         rc = QG_ENOTFOUND;

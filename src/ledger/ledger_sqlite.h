@@ -97,6 +97,16 @@ static inline void qg__sq_col_text(sqlite3_stmt *st, int i, char *dst,
 
 #define COL_STR(st, i, field) qg__sq_col_text(st, i, field, sizeof(field))
 
+/* The requests table's columns in the order every statement reads and
+ * binds them, and a row read back from a statement that selected them. */
+#define ROW_COLS \
+    "request_id, subject, org, plan, rules_version, weights_version, model," \
+    " \"window\", decision, status, estimated, input_tokens, output_tokens," \
+    " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
+    " overage_price_micro, overage_cost_micro, headroom_milli, detail," \
+    " fallback"
+void qg__sq_read_row(sqlite3_stmt *st, qg_ledger_row *r);
+
 /* Remember why a read on db failed (stats' last_read_error). */
 void qg__sq_read_failed(qg__sq *s, sqlite3 *db);
 

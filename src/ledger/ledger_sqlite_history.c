@@ -22,12 +22,6 @@
 
 #include "ledger_sqlite.h"
 
-#define ROW_COLS \
-    "request_id, subject, org, plan, rules_version, weights_version, model," \
-    " \"window\", decision, status, estimated, input_tokens, output_tokens," \
-    " reserved_milli, weight_milli, created_ms, settled_ms, overage_milli," \
-    " overage_price_micro, overage_cost_micro, headroom_milli, detail," \
-    " fallback"
 
 static const char sql_slots[] =
     "SELECT slot_ms, model, weight_milli, admitted, requests, refused"
@@ -149,36 +143,13 @@ typedef struct latest_ud {
     qg_ledger_row row;
 } latest_ud;
 
-/* Columns in ROW_COLS order, as ledger_sqlite.c reads them. */
+/* A row in ROW_COLS order (ledger_sqlite.h), to the caller's fn. */
 static int latest_row(sqlite3_stmt *st, void *ud)
 {
     latest_ud *u = ud;
-    qg_ledger_row *r = &u->row;
-    memset(r, 0, sizeof *r);
-    COL_STR(st, 0, r->request_id);
-    COL_STR(st, 1, r->subject);
-    COL_STR(st, 2, r->org);
-    COL_STR(st, 3, r->plan);
-    COL_STR(st, 4, r->rules_version);
-    COL_STR(st, 5, r->weights_version);
-    COL_STR(st, 6, r->model);
-    COL_STR(st, 7, r->window);
-    r->decision = sqlite3_column_int(st, 8);
-    r->status = sqlite3_column_int(st, 9);
-    r->estimated = sqlite3_column_int(st, 10);
-    r->input_tokens = sqlite3_column_int64(st, 11);
-    r->output_tokens = sqlite3_column_int64(st, 12);
-    r->reserved_milli = sqlite3_column_int64(st, 13);
-    r->weight_milli = sqlite3_column_int64(st, 14);
-    r->created_ms = sqlite3_column_int64(st, 15);
-    r->settled_ms = sqlite3_column_int64(st, 16);
-    r->overage_milli = sqlite3_column_int64(st, 17);
-    r->overage_price_micro = sqlite3_column_int64(st, 18);
-    r->overage_cost_micro = sqlite3_column_int64(st, 19);
-    r->headroom_milli = sqlite3_column_int64(st, 20);
-    COL_STR(st, 21, r->detail);
-    r->fallback = sqlite3_column_int(st, 22);
-    return u->fn(r, u->ud);
+    memset(&u->row, 0, sizeof u->row);
+    qg__sq_read_row(st, &u->row);
+    return u->fn(&u->row, u->ud);
 }
 
 static int sq_latest(void *b, const char *subject, int64_t before_ms,
