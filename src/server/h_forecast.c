@@ -8,30 +8,8 @@
 #include "forecast.h"
 #include "pace.h"
 #include "rules.h"
+#include "headers.h"
 #include "server.h"
-
-/* The spec of view i: views list the member's plan windows, then its
- * org's, in the rules' order; matched by name and scope. */
-static const qg_window_spec *view_spec(const qg_rules *r,
-                                       const qg_decision *d,
-                                       const qg_window_view *v)
-{
-    int p = d->plan ? qg__rules_find_plan(r, d->plan) : -1;
-    int o = d->org ? qg__rules_find_org(r, d->org) : -1;
-    const qg_window_spec *w = NULL;
-    int n = 0;
-    if (!v->org && p >= 0) {
-        w = r->plans[p].windows;
-        n = r->plans[p].nwindows;
-    } else if (v->org && o >= 0) {
-        w = r->orgs[o].windows;
-        n = r->orgs[o].nwindows;
-    }
-    for (int i = 0; i < n; i++)
-        if (strcmp(w[i].name, v->name) == 0)
-            return &w[i];
-    return NULL;
-}
 
 void qg__usage_forecasts(qg_server *s, const qg_rules *rules,
                          const qg_decision *d, const char *subject,
@@ -41,7 +19,7 @@ void qg__usage_forecasts(qg_server *s, const qg_rules *rules,
     int have = qg__pace_get(s->pace, s->ledger, subject,
                             rules->forecast_basis_ms, now_ms, &ps) == QG_OK;
     for (int i = 0; i < d->nviews; i++) {
-        const qg_window_spec *w = view_spec(rules, d, &d->views[i]);
+        const qg_window_spec *w = qg__view_spec(rules, d, &d->views[i]);
         int n = d->nrecovery[i] > QG_MAX_RECOVERY ? QG_MAX_RECOVERY
                                                   : d->nrecovery[i];
         int64_t basis = have ? ps.at_ms - ps.from_ms

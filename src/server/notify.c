@@ -37,6 +37,7 @@
 #include "json_text.h"
 #include "ledger.h"
 #include "notify.h"
+#include "headers.h"
 #include "server.h"
 
 #define SEEN_SLOTS 65536u
@@ -163,24 +164,6 @@ static uint64_t key_hash(const char *owner_prefix, const char *owner,
                                                             : sizeof key);
 }
 
-/* The window spec behind view i of d (plan windows, then the org's). */
-static const qg_window_spec *view_spec(const qg_rules *r,
-                                       const qg_decision *d,
-                                       const qg_window_view *v)
-{
-    if (v->org) {
-        int o = d->org ? qg__rules_find_org(r, d->org) : -1;
-        if (o < 0)
-            return NULL;
-        for (int i = 0; i < r->orgs[o].nwindows; i++)
-            if (strcmp(r->orgs[o].windows[i].name, v->name) == 0)
-                return &r->orgs[o].windows[i];
-        return NULL;
-    }
-    int p = qg__rules_find_plan(r, d->plan);
-    return p < 0 ? NULL : qg__plan_find_window(&r->plans[p], v->name);
-}
-
 static void push(qg__notify *n, const crossing *c)
 {
     pthread_mutex_lock(&n->mu);
@@ -252,7 +235,7 @@ void qg__notify_decision(qg__notify *n, const qg_rules *r,
                 continue;
         }
         if (judge && v->used_milli > 0) {
-            const qg_window_spec *w = view_spec(r, d, v);
+            const qg_window_spec *w = qg__view_spec(r, d, v);
             int64_t start = w ? qg__crossing_start(w, d->anchor_ms, now_ms,
                                                    v->reset_at_ms) : -1;
             if (start >= 0) {
