@@ -319,6 +319,30 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     out->backend = l->be->name;
 }
 
+int qg__ledger_catch_up(qg_ledger *l, int max_ms)
+{
+    uint64_t target;
+    if (!l)
+        return QG_EINVAL;
+    pthread_mutex_lock(&l->mu);
+    target = l->st.rows_written + l->st.rows_lost + l->st.rows_failed +
+             l->st.rows_spooled + l->qlen + l->inflight;
+    pthread_mutex_unlock(&l->mu);
+    for (int waited = 0;; waited += 2) {
+        struct timespec ts = {0, 2000000};
+        uint64_t done;
+        pthread_mutex_lock(&l->mu);
+        done = l->st.rows_written + l->st.rows_lost + l->st.rows_failed +
+               l->st.rows_spooled;
+        pthread_mutex_unlock(&l->mu);
+        if (done >= target)
+            return QG_OK;
+        if (waited >= max_ms)
+            return QG_EIO;
+        nanosleep(&ts, NULL);
+    }
+}
+
 int qg__ledger_refusing(qg_ledger *l)
 {
     return l && atomic_load_explicit(&l->refusing, memory_order_relaxed);

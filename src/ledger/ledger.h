@@ -256,6 +256,11 @@ size_t qg__ledger_queued(qg_ledger *l);
  * server refuses it (503 ledger_unavailable). */
 int qg__ledger_refusing(qg_ledger *l);
 
+/* Wait (at most max_ms) until every row queued at the call is written,
+ * spooled or given up, so that a scan that follows reads them: QG_OK, or
+ * QG_EIO when the writer is still behind. */
+int qg__ledger_catch_up(qg_ledger *l, int max_ms);
+
 /* 1 when other processes write to the same ledger at the same time
  * (PostgreSQL): subjects and keys may change under this process. */
 int qg__ledger_shared(qg_ledger *l);

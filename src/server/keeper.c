@@ -145,6 +145,12 @@ static int rebuild(qg__keeper *k)
     fprintf(stderr, "quotagate: store: the data set was lost (qg:epoch "
             "changed): rebuilding the counters from the ledger; decisions "
             "are local meanwhile\n");
+    /* rows admitted a moment ago may still wait in the writer's queue:
+     * the store must get them too, or it would hold less than was
+     * admitted (PRODUCT.md 5.1 point 5) */
+    if (qg__ledger_catch_up(s->ledger, 5000) != QG_OK)
+        fprintf(stderr, "quotagate: store: the ledger's writer is more than "
+                "5 s behind: the rebuild reads what is written\n");
     if ((rc = qg__ledger_scan(s->ledger, since, restore_row, s)) != QG_OK)
         return rc;
     if ((rc = qg_store_redis_accept_loss(s->store)) != QG_OK)
