@@ -87,29 +87,21 @@ static int src_catch_up(void *ud, char *err, size_t errcap)
 {
     src_ctx *c = ud;
     qg_ledger_stats st;
-    uint64_t target;
     if (c->outside) {
         if (c->catch_ups++ > 0)
             sleep_ms(OUTSIDE_PAUSE_MS);
         return QG_OK;
     }
+    if (qg__ledger_catch_up(c->ledger, CATCH_UP_MAX_MS) == QG_OK)
+        return QG_OK;
     qg__ledger_stats_get(c->ledger, &st);
-    target = st.rows_written + st.rows_lost + st.rows_failed + st.queued;
-    for (int waited = 0;; waited += 2) {
-        qg__ledger_stats_get(c->ledger, &st);
-        if (st.rows_written + st.rows_lost + st.rows_failed >= target)
-            return QG_OK;
-        if (waited >= CATCH_UP_MAX_MS) {
-            snprintf(err, errcap, "the ledger's writer is more than %d s "
-                     "behind (%llu rows queued%s%s): the rows of what the "
-                     "counters hold cannot all be read yet",
-                     CATCH_UP_MAX_MS / 1000, (unsigned long long)st.queued,
-                     st.failing ? "; writes fail: " : "",
-                     st.failing ? st.last_error : "");
-            return QG_EIO;
-        }
-        sleep_ms(2);
-    }
+    snprintf(err, errcap, "the ledger's writer is more than %d s "
+             "behind (%llu rows queued%s%s): the rows of what the "
+             "counters hold cannot all be read yet",
+             CATCH_UP_MAX_MS / 1000, (unsigned long long)st.queued,
+             st.failing ? "; writes fail: " : "",
+             st.failing ? st.last_error : "");
+    return QG_EIO;
 }
 
 static int put_subject(const char *subject, const char *plan,
