@@ -114,3 +114,15 @@ median() {
     printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
         END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m }'
 }
+
+# cpu_ticks PID...: utime+stime (clock ticks) of the processes and their
+# children's threads (nginx: the master's workers)
+cpu_ticks() {
+    t=0
+    for p in "$@" $(for q in "$@"; do pgrep -P "$q" 2>/dev/null; done); do
+        v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + ${v:-0}))
+    done
+    echo $t
+}
+# clock ticks per second, for cpu_ticks
+TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)

@@ -205,16 +205,6 @@ NGX_URL="http://127.0.0.1:$NGX_PORT"
 probe nginx "$NGX_URL"
 
 # ------------------------------------------------------------------ wrk
-# cpu_ticks PID...: utime+stime (clock ticks) of the processes and their
-# children's threads (nginx: the master's workers)
-cpu_ticks() {
-    t=0
-    for p in "$@" $(for q in "$@"; do pgrep -P "$q" 2>/dev/null; done); do
-        v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + ${v:-0}))
-    done
-    echo $t
-}
-TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 # run_wrk NAME URL MODE [PID] [CONNS THREADS DURATION]: writes $TMP/NAME.txt
 # and sets R_RPS R_P50 R_P99 R_NON2XX R_ERR (latencies in microseconds) and
 # R_CPU (microseconds of PID's CPU per request, "-" without PID)

@@ -92,10 +92,11 @@ grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
 printf 'default_plan: bench\nstore: { timeout: 1s, down: closed }\n' >> "$TMP/rules.yaml"
 lint_rules "$TMP/rules.yaml"
 
-start_qg mem "$TMP/rules.yaml";                                        MEM=$QG_URL; PIDS="$PIDS $QG_PID"
-start_qg ra "$TMP/rules.yaml" --store "redis://127.0.0.1:$RP";         RA=$QG_URL; PIDS="$PIDS $QG_PID"
-start_qg rb "$TMP/rules.yaml" --store "redis://127.0.0.1:$RP";         RB=$QG_URL; PIDS="$PIDS $QG_PID"
-start_qg rc "$TMP/rules.yaml" --store "redis-cluster://127.0.0.1:$C1"; RC=$QG_URL; PIDS="$PIDS $QG_PID"
+start_qg mem "$TMP/rules.yaml";                                        MEM=$QG_URL; MEMPID=$QG_PID
+start_qg ra "$TMP/rules.yaml" --store "redis://127.0.0.1:$RP";         RA=$QG_URL; RAPID=$QG_PID
+start_qg rb "$TMP/rules.yaml" --store "redis://127.0.0.1:$RP";         RB=$QG_URL; RBPID=$QG_PID
+start_qg rc "$TMP/rules.yaml" --store "redis-cluster://127.0.0.1:$C1"; RC=$QG_URL; RCPID=$QG_PID
+PIDS="$MEMPID $RAPID $RBPID $RCPID"
 
 # ------------------------------------------------------------ Redis's side
 cpu_of() { # total CPU seconds of the Redis servers on the ports given
@@ -116,14 +117,21 @@ trips_of() { # round trips and decisions+settles answered so far by gateway URL 
 }
 reset_stats() { for rp_ in "$@"; do redis-cli -p "$rp_" config resetstat >/dev/null; done; }
 
-# measure NAME URL SCRIPT SPREAD PORTS...: one wrk run with Redis's figures
-# (sets R_* and X_CPU_US, X_CMDS, X_EVAL_US per successful request)
+# per_ok TICKS0 TICKS1 N: microseconds of CPU per response from clock ticks
+per_ok() { awk -v t=$(($2 - $1)) -v n="$3" -v k="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print 0 }'; }
+
+# measure NAME URL PID SCRIPT SPREAD PORTS...: one wrk run with Redis's
+# figures (sets R_* and X_CPU_US, X_CMDS, X_EVAL_US per successful
+# request, and X_QG_US: the gateway PID's CPU per successful request)
 measure() {
-    name=$1 url=$2 script=$3 spr=$4; shift 4
+    name=$1 url=$2 qpid=$3 script=$4 spr=$5; shift 5
     [ $# -gt 0 ] && reset_stats "$@"
     c0=$( [ $# -gt 0 ] && cpu_of "$@" || echo 0)
     t0=$(trips_of "$url")
+    q0=$(cpu_ticks "$qpid")
     run_wrk "$name" "$url" "$script" "$spr"
+    q1=$(cpu_ticks "$qpid")
+    X_QG_US=$(per_ok "$q0" "$q1" $((R_REQS - R_NON2XX)))
     X_CPU_US=0 X_CMDS=0 X_EVAL_US=0 X_TRIPS=0
     if [ $# -gt 0 ]; then
         t1=$(trips_of "$url")
@@ -142,6 +150,7 @@ measure_pair() { # NAME SCRIPT SPREAD
     half=$((CONNS / 2)); [ $half -lt 1 ] && half=1
     reset_stats "$RP"
     c0=$(cpu_of "$RP")
+    q0=$(cpu_ticks "$RAPID" "$RBPID")
     QUOTAGATE_SERVICE_KEY=$SERVICE_KEY wrk -t1 -c$half -d"$DUR" --latency -s "$2" "$RA" \
         -- "$RUN_ID-$1a" bench "$3" >"$TMP/$1a.txt" 2>&1 &
     wa=$!
@@ -153,6 +162,8 @@ measure_pair() { # NAME SCRIPT SPREAD
     R_RPS=$(awk -v a="$a_rps" -v b="$R_RPS" 'BEGIN { printf "%.2f", a + b }')
     R_NON2XX=$((a_bad + R_NON2XX))
     ok=$((a_reqs + R_REQS - R_NON2XX))
+    q1=$(cpu_ticks "$RAPID" "$RBPID")
+    X_QG_US=$(per_ok "$q0" "$q1" "$ok")
     c1=$(cpu_of "$RP")
     set -- $(calls_of "$RP")
     X_CPU_US=$(awk -v a="$c0" -v b="$c1" -v n="$ok" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / n; else print 0 }')
@@ -169,15 +180,18 @@ for W in settle check; do
     else SCRIPT=bench/wrk_check.lua SPR=0; fi
     M="" A="" P="" C="" RA_="" RP_="" RC_=""
     CPU_A="" CPU_P="" CPU_C="" CMD_A="" EV_A="" EV_C="" TR_A="" TR_C=""
+    QG_M="" QG_A="" QG_P="" QG_C=""
     r=1
     while [ $r -le "$RUNS" ]; do
-        measure "mem-$W-$r" "$MEM" $SCRIPT $SPR;            m=$R_RPS; BAD=$((BAD + R_NON2XX))
-        measure "ra-$W-$r" "$RA" $SCRIPT $SPR "$RP";        a=$R_RPS; BAD=$((BAD + R_NON2XX))
+        measure "mem-$W-$r" "$MEM" "$MEMPID" $SCRIPT $SPR;           m=$R_RPS; BAD=$((BAD + R_NON2XX))
+        QG_M="$QG_M $X_QG_US"
+        measure "ra-$W-$r" "$RA" "$RAPID" $SCRIPT $SPR "$RP";        a=$R_RPS; BAD=$((BAD + R_NON2XX))
         CPU_A="$CPU_A $X_CPU_US" CMD_A="$CMD_A $X_CMDS" EV_A="$EV_A $X_EVAL_US" TR_A="$TR_A $X_TRIPS"
-        measure_pair "pair-$W-$r" $SCRIPT $SPR;             pr=$R_RPS; BAD=$((BAD + R_NON2XX))
-        CPU_P="$CPU_P $X_CPU_US"
-        measure "rc-$W-$r" "$RC" $SCRIPT $SPR $C1 $C2 $C3;  c=$R_RPS; BAD=$((BAD + R_NON2XX))
-        CPU_C="$CPU_C $X_CPU_US" EV_C="$EV_C $X_EVAL_US" TR_C="$TR_C $X_TRIPS"
+        QG_A="$QG_A $X_QG_US"
+        measure_pair "pair-$W-$r" $SCRIPT $SPR;                      pr=$R_RPS; BAD=$((BAD + R_NON2XX))
+        CPU_P="$CPU_P $X_CPU_US" QG_P="$QG_P $X_QG_US"
+        measure "rc-$W-$r" "$RC" "$RCPID" $SCRIPT $SPR $C1 $C2 $C3;  c=$R_RPS; BAD=$((BAD + R_NON2XX))
+        CPU_C="$CPU_C $X_CPU_US" EV_C="$EV_C $X_EVAL_US" TR_C="$TR_C $X_TRIPS" QG_C="$QG_C $X_QG_US"
         M="$M $m" A="$A $a" P="$P $pr" C="$C $c"
         RA_="$RA_ $(ratio "$a" "$m")" RP_="$RP_ $(ratio "$pr" "$m")" RC_="$RC_ $(ratio "$c" "$m")"
         r=$((r + 1))
@@ -190,6 +204,8 @@ for W in settle check; do
     printf '    %-34s %s   ratio %sx (%s)\n' "one gateway on a 3-master Cluster" "$(spread $C)" "$(median $RC_)" "$(echo $RC_ | tr ' ' ',')"
     printf '    Redis per decision: script call (FCALL or EVALSHA) %s us (Cluster %s), server CPU %s us (two gateways %s, Cluster %s), %s commands\n' \
         "$(median $EV_A)" "$(median $EV_C)" "$(median $CPU_A)" "$(median $CPU_P)" "$(median $CPU_C)" "$(median $CMD_A)"
+    printf '    gateway CPU per response: memory store %s us, one gateway on Redis %s, two gateways %s, Cluster %s\n' \
+        "$(median $QG_M)" "$(median $QG_A)" "$(median $QG_P)" "$(median $QG_C)"
     printf '    round trips per response (the gateway'"'"'s counters): one Redis %s (%s), Cluster %s (%s)\n' \
         "$(median $TR_A)" "$(echo $TR_A | tr ' ' ',')" "$(median $TR_C)" "$(echo $TR_C | tr ' ' ',')"
 done
