@@ -3,9 +3,10 @@
  *
  * Connections to one file, each used by one thread at a time:
  *  - the writer's, used by the front's writer thread: write_batch, one
- *    transaction per batch (BEGIN IMMEDIATE, one prepared upsert per row,
- *    COMMIT: an fsync of the WAL with synchronous=FULL in DURABLE mode,
- *    NORMAL in ASYNC mode);
+ *    transaction per batch (BEGIN IMMEDIATE, one prepared insert or upsert
+ *    per row, the history rollup's sums (ledger_sqlite_rollup.c), COMMIT:
+ *    an fsync of the WAL with synchronous=FULL in DURABLE mode, NORMAL in
+ *    ASYNC mode);
  *  - the scan connection (scan_mu): scan streams rows from it while the
  *    writer goes on (WAL readers see a snapshot, never block);
  *  - the lookup connection (get_mu): single rows by request id (get),
@@ -76,6 +77,15 @@ static const char sql_upsert[] =
     " headroom_milli = excluded.headroom_milli, detail = excluded.detail,"
     " fallback = excluded.fallback"
     " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
+
+/* A decision row whose request id the ledger does not hold yet (nearly
+ * every one): inserted without reading anything first; when the id is
+ * there (a refusal decided again) nothing changes and the writer reads
+ * the row for the rollup, then runs sql_upsert. */
+static const char sql_insert_new[] =
+    "INSERT INTO requests (" ROW_COLS ") VALUES"
+    " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
+    " ?17, ?18, ?19, ?20, ?21, ?22, ?23) ON CONFLICT(request_id) DO NOTHING";
 
 /* A settle: the row is normally there already (its check's row was
  * queued before it); only the settle's columns change.  When the check's
@@ -281,10 +291,12 @@ static void sq_close(void *b)
         return;
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
+    sqlite3_finalize(s->insert_new);
     sqlite3_finalize(s->owner);
     sqlite3_finalize(s->begin_st);
     sqlite3_finalize(s->commit_st);
     sqlite3_finalize(s->rollback_st);
+    qg__sq_rollup_finalize(s);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
     qg__sq_history_finalize(s);
@@ -344,6 +356,9 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
                            &s->upsert, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_settle, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->settle, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_insert_new, -1,
+                           SQLITE_PREPARE_PERSISTENT, &s->insert_new,
+                           NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_owner, -1, SQLITE_PREPARE_PERSISTENT,
                            &s->owner, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "BEGIN IMMEDIATE", -1,
@@ -352,7 +367,8 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         sqlite3_prepare_v3(s->wdb, "COMMIT", -1, SQLITE_PREPARE_PERSISTENT,
                            &s->commit_st, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->rollback_st, NULL) != SQLITE_OK) {
+                           &s->rollback_st, NULL) != SQLITE_OK ||
+        qg__sq_rollup_prepare(s) != QG_OK) {
         qg__sq_fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
@@ -537,6 +553,43 @@ static int batch_failed(qg__sq *s, int rc, char *why, size_t whycap)
 /* Write n rows in one transaction (ledger_backend.h).  Returns 0 (why:
  * the last row a guard kept out, or "") or a QG error with why.  SQLite's
  * file is local: it is never "unreachable" (QG_ELEDGER). */
+/* Run st on the row (bound, stepped, reset): SQLite's code. */
+static int step_row(sqlite3_stmt *st, const qg_ledger_row *r)
+{
+    int rc = bind_row(st, r);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* One row of a batch, and its counts into the rollup's sums: a new
+ * decision row is inserted at once; a settle, or a decision whose id is
+ * there already, first reads the row it may replace. */
+static int write_row(qg__sq *s, qg__ledger_item *it, char *why, size_t whycap)
+{
+    qg__sq_prior prior;
+    int rc;
+    it->refused = 0;
+    prior.found = 0;
+    if (!it->row.settle_only) {
+        if ((rc = step_row(s->insert_new, &it->row)) != SQLITE_OK)
+            return rc;
+        if (sqlite3_changes(s->wdb) == 1)
+            goto counted;
+    }
+    if ((rc = qg__sq_rollup_before(s, &it->row, &prior)) != SQLITE_OK ||
+        (rc = step_row(it->row.settle_only ? s->settle : s->upsert,
+                       &it->row)) != SQLITE_OK)
+        return rc;
+    if (sqlite3_changes(s->wdb) == 0)
+        return guard_refused(s, it, why, whycap);
+counted:
+    rc = qg__sq_rollup_after(s, &it->row, &prior);
+    return rc == QG_OK ? SQLITE_OK
+                       : rc == QG_ENOMEM ? SQLITE_NOMEM : SQLITE_IOERR;
+}
+
 static int sq_write_batch(void *b, qg__ledger_item *it, size_t n,
                           const qg__spool_mark *mark, char *why,
                           size_t whycap)
@@ -554,30 +607,28 @@ static int sq_write_batch(void *b, qg__ledger_item *it, size_t n,
         return batch_failed(s, rc, why, whycap);
     if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
         return batch_failed(s, rc, why, whycap);
+    qg__sq_rollup_clear(s);
     for (i = 0; i < n; i++) {
-        sqlite3_stmt *st = it[i].row.settle_only ? s->settle : s->upsert;
-        it[i].refused = 0;
-        if (it[i].merged)        /* shares the fate of the row it joined */
+        if (it[i].merged) {      /* shares the fate of the row it joined */
+            it[i].refused = 0;
             continue;
-        rc = bind_row(st, &it[i].row);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (rc != SQLITE_DONE && rc != SQLITE_OK)
-            goto fail;
-        if (sqlite3_changes(s->wdb) == 0 &&
-            (rc = guard_refused(s, &it[i], why, whycap)) != SQLITE_OK)
+        }
+        if ((rc = write_row(s, &it[i], why, whycap)) != SQLITE_OK)
             goto fail;
     }
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
-    if ((rc = run_ctl(s->commit_st)) != SQLITE_OK)
+    sqlite3_clear_bindings(s->insert_new);
+    if ((rc = qg__sq_rollup_flush(s)) != SQLITE_OK ||
+        (rc = run_ctl(s->commit_st)) != SQLITE_OK)
         goto fail;
     return QG_OK;
 fail:
+    qg__sq_rollup_clear(s);
     rc = batch_failed(s, rc, why, whycap);
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);
+    sqlite3_clear_bindings(s->insert_new);
     if (!sqlite3_get_autocommit(s->wdb))
         run_ctl(s->rollback_st);   /* if this fails too: the next batch */
     return rc;

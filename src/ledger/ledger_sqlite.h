@@ -17,6 +17,25 @@
 #include "ledger.h"
 #include "ledger_backend.h"
 
+/* The writer's sums of the history's rollup for the batch being written
+ * (ledger_sqlite_rollup.c). */
+struct qg__sq_sum;
+typedef struct qg__sq_rollup {
+    sqlite3_stmt *prior, *add;
+    struct qg__sq_sum *sums;    /* open addressing, cap a power of 2 */
+    uint32_t *used;             /* the n slots of sums in use */
+    uint32_t cap;
+    size_t n;
+} qg__sq_rollup;
+
+/* What a row already written counts, read before a statement replaces it. */
+typedef struct qg__sq_prior {
+    int found, decision;
+    int64_t weight_milli, created_ms;
+    char subject[sizeof ((qg_ledger_row *)0)->subject];
+    char model[sizeof ((qg_ledger_row *)0)->model];
+} qg__sq_prior;
+
 typedef struct qg__sq {
     qg_ledger_opts o;
     char path[1024];
@@ -24,8 +43,10 @@ typedef struct qg__sq {
     sqlite3 *wdb;               /* writer thread only (and open/close) */
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
+    sqlite3_stmt *insert_new;    /* insert of a row whose id is not there */
     sqlite3_stmt *owner;         /* who holds a request id (guards) */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
+    qg__sq_rollup rollup;       /* writer thread only */
 
     pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
     sqlite3 *sdb;
@@ -118,6 +139,20 @@ extern const qg__ledger_keys_ops qg__sq_keys;
 /* The webhook outbox (ledger_sqlite_outbox.c): its own connection per
  * handle. */
 extern const qg__ledger_outbox_ops qg__sq_outbox_ops;
+
+/* The rollup (ledger_sqlite_rollup.c), on the writer's connection:
+ * prepare/finalize with the writer's statements; per row, before (read
+ * the row the statement may replace) and, when the statement changed
+ * the row, after (sum the old counts out and the new in); flush writes
+ * the sums (SQLite codes) and clear drops them (a failed batch). */
+int qg__sq_rollup_prepare(qg__sq *s);
+void qg__sq_rollup_finalize(qg__sq *s);
+int qg__sq_rollup_before(qg__sq *s, const qg_ledger_row *row,
+                         qg__sq_prior *p);
+int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
+                        const qg__sq_prior *p);
+int qg__sq_rollup_flush(qg__sq *s);
+void qg__sq_rollup_clear(qg__sq *s);
 
 /* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
  * err (QG_EIO); the file's schema version; the refusal of a version newer

@@ -115,6 +115,10 @@ static const char *const migrations[] = {
     /* 6 -> 7: one org's rows by time (explain; one subject's came with
      * the history's index) */
     "CREATE INDEX IF NOT EXISTS requests_org ON requests (org, created_ms);",
+    /* 7 -> 8: the rollup is kept by the writer, summed per batch
+     * (ledger_sqlite_rollup.c), no longer by a trigger per row */
+    "DROP TRIGGER IF EXISTS requests_slots_insert;"
+    " DROP TRIGGER IF EXISTS requests_slots_update;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -1,7 +1,8 @@
 /* test_ledger_history.c - the ledger's history reads on SQLite and on a
- * real PostgreSQL (tests/support/pgproc): the rollup usage_slots, kept by
- * the database's triggers, is checked against an aggregation the test
- * makes of the rows the ledger holds (every row read back), after
+ * real PostgreSQL (tests/support/pgproc): the rollup usage_slots (kept by
+ * the SQLite writer's sums per batch, by PostgreSQL's triggers) is
+ * checked against an aggregation the test makes of the rows the ledger
+ * holds (every row read back), after
  * inserts, settles that change the weight, refusals decided again
  * (another instant, another model, allowed) and rows spread over many
  * slots and subjects; the first usage; the latest rows: newest first,
@@ -399,7 +400,7 @@ static void test_latest(void **state)
 }
 
 /* A schema-4 SQLite file with rows: migration 5 fills the rollup from
- * them, and the triggers keep it from then on. */
+ * them, and the writer keeps it from then on (schema 8). */
 static void test_sqlite_migration_fills_rollup(void **state)
 {
     (void)state;
@@ -417,8 +418,8 @@ static void test_sqlite_migration_fills_rollup(void **state)
     sqlite3 *db;
     assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db,
-        "DROP TRIGGER requests_slots_insert;"
-        "DROP TRIGGER requests_slots_update;"
+        "DROP TRIGGER IF EXISTS requests_slots_insert;"
+        "DROP TRIGGER IF EXISTS requests_slots_update;"
         "DROP TABLE usage_slots; DROP INDEX requests_subject;"
         "PRAGMA user_version=5;", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
