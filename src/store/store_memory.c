@@ -25,8 +25,10 @@
  * QG_MONEY_MAX_MICRO (and keep the bound against refunds, like the
  * windows), and lease expiries saturate. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "decide.h"
 #include "fixed.h"
 #include "mem_tables.h"
@@ -465,14 +467,39 @@ static void mem_free(qg_store *s)
             pthread_mutex_destroy(&es->mu);
         }
         if (ms->resvs) {
-            free(ms->resvs[i].slots);
             free(ms->resvs[i].fifo);
             pthread_mutex_destroy(&ms->resvs[i].mu);
         }
     }
+    if (ms->resv_region)
+        munmap(ms->resv_region, ms->resv_region_len);
     free(ms->ents);
     free(ms->resvs);
     free(ms);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* The reservation shards' slot tables, one zeroed mapping for all of
+ * them (128 MB at the default 2^19 ids), in huge pages where the kernel
+ * has them (MADV_HUGEPAGE; ignored where it does not): touched first by
+ * checks, 4 KB pages cost a page fault (and a TLB shootdown across the
+ * process's threads) every 32 slots, which a check-only load measured at
+ * 7-12% of the server's CPU (docs/benchmarks.md, issue 14). */
+static void *resv_region_new(size_t len, size_t *maplen)
+{
+    size_t n = len + HUGE_PAGE;
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *a;
+    if (p == MAP_FAILED)
+        return NULL;
+    a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a, len, MADV_HUGEPAGE);
+#endif
+    *maplen = n;
+    return p;
 }
 
 static const qg_store_methods memory_methods = {
@@ -509,6 +536,10 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     ms->resvs = calloc((size_t)n, sizeof *ms->resvs);
     if (!ms->ents || !ms->resvs)
         goto fail;
+    ms->resv_region = resv_region_new((size_t)n * cap * sizeof(resv),
+                                      &ms->resv_region_len);
+    if (!ms->resv_region)
+        goto fail;
     for (int i = 0; i < n; i++) {
         resv_shard *rs = &ms->resvs[i];
         pthread_mutex_init(&ms->ents[i].mu, NULL);
@@ -516,7 +547,8 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
         pthread_mutex_init(&rs->mu, NULL);
         rs->max = per;
         rs->cap = cap;
-        rs->slots = calloc(cap, sizeof *rs->slots);
+        rs->slots = (resv *)(((uintptr_t)ms->resv_region + HUGE_PAGE - 1) &
+                             ~(uintptr_t)(HUGE_PAGE - 1)) + (size_t)i * cap;
         rs->fifo = calloc(per, sizeof *rs->fifo);
         if (!rs->slots || !rs->fifo)
             goto fail;
