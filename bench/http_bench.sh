@@ -20,8 +20,10 @@
 #      acknowledges a settle only once it is durable in the ledger), then
 #      bench/wrk_check.lua (POST /v1/check, unique request_id, weight 1,
 #      never settled);
-#   4. req/s, p50 and p99 latency of each, the quotagate/nginx ratios, and
-#      quotagate's durable settles per second.
+#   4. req/s, p50 and p99 latency of each, each server's CPU per request
+#      (utime + stime from /proc over the run, nginx's workers included),
+#      the quotagate/nginx ratios, and quotagate's durable settles per
+#      second.
 # Environment: BENCH_DURATION (default 10s), BENCH_THREADS (2),
 # BENCH_CONNECTIONS (64), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
 # CPU 0 (needs 2 CPUs).  Total run ~50 s with the defaults.
@@ -144,33 +146,42 @@ nginx_conf 100000000r/s "burst=1000000 nodelay"
 start_nginx
 
 # ---------------------------------------------------------------------- wrk
-line() { printf '  %-22s %12s %12s %12s %10s\n' "$@"; }
+# cpu_run NAME URL SCRIPT PID: run_wrk with R_CPU, the server PID's CPU
+# (utime + stime of it and its children: nginx's workers) per request
+cpu_run() {
+    c0=$(cpu_ticks "$4")
+    run_wrk "$1" "$2" "$3"
+    c1=$(cpu_ticks "$4")
+    R_CPU=$(awk -v t=$((c1 - c0)) -v n="${R_REQS:-0}" -v k="$TCK" \
+            'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print "-" }')
+}
+line() { printf '  %-22s %12s %12s %12s %10s %11s\n' "$@"; }
 
 say ""
 say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
 say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
 
 # check+settle first: the check-only run leaves every reservation open
-run_wrk qg_settle "$QG_URL" bench/wrk_settle.lua
-QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS
-run_wrk ngx_settle "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua
-NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX
+cpu_run qg_settle "$QG_URL" bench/wrk_settle.lua "$QG_PID"
+QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU
+cpu_run ngx_settle "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua "$NGX_PID"
+NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX NS_CPU=$R_CPU
 
-run_wrk qg_check "$QG_URL" bench/wrk_check.lua
-QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX
-run_wrk ngx_check "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua
-NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX
+cpu_run qg_check "$QG_URL" bench/wrk_check.lua "$QG_PID"
+QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX QC_CPU=$R_CPU
+cpu_run ngx_check "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua "$NGX_PID"
+NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX NC_CPU=$R_CPU
 
 say ""
-line "" "req/s" "p50 ms" "p99 ms" "non-2xx"
+line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "CPU us/req"
 say "  check (POST /v1/check, one request in flight per connection)"
-line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD"
-line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD"
-line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" ""
+line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD" "$QC_CPU"
+line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD" "$NC_CPU"
+line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" "" "$(ratio "$QC_CPU" "$NC_CPU")x"
 say "  check+settle (pipelined pairs; latency is per pair)"
-line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD"
-line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD"
-line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" ""
+line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD" "$QS_CPU"
+line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD" "$NS_CPU"
+line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" "" "$(ratio "$QS_CPU" "$NS_CPU")x"
 SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" 'BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "n/a" }')
 say ""
 say "quotagate durable settles per second: $SETTLES (each acknowledged after its ledger commit)"
