@@ -143,11 +143,23 @@ int qg__ledger_submit(qg_ledger *l, const qg_ledger_row *row,
 
 /* Call fn for every row with created_ms >= since_ms and decision allow,
  * in created_ms order, from the caller's thread (a separate connection;
- * safe while the writer runs).  fn returns 0 to go on; a nonzero value
+ * safe while the writer runs).  The row holds at least what a replay of
+ * it reads (request_id, subject, model, decision, status, reserved_milli,
+ * weight_milli, created_ms, settled_ms, overage_price_micro,
+ * overage_cost_micro, headroom_milli); a backend may leave the other
+ * columns empty (SQLite does: the rebuild reads every row in reach).  fn returns 0 to go on; a nonzero value
  * stops the scan and is returned.  Returns 0 or an error.  fn must not call
  * qg__ledger_scan itself (the scan connection is held). */
 int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
+
+/* qg__ledger_scan with the rows read on a thread of its own and fn
+ * called from the caller's thread, in the same order, while the next rows
+ * are read (ledger_scan_piped.c): the restart's rebuild.  Same results;
+ * without memory or a thread for the reader, the plain scan. */
+int qg__ledger_scan_piped(qg_ledger *l, int64_t since_ms,
+                          int (*fn)(const qg_ledger_row *row, void *ud),
+                          void *ud);
 
 /* The admitted rows (decision allow) decided in [since_ms, until_ms] whose
  * subject is `subject` or whose org is `org` ("" or NULL: none), in

@@ -118,7 +118,7 @@ static int rebuild(qg_server *s)
 {
     int64_t t0 = qg__clock_ms(CLOCK_MONOTONIC);
     int64_t since = qg__server_now(s) - qg_engine_reach_ms(s->engine);
-    int rc = qg__ledger_scan(s->ledger, since, restore_row, s);
+    int rc = qg__ledger_scan_piped(s->ledger, since, restore_row, s);
     s->rebuild_ms = qg__clock_ms(CLOCK_MONOTONIC) - t0;
     return rc;
 }
