@@ -13,7 +13,10 @@
  *    asked by the server for every request id its counters do not
  *    remember and the front's id filter cannot rule out;
  *  - the admin connection (admin_mu): subjects and keys, written
- *    synchronously with synchronous=FULL so they are durable on return.
+ *    synchronously with synchronous=FULL so they are durable on return;
+ *  - the checkpointer's (ledger_sqlite_checkpoint.c): the WAL's
+ *    checkpoints, on a thread of their own, not inside the writer's
+ *    COMMITs.
  * Other processes (the CLI's `keys` command next to a running server) may
  * use the same file: busy_timeout makes a writer wait for the other's
  * write lock instead of failing.
@@ -312,6 +315,8 @@ static void sq_close(void *b)
     qg__sq *s = b;
     if (!s)
         return;
+    qg__sq_ckpt_stop(&s->ckpt, s->wdb);
+    sqlite3_close(s->cdb);
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
     sqlite3_finalize(s->insert_new);
@@ -414,8 +419,10 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         goto fail;
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->hdb, err, errcap) ||
-        qg__sq_history_prepare(s, err, errcap))
+        qg__sq_history_prepare(s, err, errcap) ||
+        conn_open(path, o->busy_timeout_ms, full, &s->cdb, err, errcap))
         goto fail;
+    (void)qg__sq_ckpt_start(&s->ckpt, s->wdb, s->cdb);
     return s;
 fail:
     sq_close(s);

@@ -36,6 +36,18 @@ typedef struct qg__sq_prior {
     char model[sizeof ((qg_ledger_row *)0)->model];
 } qg__sq_prior;
 
+/* The checkpointer (ledger_sqlite_checkpoint.c): the WAL checkpointed
+ * on its own thread and connection, not inside the writer's COMMITs. */
+typedef struct qg__sq_ckpt {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sqlite3 *db;                /* its own connection (sq_open's cdb) */
+    int pending, stop, ready, started;
+    int woken_at;               /* WAL frames at the last wake (writer's) */
+    uint64_t runs;
+} qg__sq_ckpt;
+
 typedef struct qg__sq {
     qg_ledger_opts o;
     char path[1024];
@@ -47,6 +59,8 @@ typedef struct qg__sq {
     sqlite3_stmt *owner;         /* who holds a request id (guards) */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
     qg__sq_rollup rollup;       /* writer thread only */
+    sqlite3 *cdb;               /* the checkpointer's */
+    qg__sq_ckpt ckpt;
 
     pthread_mutex_t scan_mu;    /* guards sdb and scan_st */
     sqlite3 *sdb;
@@ -153,6 +167,13 @@ int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
                         const qg__sq_prior *p);
 int qg__sq_rollup_flush(qg__sq *s);
 void qg__sq_rollup_clear(qg__sq *s);
+
+/* Start the checkpointer on its connection own, hooked to the writer's
+ * commits (QG_OK; else the writer keeps SQLite's automatic checkpoints);
+ * stop it (the writer's automatic checkpoints back) before either
+ * connection closes. */
+int qg__sq_ckpt_start(qg__sq_ckpt *c, sqlite3 *writer, sqlite3 *own);
+void qg__sq_ckpt_stop(qg__sq_ckpt *c, sqlite3 *writer);
 
 /* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
  * err (QG_EIO); the file's schema version; the refusal of a version newer

@@ -360,6 +360,53 @@ static void test_scan_piped(void **state)
     tmpdb_remove(&t);
 }
 
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* The WAL is checkpointed by the ledger's checkpointer thread, not by
+ * the writer's COMMITs (ledger_sqlite_checkpoint.c): after 60,000 rows
+ * written in small batches (far more frames than the 8,000 at which the
+ * writer checkpoints itself) the WAL stays under that bound, the rows
+ * reached the database file, and a new connection reads them all. */
+static void test_wal_checkpointed(void **state)
+{
+    tmpdb t;
+    qg_ledger *l;
+    qg_ledger_row r;
+    counter c = { 0, 0 };
+    char wal[160];
+    enum { N = 60000, CHUNK = 300 };
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    (void)state;
+    tmpdb_make(&t);
+    snprintf(wal, sizeof wal, "%s-wal", t.path);
+    l = open_ok(t.path, NULL);
+    for (int i = 0; i < N; i += CHUNK) {
+        for (int k = i; k < i + CHUNK; k++) {
+            make_row(100000 + k, &r);
+            r.decision = 1;
+            assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
+        }
+        wait_done(&c, i + CHUNK);           /* one or a few commits each */
+        assert_true(file_size(wal) <= (8000L + 2000) * (4096 + 24) + 32);
+    }
+    assert_int_equal(atomic_load(&c.ok), N);
+    assert_true(file_size(t.path) > 4L << 20);   /* checkpointed into it */
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM requests",
+                                        -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(st, 0), N);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
 static void test_upsert(void **state)
 {
     tmpdb t;
@@ -1221,6 +1268,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_roundtrip),
         cmocka_unit_test(test_scan_piped),
+        cmocka_unit_test(test_wal_checkpointed),
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_guards),
         cmocka_unit_test(test_id_filter),
