@@ -12,7 +12,9 @@
  *  2. the same workload at a smaller scale, engine vs the reference
  *     (tests/support/refmodel.c, which scans its whole log per decision).
  *  3. heavy subjects: 100 subjects with thousands of charges each inside
- *     their rolling window; engine vs reference decisions/s.
+ *     their rolling window; engine vs reference decisions/s, in
+ *     QG_BENCH_HEAVY_RUNS rounds (3; engine then reference in each), the
+ *     ratio's median and spread printed (issue 14: >= 50x in every round).
  * Rates are computed with doubles for printing only.  Wall time comes from
  * clock_gettime(CLOCK_MONOTONIC); decisions themselves use virtual time.
  * Environment: QG_BENCH_SUBJECTS, QG_BENCH_ORGS, QG_BENCH_OPS override the
@@ -40,6 +42,12 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 static long env_long(const char *name, long dflt)
@@ -496,28 +504,40 @@ int main(void)
     qg_rules_free(rr);
     world_free(&ws);
 
-    /* Heavy subjects. */
-    long heavy_eops = 400000, heavy_rops = 20000, ha, hr;
-    size_t hentries;
-    double the = heavy_engine(text, heavy_eops, &ha);
-    double thr = heavy_ref(text, heavy_rops, &hr, &hentries);
+    /* Heavy subjects: HEAVY_RUNS rounds, engine then reference in each,
+     * so that both see the machine in the same state; the ratio of every
+     * round and their spread are printed. */
+    long heavy_eops = 400000, heavy_rops = 20000, ha = 0, hr = 0;
+    size_t hentries = 0;
+    int hruns = (int)env_long("QG_BENCH_HEAVY_RUNS", 3);
+    double hratio[16], the = 0, thr = 0;
+    if (hruns > 16)
+        hruns = 16;
     printf("\n");
-    row("engine, 100 heavy subjects (6000+ in window)", 1, heavy_eops, the,
-        "pairs");
-    row("reference, 100 heavy subjects", 1, heavy_rops, thr, "pairs");
+    for (int k = 0; k < hruns; k++) {
+        the = heavy_engine(text, heavy_eops, &ha);
+        thr = heavy_ref(text, heavy_rops, &hr, &hentries);
+        hratio[k] = ((double)heavy_eops / the) / ((double)heavy_rops / thr);
+        row("engine, 100 heavy subjects (6000+ in window)", 1, heavy_eops,
+            the, "pairs");
+        row("reference, 100 heavy subjects", 1, heavy_rops, thr, "pairs");
+    }
     printf("  %-44s    (admitted: engine %ld, reference %ld; reference "
            "log entries %zu)\n", "", ha, hr, hentries);
+    qsort(hratio, (size_t)hruns, sizeof hratio[0], cmp_double);
 
     double small_ratio = tr / te;
-    double heavy_ratio = ((double)heavy_eops / the) / ((double)heavy_rops / thr);
     printf("\nratios\n");
     printf("  engine / reference, 10k subjects:      %8.1fx\n", small_ratio);
-    printf("  engine / reference, heavy subjects:    %8.1fx  (target >= 50x: "
-           "%s)\n", heavy_ratio, heavy_ratio >= 50 ? "met" : "NOT met");
-    printf("  checks/s per core at 1M subjects:      %8.2fM  (target >= 2M: "
-           "%s)\n", checks1 / 1e6, checks1 >= 2e6 ? "met" : "NOT met");
-    printf("  2 threads / 1 thread, checks:          %8.2fx\n",
-           checks2 / checks1);
+    printf("  engine / reference, heavy subjects:    %8.1fx  median of %d "
+           "rounds, %.1f-%.1fx (target >= 50x in every round: %s)\n",
+           hratio[hruns / 2], hruns, hratio[0], hratio[hruns - 1],
+           hratio[0] >= 50 ? "met" : "NOT met");
+    printf("  checks/s per core at 1M subjects:      %8.2fM  (target >= 1.5M: "
+           "%s)\n", checks1 / 1e6, checks1 >= 1.5e6 ? "met" : "NOT met");
+    printf("  2 threads / 1 thread, checks:          %8.2fx  (target >= 1.8x: "
+           "%s)\n", checks2 / checks1, checks2 >= 1.8 * checks1 ? "met"
+                                                               : "NOT met");
     printf("  2 threads / 1 thread, check + settle:  %8.2fx\n",
            pairs2 / pairs1);
     free(text);
