@@ -27,22 +27,10 @@
 #include "quotagate.h"
 #include "ledger_pg.h"
 #include "pgproc.h"
+#include "bench_util.h"
 
 #define MAX_ROUNDS 15
 #define NWAYS 3
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void row(int round, int mode, long i, int settle, qg_ledger_row *r)
 {
@@ -163,10 +151,13 @@ static int table(pgproc *srv, const qg_ledger_opts *o, const char *title,
 
 int main(void)
 {
-    const qg_ledger_opts durable = {QG_LEDGER_DURABLE, 100, 65536, 4096,
-                                    5000, NULL, NULL, 0};
-    const qg_ledger_opts async = {QG_LEDGER_ASYNC, 100, 65536, 4096, 5000,
-                                  NULL, NULL, 0};
+    const qg_ledger_opts durable = {.sync = QG_LEDGER_DURABLE,
+                                    .flush_ms = 100, .max_queue = 65536,
+                                    .max_batch = 4096,
+                                    .busy_timeout_ms = 5000};
+    const qg_ledger_opts async = {.sync = QG_LEDGER_ASYNC, .flush_ms = 100,
+                                  .max_queue = 65536, .max_batch = 4096,
+                                  .busy_timeout_ms = 5000};
     const char *e = getenv("QG_BENCH_ROUNDS");
     int rounds = e ? atoi(e) : 3, rc;
     long scale = getenv("QG_BENCH_PG_SCALE")
