@@ -32,30 +32,11 @@
 #include "tzfile.h"
 #include "weights.h"
 #include "refmodel.h"
+#include "bench_util.h"
 
 #define T0_MS 1772445600000LL          /* 2026-03-02T10:00:00Z */
 #define HEAVY_SUBJECTS 100
 #define HEAVY_CHARGES 6000
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static long env_long(const char *name, long dflt)
-{
-    const char *v = getenv(name);
-    long n = v ? strtol(v, NULL, 10) : 0;
-    return n > 0 ? n : dflt;
-}
 
 static uint64_t xorshift(uint64_t *s)
 {

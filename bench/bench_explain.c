@@ -24,18 +24,12 @@
 
 #include "quotagate.h"
 #include "ledger.h"
+#include "bench_util.h"
 
 #define SUBJECTS 100000
 #define ORG_MEMBERS 100
 #define SPAN_MS (30LL * 86400000)
 #define T0_MS 1793491200000LL       /* 2026-11-01T00:00:00Z */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static uint64_t rng = 88172645463325252ULL;
 static uint64_t next_rand(void)
@@ -44,12 +38,6 @@ static uint64_t next_rand(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static int fill(const char *path, long rows)
@@ -128,7 +116,7 @@ static int run(const char *url, const char *rules, long rows, int n, int org,
         ms[k] = (now_s() - t) * 1000;
         free(out);
     }
-    qsort(ms, (size_t)n, sizeof *ms, cmp_d);
+    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
     *med = ms[n / 2];
     *max = ms[n - 1];
     free(ms);

@@ -29,23 +29,11 @@
 #include "quotagate.h"
 #include "ledger.h"
 #include "pgproc.h"
+#include "bench_util.h"
 
 #define END_MS INT64_C(1772323200000)      /* 2026-03-01T00:00:00Z */
 #define DAY_MS INT64_C(86400000)
 #define MAX_ROUNDS 101
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int env_int(const char *name, int def)
 {

@@ -31,15 +31,10 @@
 
 #include "quotagate.h"
 #include "ledger.h"
+#include "bench_util.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static long env_long(const char *name, long dflt)
+/* NAME as a number (0 included) when set, else dflt. */
+static long env_long_any(const char *name, long dflt)
 {
     const char *v = getenv(name);
     return v && *v ? strtol(v, NULL, 10) : dflt;
@@ -314,13 +309,13 @@ int main(void)
         return 1;
     }
     printf("bench_ledger: SQLite %s, databases in %s\n", "WAL", g_dir);
-    bench_waiters((int)env_long("QG_BENCH_THREADS", 64),
-                  env_long("QG_BENCH_WAIT_ROWS", 50000));
-    bench_pipelined(QG_LEDGER_DURABLE, env_long("QG_BENCH_PIPE_ROWS", 200000),
+    bench_waiters((int)env_long_any("QG_BENCH_THREADS", 64),
+                  env_long_any("QG_BENCH_WAIT_ROWS", 50000));
+    bench_pipelined(QG_LEDGER_DURABLE, env_long_any("QG_BENCH_PIPE_ROWS", 200000),
                     "pipe", 0);
-    bench_pipelined(QG_LEDGER_ASYNC, env_long("QG_BENCH_PIPE_ROWS", 200000),
+    bench_pipelined(QG_LEDGER_ASYNC, env_long_any("QG_BENCH_PIPE_ROWS", 200000),
                     "async", 0);
-    bench_scan(env_long("QG_BENCH_SCAN_ROWS", 1000000));
+    bench_scan(env_long_any("QG_BENCH_SCAN_ROWS", 1000000));
     rmdir(g_dir);
     return 0;
 }

@@ -48,6 +48,7 @@
 #include "redisproc.h"
 #include "rules.h"
 #include "tzfile.h"
+#include "bench_util.h"
 
 #define T0_MS 1772445600000LL          /* 2026-03-02T10:00:00Z, a Monday */
 #define MAX_ROUNDS 15
@@ -83,13 +84,6 @@ static const char org_text[] =
 static redisproc srv;
 static char cg_dir[64];          /* QG_BENCH_REDIS_CALLGRIND: its files */
 static int cg_dumps;
-
-static long env_long(const char *name, long dflt)
-{
-    const char *v = getenv(name);
-    long n = v ? strtol(v, NULL, 10) : 0;
-    return n > 0 ? n : dflt;
-}
 
 static void die(const char *what, const char *why)
 {
@@ -386,12 +380,6 @@ static void phases(world *w, int per, const char *tag, fig *f)
     });
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 3;
@@ -438,8 +426,8 @@ int main(int argc, char **argv)
             e[r] = f[r][p].evalsha;
             a[r] = f[r][p].all_per_op;
         }
-        qsort(e, (size_t)rounds, sizeof *e, cmp_d);
-        qsort(a, (size_t)rounds, sizeof *a, cmp_d);
+        qsort(e, (size_t)rounds, sizeof *e, cmp_double);
+        qsort(a, (size_t)rounds, sizeof *a, cmp_double);
         printf("%-24s %14.1f %16.1f", phase_names[p], e[rounds / 2],
                a[rounds / 2]);
         if (cg_dir[0])
