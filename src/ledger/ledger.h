@@ -147,9 +147,10 @@ int qg__ledger_submit(qg_ledger *l, const qg_ledger_row *row,
  * it reads (request_id, subject, model, decision, status, reserved_milli,
  * weight_milli, created_ms, settled_ms, overage_price_micro,
  * overage_cost_micro, headroom_milli); a backend may leave the other
- * columns empty (SQLite does: the rebuild reads every row in reach).  fn returns 0 to go on; a nonzero value
- * stops the scan and is returned.  Returns 0 or an error.  fn must not call
- * qg__ledger_scan itself (the scan connection is held). */
+ * columns empty (SQLite does: the rebuild reads every row in reach).  fn
+ * returns 0 to go on; a nonzero value stops the scan and is returned.
+ * Returns 0 or an error.  fn must not call qg__ledger_scan itself (the
+ * scan connection is held). */
 int qg__ledger_scan(qg_ledger *l, int64_t since_ms,
                    int (*fn)(const qg_ledger_row *row, void *ud), void *ud);
 

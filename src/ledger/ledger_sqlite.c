@@ -108,9 +108,6 @@ static const char sql_settle[] =
     " WHERE requests.decision = 1 AND requests.status = 1"
     " AND (excluded.subject = '' OR requests.subject = excluded.subject)";
 
-static const char sql_owner[] =
-    "SELECT subject, decision, status FROM requests WHERE request_id = ?1";
-
 /* The index on created_ms holds rowid as its last column, so this order
  * is read straight from the index, without a sort.  Only the columns a
  * replay reads (ledger.h, qg__ledger_scan): 11 of 23, the rebuild's scan
@@ -320,7 +317,6 @@ static void sq_close(void *b)
     sqlite3_finalize(s->upsert);
     sqlite3_finalize(s->settle);
     sqlite3_finalize(s->insert_new);
-    sqlite3_finalize(s->owner);
     sqlite3_finalize(s->begin_st);
     sqlite3_finalize(s->commit_st);
     sqlite3_finalize(s->rollback_st);
@@ -387,8 +383,6 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         sqlite3_prepare_v3(s->wdb, sql_insert_new, -1,
                            SQLITE_PREPARE_PERSISTENT, &s->insert_new,
                            NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(s->wdb, sql_owner, -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->owner, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "BEGIN IMMEDIATE", -1,
                            SQLITE_PREPARE_PERSISTENT, &s->begin_st,
                            NULL) != SQLITE_OK ||
@@ -534,36 +528,28 @@ static int sq_get(void *b, const char *request_id, qg_ledger_row *out)
 /* The statement of `it` changed nothing: a guard kept the row the ledger
  * holds for its request id.  That is expected for a settle repeated
  * after its row was settled (the same subject, or none named); anything
- * else is another request's row: `it` is marked refused.  Returns an
- * SQLite code (a failed read fails the transaction). */
-static int guard_refused(qg__sq *s, qg__ledger_item *it, char *why,
-                         size_t whycap)
+ * else is another request's row: `it` is marked refused.  held is that
+ * row, as write_row read it just before the statement (the same
+ * transaction: qg__sq_rollup_before). */
+static void guard_refused(qg__ledger_item *it, const qg__sq_prior *held,
+                          char *why, size_t whycap)
 {
     const qg_ledger_row *r = &it->row;
-    int rc;
-    BIND_STR(s->owner, 1, r->request_id);
-    rc = sqlite3_step(s->owner);
-    if (rc == SQLITE_ROW) {
-        const char *owner = (const char *)sqlite3_column_text(s->owner, 0);
-        int same = owner && strncmp(owner, r->subject, sizeof r->subject) == 0;
-        int decision = sqlite3_column_int(s->owner, 1);
-        if (r->settle_only)
-            it->refused = decision != 1 || (r->subject[0] && !same);
-        else
-            it->refused = 1;
-        if (it->refused)
-            snprintf(why, whycap, "request id %.80s "
-                     "is held by a %s row of subject %.80s: the %s of "
-                     "subject %.80s was not written",
-                     r->request_id, decision == 1 ? "admitted" : "refused",
-                     owner ? owner : "", r->settle_only ? "settle" : "row",
-                     r->subject[0] ? r->subject : "(not named)");
-        rc = SQLITE_OK;
-    } else if (rc == SQLITE_DONE) {
-        rc = SQLITE_OK;          /* cannot happen: an insert would have */
-    }
-    sqlite3_reset(s->owner);
-    return rc;
+    int same;
+    if (!held->found)
+        return;                  /* cannot happen: an insert would have */
+    same = strncmp(held->subject, r->subject, sizeof r->subject) == 0;
+    if (r->settle_only)
+        it->refused = held->decision != 1 || (r->subject[0] && !same);
+    else
+        it->refused = 1;
+    if (it->refused)
+        snprintf(why, whycap, "request id %.80s "
+                 "is held by a %s row of subject %.80s: the %s of "
+                 "subject %.80s was not written",
+                 r->request_id, held->decision == 1 ? "admitted" : "refused",
+                 held->subject, r->settle_only ? "settle" : "row",
+                 r->subject[0] ? r->subject : "(not named)");
 }
 
 /* Step a transaction-control statement (prepared once at open, so that
@@ -614,8 +600,10 @@ static int write_row(qg__sq *s, qg__ledger_item *it, char *why, size_t whycap)
         (rc = step_row(it->row.settle_only ? s->settle : s->upsert,
                        &it->row)) != SQLITE_OK)
         return rc;
-    if (sqlite3_changes(s->wdb) == 0)
-        return guard_refused(s, it, why, whycap);
+    if (sqlite3_changes(s->wdb) == 0) {
+        guard_refused(it, &prior, why, whycap);
+        return SQLITE_OK;
+    }
 counted:
     rc = qg__sq_rollup_after(s, &it->row, &prior);
     return rc == QG_OK ? SQLITE_OK
@@ -639,7 +627,6 @@ static int sq_write_batch(void *b, qg__ledger_item *it, size_t n,
         return batch_failed(s, rc, why, whycap);
     if ((rc = run_ctl(s->begin_st)) != SQLITE_OK)
         return batch_failed(s, rc, why, whycap);
-    qg__sq_rollup_clear(s);
     for (i = 0; i < n; i++) {
         if (it[i].merged) {      /* shares the fate of the row it joined */
             it[i].refused = 0;

@@ -28,7 +28,8 @@ typedef struct qg__sq_rollup {
     size_t n;
 } qg__sq_rollup;
 
-/* What a row already written counts, read before a statement replaces it. */
+/* The row a statement may replace, read just before it: what it counts
+ * (the rollup) and who holds its request id (the writer's guards). */
 typedef struct qg__sq_prior {
     int found, decision;
     int64_t weight_milli, created_ms;
@@ -45,7 +46,6 @@ typedef struct qg__sq_ckpt {
     sqlite3 *db;                /* its own connection (sq_open's cdb) */
     int pending, stop, ready, started;
     int woken_at;               /* WAL frames at the last wake (writer's) */
-    uint64_t runs;
 } qg__sq_ckpt;
 
 typedef struct qg__sq {
@@ -56,7 +56,6 @@ typedef struct qg__sq {
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
     sqlite3_stmt *insert_new;    /* insert of a row whose id is not there */
-    sqlite3_stmt *owner;         /* who holds a request id (guards) */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
     qg__sq_rollup rollup;       /* writer thread only */
     sqlite3 *cdb;               /* the checkpointer's */

@@ -74,7 +74,6 @@ static void *ckpt_main(void *arg)
         (void)sqlite3_wal_checkpoint_v2(c->db, NULL,
                                         SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
         pthread_mutex_lock(&c->mu);
-        c->runs++;
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -84,7 +83,6 @@ int qg__sq_ckpt_start(qg__sq_ckpt *c, sqlite3 *writer, sqlite3 *own)
 {
     c->db = own;
     c->pending = c->stop = c->woken_at = 0;
-    c->runs = 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->ready = 1;

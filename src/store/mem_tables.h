@@ -83,7 +83,8 @@ typedef struct mem_store {
     int nshards;
     ent_shard *ents;
     resv_shard *resvs;
-    void *resv_region;            /* every shard's slots (store_memory.c) */
+    void *resv_region;            /* the mapping that holds every shard's
+                                     slots (store_memory.c) */
     size_t resv_region_len;
 } mem_store;
 

@@ -486,7 +486,7 @@ static void mem_free(qg_store *s)
  * checks, 4 KB pages cost a page fault (and a TLB shootdown across the
  * process's threads) every 32 slots, which a check-only load measured at
  * 7-12% of the server's CPU (docs/benchmarks.md, issue 14). */
-static void *resv_region_new(size_t len, size_t *maplen)
+static resv *resv_region_new(mem_store *ms, size_t len)
 {
     size_t n = len + HUGE_PAGE;
     char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
@@ -494,12 +494,13 @@ static void *resv_region_new(size_t len, size_t *maplen)
     char *a;
     if (p == MAP_FAILED)
         return NULL;
+    ms->resv_region = p;
+    ms->resv_region_len = n;
     a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
 #ifdef MADV_HUGEPAGE
     (void)madvise(a, len, MADV_HUGEPAGE);
 #endif
-    *maplen = n;
-    return p;
+    return (resv *)a;
 }
 
 static const qg_store_methods memory_methods = {
@@ -522,6 +523,7 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
                                                    : DEFAULT_RESERVATIONS;
     uint32_t per, cap;
     mem_store *ms;
+    resv *slots;
 
     if (n & (n - 1) || n > 4096)
         return NULL;
@@ -536,9 +538,7 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     ms->resvs = calloc((size_t)n, sizeof *ms->resvs);
     if (!ms->ents || !ms->resvs)
         goto fail;
-    ms->resv_region = resv_region_new((size_t)n * cap * sizeof(resv),
-                                      &ms->resv_region_len);
-    if (!ms->resv_region)
+    if (!(slots = resv_region_new(ms, (size_t)n * cap * sizeof(resv))))
         goto fail;
     for (int i = 0; i < n; i++) {
         resv_shard *rs = &ms->resvs[i];
@@ -547,10 +547,9 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
         pthread_mutex_init(&rs->mu, NULL);
         rs->max = per;
         rs->cap = cap;
-        rs->slots = (resv *)(((uintptr_t)ms->resv_region + HUGE_PAGE - 1) &
-                             ~(uintptr_t)(HUGE_PAGE - 1)) + (size_t)i * cap;
+        rs->slots = slots + (size_t)i * cap;
         rs->fifo = calloc(per, sizeof *rs->fifo);
-        if (!rs->slots || !rs->fifo)
+        if (!rs->fifo)
             goto fail;
     }
     return &ms->base;
