@@ -30,16 +30,14 @@
 #include "quotagate.h"
 #include "idfilter.h"
 #include "ledger.h"
+#include "ledgerdb.h"
 #include "pgproc.h"
 
 #define BASE_MS 1780000000000LL
 
 /* ------------------------------------------------------------ helpers */
 
-typedef struct tmpdb {
-    char dir[64];
-    char path[128];
-} tmpdb;
+typedef ledgerdb tmpdb;
 
 /* The PostgreSQL group's server (main), and whether the test runs on it:
  * then a "tmpdb" is a fresh database and its path the URL. */
@@ -48,32 +46,12 @@ static int on_pg;
 
 static void tmpdb_make(tmpdb *t)
 {
-    if (on_pg) {
-        char db[64];
-        if (pgproc_createdb(&PG, db, sizeof db) < 0)
-            fail_msg("createdb: %s", PG.why);
-        t->dir[0] = '\0';
-        pgproc_url(&PG, db, t->path, sizeof t->path);
-        return;
-    }
-    strcpy(t->dir, "/tmp/qgledger.XXXXXX");
-    assert_non_null(mkdtemp(t->dir));
-    snprintf(t->path, sizeof t->path, "%s/ledger.db", t->dir);
+    ledgerdb_make(t, on_pg ? &PG : NULL, "qgledger");
 }
 
 static void tmpdb_remove(tmpdb *t)
 {
-    if (on_pg)
-        return;                 /* the server's folder goes at the end */
-
-    static const char *const sfx[] = { "", "-wal", "-shm" };
-    char p[160];
-    size_t i;
-    for (i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s%s", t->path, sfx[i]);
-        unlink(p);
-    }
-    rmdir(t->dir);
+    ledgerdb_remove(t);
 }
 
 static qg_ledger *open_ok(const char *url, const qg_ledger_opts *o)

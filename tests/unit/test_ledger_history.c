@@ -25,6 +25,7 @@
 
 #include "quotagate.h"
 #include "ledger.h"
+#include "ledgerdb.h"
 #include "pgproc.h"
 
 #define BASE_MS INT64_C(1767225600000)     /* 2026-01-01T00:00:00Z */
@@ -33,37 +34,16 @@
 static pgproc PG;
 static int on_pg;
 
-typedef struct tmpdb {
-    char dir[64];
-    char path[128];
-} tmpdb;
+typedef ledgerdb tmpdb;
 
 static void tmpdb_make(tmpdb *t)
 {
-    if (on_pg) {
-        char db[64];
-        if (pgproc_createdb(&PG, db, sizeof db) < 0)
-            fail_msg("createdb: %s", PG.why);
-        t->dir[0] = '\0';
-        pgproc_url(&PG, db, t->path, sizeof t->path);
-        return;
-    }
-    strcpy(t->dir, "/tmp/qghist.XXXXXX");
-    assert_non_null(mkdtemp(t->dir));
-    snprintf(t->path, sizeof t->path, "%s/ledger.db", t->dir);
+    ledgerdb_make(t, on_pg ? &PG : NULL, "qghist");
 }
 
 static void tmpdb_remove(tmpdb *t)
 {
-    static const char *const sfx[] = {"", "-wal", "-shm"};
-    char p[160];
-    if (on_pg)
-        return;
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s%s", t->path, sfx[i]);
-        unlink(p);
-    }
-    rmdir(t->dir);
+    ledgerdb_remove(t);
 }
 
 /* What the ledger reports goes to the test's log. */
