@@ -464,18 +464,21 @@ static void serve_close(qg_server *s)
 {
     qg__reloader_free(s->reloader);     /* after run: no request comes */
     qg__watcher_free(s->watcher);
-    qg__reconciler_free(s->reconciler); /* before the engine and ledger */
-    qg__keeper_free(s->keeper);
-    /* Drain the ledger first: settles still in its queue are answered (or
-     * dropped with their connections) before the HTTP server goes. */
-    qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
-    qg__notify_free(s->notify);         /* before the ledger it writes */
-    qg__ledger_close(s->ledger);
-    /* the lanes before the loops they were made on go */
+    /* The lanes next (and before the loops they were made on go): a
+     * decision still waiting on the store ends as the lane closes, and its
+     * completion admits or refuses through the keeper, the proxy, the
+     * request-id table and the ledger, which must all still be there. */
     for (int i = 0; s->lanes && i < s->nlanes; i++)
         qg_store_lane_free(s->store, s->lanes[i]);
     free(s->lanes);
     free(s->lane_failed);
+    qg__reconciler_free(s->reconciler); /* before the engine and ledger */
+    qg__keeper_free(s->keeper);
+    /* Drain the ledger next: settles still in its queue are answered (or
+     * dropped with their connections) before the HTTP server goes. */
+    qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
+    qg__notify_free(s->notify);         /* before the ledger it writes */
+    qg__ledger_close(s->ledger);
     qg__http_server_free(s->http);
     qg__metrics_free(s->metrics);
     qg_engine_free(s->engine);

@@ -17,7 +17,9 @@
  *    (CLIENT KILL) and Redis answering errors (OOM writes): never beyond
  *    100, exactly 100 once back, the log naming Redis's error;
  *  - a check Redis runs after the instance refused it locally (writes
- *    held by CLIENT PAUSE) is taken back: exactly 100.
+ *    held by CLIENT PAUSE) is taken back: exactly 100;
+ *  - SIGTERM while checks wait on a silent Redis: a clean exit, and the
+ *    instance serves again once restarted.
  * A real redis-server (redisproc) and three real servers (qgproc) on free
  * ports, each with its own SQLite ledger. */
 #include <stdarg.h>
@@ -625,6 +627,43 @@ static void test_refused_locally_applied_later(void **state)
         fail_msg("instance 0's log does not say the charge was taken back");
 }
 
+/* SIGTERM while decisions wait on a Redis that does not answer
+ * (SIGSTOP): the calls still in flight end as the instance closes its
+ * store lanes, each completing its decision (or its connection closing)
+ * while the ledger, the request-id table and the keeper are still there.
+ * The instance exits 0, and once restarted it answers again. */
+static void test_sigterm_while_redis_silent(void **state)
+{
+    static race rc = {{"free1", "free1"}, "term", 0, 0, 0, 0, 0, 1};
+    pthread_t th[16];
+    long long t0;
+    int stopped;
+    (void)state;
+    if (!have_redis)
+        skip();
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, client, &rc), 0);
+    t0 = qg_now_ms();
+    while (atomic_load(&rc.allowed) < 50 && qg_now_ms() - t0 < 10000)
+        tst_sleep_ms(5);
+    kill(R.pid, SIGSTOP);
+    tst_sleep_ms(300);                  /* calls wait out their 1s timeout */
+    stopped = qgproc_stop(&P[0], 20000);
+    kill(R.pid, SIGCONT);
+    for (int i = 0; i < 16; i++)
+        pthread_join(th[i], NULL);
+    printf("sigterm: %ld admitted before and while Redis was silent\n",
+           (long)atomic_load(&rc.allowed));
+    if (stopped != 0) {
+        qgproc_dump_stderr(&P[0]);
+        fail_msg("instance 0 did not stop cleanly on SIGTERM with calls "
+                 "waiting on Redis: %s", P[0].why);
+    }
+    assert_int_equal(qgproc_restart(&P[0]), 0);
+    wait_state("ok");
+    assert_int_equal(check_at(0, "free1", "term-after"), 200);
+}
+
 /* ==================================================== a Redis Cluster */
 
 /* Three masters with a replica each (2 s node timeout; the others keep
@@ -875,6 +914,8 @@ int main(void)
                                   gc_teardown),
         cmocka_unit_test_teardown(test_redis_answers_errors, gc_teardown),
         cmocka_unit_test_teardown(test_refused_locally_applied_later,
+                                  gc_teardown),
+        cmocka_unit_test_teardown(test_sigterm_while_redis_silent,
                                   gc_teardown),
     };
     const struct CMUnitTest cluster[] = {
