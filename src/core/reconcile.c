@@ -359,8 +359,9 @@ nomem:
 /* The row into side's three engines at cut (margin m): EXACT as it stood
  * at the cut; LOW without what was decided within m of it, settled at the
  * smaller amount when the settle is within m; HIGH with what was decided
- * up to m after it, a settle within m still a reservation of the larger
- * amount (its lease held).  Returns 1 when the row counts at the cut. */
+ * up to m after it (as at the cut), a settle within m still a reservation
+ * of the larger amount (its lease held).  Returns 1 when the row counts at
+ * the cut. */
 static int replay_side(ctx *c, int side, const qg_recon_row *row,
                        int64_t cut, int64_t m)
 {
@@ -394,6 +395,12 @@ static int replay_side(ctx *c, int side, const qg_recon_row *row,
             rr.settled = 0;
             rr.reserved_milli = rr.charged_milli = hi;
         }
+        /* the most: a row decided after the cut counts as at the cut.  At
+         * its own instant it would move the entity's clock past the cut,
+         * and a rate window viewed there has drained below what the store
+         * holds at the cut with a decision still on its way. */
+        if (rr.decided_at_ms > cut)
+            rr.decided_at_ms = cut;
         qg_engine_restore(c->f[side][HIGH], &rr, err, sizeof err);
     }
     return counts;
