@@ -50,8 +50,11 @@ typedef struct qg__spool_mark {
  * write_batch: write it[0..n) (skipping merged items) in ONE transaction
  * and commit it durably, or write none.  The guards (the same in every
  * backend, tested against each): a whole row (settle_only 0) is inserted,
- * or replaces a row of the same request id only when that row is a
- * refusal (decision != 1) of the same subject; a settle-only row updates
+ * or replaces a row of the same request id only when that row is of the
+ * same subject and either a refusal (decision != 1) or an admitted,
+ * unsettled row that the whole row settles (decision 1, status not 1: the
+ * request's check row with its settle folded in, replayed from a spool
+ * after a commit of the check row whose answer was lost); a settle-only row updates
  * status, estimated, input/output tokens, weight_milli, settled_ms,
  * overage_milli, overage_cost_micro and detail of an admitted (decision
  * 1), unsettled (status 1) row of its request id whose subject is the

@@ -41,7 +41,9 @@ const int qg__pg_binary[QG_PG_NCOLS] = {
     " overage_cost_micro = EXCLUDED.overage_cost_micro," \
     " headroom_milli = EXCLUDED.headroom_milli, detail = EXCLUDED.detail," \
     " fallback = EXCLUDED.fallback" \
-    " WHERE requests.subject = EXCLUDED.subject AND requests.decision <> 1"
+    " WHERE requests.subject = EXCLUDED.subject AND (requests.decision <> 1" \
+    " OR (requests.status = 1 AND EXCLUDED.decision = 1" \
+    " AND EXCLUDED.status <> 1))"
 
 #define SETTLE_SET \
     " ON CONFLICT (request_id) DO UPDATE" \

@@ -54,9 +54,12 @@
 
 /* A row once written is changed only by its own request: a whole row
  * (a decision) replaces only a refusal of the same subject (a refused
- * request decided again); a settle changes only an admitted, unsettled
- * row of its subject ("" = not named: any).  Another subject's row, an
- * admitted row, a settled row are never overwritten: the statement then
+ * request decided again), or an admitted, unsettled row of the same
+ * subject that it settles (the check row with its settle folded in, as a
+ * spool replays it when the check row's commit had lost its answer:
+ * ledger_backend.h); a settle changes only an admitted, unsettled row of
+ * its subject ("" = not named: any).  Another subject's row, an admitted
+ * row otherwise, a settled row are never overwritten: the statement then
  * changes nothing and the writer reports it (guard_refused).  The server
  * refuses a reused request id before it gets here (docs/decisions.md,
  * "Idempotency"); these guards hold even if it did not. */
@@ -79,7 +82,9 @@ static const char sql_upsert[] =
     " overage_cost_micro = excluded.overage_cost_micro,"
     " headroom_milli = excluded.headroom_milli, detail = excluded.detail,"
     " fallback = excluded.fallback"
-    " WHERE requests.subject = excluded.subject AND requests.decision <> 1";
+    " WHERE requests.subject = excluded.subject AND (requests.decision <> 1"
+    " OR (requests.status = 1 AND excluded.decision = 1"
+    " AND excluded.status <> 1))";
 
 /* A decision row whose request id the ledger does not hold yet (nearly
  * every one): inserted without reading anything first; when the id is

@@ -516,6 +516,26 @@ static void test_guards(void **state)
     tmpdb_make(&t);
     logged[0] = '\0';
     l = open_ok(t.path, &o);
+    /* a check row already written, then the same row with its settle
+     * folded in (a spool's replay after the first commit lost its
+     * answer): the settle is written, not refused; once settled, the
+     * reserved row again changes nothing */
+    make_row(2, &victim);
+    victim.decision = 1;
+    victim.status = QG_ROW_RESERVED;
+    victim.reserved_milli = victim.weight_milli = 3000;
+    victim.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &victim, &c), 0);
+    attack = victim;
+    attack.status = QG_ROW_COMPLETED;
+    attack.weight_milli = 2000;
+    attack.settled_ms = victim.created_ms + 9;
+    assert_int_equal(submit_wait(l, &attack, &c), 0);
+    assert_int_equal(qg__ledger_get(l, victim.request_id, &got), 0);
+    assert_row_eq(&got, &attack);
+    assert_int_equal(submit_wait(l, &victim, &c), QG_ESTATE);
+    assert_int_equal(qg__ledger_get(l, victim.request_id, &got), 0);
+    assert_row_eq(&got, &attack);
     /* the victim's request, admitted and settled at 7 */
     make_row(1, &victim);
     strcpy(victim.subject, "victim");
@@ -575,7 +595,7 @@ static void test_guards(void **state)
     assert_int_equal(qg__ledger_get(l, refused.request_id, &got), 0);
     assert_row_eq(&got, &refused);
     qg__ledger_stats_get(l, &stats);
-    assert_int_equal(stats.rows_refused, 4);
+    assert_int_equal(stats.rows_refused, 5);   /* the five ESTATEs above */
     assert_int_equal(stats.errors, 0);
     if (!strstr(logged, "attacker") || !strstr(logged, "not written"))
         fail_msg("rows kept out are not logged: \"%s\"", logged);

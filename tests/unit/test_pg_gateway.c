@@ -277,21 +277,39 @@ static void load_free(load *ld)
 static void verify(load *ld, qgproc *p, const char *what)
 {
     size_t i, len = 64 + ld->nacked * 52;
-    char *q = malloc(len), *w = q;
+    char *ids = malloc(len), *w = ids;
     long got, used_ledger;
     double used_gw;
-    assert_non_null(q);
+    assert_non_null(ids);
     assert_true(ld->nacked > 0);
-    w += sprintf(w, "SELECT count(*) FROM requests WHERE status = 2 AND "
-                    "weight_milli = 2000 AND request_id IN (");
     for (i = 0; i < ld->nacked; i++)
         w += sprintf(w, "%s'%s'", i ? "," : "", ld->acked[i]);
-    sprintf(w, ")");
-    got = atol(sql(q));
-    free(q);
-    if (got != (long)ld->nacked)
+    got = atol(sql(tst_fmt("SELECT count(*) FROM requests WHERE status = 2 "
+                           "AND weight_milli = 2000 AND request_id IN (%s)",
+                           ids)));
+    if (got != (long)ld->nacked) {
+        /* say which: acknowledged ids whose row is missing or not settled
+         * at 2 points, and what PostgreSQL holds for the first */
+        const char *bad = sql(tst_fmt(
+            "SELECT string_agg(a, ' ') FROM (SELECT a FROM unnest(ARRAY[%s]) "
+            "a WHERE NOT EXISTS (SELECT 1 FROM requests WHERE request_id = a "
+            "AND status = 2 AND weight_milli = 2000) LIMIT 5) y", ids));
+        char *first = tst_fmt("%s", bad), *sp = strchr(first, ' ');
+        if (sp)
+            *sp = '\0';
+        fprintf(stderr, "%s: not settled at 2 points: %s; row (seq decision "
+                "status reserved weight created settled): %s\n", what, bad,
+                sql(tst_fmt("SELECT concat_ws(' ', seq, decision, status, "
+                            "reserved_milli, weight_milli, created_ms, "
+                            "settled_ms) FROM requests WHERE request_id = "
+                            "'%s'", first)));
+        free(ids);
+        free(ld->acked);
+        ld->acked = NULL;
         fail_msg("%s: %zu settles acknowledged, %ld of them in PostgreSQL "
                  "settled at 2 points", what, ld->nacked, got);
+    }
+    free(ids);
     /* request ids are the primary key: no id has two rows; the charge:
      * the gateway's counters (after the last restart: rebuilt from
      * PostgreSQL) against the ledger's rows */
