@@ -54,8 +54,8 @@ typedef struct qg__spool_mark {
  * same subject and either a refusal (decision != 1) or an admitted,
  * unsettled row that the whole row settles (decision 1, status not 1: the
  * request's check row with its settle folded in, replayed from a spool
- * after a commit of the check row whose answer was lost); a settle-only row updates
- * status, estimated, input/output tokens, weight_milli, settled_ms,
+ * after a commit of the check row whose answer was lost); a settle-only
+ * row updates status, estimated, input/output tokens, weight_milli, settled_ms,
  * overage_milli, overage_cost_micro and detail of an admitted (decision
  * 1), unsettled (status 1) row of its request id whose subject is the
  * settle's (or any, when the settle's subject is ""), or is inserted whole

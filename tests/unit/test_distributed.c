@@ -647,7 +647,7 @@ static void test_sigterm_while_redis_silent(void **state)
     while (atomic_load(&rc.allowed) < 50 && qg_now_ms() - t0 < 10000)
         tst_sleep_ms(5);
     kill(R.pid, SIGSTOP);
-    tst_sleep_ms(300);                  /* calls wait out their 1s timeout */
+    tst_sleep_ms(300);            /* checks now wait on Redis (timeout 1s) */
     stopped = qgproc_stop(&P[0], 20000);
     kill(R.pid, SIGCONT);
     for (int i = 0; i < 16; i++)

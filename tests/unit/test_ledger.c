@@ -506,7 +506,7 @@ static int submit_wait(qg_ledger *l, const qg_ledger_row *r, codes *c)
 static void test_guards(void **state)
 {
     qg_ledger_opts o = { .log = log_line };
-    qg_ledger_row victim, attack, st, refused, got;
+    qg_ledger_row victim, folded, attack, st, refused, got;
     qg_ledger_stats stats;
     codes c;
     qg_ledger *l;
@@ -526,16 +526,16 @@ static void test_guards(void **state)
     victim.reserved_milli = victim.weight_milli = 3000;
     victim.settled_ms = 0;
     assert_int_equal(submit_wait(l, &victim, &c), 0);
-    attack = victim;
-    attack.status = QG_ROW_COMPLETED;
-    attack.weight_milli = 2000;
-    attack.settled_ms = victim.created_ms + 9;
-    assert_int_equal(submit_wait(l, &attack, &c), 0);
+    folded = victim;
+    folded.status = QG_ROW_COMPLETED;
+    folded.weight_milli = 2000;
+    folded.settled_ms = victim.created_ms + 9;
+    assert_int_equal(submit_wait(l, &folded, &c), 0);
     assert_int_equal(qg__ledger_get(l, victim.request_id, &got), 0);
-    assert_row_eq(&got, &attack);
+    assert_row_eq(&got, &folded);
     assert_int_equal(submit_wait(l, &victim, &c), QG_ESTATE);
     assert_int_equal(qg__ledger_get(l, victim.request_id, &got), 0);
-    assert_row_eq(&got, &attack);
+    assert_row_eq(&got, &folded);
     /* the victim's request, admitted and settled at 7 */
     make_row(1, &victim);
     strcpy(victim.subject, "victim");
