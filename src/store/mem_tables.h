@@ -68,15 +68,25 @@ typedef struct resv {
     uint8_t late;
 } resv;
 
+/* A shard's request ids: the entries themselves in a ring of max, in
+ * insertion order (the oldest at head, the next at head + count), found
+ * through an open-addressing index of cap 8-byte slots, each the id's
+ * hash bits (the high half; its home slot too) and its ring position + 1
+ * (the low half; 0: an empty slot).  Entries never move, so a resv
+ * pointer stays valid until its id is forgotten; lookups probe the small
+ * index, not the 136-byte entries (docs/benchmarks.md, issue 14). */
 typedef struct resv_shard {
     pthread_mutex_t mu;
-    resv *slots;
+    uint64_t *index;              /* cap slots */
+    resv *ring;                   /* max entries */
     uint32_t cap, count, max;     /* cap power of two >= 2 * max */
-    qg_key *fifo;                 /* insertion order, max entries */
-    uint32_t fifo_head, fifo_count;
+    uint32_t head;                /* ring position of the oldest id */
     uint32_t live;                /* R_RESERVED entries */
     char pad[64];
 } resv_shard;
+
+/* The index's hash bits of a request id (its home slot is these masked). */
+static inline uint32_t resv_tag(qg_key rid) { return (uint32_t)(rid.lo >> 8); }
 
 typedef struct mem_store {
     qg_store base;
@@ -98,8 +108,8 @@ int qg__mem_ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
                     int n, entity **out);
 void qg__mem_entity_free(entity *e);
 
-/* mem_reservations.c: the request-id table of one shard (open
- * addressing without tombstones, a FIFO of insertion order). */
+/* mem_reservations.c: the request-id table of one shard (a ring in
+ * insertion order under an open-addressing index without tombstones). */
 resv *qg__mem_resv_find(resv_shard *sh, qg_key rid);
 /* Make room for one more id: forget the oldest if it is settled or its
  * lease has expired.  Returns 0 or QG_EFULL. */

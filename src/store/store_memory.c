@@ -156,17 +156,18 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     resv *r;
     int rc;
 
-    /* The request id's slot and the member's entity are far apart in
-     * memory and both needed: start loading them together. */
-    __builtin_prefetch(&rs->slots[(uint32_t)(in->rid.lo >> 8) & (rs->cap - 1)]);
+    /* The request id's index slot and the member's entity are far apart
+     * in memory and both needed: start loading them together. */
+    __builtin_prefetch(&rs->index[resv_tag(in->rid) & (rs->cap - 1)]);
     /* When the shard is full, resv_make_room forgets the oldest id: its
-     * slot is a third random line.  Read the FIFO head without the lock:
-     * a stale value only makes the prefetch useless, never wrong. */
+     * index slot is a third random line.  Read the ring's head without
+     * the lock: a stale value only makes the prefetch useless, never
+     * wrong. */
     if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) >= rs->max) {
-        uint32_t h = __atomic_load_n(&rs->fifo_head, __ATOMIC_RELAXED);
-        uint64_t lo = __atomic_load_n(&rs->fifo[h < rs->max ? h : 0].lo,
+        uint32_t h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
+        uint64_t lo = __atomic_load_n(&rs->ring[h < rs->max ? h : 0].rid.lo,
                                       __ATOMIC_RELAXED);
-        __builtin_prefetch(&rs->slots[(uint32_t)(lo >> 8) & (rs->cap - 1)]);
+        __builtin_prefetch(&rs->index[(uint32_t)(lo >> 8) & (rs->cap - 1)]);
     }
     if (in->hint && *in->hint) {
         /* header, 4-5 window states and the lent ring and leases: up to
@@ -441,8 +442,8 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
         pthread_mutex_lock(&rs->mu);
         out->reservations += rs->count;
         out->reservations_live += rs->live;
-        out->bytes += (size_t)rs->cap * sizeof(resv) +
-                      (size_t)rs->max * sizeof(qg_key);
+        out->bytes += (size_t)rs->cap * sizeof *rs->index +
+                      (size_t)rs->max * sizeof(resv);
         pthread_mutex_unlock(&rs->mu);
     }
 }
@@ -466,10 +467,8 @@ static void mem_free(qg_store *s)
             }
             pthread_mutex_destroy(&es->mu);
         }
-        if (ms->resvs) {
-            free(ms->resvs[i].fifo);
+        if (ms->resvs)
             pthread_mutex_destroy(&ms->resvs[i].mu);
-        }
     }
     if (ms->resv_region)
         munmap(ms->resv_region, ms->resv_region_len);
@@ -480,13 +479,14 @@ static void mem_free(qg_store *s)
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
-/* The reservation shards' slot tables, one zeroed mapping for all of
- * them (128 MB at the default 2^19 ids), in huge pages where the kernel
- * has them (MADV_HUGEPAGE; ignored where it does not): touched first by
- * checks, 4 KB pages cost a page fault (and a TLB shootdown across the
- * process's threads) every 32 slots, which a check-only load measured at
- * 7-12% of the server's CPU (docs/benchmarks.md, issue 14). */
-static resv *resv_region_new(mem_store *ms, size_t len)
+/* The reservation shards' rings and indexes, one zeroed mapping for all
+ * of them (76 MB at the default 2^19 ids: 68 MB of entries, 8 MB of
+ * index), in huge pages where the kernel has them (MADV_HUGEPAGE; ignored
+ * where it does not): touched first by checks, 4 KB pages cost a page
+ * fault (and a TLB shootdown across the process's threads) every 30
+ * entries, which a check-only load measured at 7-12% of the server's CPU
+ * (docs/benchmarks.md, issue 14). */
+static char *resv_region_new(mem_store *ms, size_t len)
 {
     size_t n = len + HUGE_PAGE;
     char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
@@ -500,7 +500,7 @@ static resv *resv_region_new(mem_store *ms, size_t len)
 #ifdef MADV_HUGEPAGE
     (void)madvise(a, len, MADV_HUGEPAGE);
 #endif
-    return (resv *)a;
+    return a;
 }
 
 static const qg_store_methods memory_methods = {
@@ -523,7 +523,8 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
                                                    : DEFAULT_RESERVATIONS;
     uint32_t per, cap;
     mem_store *ms;
-    resv *slots;
+    char *region;
+    size_t ring_len;
 
     if (n & (n - 1) || n > 4096)
         return NULL;
@@ -538,7 +539,10 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     ms->resvs = calloc((size_t)n, sizeof *ms->resvs);
     if (!ms->ents || !ms->resvs)
         goto fail;
-    if (!(slots = resv_region_new(ms, (size_t)n * cap * sizeof(resv))))
+    /* rings first (sizeof(resv) keeps them 8-byte aligned), then indexes */
+    ring_len = (size_t)n * per * sizeof(resv);
+    if (!(region = resv_region_new(ms, ring_len +
+                                           (size_t)n * cap * sizeof(uint64_t))))
         goto fail;
     for (int i = 0; i < n; i++) {
         resv_shard *rs = &ms->resvs[i];
@@ -547,10 +551,8 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
         pthread_mutex_init(&rs->mu, NULL);
         rs->max = per;
         rs->cap = cap;
-        rs->slots = slots + (size_t)i * cap;
-        rs->fifo = calloc(per, sizeof *rs->fifo);
-        if (!rs->fifo)
-            goto fail;
+        rs->ring = (resv *)region + (size_t)i * per;
+        rs->index = (uint64_t *)(region + ring_len) + (size_t)i * cap;
     }
     return &ms->base;
 fail:

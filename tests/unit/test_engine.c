@@ -476,6 +476,57 @@ static void test_reservations_full(void **state)
     qg_store_free(f->store);
 }
 
+/* The request-id table under churn: one shard of 64 ids, 20000 steps of
+ * new ids (checked and settled) and replays of recent ones, against a
+ * plain list of the ids the table should still hold (the newest 64, all
+ * settled, so the oldest is forgotten first).  A replay answers from the
+ * table exactly when the id is in the list; a forgotten id is a new
+ * request again.  Wraps the ring hundreds of times and deletes from every
+ * position of the index's probe runs. */
+static void test_reservations_churn(void **state)
+{
+    (void)state;
+    enum { MAX = 64, STEPS = 20000 };
+    qg_memory_opts mo = { .shards = 1, .max_reservations = MAX };
+    fixture *f = fixture_new(&mo);
+    static qg_decision d;
+    qg_settle_result r;
+    int held[MAX], nheld = 0, next = 0;
+    uint64_t x = 88172645463325252ull;
+    char rid[32];
+
+    for (int step = 0; step < STEPS; step++) {
+        int id, in_table = 0;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (x % 10 < 6 || next < 100)
+            id = next++;
+        else
+            id = next - 1 - (int)((x >> 8) % 100);   /* one of the last 100 */
+        for (int i = 0; i < nheld; i++)
+            if (held[i] == id)
+                in_table = 1;
+        snprintf(rid, sizeof rid, "churn-%d", id);
+        assert_int_equal(check_w(f, "bob", rid, 1, T_MS + step, &d), QG_ALLOW);
+        if (d.replayed != in_table)
+            fail_msg("step %d id %d: replayed %d, expected %d", step, id,
+                     d.replayed, in_table);
+        if (in_table)
+            continue;
+        assert_int_equal(settle_w(f, rid, 1, T_MS + step, &r), 0);
+        if (nheld == MAX) {                /* the oldest is forgotten */
+            memmove(held, held + 1, (MAX - 1) * sizeof *held);
+            nheld--;
+        }
+        held[nheld++] = id;
+    }
+    qg_store_stats st;
+    qg_store_stats_get(f->store, &st);
+    assert_int_equal(st.reservations, MAX);
+    assert_int_equal(st.reservations_live, 0);
+    qg_engine_free(f->eng);
+    qg_store_free(f->store);
+}
+
 static void test_usage_and_recovery(void **state)
 {
     fixture *f = *state;
@@ -699,6 +750,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_model_scoped, setup, teardown),
         cmocka_unit_test(test_reservations_full),
+        cmocka_unit_test(test_reservations_churn),
         cmocka_unit_test(test_versions_by_instant),
         cmocka_unit_test(test_version_not_yet),
         cmocka_unit_test_setup_teardown(test_usage_and_recovery, setup,
