@@ -397,12 +397,16 @@ int main(void)
     long norgs = env_long("QG_BENCH_ORGS", 1000);
     long ops = env_long("QG_BENCH_OPS", 2000000);
     long allowed, errors;
-    double t, checks1 = 0, pairs1 = 0, checks2 = 0, pairs2 = 0;
+    double t, checks1 = 0, pairs1 = 0, checks2 = 0, pairs2 = 0, te = 1, tr = 0;
     world w;
     char *text = rules_text(norgs);
 
     printf("quotagate engine benchmark (virtual clock; one decision = one "
            "qg_engine_check)\n");
+    /* for profiling: QG_BENCH_HEAVY_ONLY=1 runs only the heavy rounds,
+     * =engine only their engine half */
+    if (getenv("QG_BENCH_HEAVY_ONLY"))
+        goto heavy;
     double t0 = now_s();
     struct mallinfo2 mi0 = mallinfo2();
     world_init(&w, text, nsubj, norgs);
@@ -464,7 +468,7 @@ int main(void)
     long small_subj = 10000, small_ops = 400000;
     world ws;
     world_init(&ws, text, small_subj, norgs < 1000 ? norgs : 1000);
-    double te = run_threads(&ws, 1, small_ops, 1, 5, &allowed, &errors);
+    te = run_threads(&ws, 1, small_ops, 1, 5, &allowed, &errors);
     qg_rules *rr = parse_rules(text);
     ref_model *ref = ref_new(rr);
     for (long i = 0; i < small_subj; i++) {
@@ -474,7 +478,7 @@ int main(void)
                         qg__rules_find_org(rr, org), 0);
     }
     long rallowed;
-    double tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,
+    tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,
                         &rallowed);
     printf("\n");
     row("engine, 10k subjects: check + settle", 1, small_ops, te, "pairs");
@@ -485,6 +489,7 @@ int main(void)
     qg_rules_free(rr);
     world_free(&ws);
 
+heavy:
     /* Heavy subjects: HEAVY_RUNS rounds, engine then reference in each,
      * so that both see the machine in the same state; the ratio of every
      * round and their spread are printed. */
@@ -492,16 +497,27 @@ int main(void)
     size_t hentries = 0;
     int hruns = (int)env_long("QG_BENCH_HEAVY_RUNS", 3);
     double hratio[16], the = 0, thr = 0;
+    const char *only = getenv("QG_BENCH_HEAVY_ONLY");
+    int heavy_engine_only = only && strcmp(only, "engine") == 0;
     if (hruns > 16)
         hruns = 16;
     printf("\n");
     for (int k = 0; k < hruns; k++) {
         the = heavy_engine(text, heavy_eops, &ha);
+        if (heavy_engine_only) {            /* for profiling the engine */
+            row("engine, 100 heavy subjects (6000+ in window)", 1,
+                heavy_eops, the, "pairs");
+            continue;
+        }
         thr = heavy_ref(text, heavy_rops, &hr, &hentries);
         hratio[k] = ((double)heavy_eops / the) / ((double)heavy_rops / thr);
         row("engine, 100 heavy subjects (6000+ in window)", 1, heavy_eops,
             the, "pairs");
         row("reference, 100 heavy subjects", 1, heavy_rops, thr, "pairs");
+    }
+    if (heavy_engine_only) {
+        free(text);
+        return 0;
     }
     printf("  %-44s    (admitted: engine %ld, reference %ld; reference "
            "log entries %zu)\n", "", ha, hr, hentries);
