@@ -289,8 +289,19 @@ void qg__rolling_adjust(const qg_window_spec *s, qg_win_state *st,
     if (sat_add(t0, s->length_ms) <= now)
         return;
     /* The charge lives in the first entry with t >= t0: storage only ever
-     * moves a charge later, and merges keep the order. */
+     * moves a charge later, and merges keep the order.  A settle names a
+     * recent charge, near the log's end: gallop back from the end (the
+     * entries there are in cache) to bracket it, then bisect. */
     uint32_t lo = 0, hi = st->u.roll.count;
+    for (uint32_t step = 1; hi > lo;) {
+        uint32_t i = hi > step ? hi - step : 0;
+        if (ent(st, i)->t_ms < t0) {
+            lo = i + 1;
+            break;
+        }
+        hi = i;
+        step *= 2;
+    }
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         if (ent(st, mid)->t_ms < t0)
