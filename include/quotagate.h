@@ -205,6 +205,12 @@ typedef struct qg_redis_opts {
                                   0: the rules' reach (at least every
                                   lease) plus an hour */
     int timeout_ms;            /* connect and reply timeout; 0: 1000 */
+    int64_t library_keep_ms;   /* a Function library of other rules
+                                  (another version's) is deleted from a
+                                  node once nobody loaded it there for
+                                  this long (an instance still running it
+                                  loads it again); 0: 24 hours, < 0:
+                                  never */
 } qg_redis_opts;
 
 /* opts may be NULL (server time, defaults). */
@@ -229,6 +235,8 @@ typedef struct qg_redis_counters {
                                   entities changed meanwhile), not exactly */
     uint64_t lookups;          /* ids answered from another tag */
     uint64_t period_retries;   /* calendar periods recomputed */
+    uint64_t libraries_deleted;/* old rules versions' Function libraries
+                                  deleted (library_keep_ms) */
 } qg_redis_counters;
 void qg_store_redis_counters(qg_store *s, qg_redis_counters *out);
 

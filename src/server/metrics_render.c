@@ -250,6 +250,10 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_store_script_loads_total", "counter",
             "SCRIPT LOAD sent after Redis answered NOSCRIPT.",
             g->redis.script_loads);
+    gauge_u(f, "quotagate_store_libraries_deleted_total", "counter",
+            "Function libraries of other rules versions deleted from Redis "
+            "nodes, none loaded there for a day.",
+            g->redis.libraries_deleted);
     gauge_u(f, "quotagate_store_voids_total", "counter",
             "Admissions taken back (a request id already answered under "
             "another tag, or a loss of the store's data noticed).",

@@ -263,6 +263,7 @@ static void route_key(const qg__rs_args *a, const char **key, size_t *len)
 }
 
 static void on_reply(void *ud, const redisReply *reply, int rc);
+static void ignored(void *ud, const redisReply *reply, int rc);
 
 static int resend(op *o, wait *w)
 {
@@ -328,6 +329,141 @@ static void sha_of(const qg__rs_args *a, char out[QG__RS_NAME_MAX])
     out[n] = 0;
 }
 
+/* The wall clock in ms: the instant a library load records, compared
+ * with other instances' (a day of slack makes their skew irrelevant). */
+static int64_t wall_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+/* v's Function library with now written in as its load instant: a copy
+ * (fn_len bytes) the caller frees, or NULL. */
+static char *stamped(const qg__rs_version *v, int64_t now)
+{
+    char digits[32], *t = malloc(v->fn_len ? v->fn_len : 1);
+    if (!t)
+        return NULL;
+    memcpy(t, v->fn_text, v->fn_len);
+    snprintf(digits, sizeof digits, "%013lld", (long long)now);
+    if (strlen(digits) == 13 && v->fn_stamp + 13 <= v->fn_len)
+        memcpy(t + v->fn_stamp, digits, 13);
+    return t;
+}
+
+/* -------------------------------------------------- old libraries
+ *
+ * Every rules version is a library of its own (redis_script.c), so a
+ * deployment that reloads its rules would pile them up on every node.
+ * After a library is loaded at a node, that node's list of libraries is
+ * read (FUNCTION LIST LIBRARYNAME qg_*) and every other one of ours
+ * (qg_ and 40 hex digits) whose load instant is older than the store's
+ * lib_keep_ms, or that records none (an older quotagate's), is deleted.
+ * Deleting a library an instance still runs is safe: its next call gets
+ * "Function not found" and loads it again (with a fresh instant), so
+ * the ones in use stay, at the cost of one load a day. */
+typedef struct prune_job {
+    qg_store_lane *l;
+    char node[QG__RLINK_ADDR_MAX];
+    char keep[QG__RS_NAME_MAX];  /* the library just loaded */
+    int64_t now;
+} prune_job;
+
+static int is_ours(const char *name, size_t len)
+{
+    if (len != 43 || memcmp(name, "qg_", 3) != 0)
+        return 0;
+    for (size_t i = 3; i < len; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') ||
+              (name[i] >= 'a' && name[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* The value after key in a flat key/value array, or NULL. */
+static const redisReply *field(const redisReply *a, const char *key)
+{
+    if (!a || a->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i + 1 < a->elements; i += 2) {
+        const redisReply *k = a->element[i];
+        if ((k->type == REDIS_REPLY_STRING || k->type == REDIS_REPLY_STATUS) &&
+            strcmp(k->str, key) == 0)
+            return a->element[i + 1];
+    }
+    return NULL;
+}
+
+/* A library's load instant from its functions' description; -1 none. */
+static int64_t loaded_at(const redisReply *lib)
+{
+    const redisReply *fns = field(lib, "functions");
+    size_t plen = strlen(QG__RS_STAMP_PREFIX);
+    if (!fns || fns->type != REDIS_REPLY_ARRAY)
+        return -1;
+    for (size_t i = 0; i < fns->elements; i++) {
+        const redisReply *d = field(fns->element[i], "description");
+        char *end;
+        long long t;
+        if (!d || d->type != REDIS_REPLY_STRING || d->len != plen + 13 ||
+            memcmp(d->str, QG__RS_STAMP_PREFIX, plen) != 0)
+            continue;
+        t = strtoll(d->str + plen, &end, 10);
+        if (*end == 0 && t >= 0)
+            return t;
+    }
+    return -1;
+}
+
+static void on_listed(void *ud, const redisReply *reply, int rc)
+{
+    prune_job *j = ud;
+    if (rc == 0 && reply->type == REDIS_REPLY_ARRAY) {
+        redis_store *s = j->l->s;
+        for (size_t i = 0; i < reply->elements; i++) {
+            const redisReply *lib = reply->element[i];
+            const redisReply *name = field(lib, "library_name");
+            const char *argv[3] = {"FUNCTION", "DELETE", NULL};
+            size_t lens[3] = {8, 6, 0};
+            int64_t t;
+            if (!name || name->type != REDIS_REPLY_STRING ||
+                !is_ours(name->str, name->len) ||
+                strcmp(name->str, j->keep) == 0)
+                continue;
+            t = loaded_at(lib);
+            if (t >= 0 && t > j->now - s->lib_keep_ms)
+                continue;
+            argv[2] = name->str;
+            lens[2] = name->len;
+            if (qg__rlink_command_at(j->l->link, j->node, 3, argv, lens,
+                                     ignored, NULL) == 0) {
+                QG__RS_COUNT(s, commands, 1);
+                QG__RS_COUNT(s, libraries_deleted, 1);
+            }
+        }
+    }
+    free(j);
+}
+
+/* After library keep was loaded at node: delete the stale others. */
+static void prune_libraries(qg_store_lane *l, const char *node,
+                            const char *keep)
+{
+    const char *argv[4] = {"FUNCTION", "LIST", "LIBRARYNAME", "qg_*"};
+    prune_job *j;
+    if (l->s->lib_keep_ms < 0 || !(j = calloc(1, sizeof *j)))
+        return;
+    j->l = l;
+    j->now = wall_ms();
+    snprintf(j->node, sizeof j->node, "%s", node);
+    snprintf(j->keep, sizeof j->keep, "%s", keep);
+    if (qg__rlink_command_at(l->link, node, 4, argv, NULL, on_listed, j) != 0)
+        free(j);
+    else
+        QG__RS_COUNT(l->s, commands, 1);
+}
+
 static void on_loaded(void *ud, const redisReply *reply, int rc)
 {
     wait *w = ud;
@@ -338,6 +474,9 @@ static void on_loaded(void *ud, const redisReply *reply, int rc)
     sha_of(w->cmd, sha);
     if (node && (e = load_find(o->l, node, sha)))
         e->pending = rc < 0 || reply->type == REDIS_REPLY_ERROR ? -1 : 0;
+    if (rc == 0 && node && w->v && is_fcall(w->cmd) &&
+        reply->type != REDIS_REPLY_ERROR)
+        prune_libraries(o->l, node, sha);
     if (rc == 0 && w->v && is_fcall(w->cmd) && is_unsupported(reply)) {
         /* FUNCTION LOAD unknown or not allowed: EVALSHA from now on */
         if (to_evalsha(o, w) == 0)
@@ -376,11 +515,12 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
         const char *node = qg__rlink_reply_node(o->l->link);
         const char *sargv[3] = {"SCRIPT", "LOAD", w->text};
         size_t slens[3] = {6, 4, w->len};
-        const char *fargv[4] = {"FUNCTION", "LOAD", "REPLACE",
-                                fn ? w->v->fn_text : ""};
+        const char *fargv[4] = {"FUNCTION", "LOAD", "REPLACE", ""};
         size_t flens[4] = {8, 4, 7, fn ? w->v->fn_len : 0};
+        char *text = NULL;
         qg__rs_load *e;
         char sha[QG__RS_NAME_MAX];
+        int sent;
         sha_of(w->cmd, sha);
         if (node && (e = load_find(o->l, node, sha)) && e->pending == 1 &&
             resend(o, w) == 0) {
@@ -388,10 +528,14 @@ static void on_reply(void *ud, const redisReply *reply, int rc)
             QG__RS_COUNT(o->s, commands, 1);
             return;
         }
-        if (node && qg__rlink_command_at(o->l->link, node, fn ? 4 : 3,
-                                         fn ? fargv : sargv,
-                                         fn ? flens : slens, on_loaded,
-                                         w) == 0) {
+        if (fn && node && (text = stamped(w->v, wall_ms())) != NULL)
+            fargv[3] = text;   /* the link copies the command */
+        sent = node && (!fn || text) &&
+               qg__rlink_command_at(o->l->link, node, fn ? 4 : 3,
+                                    fn ? fargv : sargv, fn ? flens : slens,
+                                    on_loaded, w) == 0;
+        free(text);
+        if (sent) {
             load_note(o->l, node, sha);
             w->loads++;
             QG__RS_COUNT(o->s, script_loads, 1);

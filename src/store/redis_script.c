@@ -47,6 +47,7 @@
  *   #!lua name=qg_<sha>
  *   local KEYS, ARGV
  *   local FNAME = 'qg_<sha>'
+ *   local LOADED = 'loaded_ms=<13 digits>'
  *   <the preamble and library as above>
  *
  * loaded once per node (FUNCTION LOAD REPLACE) and called with FCALL
@@ -55,7 +56,11 @@
  * "local KEYS, ARGV = KEYS, ARGV" and FNAME nil instead, so both run the
  * same code.  The library's name carries the EVAL text's SHA1: every
  * rules version is its own library, and the names agree at every
- * instance with the same rules. */
+ * instance with the same rules.  LOADED, the function's description,
+ * is the instant of the FUNCTION LOAD that put the library there
+ * (written into a copy of fn_text at each load, fn_stamp): FUNCTION LIST
+ * shows it, and redis_ops.c deletes the libraries of other versions that
+ * nobody loaded for a day (docs/redis-store.md, "Old libraries"). */
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -547,13 +552,15 @@ qg__rs_version *qg__rs_version_new(const qg_rules *r,
         goto fail;
     /* the EVAL text reads the call's KEYS and ARGV (globals there); the
      * Function library declares them, and its entry sets them per call */
-    sb_str(&t, "local KEYS, ARGV = KEYS, ARGV\nlocal FNAME = nil\n");
+    sb_str(&t, "local KEYS, ARGV = KEYS, ARGV\nlocal FNAME, LOADED = nil, nil\n");
     sb_add(&t, b.p, b.len);
     if (t.failed || qg__rs_sha1(t.p, t.len, v->sha) != 0)
         goto fail;
     snprintf(v->fn_name, sizeof v->fn_name, "qg_%s", v->sha);
-    sb_printf(&f, "#!lua name=%s\nlocal KEYS, ARGV\nlocal FNAME = '%s'\n",
-              v->fn_name, v->fn_name);
+    sb_printf(&f, "#!lua name=%s\nlocal KEYS, ARGV\nlocal FNAME = '%s'\n"
+              "local LOADED = '" QG__RS_STAMP_PREFIX, v->fn_name, v->fn_name);
+    v->fn_stamp = f.len;
+    sb_str(&f, "0000000000000'\n");
     sb_add(&f, b.p, b.len);
     if (f.failed)
         goto fail;

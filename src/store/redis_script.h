@@ -43,6 +43,7 @@
 #define QG_REDIS_MONEY_MAX INT64_C(1000000000000000)  /* 10^9 USD */
 #define QG__RS_MAX_ARGS (1 << 20)      /* hard cap on one command's size */
 #define QG__RS_CLAIM_TTL_MS 30000      /* an id's claim before admission */
+#define QG__RS_STAMP_PREFIX "loaded_ms=" /* a library's description */
 
 /* ------------------------------------------------------------- rules */
 
@@ -60,6 +61,10 @@ typedef struct qg__rs_version {
     char sha[41];              /* SHA1 of text, lowercase hex */
     char *fn_text;             /* the same as a Function library */
     size_t fn_len;
+    size_t fn_stamp;           /* the offset in fn_text of the 13 digits
+                                  of its load instant (the function's
+                                  description, "loaded_ms=..."), written
+                                  into a copy at every FUNCTION LOAD */
     char fn_name[44];          /* its library's and function's name:
                                   "qg_" and sha */
     int *plan_list;            /* per plan index: its 1-based list */

@@ -62,6 +62,9 @@ typedef struct redis_store {
     int cluster;                 /* redis-cluster:// */
     int timeout_ms, server_time;
     int64_t rid_ttl_opt;
+    int64_t lib_keep_ms;         /* other versions' libraries kept this
+                                    long after their last load; < 0:
+                                    forever (redis_ops.c, prune) */
     char claim_sha[41];
     int no_fcall;                /* atomic: the server has no FCALL (or
                                     may not use it): EVALSHA instead */
@@ -82,6 +85,7 @@ typedef struct redis_store {
  * same connection, not by another load: a burst of decisions after a
  * restart, SCRIPT FLUSH or FUNCTION FLUSH costs one load per node. */
 #define QG__RS_LOADS 16
+#define QG__RS_LIB_KEEP_MS (24 * 3600 * 1000LL)
 #define QG__RS_NAME_MAX 48       /* a SHA1 (EVALSHA), "qg_" SHA1 (FCALL) */
 typedef struct qg__rs_load {
     char node[QG__RLINK_ADDR_MAX];

@@ -347,6 +347,8 @@ qg_store *qg_store_redis_new(const char *url, const qg_redis_opts *opts,
                                                  : QG__RS_DEFAULT_TIMEOUT_MS;
     s->server_time = opts ? opts->server_time != 0 : 1;
     s->rid_ttl_opt = opts ? opts->request_id_ttl_ms : 0;
+    s->lib_keep_ms = opts && opts->library_keep_ms ? opts->library_keep_ms
+                                                   : QG__RS_LIB_KEEP_MS;
     if (!(s->url = strdup(url)) || (pw && *pw && !(s->password = strdup(pw))) ||
         !(s->utc = qg__tz_utc()) || !(s->sync_base = event_base_new())) {
         snprintf(err, errcap, "%s", "out of memory");
@@ -417,5 +419,6 @@ void qg_store_redis_counters(qg_store *st, qg_redis_counters *out)
     LOAD(void_rollbacks);
     LOAD(lookups);
     LOAD(period_retries);
+    LOAD(libraries_deleted);
 #undef LOAD
 }

@@ -40,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
 #include "quotagate.h"
@@ -101,9 +103,12 @@ static void flushall(void)
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FLUSHALL", NULL), 0);
 }
 
+static int64_t g_lib_keep_ms;       /* test_old_libraries */
+
 static qg_store *redis_store(qg_rules *rules)
 {
-    qg_redis_opts o = {.rules = rules, .server_time = 0};
+    qg_redis_opts o = {.rules = rules, .server_time = 0,
+                       .library_keep_ms = g_lib_keep_ms};
     char err[300];
     qg_store *s = qg_store_redis_new(g_cluster ? g_url : redisproc_url(&srv),
                                      &o, err, sizeof err);
@@ -1062,6 +1067,149 @@ static void test_script_flush(void **state)
     twin_close(&t);
     assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "ACL", "SETUSER",
                                    "default", "+@all", NULL), 0);
+}
+
+/* Old rules versions' Function libraries: a load at a node deletes the
+ * other libraries of ours there that nobody loaded within
+ * library_keep_ms (or that record no load instant: an older quotagate's),
+ * never the one loaded nor anyone else's; an instance whose library was
+ * deleted loads it again and answers as before. */
+static int has_library(const char *name)
+{
+    char out[8192];
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "LIST",
+                                   NULL), 0);
+    return strstr(out, name) != NULL;
+}
+
+/* Run store calls (each turns the lane's loop) until the library's
+ * presence is as wanted: the prune is a command nobody waits for. */
+static void await_library(twin *t, qg_engine *e, const char *name, int want)
+{
+    for (int i = 0; i < 200 && has_library(name) != want; i++) {
+        qg_decision d;
+        if (t)
+            t_usage(t, "r1", T0_MS + 10, &d);
+        else
+            assert_int_equal(qg_engine_usage(e, "u", T0_MS + 10, &d), 0);
+        usleep(2000);
+    }
+    if (has_library(name) != want)
+        fail_msg("library %s is %s", name, want ? "missing" : "still there");
+}
+
+static void test_old_libraries(void **state)
+{
+    static twin t;
+    static const char old_name[] = "qg_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    static const char fresh_name[] = "qg_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    char out[512], lib[512], stamp[64], v1[64], v2[64];
+    qg_redis_counters c0, c1;
+    qg_decision d;
+    struct timeval tv;
+    (void)state;
+    need_server();
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "FLUSH",
+                                   NULL), 0);
+    /* an older quotagate's library (no load instant), one loaded just now
+     * by another instance, and a library that is not ours */
+    snprintf(lib, sizeof lib, "#!lua name=%s\nredis.register_function("
+             "'%s', function() return 1 end)", old_name, old_name);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "LOAD",
+                                   lib, NULL), 0);
+    gettimeofday(&tv, NULL);
+    snprintf(stamp, sizeof stamp, "loaded_ms=%013lld",
+             (long long)tv.tv_sec * 1000 + tv.tv_usec / 1000);
+    snprintf(lib, sizeof lib, "#!lua name=%s\nredis.register_function{"
+             "function_name='%s', description='%s', callback=function() "
+             "return 1 end}", fresh_name, fresh_name, stamp);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "LOAD",
+                                   lib, NULL), 0);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "LOAD",
+        "#!lua name=userlib\nredis.register_function('userfn', "
+        "function() return 2 end)", NULL), 0);
+
+    /* instance A (rules u1, a minute's keep) loads its library: the
+     * older quotagate's goes, the fresh one and the user's stay */
+    g_lib_keep_ms = 60000;
+    twin_open(&t, unit_rules);
+    assert_int_equal(t_check(&t, "r1", "a", NULL, 4000, 0, T0_MS, &d), 0);
+    await_library(&t, NULL, old_name, 0);
+    assert_true(has_library(fresh_name));
+    assert_true(has_library("userlib"));
+    qg_store_redis_counters(t.rs, &c0);
+    assert_int_equal(c0.libraries_deleted, 1);
+    {   /* A's own library, by elimination: the one qg_ name left besides
+         * the fresh one */
+        char all[8192], *p;
+        assert_int_equal(redisproc_cmd(&srv, all, sizeof all, "FUNCTION",
+                                       "LIST", "LIBRARYNAME", "qg_*", NULL),
+                         0);
+        v1[0] = 0;
+        for (p = all; (p = strstr(p, "qg_")) != NULL; p += 43)
+            if (strncmp(p, fresh_name, 43) != 0) {
+                snprintf(v1, sizeof v1, "%.43s", p);
+                break;
+            }
+        assert_int_equal(strlen(v1), 43);
+        p = strstr(all, "loaded_ms=");
+        assert_non_null(p);                 /* its load instant is shown */
+    }
+
+    /* instance B (other rules, a keep of 1 ms) loads its own: A's and the
+     * "fresh" one are now past B's keep and go; the user's stays */
+    usleep(5000);
+    {
+        qg_rules *r = tst_rules_parse(relayout_v1);
+        qg_store *bs;
+        qg_engine *be;
+        qg_check_req q = {.subject = "u", .request_id = "b-1",
+                          .weight_milli = 1000};
+        char err[256];
+        g_lib_keep_ms = 1;
+        bs = redis_store(r);
+        assert_non_null(be = qg_engine_new(r, bs));
+        assert_int_equal(qg_engine_check(be, &q, T0_MS, &d, err, sizeof err),
+                         0);
+        assert_int_equal(d.outcome, QG_ALLOW);
+        await_library(NULL, be, v1, 0);
+        await_library(NULL, be, fresh_name, 0);
+        assert_true(has_library("userlib"));
+        qg_store_redis_counters(bs, &c1);
+        assert_int_equal(c1.libraries_deleted, 2);
+        {
+            char all[8192], *p;
+            assert_int_equal(redisproc_cmd(&srv, all, sizeof all, "FUNCTION",
+                                           "LIST", "LIBRARYNAME", "qg_*",
+                                           NULL), 0);
+            p = strstr(all, "qg_");
+            assert_non_null(p);
+            snprintf(v2, sizeof v2, "%.43s", p);
+        }
+        /* A still answers, as the memory store does: "Function not
+         * found", its library loaded again; its prune (a minute's keep)
+         * leaves B's, loaded just now */
+        qg_store_redis_counters(t.rs, &c0);
+        assert_int_equal(t_check(&t, "r1", "b", NULL, 4000, 0, T0_MS + 1, &d),
+                         0);
+        assert_int_equal(d.outcome, QG_ALLOW);
+        assert_int_equal(t_check(&t, "r1", "c", NULL, 4000, 0, T0_MS + 2, &d),
+                         0);
+        assert_int_equal(d.outcome, QG_REJECT);
+        for (int i = 0; i < 5; i++)         /* A's prune has run */
+            t_usage(&t, "r1", T0_MS + 3, &d);
+        qg_store_redis_counters(t.rs, &c1);
+        assert_int_equal(c1.script_loads - c0.script_loads, 1);
+        assert_int_equal(c1.libraries_deleted, 1);
+        assert_true(has_library(v1));
+        assert_true(has_library(v2));
+        qg_engine_free(be);
+        qg_store_free(bs);
+    }
+    g_lib_keep_ms = 0;
+    twin_close(&t);
+    assert_int_equal(redisproc_cmd(&srv, out, sizeof out, "FUNCTION", "DELETE",
+                                   "userlib", NULL), 0);
 }
 
 static void test_flushall(void **state)
@@ -2114,6 +2262,7 @@ int main(void)
         cmocka_unit_test_teardown(test_domain_refused, teardown),
         cmocka_unit_test_teardown(test_at_the_bound, teardown),
         cmocka_unit_test_teardown(test_script_flush, teardown),
+        cmocka_unit_test_teardown(test_old_libraries, teardown),
         cmocka_unit_test_teardown(test_flushall, teardown),
         cmocka_unit_test_teardown(test_server_gone, teardown),
         cmocka_unit_test_teardown(test_round_trips, teardown),

@@ -597,13 +597,17 @@ end
 -- runs its body once, at the function's first call (a library's load
 -- may use only a few globals: setmetatable is not among them); as an
 -- EVAL script (servers without Functions) the body runs at every call.
+-- The function's description is LOADED, the instant of the load
+-- (redis_script.c): FUNCTION LIST shows it, and an instance deletes the
+-- libraries of other rules versions nobody loaded for a day.
 if FNAME then
   local main
-  redis.register_function(FNAME, function(keys, args)
-    KEYS, ARGV = keys, args
-    if not main then main = BODY() end
-    return main()
-  end)
+  redis.register_function{function_name = FNAME, description = LOADED,
+    callback = function(keys, args)
+      KEYS, ARGV = keys, args
+      if not main then main = BODY() end
+      return main()
+    end}
   return
 end
 return BODY()()
