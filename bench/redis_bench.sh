@@ -238,13 +238,19 @@ fi
 ENT=$(redis-cli -p "$RP" --scan --pattern 'qg:*:e:*' | wc -l)
 MEM1=$(redis-cli -p "$RP" info memory | tr -d '\r' | awk -F: '/^used_memory:/ { print $2 }')
 IDS=$(redis-cli -p "$RP" dbsize)
-ONE=$(redis-cli -p "$RP" --scan --pattern 'qg:*:e:*' | head -1)
-ONEB=0
-if [ -n "$ONE" ]; then
+# one entity's two keys, over up to 50 entities: the median (the hot
+# subject's long rolling log would make any single pick unrepresentative)
+ONEB=0 ONEMAX=0 SIZES=""
+for ONE in $(redis-cli -p "$RP" --scan --pattern 'qg:*:e:*' | head -50); do
     ZK=$(printf '%s' "$ONE" | sed 's/:e:/:l:/')
-    ONEB=$(( $(redis-cli -p "$RP" memory usage "$ONE") + $(redis-cli -p "$RP" memory usage "$ZK" 2>/dev/null | grep -E '^[0-9]+$' || echo 0) ))
+    b=$(( $(redis-cli -p "$RP" memory usage "$ONE") + $(redis-cli -p "$RP" memory usage "$ZK" 2>/dev/null | grep -E '^[0-9]+$' || echo 0) ))
+    SIZES="$SIZES $b"
+done
+if [ -n "$SIZES" ]; then
+    ONEB=$(median $SIZES)
+    ONEMAX=$(printf '%s\n' $SIZES | sort -n | tail -1)
 fi
-say "  Redis memory: $ENT entities, $IDS keys in all; $(awk -v a="$MEM0" -v b="$MEM1" -v n="$ENT" 'BEGIN { if (n > 0) printf "%.0f", (b - a) / n; else print "n/a" }') bytes per entity with everything else held (request-id records), one entity's own keys $ONEB bytes (MEMORY USAGE)"
+say "  Redis memory: $ENT entities, $IDS keys in all; $(awk -v a="$MEM0" -v b="$MEM1" -v n="$ENT" 'BEGIN { if (n > 0) printf "%.0f", (b - a) / n; else print "n/a" }') bytes per entity with everything else held (request-id records), one entity's own keys $ONEB bytes, median of $(echo $SIZES | wc -w) (largest $ONEMAX; MEMORY USAGE)"
 if [ "$BAD" != 0 ]; then
     say "note: $BAD non-2xx responses in all (a store failure is a 503 here); first lines of the gateways' stderr:"
     for n in ra rb rc; do head -3 "$TMP/$n.err"; done
