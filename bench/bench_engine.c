@@ -391,13 +391,52 @@ static double heavy_ref(const char *text, long ops, long *allowed,
 
 /* ---------------------------------------------------------------- main */
 
+/* Heavy subjects: QG_BENCH_HEAVY_RUNS rounds (3; at most 16), engine
+ * then reference in each, so that both see the machine in the same
+ * state; prints each round's rows.  Fills ratio[] with the rounds'
+ * engine/reference ratios, sorted, and returns their count; with
+ * engine_only (profiling the engine) runs no reference and returns 0. */
+static int heavy_rounds(const char *text, int engine_only, double ratio[16])
+{
+    long eops = 400000, rops = 20000, ea = 0, ra = 0;
+    size_t entries = 0;
+    int runs = (int)env_long("QG_BENCH_HEAVY_RUNS", 3);
+    if (runs > 16)
+        runs = 16;
+    printf("\n");
+    for (int k = 0; k < runs; k++) {
+        double te = heavy_engine(text, eops, &ea), tr;
+        row("engine, 100 heavy subjects (6000+ in window)", 1, eops, te,
+            "pairs");
+        if (engine_only)
+            continue;
+        tr = heavy_ref(text, rops, &ra, &entries);
+        ratio[k] = ((double)eops / te) / ((double)rops / tr);
+        row("reference, 100 heavy subjects", 1, rops, tr, "pairs");
+    }
+    if (engine_only)
+        return 0;
+    printf("  %-44s    (admitted: engine %ld, reference %ld; reference "
+           "log entries %zu)\n", "", ea, ra, entries);
+    qsort(ratio, (size_t)runs, sizeof ratio[0], cmp_double);
+    return runs;
+}
+
+static void heavy_ratio_line(const double *ratio, int runs)
+{
+    printf("  engine / reference, heavy subjects:    %8.1fx  median of %d "
+           "rounds, %.1f-%.1fx (target >= 50x in every round: %s)\n",
+           ratio[runs / 2], runs, ratio[0], ratio[runs - 1],
+           ratio[0] >= 50 ? "met" : "NOT met");
+}
+
 int main(void)
 {
     long nsubj = env_long("QG_BENCH_SUBJECTS", 1000000);
     long norgs = env_long("QG_BENCH_ORGS", 1000);
     long ops = env_long("QG_BENCH_OPS", 2000000);
     long allowed, errors;
-    double t, checks1 = 0, pairs1 = 0, checks2 = 0, pairs2 = 0, te = 1, tr = 0;
+    double t, checks1 = 0, pairs1 = 0, checks2 = 0, pairs2 = 0;
     world w;
     char *text = rules_text(norgs);
 
@@ -405,8 +444,15 @@ int main(void)
            "qg_engine_check)\n");
     /* for profiling: QG_BENCH_HEAVY_ONLY=1 runs only the heavy rounds,
      * =engine only their engine half */
-    if (getenv("QG_BENCH_HEAVY_ONLY"))
-        goto heavy;
+    const char *only = getenv("QG_BENCH_HEAVY_ONLY");
+    if (only) {
+        double hratio[16];
+        int hruns = heavy_rounds(text, strcmp(only, "engine") == 0, hratio);
+        if (hruns > 0)
+            heavy_ratio_line(hratio, hruns);
+        free(text);
+        return 0;
+    }
     double t0 = now_s();
     struct mallinfo2 mi0 = mallinfo2();
     world_init(&w, text, nsubj, norgs);
@@ -468,7 +514,7 @@ int main(void)
     long small_subj = 10000, small_ops = 400000;
     world ws;
     world_init(&ws, text, small_subj, norgs < 1000 ? norgs : 1000);
-    te = run_threads(&ws, 1, small_ops, 1, 5, &allowed, &errors);
+    double te = run_threads(&ws, 1, small_ops, 1, 5, &allowed, &errors);
     qg_rules *rr = parse_rules(text);
     ref_model *ref = ref_new(rr);
     for (long i = 0; i < small_subj; i++) {
@@ -478,7 +524,7 @@ int main(void)
                         qg__rules_find_org(rr, org), 0);
     }
     long rallowed;
-    tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,
+    double tr = run_ref(ref, rr, ws.names, small_subj, small_ops, 5,
                         &rallowed);
     printf("\n");
     row("engine, 10k subjects: check + settle", 1, small_ops, te, "pairs");
@@ -489,47 +535,13 @@ int main(void)
     qg_rules_free(rr);
     world_free(&ws);
 
-heavy:
-    /* Heavy subjects: HEAVY_RUNS rounds, engine then reference in each,
-     * so that both see the machine in the same state; the ratio of every
-     * round and their spread are printed. */
-    long heavy_eops = 400000, heavy_rops = 20000, ha = 0, hr = 0;
-    size_t hentries = 0;
-    int hruns = (int)env_long("QG_BENCH_HEAVY_RUNS", 3);
-    double hratio[16], the = 0, thr = 0;
-    const char *only = getenv("QG_BENCH_HEAVY_ONLY");
-    int heavy_engine_only = only && strcmp(only, "engine") == 0;
-    if (hruns > 16)
-        hruns = 16;
-    printf("\n");
-    for (int k = 0; k < hruns; k++) {
-        the = heavy_engine(text, heavy_eops, &ha);
-        if (heavy_engine_only) {            /* for profiling the engine */
-            row("engine, 100 heavy subjects (6000+ in window)", 1,
-                heavy_eops, the, "pairs");
-            continue;
-        }
-        thr = heavy_ref(text, heavy_rops, &hr, &hentries);
-        hratio[k] = ((double)heavy_eops / the) / ((double)heavy_rops / thr);
-        row("engine, 100 heavy subjects (6000+ in window)", 1, heavy_eops,
-            the, "pairs");
-        row("reference, 100 heavy subjects", 1, heavy_rops, thr, "pairs");
-    }
-    if (heavy_engine_only) {
-        free(text);
-        return 0;
-    }
-    printf("  %-44s    (admitted: engine %ld, reference %ld; reference "
-           "log entries %zu)\n", "", ha, hr, hentries);
-    qsort(hratio, (size_t)hruns, sizeof hratio[0], cmp_double);
+    double hratio[16];
+    int hruns = heavy_rounds(text, 0, hratio);
 
     double small_ratio = tr / te;
     printf("\nratios\n");
     printf("  engine / reference, 10k subjects:      %8.1fx\n", small_ratio);
-    printf("  engine / reference, heavy subjects:    %8.1fx  median of %d "
-           "rounds, %.1f-%.1fx (target >= 50x in every round: %s)\n",
-           hratio[hruns / 2], hruns, hratio[0], hratio[hruns - 1],
-           hratio[0] >= 50 ? "met" : "NOT met");
+    heavy_ratio_line(hratio, hruns);
     printf("  checks/s per core at 1M subjects:      %8.2fM  (target >= 1.5M: "
            "%s)\n", checks1 / 1e6, checks1 >= 1.5e6 ? "met" : "NOT met");
     printf("  2 threads / 1 thread, checks:          %8.2fx  (target >= 1.8x: "

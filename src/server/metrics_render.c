@@ -252,7 +252,7 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             g->redis.script_loads);
     gauge_u(f, "quotagate_store_libraries_deleted_total", "counter",
             "Function libraries of other rules versions deleted from Redis "
-            "nodes, none loaded there for a day.",
+            "nodes, none loaded there within the keep (a day by default).",
             g->redis.libraries_deleted);
     gauge_u(f, "quotagate_store_voids_total", "counter",
             "Admissions taken back (a request id already answered under "

@@ -165,9 +165,10 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
      * wrong. */
     if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) >= rs->max) {
         uint32_t h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
-        uint64_t lo = __atomic_load_n(&rs->ring[h < rs->max ? h : 0].rid.lo,
-                                      __ATOMIC_RELAXED);
-        __builtin_prefetch(&rs->index[(uint32_t)(lo >> 8) & (rs->cap - 1)]);
+        qg_key old = {0, 0};
+        old.lo = __atomic_load_n(&rs->ring[h < rs->max ? h : 0].rid.lo,
+                                 __ATOMIC_RELAXED);
+        __builtin_prefetch(&rs->index[resv_tag(old) & (rs->cap - 1)]);
     }
     if (in->hint && *in->hint) {
         /* header, 4-5 window states and the lent ring and leases: up to
