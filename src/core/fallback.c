@@ -22,7 +22,8 @@ typedef struct view {
     qg_key key;                       /* {0,0}: empty */
     const qg_window_spec *specs;      /* the windows it was seen with */
     uint32_t n;
-    int64_t at_ms;
+    int64_t at_ms;                    /* noted (this instance's clock) */
+    int64_t stamp;                    /* decided (the store's clock) */
     int64_t left[QG_MAX_PLAN_WINDOWS];
 } view;
 
@@ -108,6 +109,7 @@ static void carry_over(qg__fallback *f, const ent *e)
         v->specs = e->specs;
         v->n = e->n;
         v->at_ms = 0;
+        v->stamp = 0;
         for (uint32_t i = 0; i < e->n; i++)
             v->left[i] = e->specs[i].limit_milli;
     }
@@ -202,16 +204,51 @@ static view *view_slot(qg__fallback *f, qg_key k)
     return oldest;
 }
 
+static int64_t scaled(int64_t v, int64_t share)
+{
+    __int128 x = (__int128)v * share / QG_MILLI;
+    return (int64_t)x;
+}
+
+/* Note what a decision the store made at stamp (its own clock) says is
+ * left.  Answers of different connections are handled in any order, so
+ * an answer may be older than the view it lands on: only one decided
+ * later than the view replaces it; one of the same millisecond or older
+ * keeps, per window, the smaller of the two (tighter, never looser).  An
+ * entity in an outage lowers its budgets to share x what the store says
+ * is left: checks in flight when the outage began that the store then
+ * applied are not granted a second time locally. */
 static void note_one(qg__fallback *f, qg_key k, const qg_window_spec *specs,
-                     uint32_t n, const qg_window_view *vs, int64_t at)
+                     uint32_t n, const qg_window_view *vs, int64_t at,
+                     int64_t stamp)
 {
     view *v = view_slot(f, k);
+    int merge = key_eq(v->key, k) && v->specs == specs && v->n == n &&
+                stamp <= v->stamp;
+    if (n > QG_MAX_PLAN_WINDOWS)
+        n = QG_MAX_PLAN_WINDOWS;
     v->key = k;
     v->specs = specs;
     v->n = n;
     v->at_ms = at;
-    for (uint32_t i = 0; i < n && i < QG_MAX_PLAN_WINDOWS; i++)
-        v->left[i] = vs[i].remaining_milli;
+    if (!merge)
+        v->stamp = stamp;
+    for (uint32_t i = 0; i < n; i++)
+        if (!merge || vs[i].remaining_milli < v->left[i])
+            v->left[i] = vs[i].remaining_milli;
+    if (f->nents) {
+        ent *e = *ent_slot(f, k, specs);
+        for (uint32_t i = 0; e && i < e->n && i < n; i++) {
+            int t = specs[i].type;
+            int64_t left = v->left[i] < 0 ? 0 : v->left[i], b;
+            if (t == QG_WIN_RATE || t == QG_WIN_CONCURRENCY)
+                continue;
+            if (left > specs[i].limit_milli)
+                left = specs[i].limit_milli;
+            if ((b = scaled(left, e->share)) < e->budget[i])
+                e->budget[i] = b;
+        }
+    }
 }
 
 void qg__fallback_note(qg__fallback *f, const qg_store_check *in,
@@ -221,21 +258,17 @@ void qg__fallback_note(qg__fallback *f, const qg_store_check *in,
     if (!f || d->nviews < (int)nm)
         return;
     pthread_mutex_lock(&f->mu);
-    note_one(f, in->member, in->plan->windows, nm, d->views, in->now_ms);
+    note_one(f, in->member, in->plan->windows, nm, d->views, in->now_ms,
+             d->decided_at_ms);
     if (in->has_org && in->orgspec &&
         d->nviews >= (int)nm + in->orgspec->nwindows)
         note_one(f, in->org, in->orgspec->windows,
-                 (uint32_t)in->orgspec->nwindows, d->views + nm, in->now_ms);
+                 (uint32_t)in->orgspec->nwindows, d->views + nm, in->now_ms,
+                 d->decided_at_ms);
     pthread_mutex_unlock(&f->mu);
 }
 
 /* ------------------------------------------------------- the outage */
-
-static int64_t scaled(int64_t v, int64_t share)
-{
-    __int128 x = (__int128)v * share / QG_MILLI;
-    return (int64_t)x;
-}
 
 /* The entity's frozen state, made at its first local decision. */
 static ent *ent_get(qg__fallback *f, qg_key k, const qg_window_spec *specs,

@@ -2,7 +2,12 @@
  * point 4, `down: local`): conservative local limits, without I/O.
  *
  * While the gateway reaches its store, the engine notes each member's and
- * org's last views (what each window had left).  When the store is down,
+ * org's last views (what each window had left): the view the store
+ * decided last by its own clock, since answers of several connections
+ * are handled in any order (an older one never loosens a view).  An
+ * answer that arrives during an outage lowers the budgets to share x
+ * what it says is left (a check in flight that the store still applied
+ * is not granted again locally).  When the store is down,
  * a subject's first local decision freezes, per window, a budget of
  * share x what the window had left in that last view (the whole limit
  * for a subject this instance never saw): weight and request windows

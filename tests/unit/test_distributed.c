@@ -923,7 +923,10 @@ int main(void)
         cmocka_unit_test_teardown(test_cluster_slot_migration, gc_teardown),
         cmocka_unit_test_teardown(test_cluster_failover, gc_teardown),
     };
-    int failed = cmocka_run_group_tests_name("one Redis", tests, setup,
+    int failed;
+    if (getenv("QG_TEST_FILTER"))      /* e.g. test_redis_answers_errors */
+        cmocka_set_test_filter(getenv("QG_TEST_FILTER"));
+    failed = cmocka_run_group_tests_name("one Redis", tests, setup,
                                              teardown);
     return failed + cmocka_run_group_tests_name("a Redis Cluster", cluster,
                                                 csetup, cteardown);

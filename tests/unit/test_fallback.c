@@ -9,7 +9,9 @@
  * first, stops at the first error and resumes there, each request once;
  * an outage's spending carries over: when the store answers and goes
  * again before a fresh view, the same allowance is not granted twice; a
- * fresh view from the store sets the budget again. */
+ * fresh view from the store sets the budget again; the store's answers
+ * handled out of order (two connections) never loosen a view, and one
+ * that arrives in an outage lowers its budgets. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -17,7 +19,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
+#include "fallback.h"
 #include "quotagate.h"
+#include "rules.h"
 #include "ruletest.h"
 #include "srvtest.h"
 
@@ -241,6 +245,128 @@ static void test_flapping_grants_once(void **state)
     assert_int_equal(admit_local(f, "flap", "out3", T_MS + 400), 14);
 }
 
+
+/* ------------------------------------- answers handled out of order */
+
+/* The store's answer for a check of "hundred" decided at stamp (the
+ * store's clock) with left weight points left, noted as the engine does;
+ * then requests admitted locally until one is refused. */
+typedef struct notes {
+    qg_rules *r;
+    qg__fallback *fb;
+    qg_store_check in;
+    int seq;
+} notes;
+
+static void notes_init(notes *n)
+{
+    int p;
+    memset(n, 0, sizeof *n);
+    n->r = tst_rules_parse(rules_text);
+    n->fb = qg__fallback_new(64);
+    assert_non_null(n->r);
+    assert_non_null(n->fb);
+    p = qg__rules_find_plan(n->r, "hundred");
+    assert_true(p >= 0);
+    n->in.rules = n->r;
+    n->in.member = (qg_key){7, 7};
+    n->in.plan = &n->r->plans[p];
+    n->in.model = -1;
+    n->in.weight_milli = 1000;
+    n->in.now_ms = T_MS;
+}
+
+static void note(notes *n, int64_t stamp, int64_t left)
+{
+    qg_decision d;
+    memset(&d, 0, sizeof d);
+    d.nviews = n->in.plan->nwindows;     /* the day, then concurrency */
+    for (int i = 0; i < d.nviews; i++)
+        d.views[i].remaining_milli =
+            n->in.plan->windows[i].type == QG_WIN_CONCURRENCY
+                ? n->in.plan->windows[i].limit_milli
+                : left * 1000;
+    d.decided_at_ms = stamp;
+    qg__fallback_note(n->fb, &n->in, &d);
+}
+
+static int local_admits(notes *n, int max)
+{
+    int k = 0;
+    for (; k < max; k++) {
+        qg_decision d;
+        n->in.rid = (qg_key){1, (uint64_t)++n->seq};
+        assert_int_equal(qg__fallback_check(n->fb, &n->in, SHARE, "s",
+                                            tst_fmt("r%d", n->seq), "",
+                                            &d), QG_OK);
+        if (d.outcome != QG_ALLOW)
+            break;
+    }
+    return k;
+}
+
+static void notes_free(notes *n)
+{
+    qg__fallback_free(n->fb);
+    qg_rules_free(n->r);
+}
+
+/* Two workers' connections: the answer decided at 11 (40 left) is handled
+ * before the one decided at 10 (60 left).  The older answer must not make
+ * the view looser: the budget is a half of 40, not of 60.  Then one of
+ * the same millisecond with less left tightens it; a later one replaces
+ * it even when it has more left (weight came back). */
+static void test_older_answer_keeps_the_view(void **state)
+{
+    notes n;
+    (void)state;
+    notes_init(&n);
+    note(&n, T_MS + 11, 40);
+    note(&n, T_MS + 10, 60);
+    assert_int_equal(local_admits(&n, 1000), 20);
+    notes_free(&n);
+
+    notes_init(&n);
+    note(&n, T_MS + 11, 40);
+    note(&n, T_MS + 11, 30);
+    note(&n, T_MS + 11, 50);
+    assert_int_equal(local_admits(&n, 1000), 15);
+    notes_free(&n);
+
+    notes_init(&n);
+    note(&n, T_MS + 11, 40);
+    note(&n, T_MS + 12, 80);
+    assert_int_equal(local_admits(&n, 1000), 40);
+    notes_free(&n);
+}
+
+/* An outage begins with 60 left in the view (a budget of 30); 10 are
+ * admitted locally; then the answers of checks that were in flight at
+ * the outage's start arrive: the store applied them, 20 are left there.
+ * The budget drops to a half of 20: nothing more is admitted (10 of 10
+ * spent).  A later answer with more left does not raise it again. */
+static void test_answer_in_outage_lowers_budget(void **state)
+{
+    notes n;
+    (void)state;
+    notes_init(&n);
+    note(&n, T_MS + 10, 60);
+    assert_int_equal(local_admits(&n, 10), 10);
+    note(&n, T_MS + 12, 20);
+    assert_int_equal(local_admits(&n, 1000), 0);
+    note(&n, T_MS + 13, 50);
+    assert_int_equal(local_admits(&n, 1000), 0);
+    notes_free(&n);
+
+    /* in flight answers before the outage's first local decision: the
+     * budget starts from the freshest view */
+    notes_init(&n);
+    note(&n, T_MS + 10, 60);
+    note(&n, T_MS + 12, 20);
+    assert_int_equal(local_admits(&n, 1000), 10);
+    notes_free(&n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -253,6 +379,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_drain_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flapping_grants_once, setup,
                                         teardown),
+        cmocka_unit_test(test_older_answer_keeps_the_view),
+        cmocka_unit_test(test_answer_in_outage_lowers_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
