@@ -754,6 +754,11 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
     }
     if (!time_ok(now_ms, "the decision's instant", err, errcap))
         return QG_EINVAL;
+    /* the request id first: the store starts loading its slot while the
+     * subject is looked up (both are cache misses in a large table) */
+    in->rid = hash_key(req->request_id, idlen, SEED_RID);
+    if (e->store->m->prefetch)
+        e->store->m->prefetch(e->store, in->rid);
     if ((rc = reg_get(e, req->subject, now_ms, PICK_IN_FORCE, &in->member,
                       &c->s, &c->g, &c->v, err, errcap)) != QG_OK) {
         if (rc == QG_ENOSUBJECT)
@@ -794,7 +799,6 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
             return rc;
         in->weight_milli = req->weight_milli;
     }
-    in->rid = hash_key(req->request_id, idlen, SEED_RID);
     in->has_org = c->s.org >= 0;
     in->org = in->has_org ? c->v->org_keys[c->s.org] : (qg_key){0, 0};
     in->plan = &r->plans[c->s.plan];
@@ -884,6 +888,8 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
     if (req->subject)
         snprintf(c->subject, sizeof c->subject, "%s", req->subject);
     in->rid = hash_key(req->request_id, idlen, SEED_RID);
+    if (e->store->m->prefetch)
+        e->store->m->prefetch(e->store, in->rid);
     in->now_ms = now_ms;
     in->status = req->status;
     in->input_tokens = req->input_tokens;

@@ -113,7 +113,7 @@ typedef struct qg_store_usage {
 
 /* The method table's version: a store built against another contract is
  * refused by qg_engine_new. */
-#define QG_STORE_API 2
+#define QG_STORE_API 3
 
 /* What qg_store_methods.flags may say (also quotagate.h's qg_store_flags):
  *   QG_STORE_SHARED      other processes decide on the same counters: a
@@ -152,6 +152,11 @@ typedef struct qg_store_methods {
     /* Is the store there?  0, or QG_ESTORE (not reached in time) or
      * QG_ESTATE (it lost its data).  NULL: always there. */
     int (*probe)(qg_store *s);
+    /* A check or settle of request id rid comes next: start loading the
+     * memory it will touch, so that the engine's own work on the request
+     * (the subject's lookup) overlaps the cache misses.  Only a hint:
+     * nothing changes.  NULL: nothing to load (a remote store). */
+    void (*prefetch)(qg_store *s, qg_key rid);
 
     /* Asynchronous calls, for a store across a network (NULL when the
      * store has none: the engine then calls the synchronous ones).  A lane

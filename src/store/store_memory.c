@@ -145,6 +145,28 @@ static int64_t expiry(int64_t t0, const qg_plan *p)
     return t0 > INT64_MAX - ttl ? INT64_MAX : t0 + ttl;
 }
 
+/* Start loading the index slot of rid and, when the shard is full, that
+ * of the oldest id, which resv_make_room will forget: a third random
+ * line.  The ring's head is read without the lock: a stale value only
+ * makes the prefetch useless, never wrong. */
+static inline void resv_prefetch(const resv_shard *rs, qg_key rid)
+{
+    __builtin_prefetch(&rs->index[resv_tag(rid) & (rs->cap - 1)]);
+    if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) >= rs->max) {
+        uint32_t h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
+        qg_key old = {0, 0};
+        old.lo = __atomic_load_n(&rs->ring[h < rs->max ? h : 0].rid.lo,
+                                 __ATOMIC_RELAXED);
+        __builtin_prefetch(&rs->index[resv_tag(old) & (rs->cap - 1)]);
+    }
+}
+
+static void mem_prefetch(qg_store *s, qg_key rid)
+{
+    mem_store *ms = (mem_store *)s;
+    resv_prefetch(&ms->resvs[shard_of(ms, rid)], rid);
+}
+
 static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
 {
     mem_store *ms = (mem_store *)s;
@@ -157,19 +179,10 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     int rc;
 
     /* The request id's index slot and the member's entity are far apart
-     * in memory and both needed: start loading them together. */
-    __builtin_prefetch(&rs->index[resv_tag(in->rid) & (rs->cap - 1)]);
-    /* When the shard is full, resv_make_room forgets the oldest id: its
-     * index slot is a third random line.  Read the ring's head without
-     * the lock: a stale value only makes the prefetch useless, never
-     * wrong. */
-    if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) >= rs->max) {
-        uint32_t h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
-        qg_key old = {0, 0};
-        old.lo = __atomic_load_n(&rs->ring[h < rs->max ? h : 0].rid.lo,
-                                 __ATOMIC_RELAXED);
-        __builtin_prefetch(&rs->index[resv_tag(old) & (rs->cap - 1)]);
-    }
+     * in memory and both needed: start loading them together (the engine
+     * asked already, mem_prefetch, before its subject lookup; again here
+     * for callers that did not). */
+    resv_prefetch(rs, in->rid);
     if (in->hint && *in->hint) {
         /* header, 4-5 window states and the lent ring and leases: up to
          * 6 lines for the plans seen so far */
@@ -515,6 +528,7 @@ static const qg_store_methods memory_methods = {
     .known = mem_known,
     .stats = mem_stats,
     .free = mem_free,
+    .prefetch = mem_prefetch,
 };
 
 qg_store *qg_store_memory_new(const qg_memory_opts *opts)
