@@ -10,7 +10,6 @@
  * qg__calendar_period computes it (the member's billing anchor for plan
  * windows, none for org windows, as store_memory.c's gather passes), or
  * "-1 -1" when it has none. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "calendar.h"
@@ -25,18 +24,51 @@ void qg__rs_args_init(qg__rs_args *a)
 
 void qg__rs_args_reset(qg__rs_args *a)
 {
-    for (int i = 0; i < a->argc; i++)
-        free(a->argv[i]);
     a->argc = 0;
+    a->used = 0;
     a->failed = 0;
 }
 
 void qg__rs_args_free(qg__rs_args *a)
 {
-    qg__rs_args_reset(a);
     free(a->argv);
     free(a->len);
+    free(a->buf);
     memset(a, 0, sizeof *a);
+}
+
+/* Room for n more bytes in the arena; the arguments' pointers follow it
+ * when it moves.  0, or -1 (failed set). */
+static int reserve(qg__rs_args *a, size_t n)
+{
+    size_t nc;
+    char *nb;
+    if (a->used + n <= a->bufcap)
+        return 0;
+    for (nc = a->bufcap ? a->bufcap : 1024; nc < a->used + n; nc *= 2)
+        ;
+    if (!(nb = realloc(a->buf, nc))) {
+        a->failed = 1;
+        return -1;
+    }
+    for (int i = 0; i < a->argc; i++)
+        a->argv[i] = nb + (a->argv[i] - a->buf);
+    a->buf = nb;
+    a->bufcap = nc;
+    return 0;
+}
+
+/* Append n bytes and a NUL to the arena; their start, or NULL. */
+static char *put(qg__rs_args *a, const char *s, size_t n)
+{
+    char *c;
+    if (reserve(a, n + 1) != 0)
+        return NULL;
+    c = a->buf + a->used;
+    memcpy(c, s, n);
+    c[n] = 0;
+    a->used += n + 1;
+    return c;
 }
 
 void qg__rs_add(qg__rs_args *a, const char *s, size_t n)
@@ -64,30 +96,23 @@ void qg__rs_add(qg__rs_args *a, const char *s, size_t n)
         a->len = nl;
         a->cap = nc;
     }
-    if (!(c = malloc(n + 1))) {
-        a->failed = 1;
+    if (!(c = put(a, s, n)))
         return;
-    }
-    memcpy(c, s, n);
-    c[n] = 0;
     a->argv[a->argc] = c;
     a->len[a->argc] = n;
     a->argc++;
 }
 
-/* Replace argument i (present) by s. */
+/* Replace argument i (present) by s (appended; the old bytes stay unused
+ * in the arena until the next reset). */
 static void set_arg(qg__rs_args *a, int i, const char *s)
 {
     size_t n = strlen(s);
     char *c;
     if (a->failed || i >= a->argc)
         return;
-    if (!(c = malloc(n + 1))) {
-        a->failed = 1;
+    if (!(c = put(a, s, n)))
         return;
-    }
-    memcpy(c, s, n + 1);
-    free(a->argv[i]);
     a->argv[i] = c;
     a->len[i] = n;
 }
@@ -106,8 +131,7 @@ void qg__rs_adds(qg__rs_args *a, const char *s)
 void qg__rs_addi(qg__rs_args *a, int64_t v)
 {
     char b[24];
-    int n = snprintf(b, sizeof b, "%lld", (long long)v);
-    qg__rs_add(a, b, (size_t)n);
+    qg__rs_add(a, b, qg__rs_dec(b, v));
 }
 
 void qg__rs_num(qg__rs_nums *ns, int64_t v)
@@ -135,35 +159,79 @@ void qg__rs_addnums(qg__rs_args *a, const qg__rs_nums *ns)
     qg__rs_add(a, (const char *)ns->b, 8 * (size_t)ns->n);
 }
 
+/* Hex and decimal by hand: these run for every argument of every call,
+ * and printf's format parsing cost a call more than its Redis round trip
+ * spends in this process (callgrind, docs/benchmarks.md). */
+static void hex16(char *out, uint64_t v)
+{
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        out[i] = "0123456789abcdef"[v & 15];
+}
+
+size_t qg__rs_dec(char *out, int64_t v)
+{
+    char t[20];
+    size_t n = 0, k = 0;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        t[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        out[k++] = '-';
+    while (n)
+        out[k++] = t[--n];
+    out[k] = 0;
+    return k;
+}
+
 void qg__rs_hex(qg_key k, char out[33])
 {
-    snprintf(out, 33, "%016llx%016llx", (unsigned long long)k.hi,
-             (unsigned long long)k.lo);
+    hex16(out, k.hi);
+    hex16(out + 16, k.lo);
+    out[32] = 0;
 }
 
 void qg__rs_hex_lo(qg_key k, char out[17])
 {
-    snprintf(out, 17, "%016llx", (unsigned long long)k.lo);
+    hex16(out, k.lo);
+    out[16] = 0;
+}
+
+/* a b c d into out, cut at QG__RS_KEY_MAX - 1 bytes (as snprintf was). */
+static void key_join(char *out, const char *a, const char *b, const char *c,
+                     const char *d)
+{
+    const char *parts[4] = {a, b, c, d};
+    size_t k = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t n = strlen(parts[i]);
+        if (n > QG__RS_KEY_MAX - 1 - k)
+            n = QG__RS_KEY_MAX - 1 - k;
+        memcpy(out + k, parts[i], n);
+        k += n;
+    }
+    out[k] = 0;
 }
 
 void qg__rs_key_state(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:e:%s", tag, ent);
+    key_join(out, "qg:{", tag, "}:e:", ent);
 }
 
 void qg__rs_key_log(const char *tag, const char *ent, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:l:%s", tag, ent);
+    key_join(out, "qg:{", tag, "}:l:", ent);
 }
 
 void qg__rs_key_rec(const char *tag, const char *rid, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:{%s}:q:%s", tag, rid);
+    key_join(out, "qg:{", tag, "}:q:", rid);
 }
 
 void qg__rs_key_index(const char *rid, char *out)
 {
-    snprintf(out, QG__RS_KEY_MAX, "qg:rid:{%s}", rid);
+    key_join(out, "qg:rid:{", rid, "}", "");
 }
 
 void qg__rs_place_of(qg_key member, int has_org, qg_key org,
@@ -174,14 +242,17 @@ void qg__rs_place_of(qg_key member, int has_org, qg_key org,
         qg__rs_hex(org, out->org);
         memcpy(out->tag, out->org, sizeof out->tag);
     } else {
-        snprintf(out->org, sizeof out->org, "-");
+        memcpy(out->org, "-", 2);
         memcpy(out->tag, out->member, sizeof out->tag);
     }
 }
 
 void qg__rs_index_value(const qg__rs_place *p, char out[65])
 {
-    snprintf(out, 65, "%s%s", p->tag, p->member);
+    size_t t = strnlen(p->tag, 32), m = strnlen(p->member, 32);
+    memcpy(out, p->tag, t);
+    memcpy(out + t, p->member, m);
+    out[t + m] = 0;
 }
 
 static int is_hex(const char *s, size_t n)
@@ -202,7 +273,7 @@ int qg__rs_index_parse(const char *v, size_t len, qg__rs_place *out)
     out->member[32] = 0;
     /* a member without an org is its own tag */
     if (strcmp(out->tag, out->member) == 0)
-        snprintf(out->org, sizeof out->org, "-");
+        memcpy(out->org, "-", 2);
     else
         memcpy(out->org, out->tag, sizeof out->org);
     return 0;

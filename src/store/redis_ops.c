@@ -699,7 +699,8 @@ typedef struct check_op {
     qg__rs_args get, claim, ev, aux;
     char rid[17], idx[QG__RS_KEY_MAX], val[65], old[65];
     int have_old, claim_failed, admitted, rc;
-    qg_decision other;
+    qg_decision *other;        /* the lookup's answer (a rare path: 4 KB
+                                  not zeroed at every check) */
     int kind;
 } check_op;
 
@@ -710,6 +711,7 @@ static void check_fini(op *o)
     qg__rs_args_free(&c->claim);
     qg__rs_args_free(&c->ev);
     qg__rs_args_free(&c->aux);
+    free(c->other);
 }
 
 /* Extend the index key to the request-id TTL, or (val) write it. */
@@ -899,8 +901,12 @@ static int check_lookup(check_op *c)
         return send_void(c, CK_VOID);
     }
     QG__RS_COUNT(o->s, lookups, 1);
-    memset(&c->other, 0, sizeof c->other);
-    qg__rs_decode_check(it, n, c->v, &c->other, &res);
+    if (!c->other && !(c->other = malloc(sizeof *c->other))) {
+        c->rc = QG_ENOMEM;
+        return send_void(c, CK_VOID);
+    }
+    memset(c->other, 0, sizeof *c->other);
+    qg__rs_decode_check(it, n, c->v, c->other, &res);
     c->kind = res.kind;
     if (res.kind == QG__RS_BAD) {
         op_err(o, "%s", "a request id recorded under another org could not "
@@ -945,7 +951,7 @@ static int check_voided(check_op *c)
     if (o->stage == CK_LOSTVOID)
         return QG_ESTATE;
     if (c->rc == QG_OK && c->kind != QG__RS_ABSENT)
-        *c->out = c->other;
+        *c->out = *c->other;
     return c->rc;
 }
 

@@ -103,8 +103,12 @@ int qg__rs_sha1(const char *text, size_t len, char out[41]);
 /* A command's arguments, copied (hiredis's redisAppendCommandArgv). */
 typedef struct qg__rs_args {
     int argc, cap;
-    char **argv;
+    char **argv;               /* each NUL-terminated, inside buf */
     size_t *len;
+    char *buf;                 /* every argument's bytes, one allocation
+                                  kept across resets (a call builds its
+                                  arguments with no malloc of its own) */
+    size_t used, bufcap;
     int failed;                /* out of memory or past QG__RS_MAX_ARGS */
 } qg__rs_args;
 
@@ -114,6 +118,8 @@ void qg__rs_args_free(qg__rs_args *a);
 void qg__rs_add(qg__rs_args *a, const char *s, size_t n);
 void qg__rs_adds(qg__rs_args *a, const char *s);
 void qg__rs_addi(qg__rs_args *a, int64_t v);
+/* v in decimal into out (at least 21 bytes), NUL-terminated; its length. */
+size_t qg__rs_dec(char *out, int64_t v);
 
 /* The numbers of one script call, sent as ONE argument: big-endian IEEE
  * doubles, 8 bytes each, that the script reads with a single

@@ -1361,6 +1361,67 @@ static void test_round_trips(void **state)
 
 /* ------------------------------------------------------------- pure */
 
+/* The arguments' text, written by hand (redis_args.c), equals printf's;
+ * the arena keeps every argument intact as it grows and moves. */
+static void test_argument_text(void **state)
+{
+    static const int64_t nums[] = {0, 7, -1, 10, -10, 999999, 1000000,
+                                   INT64_MAX, INT64_MIN, INT64_MIN + 1,
+                                   1772445600000LL};
+    char got[40], want[40], key[QG__RS_KEY_MAX], big[200];
+    qg_key k = {0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+    qg__rs_args a;
+    (void)state;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        size_t n = qg__rs_dec(got, nums[i]);
+        snprintf(want, sizeof want, "%lld", (long long)nums[i]);
+        assert_string_equal(got, want);
+        assert_int_equal(n, strlen(want));
+    }
+    qg__rs_hex(k, got);
+    assert_string_equal(got, "0123456789abcdeffedcba9876543210");
+    qg__rs_hex_lo(k, got);
+    assert_string_equal(got, "fedcba9876543210");
+    qg__rs_key_state("tag", "ent", key);
+    assert_string_equal(key, "qg:{tag}:e:ent");
+    qg__rs_key_log("tag", "ent", key);
+    assert_string_equal(key, "qg:{tag}:l:ent");
+    qg__rs_key_rec("tag", "rid", key);
+    assert_string_equal(key, "qg:{tag}:q:rid");
+    qg__rs_key_index("rid", key);
+    assert_string_equal(key, "qg:rid:{rid}");
+    /* cut at the bound, as snprintf cut */
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    qg__rs_key_state("tag", big, key);
+    assert_int_equal(strlen(key), QG__RS_KEY_MAX - 1);
+    assert_memory_equal(key, "qg:{tag}:e:xxx", 14);
+
+    qg__rs_args_init(&a);
+    for (int round = 0; round < 2; round++) {   /* again after a reset */
+        for (int i = 0; i < 300; i++) {
+            if (i % 3 == 0)
+                qg__rs_addi(&a, (int64_t)i * -1000003);
+            else
+                qg__rs_add(&a, big, (size_t)(i % 190));
+        }
+        assert_false(a.failed);
+        assert_int_equal(a.argc, 300);
+        for (int i = 0; i < 300; i++) {
+            if (i % 3 == 0) {
+                snprintf(want, sizeof want, "%lld", (long long)i * -1000003);
+                assert_string_equal(a.argv[i], want);
+            } else {
+                assert_int_equal(a.len[i], (size_t)(i % 190));
+                assert_memory_equal(a.argv[i], big, a.len[i]);
+                assert_int_equal(a.argv[i][a.len[i]], 0);
+            }
+        }
+        qg__rs_args_reset(&a);
+    }
+    qg__rs_args_free(&a);
+}
+
 static void test_reply_decoding(void **state)
 {
     qg_rules *r = tst_rules_parse(unit_rules);
@@ -2246,6 +2307,7 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_argument_text),
         cmocka_unit_test(test_reply_decoding),
         cmocka_unit_test(test_bignum),
         cmocka_unit_test_teardown(test_rolling, teardown),
