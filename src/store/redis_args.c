@@ -47,12 +47,17 @@ static int reserve(qg__rs_args *a, size_t n)
         return 0;
     for (nc = a->bufcap ? a->bufcap : 1024; nc < a->used + n; nc *= 2)
         ;
-    if (!(nb = realloc(a->buf, nc))) {
+    /* a new block, not realloc: the pointers are moved while the old
+     * block still exists */
+    if (!(nb = malloc(nc))) {
         a->failed = 1;
         return -1;
     }
+    if (a->used)
+        memcpy(nb, a->buf, a->used);
     for (int i = 0; i < a->argc; i++)
         a->argv[i] = nb + (a->argv[i] - a->buf);
+    free(a->buf);
     a->buf = nb;
     a->bufcap = nc;
     return 0;
