@@ -14,7 +14,7 @@
 # store and on Redis, the last two under wrk check+settle pairs over 1000
 # subjects (one thread, 8 connections, BENCH_DURATION, default 20s).
 # Prints (instructions of the run - the idle run's) / responses for
-# each.  The ledger's batching depends on timing, and under callgrind the
+# each, and how much of it the ledger writer thread took.  The ledger's batching depends on timing, and under callgrind the
 # gateway runs ~50x slower: compare figures of this script with each
 # other, not with CPU time under full load.
 set -u
@@ -75,6 +75,13 @@ instructions() {
         awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }'
 }
 
+# the ledger writer thread's share (its batches grow with the request
+# rate, so its cost per response moves with the run's speed)
+writer() {
+    callgrind_annotate --inclusive=yes "$TMP/cg.$1" 2>/dev/null |
+        awk '/qg__lf_writer_main/ { gsub(",", "", $1); print $1; exit }'
+}
+
 # run MODE [serve arguments...]: one gateway under callgrind; sets REQS
 run() {
     mode=$1
@@ -110,14 +117,18 @@ for mode in memory redis; do
         run memory
     fi
     total=$(instructions $mode)
+    wr=$(writer $mode)
     if [ "$REQS" -gt 0 ] 2>/dev/null && [ -n "$total" ]; then
         per=$(( (total - IDLE) / REQS ))
-        say "  $mode: $REQS responses, $total instructions: $per per response"
-        eval "PER_$mode=$per"
+        rest=$(( (total - IDLE - ${wr:-0}) / REQS ))
+        say "  $mode: $REQS responses, $total instructions: $per per response" \
+            "($(( ${wr:-0} / REQS )) in the ledger writer, $rest in the rest)"
+        eval "PER_$mode=$per REST_$mode=$rest"
     else
         say "  $mode: no responses counted"
     fi
 done
 if [ -n "${PER_memory:-}" ] && [ -n "${PER_redis:-}" ]; then
-    say "  Redis's extra per response: $((PER_redis - PER_memory)) instructions"
+    say "  Redis's extra per response: $((PER_redis - PER_memory)) instructions" \
+        "($((REST_redis - REST_memory)) outside the ledger writer)"
 fi

@@ -1,8 +1,8 @@
 /* redis_link_int.h - what the link's files share: redis_link.c
  * (commands, their deadlines, routing, redirections), redis_link_open.c
- * (opening, closing, queries), redis_slots.c (the nodes and the slot map)
- * and redis_node.c (one node's connection: connect, AUTH/SELECT, backoff,
- * writing).  Internal to them; everyone else uses redis_link.h.
+ * (opening, closing, queries), redis_slots.c (the nodes and the slot map),
+ * redis_node.c (one node's connection: connect, AUTH/SELECT, backoff,
+ * writing) and redis_reply_mem.c (where a reply's objects live).  Internal to them; everyone else uses redis_link.h.
  *
  * Ownership.  The link owns its nodes and its commands.  A command is on
  * at most one list at a time (c->where says which): a node's waitq (its
@@ -32,6 +32,10 @@
 #include <hiredis/async.h>
 #include "redis_cluster.h"
 #include "redis_link.h"
+
+/* hiredis reader functions that build each reply in one block
+ * (redis_reply_mem.c); set on every connection the link opens. */
+extern redisReplyObjectFunctions qg__rl_reply_fns;
 
 typedef struct rl_cmd rl_cmd;
 typedef struct rl_node rl_node;

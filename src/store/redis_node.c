@@ -272,6 +272,8 @@ void qg__rl_node_connect(rl_node *n)
         return;
     }
     ac->data = n;
+    /* replies built in one block each (redis_reply_mem.c) */
+    ac->c.reader->fn = &qg__rl_reply_fns;
     n->ac = ac;
     n->connected = 0;
     n->hs_pending = 0;
