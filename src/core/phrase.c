@@ -55,10 +55,20 @@ int qg__phrase_plan(const char *name, char *buf, size_t cap)
     return n;
 }
 
+/* On every decision's headers, body and ledger row (several times each):
+ * copied by hand, as snprintf would cut it, without its format parsing. */
 int qg__phrase_window_name(const char *name, int org, char *buf, size_t cap)
 {
-    return put_n(cap, snprintf(buf, cap, "%s%s", org ? "org." : "",
-                                  name ? name : ""));
+    const char *pre = org ? "org." : "";
+    size_t p = org ? 4 : 0, n = name ? strlen(name) : 0, k = 0;
+    if (!cap)
+        return -1;
+    for (size_t i = 0; i < p && k + 1 < cap; i++)
+        buf[k++] = pre[i];
+    for (size_t i = 0; i < n && k + 1 < cap; i++)
+        buf[k++] = name[i];
+    buf[k] = 0;
+    return p + n >= cap ? -1 : (int)(p + n);
 }
 
 /* "5 hours", "minute" (count 1 and bare), "90 seconds". */

@@ -77,6 +77,17 @@ static void test_windows(void **state)
     assert_string_equal(buf, "1,234,567.89");
     assert_true(qg__phrase_window_name("pool", 1, buf, sizeof buf) > 0);
     assert_string_equal(buf, "org.pool");
+    /* the name as snprintf made it: the length, or -1 and the text cut */
+    assert_int_equal(qg__phrase_window_name("rpm", 0, buf, sizeof buf), 3);
+    assert_string_equal(buf, "rpm");
+    assert_int_equal(qg__phrase_window_name(NULL, 1, buf, sizeof buf), 4);
+    assert_string_equal(buf, "org.");
+    assert_int_equal(qg__phrase_window_name("pool", 1, buf, 9), 8);
+    assert_int_equal(qg__phrase_window_name("pool", 1, buf, 8), -1);
+    assert_string_equal(buf, "org.poo");
+    assert_int_equal(qg__phrase_window_name("pool", 1, buf, 3), -1);
+    assert_string_equal(buf, "or");
+    assert_int_equal(qg__phrase_window_name("pool", 1, buf, 0), -1);
     /* too small a buffer: refused, not cut */
     assert_int_equal(qg__phrase_window(r, &r->plans[0].windows[0], buf, 10),
                      -1);
