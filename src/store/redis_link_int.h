@@ -2,7 +2,8 @@
  * (commands, their deadlines, routing, redirections), redis_link_open.c
  * (opening, closing, queries), redis_slots.c (the nodes and the slot map),
  * redis_node.c (one node's connection: connect, AUTH/SELECT, backoff,
- * writing) and redis_reply_mem.c (where a reply's objects live).  Internal to them; everyone else uses redis_link.h.
+ * writing), redis_events.c (its events on the loop) and redis_reply_mem.c
+ * (where a reply's objects live).  Internal to them; everyone else uses redis_link.h.
  *
  * Ownership.  The link owns its nodes and its commands.  A command is on
  * at most one list at a time (c->where says which): a node's waitq (its
@@ -36,6 +37,11 @@
 /* hiredis reader functions that build each reply in one block
  * (redis_reply_mem.c); set on every connection the link opens. */
 extern redisReplyObjectFunctions qg__rl_reply_fns;
+
+/* Attach a new connection's events to base (redis_events.c: commands
+ * written later in the same loop turn, not through a write event).
+ * 0, or -1 (out of memory, or already attached). */
+int qg__rl_attach(redisAsyncContext *ac, struct event_base *base);
 
 typedef struct rl_cmd rl_cmd;
 typedef struct rl_node rl_node;

@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <hiredis/adapters/libevent.h>
 #include "redis_link_int.h"
 
 #define BACKOFF_MIN_MS 10
@@ -277,7 +276,7 @@ void qg__rl_node_connect(rl_node *n)
     n->ac = ac;
     n->connected = 0;
     n->hs_pending = 0;
-    if (redisLibeventAttach(ac, l->base) != REDIS_OK ||
+    if (qg__rl_attach(ac, l->base) != 0 ||
         redisAsyncSetConnectCallback(ac, on_connect) != REDIS_OK ||
         redisAsyncSetDisconnectCallback(ac, on_disconnect) != REDIS_OK ||
         handshake(n, ac) != 0) {
