@@ -111,6 +111,7 @@ FUZZ_SRC     := $(wildcard fuzz/fuzz_*.c)
 FUZZ_NAMES   := $(patsubst fuzz/fuzz_%.c,%,$(FUZZ_SRC))
 # the reference readers the differential harnesses compare with
 FUZZ_SUPPORT := $(wildcard tests/support/jref.c tests/support/respref.c \
+                  tests/support/reqjsonref.c \
                   tests/support/reqref.c)
 FUZZ_CC      := clang
 FUZZ_FLAGS   := -O1 -fsanitize=fuzzer-no-link,address,undefined \

@@ -18,7 +18,8 @@
  *    range, the text and the double jansson reads differ);
  *  - qg__reqjson_str: a string of 1..maxlen bytes without NUL.
  * A refusal is any negative return (a range error may have its own).
- * A disagreement aborts. */
+ * Then the one-pass reading must agree with jansson's on everything
+ * (tests/support/reqjsonref.c).  A disagreement aborts. */
 #include <string.h>
 
 #include <jansson.h>
@@ -27,6 +28,7 @@
 #include "fuzz.h"
 #include "quotagate.h"
 #include "reqjson.h"
+#include "reqjsonref.h"
 #include "rules.h"
 
 #define ERRCAP 320
@@ -218,7 +220,7 @@ static const char *const key_keys[] = {"subject", NULL};
 typedef struct input {
     const uint8_t *data;
     size_t size;
-    json_t *o;
+    qg__reqjson o;
     const ref *f;           /* NULL: no comparison */
 } input;
 
@@ -227,7 +229,7 @@ static void check_str(const input *in, const char *key, int required,
 {
     char err[ERRCAP];
     const char *out = NULL;
-    int rc = qg__reqjson_str(in->o, key, required, maxlen, &out, err,
+    int rc = qg__reqjson_str(&in->o, key, required, maxlen, &out, err,
                             sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     if (rc == 1 && (!out || strlen(out) == 0 || strlen(out) > maxlen))
@@ -246,7 +248,7 @@ static void check_int(const input *in, const char *key, int64_t max)
 {
     char err[ERRCAP];
     int64_t v = -7;
-    int rc = qg__reqjson_int(in->o, key, 0, 0, max, &v, err, sizeof err);
+    int rc = qg__reqjson_int(&in->o, key, 0, 0, max, &v, err, sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     int neg, is_int;
     int64_t d, e;
@@ -274,7 +276,7 @@ static void check_milli(const input *in, const char *key)
 {
     char err[ERRCAP];
     int64_t v = -7, d, e;
-    int rc = qg__reqjson_milli(in->o, key, 0, &v, err, sizeof err);
+    int rc = qg__reqjson_milli(&in->o, key, 0, &v, err, sizeof err);
     const member *m = in->f ? ref_get(in->f, key) : NULL;
     int neg, is_int, big = 0;
     if (rc == 1 && v < 0)
@@ -311,14 +313,16 @@ static void check_milli(const input *in, const char *key)
     }
 }
 
-/* Parse as one route does; then its getters. */
-static json_t *route(const uint8_t *data, size_t size, const ref *f,
-                     const char *const *allowed)
+/* Parse as one route does into o; 1 when taken.  Then its getters. */
+static int route(const uint8_t *data, size_t size, const ref *f,
+                 const char *const *allowed, qg__reqjson *o)
 {
     char err[ERRCAP];
-    json_t *o = qg__reqjson_parse((const char *)data, size, allowed, err,
-                                 sizeof err);
-    if (!o && !err[0])
+    int rc;
+    err[0] = '\0';
+    rc = qg__reqjson_parse(o, (const char *)data, size, allowed, err,
+                           sizeof err);
+    if (rc != 0 && !err[0])
         fuzz_fail("qg__reqjson_parse refused without a message", data, size);
     if (f) {
         int ok = f->max_depth <= QG_JSON_MAX_DEPTH && f->nmem < MAXMEM;
@@ -330,11 +334,13 @@ static json_t *route(const uint8_t *data, size_t size, const ref *f,
             ok = known;
         }
         /* nmem == MAXMEM: keys beyond were not recorded; not compared */
-        if (f->nmem < MAXMEM && !o != !ok)
+        if (f->nmem < MAXMEM && (rc == 0) != ok)
             fuzz_fail("qg__reqjson_parse differs from the reference", data,
                       size);
     }
-    return o;
+    if (rc != 0)
+        qg__reqjson_free(o);
+    return rc == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -346,33 +352,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* compared only where jansson took an object and yajl could walk it */
     const ref *fp = json_is_object(j) &&
                     ref_walk((const char *)data, size, &f) ? &f : NULL;
-    input in = {data, size, NULL, fp};
+    input in = {.data = data, .size = size, .f = fp};
     json_decref(j);
 
-    if ((in.o = route(data, size, fp, check_keys)) != NULL) {
+    if (!tst_reqjson_agree((const char *)data, size))
+        fuzz_fail("the one-pass reading differs from jansson's", data, size);
+    if (route(data, size, fp, check_keys, &in.o)) {
         check_str(&in, "subject", 1, 255);
         check_str(&in, "request_id", 1, QG_REQUEST_ID_MAX);
         check_str(&in, "model", 0, QG_NAME_MAX - 1);
         check_int(&in, "input_tokens", INT64_C(1) << 40);
         check_int(&in, "max_output_tokens", INT64_C(1) << 40);
         check_milli(&in, "weight");
-        json_decref(in.o);
+        qg__reqjson_free(&in.o);
     }
-    if ((in.o = route(data, size, fp, settle_keys)) != NULL) {
+    if (route(data, size, fp, settle_keys, &in.o)) {
         check_str(&in, "request_id", 1, QG_REQUEST_ID_MAX);
         check_str(&in, "status", 1, 16);
         check_int(&in, "output_tokens", INT64_C(1) << 40);
         check_milli(&in, "weight");
-        json_decref(in.o);
+        qg__reqjson_free(&in.o);
     }
-    if ((in.o = route(data, size, fp, subject_keys)) != NULL) {
+    if (route(data, size, fp, subject_keys, &in.o)) {
         check_str(&in, "plan", 1, 63);
         check_str(&in, "billing_anchor", 0, 64);
-        json_decref(in.o);
+        qg__reqjson_free(&in.o);
     }
-    if ((in.o = route(data, size, fp, key_keys)) != NULL) {
+    if (route(data, size, fp, key_keys, &in.o)) {
         check_str(&in, "subject", 1, 255);
-        json_decref(in.o);
+        qg__reqjson_free(&in.o);
     }
     return 0;
 }

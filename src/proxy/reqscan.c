@@ -153,7 +153,7 @@ static int req_value(void *ctx, int depth, int vt, const unsigned char *s,
         switch (k) {
         case K_MODEL:
             r->model = vt == QG__V_STR ? 1 : -1;
-            r->model_len = l;
+            r->model_len = vt == QG__V_STR ? l : 0;
             r->model_nul = 0;
             r->model_s[0] = '\0';
             if (vt == QG__V_STR && l < sizeof r->model_s) {

@@ -444,7 +444,9 @@ static int on_number(void *ctx, const char *s, size_t l)
     int neg = l && s[0] == '-';
     if (memchr(s, '.', l) || memchr(s, 'e', l) || memchr(s, 'E', l))
         return real_overflows(s, l) ? 0
-                                    : on_value(ctx, V_REAL, NULL, 0, 0);
+                                    : on_value(ctx, V_REAL,
+                                               (const unsigned char *)s, l,
+                                               0);
     limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
     for (size_t i = neg; i < l; i++) {
         unsigned dg = (unsigned)(s[i] - '0');

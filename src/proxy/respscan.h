@@ -95,8 +95,10 @@ int qg__resp_type(const char *s, size_t l);
  * keys) are made here, and a client sees only the events of valid text.
  * depth is the number of containers open before the event (0 for the
  * top object's start; 1 for the top object's keys).  Strings come
- * decoded, l bytes (a \u0000 counting 1); iv is an integer's value or a
- * boolean's 0/1.  A callback returns 1, or 0 to stop (refused). */
+ * decoded, l bytes (a \u0000 counting 1); a real comes as its text (s, l:
+ * the JSON number as written, within a double's range); iv is an
+ * integer's value or a boolean's 0/1.  A callback returns 1, or 0 to stop
+ * (refused). */
 enum { QG__V_NULL, QG__V_BOOL, QG__V_INT, QG__V_REAL, QG__V_STR, QG__V_MAP,
        QG__V_ARR };
 

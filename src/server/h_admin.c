@@ -16,20 +16,17 @@ void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
     char err[320];
     const char *subject = NULL, *plan = NULL, *org = NULL, *anchor = NULL;
     int64_t anchor_ms = 0;
-    json_t *o;
+    qg__reqjson o;
     int rc;
 
     (void)caller;
-    if (!(o = qg__reqjson_parse(r->body, r->body_len, subject_keys, err,
-                               sizeof err))) {
-        qg__reply_error(s, r, 400, "invalid_request", err);
-        return;
-    }
-    if (qg__reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
-        qg__reqjson_str(o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
-        qg__reqjson_str(o, "org", 0, 63, &org, err, sizeof err) < 0 ||
-        qg__reqjson_str(o, "billing_anchor", 0, 64, &anchor, err,
-                       sizeof err) < 0)
+    if (qg__reqjson_parse(&o, r->body, r->body_len, subject_keys, err,
+                          sizeof err) != 0 ||
+        qg__reqjson_str(&o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
+        qg__reqjson_str(&o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
+        qg__reqjson_str(&o, "org", 0, 63, &org, err, sizeof err) < 0 ||
+        qg__reqjson_str(&o, "billing_anchor", 0, 64, &anchor, err,
+                        sizeof err) < 0)
         goto bad;
     if (anchor && qg_iso8601_parse(anchor, &anchor_ms) != 0) {
         snprintf(err, sizeof err, "billing_anchor must be an ISO 8601 "
@@ -60,7 +57,7 @@ void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
 bad:
     qg__reply_error(s, r, 400, "invalid_request", err);
 out:
-    json_decref(o);
+    qg__reqjson_free(&o);
 }
 
 static const char *const key_keys[] = {"subject", NULL};
@@ -70,29 +67,30 @@ void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
     char err[320], key[QG_KEY_LEN + 1];
     const char *subject = NULL;
     qg_key_rec rec;
-    json_t *o, *j;
+    qg__reqjson o;
+    json_t *j;
     int rc;
 
     (void)caller;
-    if (!(o = qg__reqjson_parse(r->body, r->body_len, key_keys, err,
-                               sizeof err)) ||
-        qg__reqjson_str(o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
+    if (qg__reqjson_parse(&o, r->body, r->body_len, key_keys, err,
+                          sizeof err) != 0 ||
+        qg__reqjson_str(&o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
-        json_decref(o);
+        qg__reqjson_free(&o);
         return;
     }
     if (!qg_engine_knows_subject(s->engine, subject)) {
         snprintf(err, sizeof err, "unknown subject \"%s\": create it with "
                  "POST /v1/admin/subjects first", subject);
         qg__reply_error(s, r, 404, "unknown_subject", err);
-        json_decref(o);
+        qg__reqjson_free(&o);
         return;
     }
     if ((rc = qg__key_generate("subject", subject, qg__server_now(s), key,
                               sizeof key, &rec)) != QG_OK ||
         (rc = qg__ledger_put_key(s->ledger, &rec)) != QG_OK) {
         qg__reply_error(s, r, 500, "internal_error", qg_strerror(rc));
-        json_decref(o);
+        qg__reqjson_free(&o);
         return;
     }
     j = json_pack("{s:s, s:s, s:s, s:s}", "key", key, "id", rec.id,
@@ -100,7 +98,7 @@ void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
                   "shown once: quotagate keeps only its hash");
     memset(key, 0, sizeof key);
     qg__reply_json(s, r, 200, qg__json_dump_steal(j), NULL, 0);
-    json_decref(o);
+    qg__reqjson_free(&o);
 }
 
 /* Answered by the reloader (reload.c) on this worker once the file is
@@ -121,23 +119,17 @@ void qg__h_admin_reconcile(qg_server *s, qg_http_req *r, const char *caller)
 {
     char err[320];
     const char *subject = NULL;
-    json_t *o = NULL, *rep;
+    qg__reqjson o = {.tree = NULL, .n = 0};
     int repair = 0;
 
     (void)caller;
     if (r->body_len > 0 &&
-        (!(o = qg__reqjson_parse(r->body, r->body_len, reconcile_keys, err,
-                                 sizeof err)) ||
-         qg__reqjson_str(o, "subject", 0, 255, &subject, err, sizeof err) <
-             0))
+        (qg__reqjson_parse(&o, r->body, r->body_len, reconcile_keys, err,
+                           sizeof err) != 0 ||
+         qg__reqjson_str(&o, "subject", 0, 255, &subject, err, sizeof err) <
+             0 ||
+         qg__reqjson_bool(&o, "repair", &repair, err, sizeof err) < 0))
         goto bad;
-    if (o && (rep = json_object_get(o, "repair"))) {
-        if (!json_is_boolean(rep)) {
-            snprintf(err, sizeof err, "repair must be true or false");
-            goto bad;
-        }
-        repair = json_is_true(rep);
-    }
     if (subject && !*subject) {
         snprintf(err, sizeof err, "subject must be 1 to 255 bytes");
         goto bad;
@@ -145,9 +137,9 @@ void qg__h_admin_reconcile(qg_server *s, qg_http_req *r, const char *caller)
     if (qg__reconciler_request(s->reconciler, r, subject, repair) != QG_OK)
         qg__reply_error(s, r, 503, "overloaded",
                         "out of memory: the reconciliation was not started");
-    json_decref(o);
+    qg__reqjson_free(&o);
     return;
 bad:
     qg__reply_error(s, r, 400, "invalid_request", err);
-    json_decref(o);
+    qg__reqjson_free(&o);
 }

@@ -52,26 +52,27 @@ void qg__h_check(qg_server *s, qg_http_req *r, const char *caller)
     const char *subject = NULL, *rid = NULL, *model = NULL;
     int64_t in_tokens = 0, max_out = -1, weight = 0;
     qg__admit *a;                   /* ~8 KB: the heap, not the stack */
-    json_t *o;
+    qg__reqjson o;
     int rc, has_weight = 0;
 
     (void)caller;
-    if (!(o = qg__reqjson_parse(r->body, r->body_len, check_keys, err,
-                                sizeof err))) {
+    if (qg__reqjson_parse(&o, r->body, r->body_len, check_keys, err,
+                          sizeof err) != 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
+        qg__reqjson_free(&o);
         return;
     }
-    if ((rc = qg__reqjson_str(o, "subject", 1, 255, &subject, err,
+    if ((rc = qg__reqjson_str(&o, "subject", 1, 255, &subject, err,
                               sizeof err)) < 0 ||
-        (rc = qg__reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+        (rc = qg__reqjson_str(&o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
                               err, sizeof err)) < 0 ||
-        (rc = qg__reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+        (rc = qg__reqjson_str(&o, "model", 0, QG_NAME_MAX - 1, &model, err,
                               sizeof err)) < 0 ||
-        (rc = qg__reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX,
+        (rc = qg__reqjson_int(&o, "input_tokens", 0, 0, QG_TOKENS_MAX,
                               &in_tokens, err, sizeof err)) < 0 ||
-        (rc = qg__reqjson_int(o, "max_output_tokens", 0, 0, QG_TOKENS_MAX,
+        (rc = qg__reqjson_int(&o, "max_output_tokens", 0, 0, QG_TOKENS_MAX,
                               &max_out, err, sizeof err)) < 0 ||
-        (rc = has_weight = qg__reqjson_milli(o, "weight", 0, &weight, err,
+        (rc = has_weight = qg__reqjson_milli(&o, "weight", 0, &weight, err,
                                              sizeof err)) < 0)
         goto bad;
     if (!model == !has_weight) {
@@ -98,7 +99,7 @@ bad:
     qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
                     err);
 out:
-    json_decref(o);
+    qg__reqjson_free(&o);
 }
 
 /* --------------------------------------------------------------- settle */
@@ -151,27 +152,28 @@ void qg__h_settle(qg_server *s, qg_http_req *r, const char *caller)
     int64_t in_t = 0, out_t = 0, weight = -1;
     int has_weight, st_code, rc;
     qg__settle st;
-    json_t *o;
+    qg__reqjson o;
 
     (void)caller;
-    if (!(o = qg__reqjson_parse(r->body, r->body_len, settle_keys, err,
-                                sizeof err))) {
+    if (qg__reqjson_parse(&o, r->body, r->body_len, settle_keys, err,
+                          sizeof err) != 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
+        qg__reqjson_free(&o);
         return;
     }
-    if ((rc = qg__reqjson_str(o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
+    if ((rc = qg__reqjson_str(&o, "request_id", 1, QG_REQUEST_ID_MAX, &rid,
                               err, sizeof err)) < 0 ||
-        (rc = qg__reqjson_str(o, "status", 1, 16, &status, err,
+        (rc = qg__reqjson_str(&o, "status", 1, 16, &status, err,
                               sizeof err)) < 0 ||
-        (rc = qg__reqjson_str(o, "subject", 0, 255, &subject, err,
+        (rc = qg__reqjson_str(&o, "subject", 0, 255, &subject, err,
                               sizeof err)) < 0 ||
-        (rc = qg__reqjson_str(o, "model", 0, QG_NAME_MAX - 1, &model, err,
+        (rc = qg__reqjson_str(&o, "model", 0, QG_NAME_MAX - 1, &model, err,
                               sizeof err)) < 0 ||
-        (rc = qg__reqjson_int(o, "input_tokens", 0, 0, QG_TOKENS_MAX, &in_t,
+        (rc = qg__reqjson_int(&o, "input_tokens", 0, 0, QG_TOKENS_MAX, &in_t,
                               err, sizeof err)) < 0 ||
-        (rc = qg__reqjson_int(o, "output_tokens", 0, 0, QG_TOKENS_MAX,
+        (rc = qg__reqjson_int(&o, "output_tokens", 0, 0, QG_TOKENS_MAX,
                               &out_t, err, sizeof err)) < 0 ||
-        (rc = has_weight = qg__reqjson_milli(o, "weight", 0, &weight, err,
+        (rc = has_weight = qg__reqjson_milli(&o, "weight", 0, &weight, err,
                                              sizeof err)) < 0)
         goto bad;
     if ((st_code = qg__settle_status_parse(status)) < 0) {
@@ -198,5 +200,5 @@ bad:
     qg__reply_error(s, r, 400, rc == -2 ? "out_of_range" : "invalid_request",
                     err);
 out:
-    json_decref(o);
+    qg__reqjson_free(&o);
 }
