@@ -153,8 +153,11 @@ static void world_free(world *w)
     free(w->names);
 }
 
+/* One per thread, each on cache lines of its own: a thread's counters
+ * next to another's arguments made the two cores trade the line on every
+ * operation (false sharing, measured: docs/benchmarks.md). */
 typedef struct run_arg {
-    world *w;
+    _Alignas(64) world *w;
     int thread;
     long ops;
     int settle;
@@ -174,8 +177,9 @@ static void *run_ops(void *p)
     char rid[24];
     uint64_t s = (a->seed + 1) * 0x9e3779b97f4a7c15ULL | 1;
     int64_t now = 0;
+    long allowed = 0, errors = 0, ops = a->ops;
 
-    for (long i = 0; i < a->ops; i++) {
+    for (long i = 0; i < ops; i++) {
         uint64_t r = xorshift(&s);
         make_id(rid, (char)('a' + a->thread), (a->seed << 36) + (uint64_t)i);
         qg_check_req req = { .subject = w->names[r % (uint64_t)w->nsubj],
@@ -188,12 +192,12 @@ static void *run_ops(void *p)
             now = atomic_fetch_add(&g_vclock, 64 * a->step_ms);
         now += a->step_ms;
         if (qg_engine_check(w->eng, &req, now, &d, NULL, 0) != 0) {
-            a->errors++;
+            errors++;
             continue;
         }
         if (d.outcome != QG_ALLOW || d.replayed)
             continue;
-        a->allowed++;
+        allowed++;
         if (a->settle) {
             qg_settle_req sr = { .request_id = rid,
                                  .status = QG_SETTLE_COMPLETED,
@@ -202,9 +206,11 @@ static void *run_ops(void *p)
                                  .weight_milli = -1 };
             qg_settle_result res;
             if (qg_engine_settle(w->eng, &sr, now, &res, NULL, 0) != 0)
-                a->errors++;
+                errors++;
         }
     }
+    a->allowed = allowed;
+    a->errors = errors;
     a->end_ms = now;
     return NULL;
 }
