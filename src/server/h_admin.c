@@ -22,7 +22,8 @@ void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
     (void)caller;
     if (qg__reqjson_parse(&o, r->body, r->body_len, subject_keys, err,
                           sizeof err) != 0 ||
-        qg__reqjson_str(&o, "subject", 1, 255, &subject, err, sizeof err) < 0 ||
+        qg__reqjson_str(&o, "subject", 1, 255, &subject, err,
+                        sizeof err) < 0 ||
         qg__reqjson_str(&o, "plan", 1, 63, &plan, err, sizeof err) < 0 ||
         qg__reqjson_str(&o, "org", 0, 63, &org, err, sizeof err) < 0 ||
         qg__reqjson_str(&o, "billing_anchor", 0, 64, &anchor, err,
@@ -74,7 +75,8 @@ void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
     (void)caller;
     if (qg__reqjson_parse(&o, r->body, r->body_len, key_keys, err,
                           sizeof err) != 0 ||
-        qg__reqjson_str(&o, "subject", 1, 255, &subject, err, sizeof err) < 0) {
+        qg__reqjson_str(&o, "subject", 1, 255, &subject, err,
+                        sizeof err) < 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
         qg__reqjson_free(&o);
         return;

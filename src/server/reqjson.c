@@ -327,8 +327,8 @@ int qg__reqjson_milli(const qg__reqjson *rj, const char *key, int required,
     return -1;
 }
 
-int qg__reqjson_bool(const qg__reqjson *rj, const char *key, int *out, char *err,
-                     size_t cap)
+int qg__reqjson_bool(const qg__reqjson *rj, const char *key, int *out,
+                     char *err, size_t cap)
 {
     qg__reqfield m;
     if (!member(rj, key, &m))

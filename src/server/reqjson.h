@@ -80,7 +80,7 @@ int qg__reqjson_milli(const qg__reqjson *rj, const char *key, int required,
                       int64_t *out, char *err, size_t cap);
 /* A boolean: 1 found (*out 0 or 1), 0 absent, -1 another type, null
  * included (err: "KEY must be true or false"). */
-int qg__reqjson_bool(const qg__reqjson *rj, const char *key, int *out, char *err,
-                     size_t cap);
+int qg__reqjson_bool(const qg__reqjson *rj, const char *key, int *out,
+                     char *err, size_t cap);
 
 #endif

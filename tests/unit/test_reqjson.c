@@ -99,7 +99,8 @@ static const char *const EDGES[] = {
     "{\"subjects\":\"a\"}", "{\"subject\":\"a\",\"extra\":1}",
     "{\"subject\":{\"a\":1}}", "{\"subject\":[1,2]}", "{\"weight\":{}}",
     "{\"subject\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":"
-    "{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":1}}}}}}}}}}}}}}}}}",
+    "{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":1"
+    "}}}}}}}}}}}}}}}}}",
     "{\"subject\":\"a\\u0000b\"}", "{\"subject\":\"\\u0000\"}",
     "{\"subject\":\"\\ud800\"}", "{\"subject\":\"\\ud834\\udd1e\"}",
     "{\"subject\":\"a\\\"b\\\\c\\/d\\n\"}", "{\"subject\":\"\xff\"}",
@@ -164,7 +165,7 @@ static void test_pass_taken(void **state)
          "\"input_tokens\":1,\"max_output_tokens\":2,\"weight\":null}", 1},
         {"{\"subject\":\"a\\u00e9\",\"weight\":2.5}", 1},  /* escapes */
         {"{}", 1},
-        {"{\"subject\":\"a\\u0000\"}", 0},                 /* jansson refuses */
+        {"{\"subject\":\"a\\u0000\"}", 0},           /* jansson refuses */
         {"{\"subject\":\"a\",\"subject\":\"a\"}", 0},      /* duplicate */
         {"{\"subject\":\"a\",\"plan\":\"p\"}", 0},         /* not check's */
         {"{\"subject\":{}}", 0},                           /* nested */
