@@ -205,17 +205,7 @@ static int decimal_of(const char *t, int *neg, int64_t *d, int64_t *e,
     return 1;
 }
 
-/* ---- the routes' bodies */
-
-static const char *const check_keys[] = {
-    "subject", "request_id", "model", "input_tokens", "max_output_tokens",
-    "weight", NULL};
-static const char *const settle_keys[] = {
-    "request_id", "status", "input_tokens", "output_tokens", "weight",
-    "subject", "model", NULL};
-static const char *const subject_keys[] = {"subject", "plan", "org",
-                                           "billing_anchor", NULL};
-static const char *const key_keys[] = {"subject", NULL};
+/* ---- the routes' bodies (their own key lists, reqjson.h) */
 
 typedef struct input {
     const uint8_t *data;
@@ -357,7 +347,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (!tst_reqjson_agree((const char *)data, size))
         fuzz_fail("the one-pass reading differs from jansson's", data, size);
-    if (route(data, size, fp, check_keys, &in.o)) {
+    if (route(data, size, fp, qg__check_keys, &in.o)) {
         check_str(&in, "subject", 1, 255);
         check_str(&in, "request_id", 1, QG_REQUEST_ID_MAX);
         check_str(&in, "model", 0, QG_NAME_MAX - 1);
@@ -366,19 +356,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_milli(&in, "weight");
         qg__reqjson_free(&in.o);
     }
-    if (route(data, size, fp, settle_keys, &in.o)) {
+    if (route(data, size, fp, qg__settle_keys, &in.o)) {
         check_str(&in, "request_id", 1, QG_REQUEST_ID_MAX);
         check_str(&in, "status", 1, 16);
         check_int(&in, "output_tokens", INT64_C(1) << 40);
         check_milli(&in, "weight");
         qg__reqjson_free(&in.o);
     }
-    if (route(data, size, fp, subject_keys, &in.o)) {
+    if (route(data, size, fp, qg__subject_keys, &in.o)) {
         check_str(&in, "plan", 1, 63);
         check_str(&in, "billing_anchor", 0, 64);
         qg__reqjson_free(&in.o);
     }
-    if (route(data, size, fp, key_keys, &in.o)) {
+    if (route(data, size, fp, qg__key_keys, &in.o)) {
         check_str(&in, "subject", 1, 255);
         qg__reqjson_free(&in.o);
     }

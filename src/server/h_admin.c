@@ -8,8 +8,8 @@
 #include "reqjson.h"
 #include "server.h"
 
-static const char *const subject_keys[] = {"subject", "plan", "org",
-                                           "billing_anchor", NULL};
+const char *const qg__subject_keys[] = {"subject", "plan", "org",
+                                        "billing_anchor", NULL};
 
 void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
 {
@@ -20,7 +20,7 @@ void qg__h_admin_subjects(qg_server *s, qg_http_req *r, const char *caller)
     int rc;
 
     (void)caller;
-    if (qg__reqjson_parse(&o, r->body, r->body_len, subject_keys, err,
+    if (qg__reqjson_parse(&o, r->body, r->body_len, qg__subject_keys, err,
                           sizeof err) != 0 ||
         qg__reqjson_str(&o, "subject", 1, 255, &subject, err,
                         sizeof err) < 0 ||
@@ -61,7 +61,7 @@ out:
     qg__reqjson_free(&o);
 }
 
-static const char *const key_keys[] = {"subject", NULL};
+const char *const qg__key_keys[] = {"subject", NULL};
 
 void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
 {
@@ -73,7 +73,7 @@ void qg__h_admin_keys(qg_server *s, qg_http_req *r, const char *caller)
     int rc;
 
     (void)caller;
-    if (qg__reqjson_parse(&o, r->body, r->body_len, key_keys, err,
+    if (qg__reqjson_parse(&o, r->body, r->body_len, qg__key_keys, err,
                           sizeof err) != 0 ||
         qg__reqjson_str(&o, "subject", 1, 255, &subject, err,
                         sizeof err) < 0) {
@@ -113,7 +113,7 @@ void qg__h_admin_reload(qg_server *s, qg_http_req *r, const char *caller)
                        "out of memory: the reload was not started");
 }
 
-static const char *const reconcile_keys[] = {"subject", "repair", NULL};
+const char *const qg__reconcile_keys[] = {"subject", "repair", NULL};
 
 /* POST /v1/admin/reconcile {"subject"?, "repair"?}: run by the reconciler
  * (reconciler.c) off this worker, answered here when done. */
@@ -126,7 +126,7 @@ void qg__h_admin_reconcile(qg_server *s, qg_http_req *r, const char *caller)
 
     (void)caller;
     if (r->body_len > 0 &&
-        (qg__reqjson_parse(&o, r->body, r->body_len, reconcile_keys, err,
+        (qg__reqjson_parse(&o, r->body, r->body_len, qg__reconcile_keys, err,
                            sizeof err) != 0 ||
          qg__reqjson_str(&o, "subject", 0, 255, &subject, err, sizeof err) <
              0 ||

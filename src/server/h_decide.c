@@ -22,7 +22,7 @@
 
 /* ---------------------------------------------------------------- check */
 
-static const char *const check_keys[] = {
+const char *const qg__check_keys[] = {
     "subject", "request_id", "model", "input_tokens", "max_output_tokens",
     "weight", NULL};
 
@@ -56,7 +56,7 @@ void qg__h_check(qg_server *s, qg_http_req *r, const char *caller)
     int rc, has_weight = 0;
 
     (void)caller;
-    if (qg__reqjson_parse(&o, r->body, r->body_len, check_keys, err,
+    if (qg__reqjson_parse(&o, r->body, r->body_len, qg__check_keys, err,
                           sizeof err) != 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
         qg__reqjson_free(&o);
@@ -104,7 +104,7 @@ out:
 
 /* --------------------------------------------------------------- settle */
 
-static const char *const settle_keys[] = {
+const char *const qg__settle_keys[] = {
     "request_id", "status", "input_tokens", "output_tokens", "weight",
     "subject", "model", NULL};
 
@@ -155,7 +155,7 @@ void qg__h_settle(qg_server *s, qg_http_req *r, const char *caller)
     qg__reqjson o;
 
     (void)caller;
-    if (qg__reqjson_parse(&o, r->body, r->body_len, settle_keys, err,
+    if (qg__reqjson_parse(&o, r->body, r->body_len, qg__settle_keys, err,
                           sizeof err) != 0) {
         qg__reply_error(s, r, 400, "invalid_request", err);
         qg__reqjson_free(&o);

@@ -24,6 +24,14 @@
 
 #define QG_JSON_MAX_DEPTH 16
 
+/* The keys each route's body may hold (h_decide.c, h_admin.c; the tests
+ * and fuzz_reqjson read the routes' own lists). */
+extern const char *const qg__check_keys[];      /* POST /v1/check */
+extern const char *const qg__settle_keys[];     /* POST /v1/settle */
+extern const char *const qg__subject_keys[];    /* POST /v1/admin/subjects */
+extern const char *const qg__key_keys[];        /* POST /v1/admin/keys */
+extern const char *const qg__reconcile_keys[];  /* POST /v1/admin/reconcile */
+
 #define QG_REQJSON_FIELDS 8      /* members the one-pass reading holds */
 #define QG_REQJSON_BYTES 1024    /* its decoded strings, NULs included */
 

@@ -9,18 +9,10 @@
 
 #define ERRCAP 320
 
-static const char *const check_keys[] = {
-    "subject", "request_id", "model", "input_tokens", "max_output_tokens",
-    "weight", NULL};
-static const char *const settle_keys[] = {
-    "request_id", "status", "input_tokens", "output_tokens", "weight",
-    "subject", "model", NULL};
-static const char *const subject_keys[] = {"subject", "plan", "org",
-                                           "billing_anchor", NULL};
-static const char *const key_keys[] = {"subject", NULL};
-static const char *const reconcile_keys[] = {"subject", "repair", NULL};
+/* the routes' own lists, check's first (tst_reqjson_last_pass) */
 static const char *const *const routes[] = {
-    check_keys, settle_keys, subject_keys, key_keys, reconcile_keys};
+    qg__check_keys, qg__settle_keys, qg__subject_keys, qg__key_keys,
+    qg__reconcile_keys};
 
 static int last_pass;
 
