@@ -143,14 +143,17 @@ static void read_scan_row(sqlite3_stmt *st, qg_ledger_row *r)
 }
 
 /* One subject's rows and its org's other members' rows, each half read
- * from its own index (schema 6); only these rows are sorted. */
+ * from its own index (schemas 6 and 9: "org <> ''" is the org index's
+ * own condition, which the planner must see to use it); only these rows
+ * are sorted. */
 static const char sql_scan_entity[] =
     "SELECT " ROW_COLS ", rowid AS seq FROM requests"
     " WHERE subject = ?1 AND decision = 1"
     "   AND created_ms >= ?3 AND created_ms <= ?4"
     " UNION ALL "
     "SELECT " ROW_COLS ", rowid AS seq FROM requests"
-    " WHERE ?2 <> '' AND org = ?2 AND subject <> ?1 AND decision = 1"
+    " WHERE ?2 <> '' AND org = ?2 AND org <> '' AND subject <> ?1"
+    "   AND decision = 1"
     "   AND created_ms >= ?3 AND created_ms <= ?4"
     " ORDER BY created_ms, seq";
 
@@ -261,6 +264,15 @@ static int create_private(qg__sq *s, const char *path, char *err,
                    "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
     }
     return QG_OK;
+}
+
+/* SQLite's allocation statistics off (ledger.h): sqlite3_config works
+ * only before SQLite initializes; later it refuses and changes nothing.
+ * Debian's SQLite is built without lookaside memory (OMIT_LOOKASIDE), so
+ * every record SQLite builds is a malloc and a free. */
+void qg__ledger_process_init(void)
+{
+    (void)sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
 }
 
 /* One connection with the settings every connection shares. */

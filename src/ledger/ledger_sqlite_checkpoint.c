@@ -58,6 +58,7 @@ static int on_wal(void *ud, sqlite3 *db, const char *name, int frames)
 static void *ckpt_main(void *arg)
 {
     qg__sq_ckpt *c = arg;
+    pthread_setname_np(pthread_self(), "qg-checkpoint");
     pthread_mutex_lock(&c->mu);
     while (!c->stop) {
         if (!c->pending) {

@@ -305,6 +305,7 @@ void *qg__lf_writer_main(void *arg)
 {
     qg_ledger *s = arg;
     char line[1536], lost[1536];
+    pthread_setname_np(pthread_self(), "qg-ledger");   /* top -H, perf */
     pthread_mutex_lock(&s->mu);
     for (;;) {
         qg__ledger_item *tmp;

@@ -308,6 +308,7 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
     lo.flush_ms = s->opts.ledger_flush_ms;
     lo.log = ledger_log;
     lo.id_filter = 1;            /* every new request id is looked up */
+    qg__ledger_process_init();   /* no thread has used SQLite yet */
     if (!(s->ledger = qg__ledger_open(s->opts.ledger_url, &lo, err,
                                       sizeof err))) {
         fprintf(stderr, "quotagate: ledger: %s\n", err);

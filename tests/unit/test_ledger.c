@@ -990,6 +990,21 @@ static void test_schema_and_urls(void **state)
         assert_int_equal(r.headroom_milli, -1);
     }
     qg__ledger_close(l);
+    /* ... and its org index holds only rows with an org (schema 9) */
+    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+    {
+        sqlite3_stmt *st;
+        const char *sql;
+        assert_int_equal(sqlite3_prepare_v2(db, "SELECT sql FROM "
+                             "sqlite_master WHERE name = 'requests_org'",
+                             -1, &st, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        sql = (const char *)sqlite3_column_text(st, 0);
+        if (!sql || !strstr(sql, "WHERE org <> ''"))
+            fail_msg("requests_org after migration: %s", sql ? sql : "?");
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
     tmpdb_remove(&t);
 
     /* a PostgreSQL that cannot be reached at open: refused, naming it */
