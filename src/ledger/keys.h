@@ -8,8 +8,7 @@
  *
  * The admin and service keys may instead come from the environment
  * (QUOTAGATE_ADMIN_KEY, QUOTAGATE_SERVICE_KEY) as arbitrary strings: the
- * server keeps their hash (qg__key_hash) and compares presented keys with
- * qg__key_hash_equal, in constant time.
+ * server compares presented keys with them in constant time (auth.c).
  *
  * All functions are thread-safe (OpenSSL's RAND_bytes and EVP_Digest are).
  * Randomness comes from OpenSSL's CSPRNG; time is the caller's now_ms. */

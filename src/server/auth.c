@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/crypto.h>
 #include "auth.h"
 #include "keys.h"
 #include "quotagate.h"
@@ -11,6 +12,14 @@
  * seen by every one within a second (PRODUCT.md 5.1 point 6). */
 #define CACHE_TTL_MS 500
 
+/* Environment keys up to this length are compared byte for byte, padded
+ * with zeros to it, in constant time (length and content hidden alike);
+ * longer ones by their SHA-256 hash.  The hash costs ~3k instructions, a
+ * tenth of a /v1/check; CRYPTO_memcmp ~4 per byte, so the pad is no
+ * longer than common keys need: `openssl rand -hex 32` is 64 characters,
+ * a generated key (QG_KEY_LEN) 60 (docs/benchmarks.md, "Service key"). */
+#define ENV_PAD 64
+
 typedef struct cache_ent {
     int used;
     int64_t loaded_ms;
@@ -18,13 +27,31 @@ typedef struct cache_ent {
     char id[32];
 } cache_ent;
 
+typedef struct env_key {
+    int have;                     /* set from the environment */
+    size_t len;
+    unsigned char pad[ENV_PAD];   /* len <= ENV_PAD: the key, zero padded */
+    unsigned char hash[QG_KEY_HASH_LEN];   /* len > ENV_PAD */
+} env_key;
+
 struct qg_auth {
     qg_ledger *ledger;
-    int have_env_admin, have_env_service;
-    unsigned char env_admin[QG_KEY_HASH_LEN], env_service[QG_KEY_HASH_LEN];
+    env_key env_admin, env_service;
     pthread_mutex_t mu;
     cache_ent cache[CACHE_SLOTS];
 };
+
+static void env_set(env_key *e, const char *key)
+{
+    if (!key || !*key)
+        return;
+    e->have = 1;
+    e->len = strlen(key);
+    if (e->len <= ENV_PAD)
+        memcpy(e->pad, key, e->len);
+    else
+        qg__key_hash(key, e->len, e->hash);
+}
 
 qg_auth *qg__auth_new(qg_ledger *l, const char *env_admin,
                      const char *env_service)
@@ -34,14 +61,8 @@ qg_auth *qg__auth_new(qg_ledger *l, const char *env_admin,
         return NULL;
     a->ledger = l;
     pthread_mutex_init(&a->mu, NULL);
-    if (env_admin && *env_admin) {
-        qg__key_hash(env_admin, strlen(env_admin), a->env_admin);
-        a->have_env_admin = 1;
-    }
-    if (env_service && *env_service) {
-        qg__key_hash(env_service, strlen(env_service), a->env_service);
-        a->have_env_service = 1;
-    }
+    env_set(&a->env_admin, env_admin);
+    env_set(&a->env_service, env_service);
     return a;
 }
 
@@ -50,7 +71,24 @@ void qg__auth_free(qg_auth *a)
     if (!a)
         return;
     pthread_mutex_destroy(&a->mu);
+    OPENSSL_cleanse(a, sizeof *a);
     free(a);
+}
+
+/* Whether a presented key is environment key e: pad is the presented key
+ * zero padded to ENV_PAD when it is that short (else NULL), h its hash
+ * when it is longer (computed once by the caller). */
+static int env_match(const env_key *e, const unsigned char *pad, size_t len,
+                     const unsigned char *h)
+{
+    if (!e->have)
+        return 0;
+    if (pad) {
+        /* the length folded in without a branch on the key's bytes */
+        int same = CRYPTO_memcmp(pad, e->pad, ENV_PAD) == 0;
+        return same & (len == e->len);
+    }
+    return e->len > ENV_PAD && qg__key_hash_equal(h, e->hash);
 }
 
 typedef struct find_role {
@@ -74,7 +112,7 @@ int qg__auth_bootstrap(qg_auth *a, int64_t now_ms, FILE *out)
         char key[QG_KEY_LEN + 1];
         qg_key_rec rec;
         int rc;
-        if ((i == 0 && a->have_env_admin) || (i == 1 && a->have_env_service))
+        if ((i == 0 && a->env_admin.have) || (i == 1 && a->env_service.have))
             continue;
         if ((rc = qg__ledger_list_keys(a->ledger, has_role, &f)) != QG_OK)
             return rc;
@@ -106,7 +144,7 @@ static int role_of(const char *role)
 int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
                      char *subject, size_t cap)
 {
-    unsigned char h[QG_KEY_HASH_LEN];
+    unsigned char h[QG_KEY_HASH_LEN], pad[ENV_PAD];
     char id[32], copy[QG_KEY_LEN + 1];
     qg_key_rec rec;
     cache_ent *c;
@@ -115,18 +153,28 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
 
     if (!key || len == 0 || len > 4096)
         return QG_ROLE_NONE;
-    qg__key_hash(key, len, h);
-    /* Environment keys first: hashes compared in constant time. */
-    if (a->have_env_service && qg__key_hash_equal(h, a->env_service))
-        return QG_ROLE_SERVICE;
-    if (a->have_env_admin && qg__key_hash_equal(h, a->env_admin))
-        return QG_ROLE_ADMIN;
-    if (len != QG_KEY_LEN)
-        return QG_ROLE_NONE;
+    /* Environment keys first, in constant time (ENV_PAD above). */
+    if (len <= ENV_PAD) {
+        memset(pad, 0, sizeof pad);
+        memcpy(pad, key, len);
+        role = env_match(&a->env_service, pad, len, NULL) ? QG_ROLE_SERVICE
+               : env_match(&a->env_admin, pad, len, NULL) ? QG_ROLE_ADMIN
+                                                           : QG_ROLE_NONE;
+        OPENSSL_cleanse(pad, sizeof pad);
+    } else {
+        qg__key_hash(key, len, h);
+        role = env_match(&a->env_service, NULL, len, h) ? QG_ROLE_SERVICE
+               : env_match(&a->env_admin, NULL, len, h) ? QG_ROLE_ADMIN
+                                                         : QG_ROLE_NONE;
+    }
+    if (role != QG_ROLE_NONE || len != QG_KEY_LEN)
+        return role;
     memcpy(copy, key, len);
     copy[len] = '\0';
-    if (qg__key_parse_id(copy, id, sizeof id) != QG_OK)
+    if (qg__key_parse_id(copy, id, sizeof id) != QG_OK) {
+        OPENSSL_cleanse(copy, sizeof copy);
         return QG_ROLE_NONE;
+    }
     for (const char *p = id; *p; p++)
         slot = slot * 31u + (unsigned char)*p;
     slot %= CACHE_SLOTS;
@@ -158,6 +206,6 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
         if (role == QG_ROLE_SUBJECT && subject)
             snprintf(subject, cap, "%s", rec.subject);
     }
-    memset(copy, 0, sizeof copy);
+    OPENSSL_cleanse(copy, sizeof copy);
     return role;
 }

@@ -4,10 +4,13 @@
  * (admin endpoints, anyone's usage) and subject keys (their own usage, the
  * proxy).  Admin and service keys come from QUOTAGATE_ADMIN_KEY and
  * QUOTAGATE_SERVICE_KEY, or are generated on first start, printed once
- * and kept only as hashes in the ledger database.  Every comparison is of
- * SHA-256 hashes in constant time.  Subject keys are looked up by their
- * public id in a small cache in front of the ledger (entries live 2 s, so
- * a `keys revoke` from the command line takes effect within 2 s). */
+ * and kept only as hashes in the ledger database.  Every comparison runs
+ * in constant time: an environment key byte for byte, zero padded to 64
+ * bytes so that its length is hidden too (a longer one by SHA-256 hash),
+ * a stored key by its SHA-256 hash.  Subject keys are looked up by their
+ * public id in a small cache in front of the ledger (entries live 500 ms,
+ * so a `keys revoke` from the command line takes effect within a
+ * second). */
 #ifndef QG_AUTH_H
 #define QG_AUTH_H
 

@@ -1,6 +1,8 @@
 /* test_keys.c - API keys: generation (shape, record, hash), verification
  * (tampered and revoked keys fail), id parsing edge cases, hashes of
- * environment-provided keys, uniqueness; and `quotagate keys` end to end
+ * environment-provided keys, uniqueness; roles of presented keys
+ * (qg__auth_identify: environment keys byte for byte, padded, and their
+ * near misses; stored keys); and `quotagate keys` end to end
  * through $QG_BIN: create prints the key alone on its last line, list shows
  * its id and never the key, revoke, unknown ids and bad usage. */
 #include <stdarg.h>
@@ -19,6 +21,7 @@
 #include <openssl/evp.h>
 
 #include "quotagate.h"
+#include "auth.h"
 #include "keys.h"
 #include "ledger.h"
 #include "runcli.h"
@@ -200,6 +203,79 @@ static void test_keys_differ(void **state)
     }
 }
 
+/* Roles of presented keys: environment keys compared as they are (zero
+ * padded to 64 bytes, the length compared too), longer ones by hash;
+ * stored keys through the ledger. */
+static void test_auth_identify(void **state)
+{
+    char dir[] = "/tmp/qgauth.XXXXXX", db[96], err[256], who[64];
+    char svc[] = "svc-secret-22", adm[] = "adm-secret-1";
+    char k64[65], k65[66], near[300], key[QG_KEY_LEN + 1];
+    qg_key_rec rec;
+    qg_ledger *l;
+    qg_auth *a;
+    (void)state;
+
+    assert_non_null(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/ledger.db", dir);
+    assert_non_null(l = qg__ledger_open(db, NULL, err, sizeof err));
+    assert_non_null(a = qg__auth_new(l, adm, svc));
+#define ROLE(k, n) qg__auth_identify(a, k, n, NOW_MS, NULL, 0)
+    assert_int_equal(ROLE(svc, strlen(svc)), QG_ROLE_SERVICE);
+    assert_int_equal(ROLE(adm, strlen(adm)), QG_ROLE_ADMIN);
+    /* near misses: a prefix, one byte more, the last byte changed, the
+     * key with a NUL after it (equal once both are padded with zeros:
+     * the length tells them apart), nothing */
+    assert_int_equal(ROLE(svc, strlen(svc) - 1), QG_ROLE_NONE);
+    snprintf(near, sizeof near, "%sx", svc);
+    assert_int_equal(ROLE(near, strlen(near)), QG_ROLE_NONE);
+    snprintf(near, sizeof near, "%s", svc);
+    near[strlen(near) - 1] = '3';
+    assert_int_equal(ROLE(near, strlen(near)), QG_ROLE_NONE);
+    memcpy(near, svc, sizeof svc);              /* its NUL included */
+    assert_int_equal(ROLE(near, sizeof svc), QG_ROLE_NONE);
+    assert_int_equal(ROLE(svc, 0), QG_ROLE_NONE);
+    assert_int_equal(ROLE(NULL, 3), QG_ROLE_NONE);
+    memset(near, 's', sizeof near);
+    assert_int_equal(ROLE(near, sizeof near), QG_ROLE_NONE);
+    qg__auth_free(a);
+
+    /* 64 bytes: compared padded; 65: by hash; each with a near miss */
+    memset(k64, 'a', 64);
+    k64[64] = '\0';
+    memset(k65, 'b', 65);
+    k65[65] = '\0';
+    assert_non_null(a = qg__auth_new(l, k65, k64));
+    assert_int_equal(ROLE(k64, 64), QG_ROLE_SERVICE);
+    assert_int_equal(ROLE(k65, 65), QG_ROLE_ADMIN);
+    assert_int_equal(ROLE(k64, 63), QG_ROLE_NONE);
+    assert_int_equal(ROLE(k65, 64), QG_ROLE_NONE);
+    k64[63] = 'b';
+    k65[64] = 'a';
+    assert_int_equal(ROLE(k64, 64), QG_ROLE_NONE);
+    assert_int_equal(ROLE(k65, 65), QG_ROLE_NONE);
+    qg__auth_free(a);
+
+    /* no environment keys: a stored subject key names its subject; the
+     * same key with its last character changed is nobody */
+    assert_non_null(a = qg__auth_new(l, NULL, ""));
+    assert_int_equal(qg__key_generate("subject", "alice", NOW_MS, key,
+                                     sizeof key, &rec), 0);
+    assert_int_equal(qg__ledger_put_key(l, &rec), 0);
+    who[0] = '\0';
+    assert_int_equal(qg__auth_identify(a, key, strlen(key), NOW_MS, who,
+                                      sizeof who), QG_ROLE_SUBJECT);
+    assert_string_equal(who, "alice");
+    key[QG_KEY_LEN - 1] = key[QG_KEY_LEN - 1] == 'A' ? 'B' : 'A';
+    assert_int_equal(ROLE(key, strlen(key)), QG_ROLE_NONE);
+    assert_int_equal(ROLE(svc, strlen(svc)), QG_ROLE_NONE);
+#undef ROLE
+    qg__auth_free(a);
+    qg__ledger_close(l);
+    snprintf(err, sizeof err, "rm -rf %s", dir);
+    assert_int_equal(system(err), 0);
+}
+
 /* ------------------------------------------------------------ the CLI */
 
 /* The last line of text, without its newline. */
@@ -336,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_parse_id),
         cmocka_unit_test(test_env_key_hash),
         cmocka_unit_test(test_keys_differ),
+        cmocka_unit_test(test_auth_identify),
         cmocka_unit_test(test_cli_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
