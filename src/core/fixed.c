@@ -57,6 +57,52 @@ int qg_fixed_parse(const char *s, size_t len, int scale_digits, int64_t *out)
     return 0;
 }
 
+static const char dig2[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233"
+    "34353637383940414243444546474849505152535455565758596061626364656667"
+    "6869707172737475767778798081828384858687888990919293949596979899";
+
+size_t qg__dec_len(uint64_t v)
+{
+    static const uint64_t p10[QG_DEC_MAX] = {
+        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
+        10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL,
+        100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+        100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+        100000000000000000ULL, 1000000000000000000ULL,
+        10000000000000000000ULL};
+    size_t n = 1;
+    while (n < QG_DEC_MAX && v >= p10[n])
+        n++;
+    return n;
+}
+
+size_t qg__dec_u64(char *out, uint64_t v)
+{
+    size_t n = qg__dec_len(v), i = n;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        out[--i] = dig2[2 * r + 1];
+        out[--i] = dig2[2 * r];
+    }
+    if (v >= 10) {
+        out[1] = dig2[2 * v + 1];
+        out[0] = dig2[2 * v];
+    } else {
+        out[0] = (char)('0' + v);
+    }
+    return n;
+}
+
+size_t qg__dec_i64(char *out, int64_t v)
+{
+    if (v >= 0)
+        return qg__dec_u64(out, (uint64_t)v);
+    out[0] = '-';
+    return 1 + qg__dec_u64(out + 1, (uint64_t)0 - (uint64_t)v);
+}
+
 size_t qg_fixed_format(int64_t v, int scale_digits, char *buf, size_t cap)
 {
     char tmp[48];

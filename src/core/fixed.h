@@ -17,6 +17,16 @@
 
 /* qg_fixed_parse and qg_fixed_format are public (quotagate.h). */
 
+/* v in decimal at out (at most QG_DEC_MAX bytes, no NUL); the length.
+ * Two digits per step from a table: the hot path formats ~16 integers
+ * per decision answer (docs/benchmarks.md, "Integers"). */
+#define QG_DEC_MAX 20
+size_t qg__dec_u64(char *out, uint64_t v);
+/* How many digits qg__dec_u64 writes for v. */
+size_t qg__dec_len(uint64_t v);
+/* The same for a signed value ('-' first; at most QG_DEC_MAX + 1). */
+size_t qg__dec_i64(char *out, int64_t v);
+
 /* Ceiling division for a positive denominator (any numerator > INT64_MIN);
  * never overflows, whatever the numerator. */
 static inline int64_t qg__ceil_div(int64_t a, int64_t b)

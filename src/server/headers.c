@@ -18,14 +18,7 @@
  * zeros ("1.5s"). */
 static char *put_u64(char *o, uint64_t v)
 {
-    char tmp[24];
-    int n = 0;
-    do
-        tmp[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    while (n > 0)
-        *o++ = tmp[--n];
-    return o;
+    return o + qg__dec_u64(o, v);
 }
 
 size_t qg__go_duration(int64_t ms, char *buf, size_t cap)
@@ -110,15 +103,8 @@ static void w_raw(writer *w, const char *s, size_t n)
 /* %lld */
 static void w_i64(writer *w, int64_t v)
 {
-    char tmp[24];
-    int n = sizeof tmp;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do
-        tmp[--n] = (char)('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0)
-        tmp[--n] = '-';
-    w_raw(w, tmp + n, sizeof tmp - (size_t)n);
+    char tmp[QG_DEC_MAX + 1];
+    w_raw(w, tmp, qg__dec_i64(tmp, v));
 }
 
 /* A window name as a structured-field string: quotes and backslashes

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "civil.h"
+#include "fixed.h"
 #include "json_text.h"
 #include "rules.h"
 
@@ -116,18 +117,9 @@ int qg__jb_grow(qg__jb *b, size_t more)
 
 void qg__jb_i64(qg__jb *b, int64_t v)
 {
-    char tmp[24];
-    int n = 0;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    if (qg__jb_room(b, 21) < 0)
+    if (qg__jb_room(b, QG_DEC_MAX + 1) < 0)
         return;
-    do
-        tmp[n++] = (char)('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0)
-        b->p[b->len++] = '-';
-    while (n > 0)
-        b->p[b->len++] = tmp[--n];
+    b->len += qg__dec_i64(b->p + b->len, v);
 }
 
 /* jansson's jsonp_dtostr with precision 15. */

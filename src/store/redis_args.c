@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "calendar.h"
+#include "fixed.h"
 #include "redis_script.h"
 
 #define DEFAULT_LEASE_MS (15 * 60 * 1000LL)
@@ -175,17 +176,7 @@ static void hex16(char *out, uint64_t v)
 
 size_t qg__rs_dec(char *out, int64_t v)
 {
-    char t[20];
-    size_t n = 0, k = 0;
-    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-    do {
-        t[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        out[k++] = '-';
-    while (n)
-        out[k++] = t[--n];
+    size_t k = qg__dec_i64(out, v);
     out[k] = 0;
     return k;
 }

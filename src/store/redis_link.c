@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "fixed.h"
 #include "quotagate.h"
 #include "redis_link_int.h"
 
@@ -57,25 +58,13 @@ void qg__rl_seterr(qg__rlink *l, const char *fmt, ...)
 
 static void on_timeout(evutil_socket_t fd, short what, void *arg);
 
-static size_t digits(size_t v)
-{
-    size_t n = 1;
-    while (v >= 10) {
-        v /= 10;
-        n++;
-    }
-    return n;
-}
-
-/* A RESP header, kind and n then CRLF, at out; its length (1 + digits(n)
+/* A RESP header, kind and n then CRLF, at out; its length (1 + digits of n
  * + 2).  By hand: sprintf's format parsing was most of a command's cost
  * here (callgrind, docs/benchmarks.md). */
 static size_t head(char *out, char kind, size_t n)
 {
-    size_t d = digits(n);
+    size_t d = qg__dec_u64(out + 1, n);
     out[0] = kind;
-    for (size_t i = d; i > 0; i--, n /= 10)
-        out[i] = (char)('0' + n % 10);
     out[d + 1] = '\r';
     out[d + 2] = '\n';
     out[d + 3] = 0;
@@ -86,7 +75,7 @@ static size_t head(char *out, char kind, size_t n)
 rl_cmd *qg__rl_cmd_new(qg__rlink *l, int argc, const char **argv,
                        const size_t *argvlen, int *rc)
 {
-    size_t len = 1 + digits((size_t)argc) + 2, off;
+    size_t len = 1 + qg__dec_len((size_t)argc) + 2, off;
     rl_cmd *c;
 
     for (int i = 0; i < argc; i++) {
@@ -95,7 +84,7 @@ rl_cmd *qg__rl_cmd_new(qg__rlink *l, int argc, const char **argv,
             *rc = QG_EINVAL;
             return NULL;
         }
-        len += 1 + digits(al) + 2 + al + 2;
+        len += 1 + qg__dec_len(al) + 2 + al + 2;
     }
     if (len > MAX_COMMAND_BYTES) {
         *rc = QG_EINVAL;

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -84,6 +85,62 @@ static void test_roundtrip(void **state)
     }
 }
 
+/* qg__dec_u64 / qg__dec_i64 against printf: every power of ten and its
+ * neighbours, the extremes, and a million values of every magnitude. */
+static void dec_check_u(uint64_t v)
+{
+    char got[QG_DEC_MAX + 2], want[32];
+    size_t n;
+    memset(got, 'x', sizeof got);
+    n = qg__dec_u64(got, v);
+    snprintf(want, sizeof want, "%llu", (unsigned long long)v);
+    if (n != strlen(want) || memcmp(got, want, n) != 0 || got[n] != 'x' ||
+        qg__dec_len(v) != n)
+        fail_msg("qg__dec_u64(%s) gave %.*s (%zu)", want, (int)n, got, n);
+}
+
+static void dec_check_i(int64_t v)
+{
+    char got[QG_DEC_MAX + 2], want[32];
+    size_t n;
+    memset(got, 'x', sizeof got);
+    n = qg__dec_i64(got, v);
+    snprintf(want, sizeof want, "%lld", (long long)v);
+    if (n != strlen(want) || memcmp(got, want, n) != 0 || got[n] != 'x')
+        fail_msg("qg__dec_i64(%s) gave %.*s (%zu)", want, (int)n, got, n);
+}
+
+static void test_dec(void **state)
+{
+    uint64_t p = 1, x = 0x9e3779b97f4a7c15ULL;
+    (void)state;
+    for (int i = 0; i < 20; i++, p *= 10) {
+        dec_check_u(p);
+        dec_check_u(p - 1);
+        dec_check_u(p + 1);
+        if (p <= (uint64_t)INT64_MAX) {
+            dec_check_i((int64_t)p);
+            dec_check_i(-(int64_t)p);
+            dec_check_i(1 - (int64_t)p);
+        }
+    }
+    dec_check_u(0);
+    dec_check_u(UINT64_MAX);
+    dec_check_i(0);
+    dec_check_i(INT64_MAX);
+    dec_check_i(INT64_MIN);
+    dec_check_i(-1);
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t v;
+        x ^= x << 13;                       /* xorshift64 */
+        x ^= x >> 7;
+        x ^= x << 17;
+        v = x >> (x % 64);                  /* every magnitude */
+        dec_check_u(v);
+        dec_check_i((int64_t)v);
+    }
+}
+
 static void test_ceil_div(void **state)
 {
     (void)state;
@@ -101,6 +158,7 @@ int main(void)
         cmocka_unit_test(test_format),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_ceil_div),
+        cmocka_unit_test(test_dec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
