@@ -75,6 +75,9 @@ typedef struct ver {
     int *plan_of;                /* registry plan index -> this version's
                                     plan index, -1 when it has none */
     int *org_of;                 /* likewise for orgs */
+    int *org_reg;                /* this version's org index -> registry
+                                    org index (gen_org: by the rules'
+                                    name index, not a scan of the names) */
 } ver;
 
 typedef struct gen {
@@ -345,6 +348,7 @@ static void gen_free_one(gen *g)
         free(g->vers[i].org_keys);
         free(g->vers[i].plan_of);
         free(g->vers[i].org_of);
+        free(g->vers[i].org_reg);
     }
     free(g->vers);
     free(g->plan_names);
@@ -372,17 +376,33 @@ static gen *gen_new(qg_rules *rules)
         !(g->org_names = calloc(no + 1, sizeof *g->org_names)))
         goto fail;
     g->nvers = n;
-    for (r = rules; r; r = r->next) {
+    n = 0;
+    for (r = rules; r; r = r->next, n++) {
+        ver *v = &g->vers[n];
+        v->rules = r;
         for (int i = 0; i < r->nplans; i++)
             name_slot(g->plan_names, &g->nplan_names, r->plans[i].name);
-        for (int i = 0; i < r->norgs; i++)
-            name_slot(g->org_names, &g->norg_names, r->orgs[i].name);
+        if (!(v->org_reg = calloc((size_t)r->norgs + 1, sizeof(int))))
+            goto fail;
+        /* an org an earlier version has keeps its registry index */
+        for (int i = 0; i < r->norgs; i++) {
+            int slot = -1;
+            for (int j = 0; j < n && slot < 0; j++) {
+                int o = qg__rules_find_org(g->vers[j].rules, r->orgs[i].name);
+                if (o >= 0)
+                    slot = g->vers[j].org_reg[o];
+            }
+            if (slot < 0) {
+                slot = g->norg_names++;
+                g->org_names[slot] = r->orgs[i].name;
+            }
+            v->org_reg[i] = slot;
+        }
     }
     n = 0;
     for (r = rules; r; r = r->next, n++) {
         ver *v = &g->vers[n];
         int64_t reach;
-        v->rules = r;
         if (!(v->org_keys = calloc((size_t)r->norgs + 1, sizeof *v->org_keys)) ||
             !(v->plan_of = calloc((size_t)g->nplan_names + 1, sizeof(int))) ||
             !(v->org_of = calloc((size_t)g->norg_names + 1, sizeof(int))))
@@ -393,7 +413,9 @@ static gen *gen_new(qg_rules *rules)
         for (int i = 0; i < g->nplan_names; i++)
             v->plan_of[i] = qg__rules_find_plan(r, g->plan_names[i]);
         for (int i = 0; i < g->norg_names; i++)
-            v->org_of[i] = qg__rules_find_org(r, g->org_names[i]);
+            v->org_of[i] = -1;
+        for (int i = 0; i < r->norgs; i++)
+            v->org_of[v->org_reg[i]] = i;
         if ((reach = version_reach(r)) > g->reach_ms)
             g->reach_ms = reach;
     }
@@ -413,11 +435,16 @@ static int gen_plan(const gen *g, const char *name)
     return -1;
 }
 
+/* Through each version's index of org names (a deployment may have
+ * thousands of orgs; this runs for every subject registered and, on a
+ * reload, for every subject the registry holds). */
 static int gen_org(const gen *g, const char *name)
 {
-    for (int i = 0; name && i < g->norg_names; i++)
-        if (strcmp(g->org_names[i], name) == 0)
-            return i;
+    for (int k = 0; name && k < g->nvers; k++) {
+        int o = qg__rules_find_org(g->vers[k].rules, name);
+        if (o >= 0)
+            return g->vers[k].org_reg[o];
+    }
     return -1;
 }
 

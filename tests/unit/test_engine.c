@@ -700,6 +700,105 @@ static void test_versions_by_instant(void **state)
     qg_store_free(f.store);
 }
 
+/* Orgs across versions: v1 has acme and beta, v2 gamma and acme, in
+ * another order (acme is index 0 in one, 1 in the other).  A member of
+ * acme shares one pool across the instant (the pool is the org's, by
+ * name); each version's limit decides; set_subject takes an org of any
+ * version, and a reload keeps every member in its org. */
+static const char org_versions_text[] =
+    "version: \"v1\"\n"
+    "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+    "  models:\n    light: { per_request: 1 }\n"
+    "plans:\n  team:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 100 }\n"
+    "orgs:\n"
+    "  acme:\n    windows:\n"
+    "      - { name: pool, type: rolling, length: 5h, limit: 10 }\n"
+    "  beta:\n    windows:\n"
+    "      - { name: pool, type: rolling, length: 5h, limit: 5 }\n"
+    "subjects:\n  m1: { plan: team, org: acme }\n"
+    "  m2: { plan: team, org: acme }\n  b1: { plan: team, org: beta }\n"
+    "default_plan: team\n"
+    "---\n"
+    "version: \"v2\"\n"
+    "effective: \"2026-03-02T11:00:00Z\"\n"
+    "announced: \"2026-01-01T00:00:00Z\"\n"
+    "changes: \"acme: pool lowered from 10 to 8; gamma added\"\n"
+    "weights:\n  version: \"w1\"\n  calibrated: \"2026-01-01\"\n"
+    "  models:\n    light: { per_request: 1 }\n"
+    "plans:\n  team:\n    windows:\n"
+    "      - { name: burst, type: rolling, length: 5h, limit: 100 }\n"
+    "orgs:\n"
+    "  gamma:\n    windows:\n"
+    "      - { name: pool, type: rolling, length: 5h, limit: 3 }\n"
+    "  acme:\n    windows:\n"
+    "      - { name: pool, type: rolling, length: 5h, limit: 8 }\n"
+    "subjects:\n  m1: { plan: team, org: acme }\n"
+    "  m2: { plan: team, org: acme }\n  g1: { plan: team, org: gamma }\n"
+    "default_plan: team\n";
+
+static void test_org_versions(void **state)
+{
+    fixture f;
+    qg_decision d;
+    char err[256], rid[32];
+    const int64_t eff = T_MS + HOUR_MS;
+    int i;
+    (void)state;
+
+    f.store = qg_store_memory_new(NULL);
+    assert_non_null(f.store);
+    f.eng = qg_engine_new(tst_rules_parse(org_versions_text), f.store);
+    assert_non_null(f.eng);
+    /* v1: m1 and m2 fill 8 of acme's 10; b1 takes beta's pool */
+    for (i = 0; i < 8; i++) {
+        snprintf(rid, sizeof rid, "a%d", i);
+        assert_int_equal(check_w(&f, i % 2 ? "m2" : "m1", rid, 1000,
+                                 eff - 20 + i, &d), QG_ALLOW);
+        assert_string_equal(d.org, "acme");
+        assert_true(view_of(&d, "pool")->limit_milli == 10000);
+    }
+    assert_int_equal(check_w(&f, "b1", "b0", 1000, eff - 5, &d), QG_ALLOW);
+    assert_string_equal(d.org, "beta");
+    assert_true(view_of(&d, "pool")->limit_milli == 5000);
+    assert_true(view_of(&d, "pool")->used_milli == 1000);
+    /* v2: acme's 8 are used, its limit is 8 now: refused by the pool */
+    assert_int_equal(check_w(&f, "m1", "a8", 1000, eff, &d), QG_REJECT);
+    assert_string_equal(binding(&d), "pool");
+    assert_string_equal(d.org, "acme");
+    assert_true(view_of(&d, "pool")->limit_milli == 8000);
+    assert_true(view_of(&d, "pool")->used_milli == 8000);
+    /* gamma, only in v2, has its own pool of 3 */
+    for (i = 0; i < 3; i++) {
+        snprintf(rid, sizeof rid, "g%d", i);
+        assert_int_equal(check_w(&f, "g1", rid, 1000, eff + i, &d),
+                         QG_ALLOW);
+        assert_string_equal(d.org, "gamma");
+    }
+    assert_int_equal(check_w(&f, "g1", "g3", 1000, eff + 3, &d), QG_REJECT);
+    assert_true(view_of(&d, "pool")->used_milli == 3000);
+    /* set_subject: an org of either version, not an unknown one */
+    assert_int_equal(qg_engine_set_subject(f.eng, "n1", "team", "gamma", 0,
+                                           err, sizeof err), 0);
+    assert_int_equal(qg_engine_set_subject(f.eng, "n2", "team", "beta", 0,
+                                           err, sizeof err), 0);
+    assert_int_equal(qg_engine_set_subject(f.eng, "n3", "team", "nope", 0,
+                                           err, sizeof err), QG_EINVAL);
+    assert_non_null(strstr(err, "nope"));
+    assert_int_equal(check_w(&f, "n1", "n1a", 1000, eff + 4, &d), QG_REJECT);
+    assert_string_equal(d.org, "gamma");
+    /* a reload with the same versions keeps every member in its org */
+    assert_int_equal(qg_engine_reload(f.eng, tst_rules_parse(
+                         org_versions_text), err, sizeof err), 0);
+    assert_int_equal(check_w(&f, "m2", "a9", 1000, eff + 5, &d), QG_REJECT);
+    assert_string_equal(d.org, "acme");
+    assert_true(view_of(&d, "pool")->used_milli == 8000);
+    assert_int_equal(check_w(&f, "n1", "n1b", 1000, eff + 6, &d), QG_REJECT);
+    assert_string_equal(d.org, "gamma");
+    qg_engine_free(f.eng);
+    qg_store_free(f.store);
+}
+
 /* A single version whose effective instant is ahead: never enforced
  * early; decisions are refused with the reason until it takes effect. */
 static void test_version_not_yet(void **state)
@@ -752,6 +851,7 @@ int main(void)
         cmocka_unit_test(test_reservations_full),
         cmocka_unit_test(test_reservations_churn),
         cmocka_unit_test(test_versions_by_instant),
+        cmocka_unit_test(test_org_versions),
         cmocka_unit_test(test_version_not_yet),
         cmocka_unit_test_setup_teardown(test_usage_and_recovery, setup,
                                         teardown),
