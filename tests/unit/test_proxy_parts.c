@@ -1,15 +1,19 @@
 /* test_proxy_parts.c - the I/O-free parts of the proxy (src/proxy/proxy.h):
  * SSE event boundaries over arbitrary splits and line ends, generated
- * text byte counts (decoded UTF-8, exact paths, duplicate keys), and
- * which caller headers go upstream. */
+ * text byte counts (decoded UTF-8, exact paths, duplicate keys), which
+ * caller headers go upstream, and the request head sent upstream, byte
+ * for byte. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
+#include <event2/buffer.h>
 #include "proxy.h"
+#include "upstream.h"
 #include "sse.h"
 #include "usage.h"
 
@@ -162,6 +166,82 @@ static void test_forward_header(void **state)
                          1);
 }
 
+/* The head as the upstream receives it: the request line with the
+ * upstream's prefix, Host, the forwarded headers in order, the length,
+ * the id, a Content-Type only when the caller gave none, the gateway's
+ * credential in the shape's header; a CR or LF in a header refuses. */
+static char *head_text(const qg_upstream *up, const qg_http_header *h,
+                       int nh, size_t blen, int shape, const char *key,
+                       int *rc)
+{
+    struct evbuffer *b = evbuffer_new();
+    size_t n;
+    char *t;
+    assert_non_null(b);
+    *rc = qg__proxy_request_head(b, up, "/v1/chat/completions", h, nh, blen,
+                                 "rid-7", shape, key);
+    n = evbuffer_get_length(b);
+    t = malloc(n + 1);
+    assert_non_null(t);
+    evbuffer_remove(b, t, n);
+    t[n] = '\0';
+    evbuffer_free(b);
+    return t;
+}
+
+static void test_request_head(void **state)
+{
+    char err[256], *t;
+    int rc;
+    qg_upstream *up = qg__upstream_new("http://127.0.0.1:8123/api", 1, 1000,
+                                       NULL, err, sizeof err);
+    qg_http_header h[] = {
+        {"User-Agent", 10, "t/1", 3},
+        {"Authorization", 13, "Bearer client", 13},
+        {"content-type", 12, "application/json; charset=utf-8", 31},
+        {"X-Double-Mode", 13, "slow=0", 6},
+    };
+    (void)state;
+    assert_non_null(up);
+    t = head_text(up, h, 4, 1234567, QG_SHAPE_OPENAI, "sk-up", &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t,
+        "POST /api/v1/chat/completions HTTP/1.1\r\n"
+        "Host: 127.0.0.1:8123\r\n"
+        "User-Agent: t/1\r\n"
+        "content-type: application/json; charset=utf-8\r\n"
+        "X-Double-Mode: slow=0\r\n"
+        "Content-Length: 1234567\r\n"
+        "X-Request-Id: rid-7\r\n"
+        "Authorization: Bearer sk-up\r\n\r\n");
+    free(t);
+    /* no Content-Type from the caller, the other shape, an empty body */
+    t = head_text(up, h, 2, 0, QG_SHAPE_ANTHROPIC, "ak", &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t,
+        "POST /api/v1/chat/completions HTTP/1.1\r\n"
+        "Host: 127.0.0.1:8123\r\n"
+        "User-Agent: t/1\r\n"
+        "Content-Length: 0\r\n"
+        "X-Request-Id: rid-7\r\n"
+        "Content-Type: application/json\r\n"
+        "x-api-key: ak\r\n\r\n");
+    free(t);
+    /* no gateway key: none sent */
+    t = head_text(up, h, 0, 5, QG_SHAPE_OPENAI, "", &rc);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(t, "Authorization"));
+    free(t);
+    /* a line break in a forwarded header or in the key: refused */
+    h[0].value = "t\r\nX-Evil: 1";
+    h[0].value_len = strlen(h[0].value);
+    free(head_text(up, h, 1, 5, QG_SHAPE_OPENAI, "k", &rc));
+    assert_int_equal(rc, QG_EINVAL);
+    free(head_text(up, h + 1, 0, 5, QG_SHAPE_OPENAI, "k\nX: y", &rc));
+    assert_int_equal(rc, QG_EINVAL);
+    qg__upstream_free(up);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -169,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_content_bytes),
         cmocka_unit_test(test_content_bytes_edges),
         cmocka_unit_test(test_forward_header),
+        cmocka_unit_test(test_request_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
