@@ -19,7 +19,8 @@
 
 /* v in decimal at out (at most QG_DEC_MAX bytes, no NUL); the length.
  * Two digits per step from a table: the hot path formats ~16 integers
- * per decision answer (docs/benchmarks.md, "Integers"). */
+ * per decision answer (docs/benchmarks.md, "HTTP", the eighth session's
+ * steps). */
 #define QG_DEC_MAX 20
 size_t qg__dec_u64(char *out, uint64_t v);
 /* How many digits qg__dec_u64 writes for v. */

@@ -117,17 +117,18 @@ typedef struct qg_ledger_opts {
                                   such rows are retried in memory */
 } qg_ledger_opts;
 
+/* Once, at process start, before any thread uses SQLite: turns off
+ * SQLite's memory statistics, which quotagate never reads and which take
+ * a process-wide mutex around every allocation and free the ledger's
+ * writer makes (~10 per row; docs/benchmarks.md, "HTTP", the eighth
+ * session's steps).
+ * Optional: without it every ledger works the same, a little slower. */
+void qg__ledger_process_init(void);
+
 /* Open (creating and migrating the schema) and start the writer thread.
  * url: "sqlite:PATH", a plain path, or "postgresql://USER@HOST:PORT/DB"
  * (libpq's URI; "postgres://" too).  opts may be NULL.  Returns NULL
  * with a message in err. */
-/* Once, at process start, before any thread uses SQLite: turns off
- * SQLite's memory statistics, which quotagate never reads and which take
- * a process-wide mutex around every allocation and free the ledger's
- * writer makes (~10 per row; docs/benchmarks.md, "Ledger writer").
- * Optional: without it every ledger works the same, a little slower. */
-void qg__ledger_process_init(void);
-
 qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap);
 /* Drain the queue, commit, stop the writer, close. */

@@ -124,7 +124,7 @@ static const char *const migrations[] = {
     /* 8 -> 9: the org index holds only rows that have an org ('' is
      * none; a query by org names org <> '' to use it): a member without
      * an org costs one index insert less per row (docs/benchmarks.md,
-     * "Ledger writer") */
+     * "HTTP", the eighth session's steps) */
     ("DROP INDEX IF EXISTS requests_org;"
      " CREATE INDEX requests_org ON requests (org, created_ms)"
      " WHERE org <> '';"),

@@ -206,7 +206,7 @@ static int add_str(struct evbuffer *b, const char *s)
 
 /* Pieces and the length by qg__dec_u64, not evbuffer_add_printf: its
  * format parsing was ~4k instructions of every proxied call (callgrind,
- * docs/benchmarks.md, "Proxy"). */
+ * docs/benchmarks.md, "Proxy overhead"). */
 int qg__proxy_request_head(struct evbuffer *out, const qg_upstream *up,
                            const char *path, const qg_http_header *hdrs,
                            int nhdrs, size_t body_len, const char *rid,

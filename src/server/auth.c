@@ -15,9 +15,10 @@
 /* Environment keys up to this length are compared byte for byte, padded
  * with zeros to it, in constant time (length and content hidden alike);
  * longer ones by their SHA-256 hash.  The hash costs ~3k instructions, a
- * tenth of a /v1/check; CRYPTO_memcmp ~4 per byte, so the pad is no
+ * tenth of a /v1/check; CRYPTO_memcmp ~7 per byte, so the pad is no
  * longer than common keys need: `openssl rand -hex 32` is 64 characters,
- * a generated key (QG_KEY_LEN) 60 (docs/benchmarks.md, "Service key"). */
+ * a generated key (QG_KEY_LEN) 60 (docs/benchmarks.md, "HTTP", the
+ * eighth session's steps). */
 #define ENV_PAD 64
 
 typedef struct cache_ent {
