@@ -232,18 +232,18 @@ static int64_t secs_until(int64_t at_ms, int64_t now_ms)
 
 /* Index of the view with the least remaining among those of the wanted
  * unit that apply to the request's model (concurrency excluded; a window
- * scoped to other models says nothing of this request), or -1. */
+ * scoped to other models says nothing of this request), or -1.  spec[i]
+ * is view i's spec (qg__view_spec, looked up once per decision). */
 static int least_remaining(const qg_decision *d, const qg_rules *r,
-                           qg_unit unit)
+                           const qg_window_spec *const *spec, qg_unit unit)
 {
     int best = -1;
     int model = r && d->model ? qg_rules_find_model(r, d->model) : -1;
     for (int i = 0; i < d->nviews; i++) {
         const qg_window_view *v = &d->views[i];
-        const qg_window_spec *spec = qg__view_spec(r, d, v);
         if (v->type == QG_WIN_CONCURRENCY || v->unit != unit)
             continue;
-        if (spec && !qg__window_applies(spec, model))
+        if (spec[i] && !qg__window_applies(spec[i], model))
             continue;
         if (best < 0 || v->remaining_milli < d->views[best].remaining_milli)
             best = i;
@@ -252,10 +252,11 @@ static int least_remaining(const qg_decision *d, const qg_rules *r,
 }
 
 static void openai_family(writer *w, const qg_decision *d,
-                          const qg_rules *r, int64_t now_ms, int unit,
-                          const char *const names[3])
+                          const qg_rules *r,
+                          const qg_window_spec *const *spec, int64_t now_ms,
+                          int unit, const char *const names[3])
 {
-    int i = least_remaining(d, r, unit);
+    int i = least_remaining(d, r, spec, unit);
     char dur[48];
 
     if (i < 0)
@@ -279,14 +280,17 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
                             int64_t now_ms, qg_hdr_buf *out)
 {
     writer w = {out, 0, 0};
+    const qg_window_spec *spec[QG_MAX_VIEWS];
 
     out->n = 0;
     out->used = 0;
+    for (int i = 0; i < d->nviews && i < QG_MAX_VIEWS; i++)
+        spec[i] = qg__view_spec(r, d, &d->views[i]);
     if (d->nviews > 0) {
         w_begin(&w);
         for (int i = 0; i < d->nviews; i++) {
             const qg_window_view *v = &d->views[i];
-            int64_t secs = window_seconds(d, v, qg__view_spec(r, d, v), now_ms);
+            int64_t secs = window_seconds(d, v, spec[i], now_ms);
             if (i)
                 W_LIT(&w, ", ");
             w_policy_name(&w, v);
@@ -316,8 +320,8 @@ int qg__headers_for_decision(const qg_decision *d, const qg_rules *r,
         }
         w_end(&w, "RateLimit");
     }
-    openai_family(&w, d, r, now_ms, QG_UNIT_REQUESTS, requests_names);
-    openai_family(&w, d, r, now_ms, QG_UNIT_WEIGHT, tokens_names);
+    openai_family(&w, d, r, spec, now_ms, QG_UNIT_REQUESTS, requests_names);
+    openai_family(&w, d, r, spec, now_ms, QG_UNIT_WEIGHT, tokens_names);
 
     if (d->outcome == QG_REJECT) {
         int64_t ra = d->retry_after_ms > 0 ? d->retry_after_ms : 0;
