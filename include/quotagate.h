@@ -114,6 +114,9 @@ typedef struct qg_window_view {
                                  rolling oldest expiry, session end, rate
                                  bucket full, earliest lease expiry; 0 when
                                  nothing is used */
+    int64_t period_ms;        /* calendar: the current period's length (it
+                                 ends at reset_at_ms); 0 when not known
+                                 (other types; a store that does not say) */
 } qg_window_view;
 
 /* At at_ms, the window's remaining allowance becomes remaining_milli. */

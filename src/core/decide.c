@@ -61,7 +61,8 @@ static inline int charge(const qg_window_spec *s, qg_win_state *st,
     }
 }
 
-/* qg__win_view without the memset: every type fills the four amounts. */
+/* qg__win_view without the memset: every type fills the four amounts
+ * and the reset instant. */
 static inline void view(const qg_window_spec *s, qg_win_state *st,
                         const qg_win_ctx *ctx, qg_window_view *out)
 {
@@ -69,6 +70,7 @@ static inline void view(const qg_window_spec *s, qg_win_state *st,
     out->type = (int)s->type;
     out->unit = s->type == QG_WIN_CONCURRENCY ? (int)QG_UNIT_REQUESTS
                                               : (int)s->unit;
+    out->period_ms = 0;          /* the calendar's view sets it */
     switch (s->type) {
     case QG_WIN_ROLLING: qg__rolling_view(s, st, ctx, out); break;
     case QG_WIN_CALENDAR: qg__calendar_view(s, st, ctx, out); break;

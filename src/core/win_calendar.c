@@ -92,6 +92,7 @@ void qg__calendar_view(const qg_window_spec *s, qg_win_state *st,
     out->remaining_milli = s->limit_milli > out->used_milli
                                ? s->limit_milli - out->used_milli : 0;
     out->reset_at_ms = ok ? st->u.cal.end_ms : 0;
+    out->period_ms = ok ? st->u.cal.end_ms - st->u.cal.start_ms : 0;
 }
 
 int qg__calendar_recovery(const qg_window_spec *s, qg_win_state *st,

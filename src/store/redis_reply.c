@@ -97,6 +97,7 @@ static int read_views(rd *r, const qg__rs_version *v, qg_decision *out)
         view->used_milli = geti(r);
         view->remaining_milli = geti(r);
         view->reset_at_ms = geti(r);
+        view->period_ms = 0;     /* the script does not say: computed */
         k = (int)geti(r);
         if (r->bad || k < 0 || k > QG_MAX_RECOVERY)
             return -1;

@@ -119,6 +119,17 @@ static void test_allow_headers(void **state)
     assert_string_equal(b.h[0].name, "RateLimit-Policy");
     assert_string_equal(b.h[1].name, "RateLimit");
     assert_string_equal(b.h[2].name, "x-ratelimit-limit-requests");
+    /* a calendar view that carries its period's length (the engine's
+     * views do): w= is that length, not one computed again from the
+     * rules; the same week computed or carried reads the same */
+    d.views[1].period_ms = 604800000;
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 8);
+    assert_non_null(strstr(get(&b, "RateLimit-Policy"),
+                           "\"weekly\";q=400;w=604800,"));
+    d.views[1].period_ms = 90000001;     /* 25 h and a millisecond */
+    assert_int_equal(qg__headers_for_decision(&d, r, NOW_MS, &b), 8);
+    assert_non_null(strstr(get(&b, "RateLimit-Policy"),
+                           "\"weekly\";q=400;w=90001,"));
     qg_rules_free(r);
 }
 

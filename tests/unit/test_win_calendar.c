@@ -50,12 +50,14 @@ static void test_daily_reset_boundary(void **state)
     assert_int_equal(v.used_milli, 6000);
     assert_int_equal(v.remaining_milli, 4000);
     assert_int_equal(v.reset_at_ms, d1);
+    assert_int_equal(v.period_ms, QG_MS_PER_DAY);   /* [d0, d1) */
     assert_int_equal(v.limit_milli, 10000);
     assert_int_equal(v.type, QG_WIN_CALENDAR);
     assert_int_equal(tst_win_admit(&s, &st, d1, 5000), d1);
     v = tst_win_view(&s, &st, d1);
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, d1 + QG_MS_PER_DAY);
+    assert_int_equal(v.period_ms, QG_MS_PER_DAY);
     assert_int_equal(qg__win_bytes(&s, &st), 0);
     qg__win_free(&s, &st);
 }
@@ -193,6 +195,7 @@ static void test_bad_spec_fails_closed(void **state)
     qg__win_view(&s, &st, &c, &v);
     assert_int_equal(v.used_milli, 0);
     assert_int_equal(v.reset_at_ms, 0);
+    assert_int_equal(v.period_ms, 0);
     /* and an unknown window type is refused by the dispatcher */
     s.type = (qg_win_type)99;
     assert_int_equal(qg__win_admit_at(&s, &st, &c, 1), QG_NEVER);
