@@ -241,7 +241,7 @@ int qg__proxy_request_head(struct evbuffer *out, const qg_upstream *up,
     rc |= add_str(out, rid);
     rc |= ADD_LIT(out, "\r\n");
     if (!have_ctype)
-        rc |= add_str(out, "Content-Type: application/json\r\n");
+        rc |= ADD_LIT(out, "Content-Type: application/json\r\n");
     if (key && *key) {
         if (has_eol(key, strlen(key)))
             return QG_EINVAL;

@@ -154,20 +154,21 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
 
     if (!key || len == 0 || len > 4096)
         return QG_ROLE_NONE;
-    /* Environment keys first, in constant time (ENV_PAD above). */
+    /* Environment keys first, in constant time (ENV_PAD above): the key
+     * zero padded when it is that short, else its hash. */
+    const unsigned char *kp = NULL, *kh = NULL;
     if (len <= ENV_PAD) {
         memset(pad, 0, sizeof pad);
         memcpy(pad, key, len);
-        role = env_match(&a->env_service, pad, len, NULL) ? QG_ROLE_SERVICE
-               : env_match(&a->env_admin, pad, len, NULL) ? QG_ROLE_ADMIN
-                                                           : QG_ROLE_NONE;
-        OPENSSL_cleanse(pad, sizeof pad);
+        kp = pad;
     } else {
         qg__key_hash(key, len, h);
-        role = env_match(&a->env_service, NULL, len, h) ? QG_ROLE_SERVICE
-               : env_match(&a->env_admin, NULL, len, h) ? QG_ROLE_ADMIN
-                                                         : QG_ROLE_NONE;
+        kh = h;
     }
+    role = env_match(&a->env_service, kp, len, kh)  ? QG_ROLE_SERVICE
+           : env_match(&a->env_admin, kp, len, kh) ? QG_ROLE_ADMIN
+                                                     : QG_ROLE_NONE;
+    OPENSSL_cleanse(pad, sizeof pad);
     if (role != QG_ROLE_NONE || len != QG_KEY_LEN)
         return role;
     memcpy(copy, key, len);
