@@ -22,7 +22,7 @@ local D = {}
 local OUT_ALLOW, OUT_REJECT, OUT_NEVER = 1, 2, 3
 
 -- din: n, w[i] (its window), e[i] (its entity: state S, instant now,
--- request id rid), model, weight, soft (bit mask), price, cap, cap_end,
+-- request id rid), model, weight, now (every entity's), soft (bit mask), price, cap, cap_end,
 -- spent ({v = amount} or false).
 
 local function soft_bit(mask, i)
@@ -95,7 +95,7 @@ end
 -- window's error (nothing charged then), out filled; the views follow
 -- with D.views (recovery schedules for a refusal only).
 function D.decide(din, out)
-  local now = din.e[1].now
+  local now = din.now
   local latest, soft_latest = now, now
   local binding, never, soft_bind, soft_never = -1, -1, -1, -1
   local room, over, cost, spent_after = math.huge, 0, 0, 0

@@ -54,9 +54,15 @@ end
 -- The decision input over the member's windows, then the org's; every
 -- window judges at now.  (The member's anchor matters to calendar periods
 -- only, which C computes.)
+-- One table for every call (a loaded library keeps it between calls; in
+-- Redis's Lua a table with its fields costs more than filling them):
+-- its arrays keep entries past n from earlier calls, which nothing reads.
+local DIN = {n = 0, w = {}, e = {}, model = 0, weight = 0, now = 0,
+             soft = 0, price = 0, cap = 0, cap_end = 0, spent = false}
 local function make_din(m, o, model, weight, now, anchor, rid)
-  local din = {n = 0, w = {}, e = {}, model = model, weight = weight,
-               soft = 0, price = 0, cap = 0, cap_end = 0, spent = false}
+  local din = DIN
+  din.n, din.model, din.weight, din.now = 0, model, weight, now
+  din.soft, din.price, din.cap, din.cap_end, din.spent = 0, 0, 0, 0, false
   for side = 1, 2 do
     local e = side == 1 and m or o
     if e then
@@ -78,9 +84,11 @@ end
 -- named (pnow: the instant it computed them for; "-1 -1": none there):
 -- their starts and ends in one array, with the instant as .now.
 local function read_periods()
-  local pnow, n = num(), num()
-  local p = {now = pnow}
-  for i = 1, 2 * n do p[i] = num() end
+  local v, k = A.v, A.n
+  local n = v[k + 2]
+  local p = {now = v[k + 1]}
+  for i = 1, 2 * n do p[i] = v[k + 2 + i] end
+  A.n = k + 2 + 2 * n
   return p
 end
 
@@ -276,14 +284,22 @@ end)
 
 -- -------------------------------------------------------------- check
 
+-- The check's decision, one table for every call (as DIN).
+local OUT = {outcome = 0, binding = -1, weight = 0, retry_after = 0,
+             overage = 0, cost = 0, price = 0, headroom = -1, cap_reached = 0}
+
 function OPS.check()
-  local raw_now, weight, model = num(), num(), num()
-  local ml, ol, anchor = num(), num(), num()
-  local rid, member, org = arg(), arg(), arg()
-  local lease_ttl, rid_ttl = num(), num()
-  local soft, price, cap, cap_start, cap_end = num(), num(), num(), num(), num()
-  local pr, ci, co = num(), num(), num()
-  local check_cap = num()
+  -- the numbers by position (a call per number costs more than the
+  -- decision's arithmetic; redis_args.c, qg__rs_check_args, the order)
+  local v = A.v
+  local raw_now, weight, model = v[1], v[2], v[3]
+  local ml, ol, anchor = v[4], v[5], v[6]
+  local rid, member, org = ARGV[3], ARGV[4], ARGV[5]
+  local lease_ttl, rid_ttl = v[7], v[8]
+  local soft, price, cap, cap_start, cap_end = v[9], v[10], v[11], v[12], v[13]
+  local pr, ci, co = v[14], v[15], v[16]
+  local check_cap = v[17]
+  A.n, A.s = 17, 5
   local periods = read_periods()
   if raw_now == 0 then raw_now = time_now() end
   local rec = rcall('GET', KEYS[1])
@@ -304,8 +320,8 @@ function OPS.check()
     din.soft, din.price, din.cap, din.cap_end = soft, price, cap, cap_end
     din.spent = spent_in(m, cap_start)
   end
-  local out = {outcome = 0, binding = -1, weight = 0, retry_after = 0,
-               overage = 0, cost = 0, price = 0, headroom = -1, cap_reached = 0}
+  local out = OUT        -- D.decide sets every other field
+  out.outcome, out.binding = 0, -1
   local rc = D.decide(din, out)
   if din.spent then m.S[H_SP] = din.spent.v end
   if rc ~= RC_OK then
@@ -355,9 +371,10 @@ local function settle_reply(r, replayed)
 end
 
 function ST.settle()
-  local now, status, it, ot, weight = num(), num(), num(), num(), num()
-  local no_charge, has_member, member = num(), num(), arg()
-  local keys_member, keys_org, rid = arg(), arg(), arg()
+  local v = A.v
+  local now, status, it, ot, weight = v[1], v[2], v[3], v[4], v[5]
+  local no_charge, has_member, member = v[6], v[7], ARGV[3]
+  local keys_member, keys_org, rid = ARGV[4], ARGV[5], ARGV[6]
   local rec = rcall('GET', KEYS[1])
   if not rec then return {'notfound'} end
   local r = rec_parse(rec)
