@@ -185,11 +185,25 @@ local E = {}
 -- zn: members its windows count in the sorted set, znew: the set may
 -- have no expiry (it was or became empty); X: per-window caches; pp:
 -- calendar windows' periods; clear: slots to clear.
+-- A call reads a KEYS index once (2, the member; 4, its org), so each has
+-- one table, kept between calls (a loaded library's state) and filled
+-- afresh here: a table with its 17 fields costs Redis's Lua more than
+-- setting them.
+local ENT = {}
 function E.read(hk)
-  return {hk = hk, zkey = KEYS[hk + 1], blob = rcall('GET', KEYS[hk]),
-          S = false, S0 = false, lay = false, L = false, extras = NOEXTRAS, seen = 0,
-          now = 0, rid = '', zdirty = false, zn = 0, znew = false,
-          X = false, pp = false, clear = false}
+  local e = ENT[hk]
+  if not e then
+    e = {hk = hk, zkey = false, blob = false, S = false, S0 = false,
+         lay = false, L = false, extras = NOEXTRAS, seen = 0, now = 0,
+         rid = '', zdirty = false, zn = 0, znew = false, X = false,
+         pp = false, clear = false}
+    ENT[hk] = e
+  end
+  e.zkey, e.blob = KEYS[hk + 1], rcall('GET', KEYS[hk])
+  e.S, e.S0, e.lay, e.L, e.extras, e.seen = false, false, false, false, NOEXTRAS, 0
+  e.now, e.rid, e.zdirty, e.zn, e.znew = 0, '', false, 0, false
+  e.X, e.pp, e.clear = false, false, false
+  return e
 end
 
 -- An entity read through no window list: only its header.

@@ -284,6 +284,17 @@ end)
 
 -- -------------------------------------------------------------- check
 
+-- {'ok'} with room for 48 values: a check's reply (two windows: 37) is
+-- filled at once instead of grown, which in Lua moves the table at every
+-- power of two.  The nils are room, not values: # counts only what was
+-- appended.
+local function new_reply()
+  return {'ok', nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+          nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+          nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+          nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
+
 -- The check's decision, one table for every call (as DIN).
 local OUT = {outcome = 0, binding = -1, weight = 0, retry_after = 0,
              overage = 0, cost = 0, price = 0, headroom = -1, cap_reached = 0}
@@ -329,7 +340,7 @@ function OPS.check()
     put_undo(reply, flush_all(m, o, now))
     return reply
   end
-  local reply = {'ok'}
+  local reply = new_reply()
   put_decision(reply, out, 0, now, m.S[H_SP])
   put_views(reply, din, m, o, out.outcome ~= 1)
   if out.outcome == 1 then
