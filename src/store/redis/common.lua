@@ -42,6 +42,11 @@ local MARGIN_MS = 3600000           -- kept this long past the last use
 local RC_OK, RC_EINVAL, RC_EFULL = 0, -2, -6
 local QG_MAX_RECOVERY = 4
 local rcall, spack, sunpack = redis.call, struct.pack, struct.unpack
+-- A number passed to a command as a Lua number is formatted by Redis with
+-- "%.17g" (~3.5k instructions each, docs/benchmarks.md, "Redis store");
+-- every number the scripts pass is an integer below 2^53, which
+-- sfmt('%d', x) writes exactly, for a tenth of that.
+local sfmt = string.format
 
 -- Every module is built inside a function of its own (here U, E; D in
 -- decide.lua, OPS in ops.lua, the window types on first use): Redis runs
@@ -306,8 +311,8 @@ function BIND.any(e, lay, relayout)
       while used[slot] do slot = slot + 1 end
       used[slot] = true
       S[w.o + 1] = slot
-      if blob and rcall('ZCOUNT', e.zkey, slot * SLOTW,
-                        slot * SLOTW + SLOTW - 1) > 0 then
+      if blob and rcall('ZCOUNT', e.zkey, sfmt('%d', slot * SLOTW),
+                        sfmt('%d', slot * SLOTW + SLOTW - 1)) > 0 then
         clear[#clear + 1] = slot
       end
     end
@@ -357,7 +362,7 @@ end
 
 
 function E.zadd(e, score, member)
-  rcall('ZADD', e.zkey, score, member)
+  rcall('ZADD', e.zkey, sfmt('%d', score), member)
   e.zdirty = true
   e.zn = e.zn + 1
   UNDO.push(4, e.hk + 1, 0, member)
@@ -365,7 +370,7 @@ end
 
 -- Add member unless it is there; true when added.
 function E.zadd_nx(e, score, member)
-  if rcall('ZADD', e.zkey, 'NX', score, member) == 0 then return false end
+  if rcall('ZADD', e.zkey, 'NX', sfmt('%d', score), member) == 0 then return false end
   e.zdirty = true
   e.zn = e.zn + 1
   UNDO.push(4, e.hk + 1, 0, member)
@@ -386,7 +391,7 @@ end
 -- are members the windows' counts include.
 function E.zrem_range(e, lo, hi, res, counted)
   if #res == 0 then return end
-  rcall('ZREMRANGEBYSCORE', e.zkey, lo, hi)
+  rcall('ZREMRANGEBYSCORE', e.zkey, sfmt('%d', lo), sfmt('%d', hi))
   e.zdirty = true
   if counted then
     e.zn = e.zn - #res / 2
@@ -402,7 +407,8 @@ function E.commit(e)
   if not clear then return end
   for _, slot in ipairs(clear) do
     local lo, hi = slot * SLOTW, slot * SLOTW + SLOTW - 1
-    E.zrem_range(e, lo, hi, rcall('ZRANGEBYSCORE', e.zkey, lo, hi, 'WITHSCORES'), false)
+    E.zrem_range(e, lo, hi, rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', lo),
+                                  sfmt('%d', hi), 'WITHSCORES'), false)
   end
   e.clear = false
 end
@@ -462,13 +468,13 @@ function E.flush(e, now, u)
   end
   S[H_V] = v + 1
   local blob = pack(e)
-  if ttl then rcall('SET', KEYS[e.hk], blob, 'PX', ttl)
+  if ttl then rcall('SET', KEYS[e.hk], blob, 'PX', sfmt('%d', ttl))
   else rcall('SET', KEYS[e.hk], blob, 'KEEPTTL') end
   if e.blob then UNDO.push(1, e.hk, e.blob, '') else UNDO.push(2, e.hk, '', '') end
   -- the sorted set: its expiry with the state's, and set again when it
   -- was (re)created by this call
   if e.zn > 0 and (ttl or (e.zdirty and e.znew)) then
-    rcall('PEXPIRE', e.zkey, ttl or S[H_XP] - now)
+    rcall('PEXPIRE', e.zkey, sfmt('%d', ttl or S[H_XP] - now))
   end
   return v + 1
 end

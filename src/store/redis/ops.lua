@@ -347,7 +347,7 @@ function OPS.check()
     rcall('SET', KEYS[1], spack(REC_FMT, member, org, now, now + lease_ttl,
                                 weight, 0, weight, anchor, model, pr, ci, co,
                                 out.headroom, out.price, out.cost, cap_start,
-                                1, 0, 0), 'PX', rid_ttl)
+                                1, 0, 0), 'PX', sfmt('%d', rid_ttl))
   end
   put_undo(reply, flush_all(m, o, now))
   return reply
@@ -496,7 +496,7 @@ function OT.restore()
     rcall('SET', KEYS[1], spack(REC_FMT, member, org, now, now + lease_ttl,
                                 reserved, act, charged, anchor, model, pr,
                                 ci, co, head, price, cost, cap_start, state,
-                                st, 0), 'PX', rid_ttl)
+                                st, 0), 'PX', sfmt('%d', rid_ttl))
   end
   return {'ok', rc}
 end

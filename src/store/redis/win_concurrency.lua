@@ -42,7 +42,8 @@ function CS.load(e, S, o)
   local l = X[o]
   if l then return l end
   local base = S[o + SLOT] * SLOTW
-  local res = rcall('ZRANGEBYSCORE', e.zkey, base, base + SLOTW - 1, 'WITHSCORES')
+  local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base),
+                    sfmt('%d', base + SLOTW - 1), 'WITHSCORES')
   l = {exp = {}, m = {}}
   for k = 1, #res, 2 do
     local i = (k + 1) / 2
@@ -57,8 +58,8 @@ function CS.earliest(e, S, o)
   local l = e.X and e.X[o]
   if l then return l.exp[1] or 0 end
   local base = S[o + SLOT] * SLOTW
-  local res = rcall('ZRANGEBYSCORE', e.zkey, base, base + SLOTW - 1,
-                    'WITHSCORES', 'LIMIT', '0', '1')
+  local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base),
+                    sfmt('%d', base + SLOTW - 1), 'WITHSCORES', 'LIMIT', '0', '1')
   if #res == 0 then return 0 end
   return tonumber(res[2]) - base
 end
@@ -66,7 +67,8 @@ end
 -- Drop the leases with expires <= now.
 function CS.expire(e, S, o, now)
   local base = S[o + SLOT] * SLOTW
-  local res = rcall('ZRANGEBYSCORE', e.zkey, base, base + now, 'WITHSCORES')
+  local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base),
+                    sfmt('%d', base + now), 'WITHSCORES')
   E.zrem_range(e, base, base + now, res, true)
   S[o + COUNT] = S[o + COUNT] - #res / 2
   forget(e, o)

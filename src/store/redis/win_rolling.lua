@@ -58,15 +58,17 @@ local function fill(e, o, c, i, n)
   local base = S[o + SLOT] * SLOTW
   local ct, ca, cm = c.ct, c.ca, c.cm
   if i <= count - (i + n) then
-    local res = rcall('ZRANGEBYSCORE', e.zkey, base, base + SLOTW - 1,
-                      'LIMIT', i, n)
+    local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base),
+                      sfmt('%d', base + SLOTW - 1), 'LIMIT', sfmt('%d', i),
+                      sfmt('%d', n))
     for k = 1, #res do
       local _, t, a = sunpack(MFMT, res[k])
       ct[i + k - 1], ca[i + k - 1], cm[i + k - 1] = t, a, res[k]
     end
   else
-    local res = rcall('ZREVRANGEBYSCORE', e.zkey, base + SLOTW - 1, base,
-                      'LIMIT', count - (i + n), n)
+    local res = rcall('ZREVRANGEBYSCORE', e.zkey, sfmt('%d', base + SLOTW - 1),
+                      sfmt('%d', base), 'LIMIT', sfmt('%d', count - (i + n)),
+                      sfmt('%d', n))
     for k = 1, #res do
       local _, t, a = sunpack(MFMT, res[k])
       ct[i + n - k], ca[i + n - k], cm[i + n - k] = t, a, res[k]
@@ -132,7 +134,8 @@ function RS.drop(w, e, o, now)
   local S = e.S
   local base = S[o + SLOT] * SLOTW
   local hi = base + now - w.length
-  local res = rcall('ZRANGEBYSCORE', e.zkey, base, hi, 'WITHSCORES')
+  local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base), sfmt('%d', hi),
+                    'WITHSCORES')
   if #res == 0 then return end
   local sat = S[o + TOTAL] >= AMAX
   if not sat then
@@ -258,8 +261,8 @@ function RS.adjust(w, e, t0, delta)
   if t0 + w.length <= now then return end
   -- the charge lives in the first entry with t >= t0
   local base = S[o + SLOT] * SLOTW
-  local res = rcall('ZRANGEBYSCORE', e.zkey, base + t0, base + SLOTW - 1,
-                    'LIMIT', '0', '1')
+  local res = rcall('ZRANGEBYSCORE', e.zkey, sfmt('%d', base + t0),
+                    sfmt('%d', base + SLOTW - 1), 'LIMIT', '0', '1')
   if #res == 0 then return end
   local _, et, ea = sunpack(MFMT, res[1])
   local v
