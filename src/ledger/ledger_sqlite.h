@@ -21,7 +21,7 @@
  * (ledger_sqlite_rollup.c). */
 struct qg__sq_sum;
 typedef struct qg__sq_rollup {
-    sqlite3_stmt *prior, *add;
+    sqlite3_stmt *prior, *add, *bump;
     struct qg__sq_sum *sums;    /* open addressing, cap a power of 2 */
     uint32_t *used;             /* the n slots of sums in use */
     uint32_t cap;

@@ -34,6 +34,18 @@ static const char sql_prior[] =
     "SELECT subject, decision, weight_milli, created_ms, coalesce(model, '')"
     " FROM requests WHERE request_id = ?1";
 
+/* A slot's sums go out as an UPDATE of its row, and only when there is
+ * none (its subject's first row in that quarter hour and model) as the
+ * upsert: the UPDATE finds the row with one seek where the upsert first
+ * tries the insert, meets the key and seeks again for its DO UPDATE
+ * (docs/benchmarks.md, "HTTP", the ninth session's steps).  Both add the
+ * same numbers. */
+static const char sql_bump[] =
+    "UPDATE usage_slots SET weight_milli = weight_milli + ?4,"
+    " admitted = admitted + ?5, requests = requests + ?6,"
+    " refused = refused + ?7"
+    " WHERE subject = ?1 AND slot_ms = ?2 AND model = ?3";
+
 static const char sql_add[] =
     "INSERT INTO usage_slots VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
     " ON CONFLICT (subject, slot_ms, model) DO UPDATE SET"
@@ -55,7 +67,9 @@ int qg__sq_rollup_prepare(qg__sq *s)
     if (sqlite3_prepare_v3(s->wdb, sql_prior, -1, SQLITE_PREPARE_PERSISTENT,
                            &r->prior, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_add, -1, SQLITE_PREPARE_PERSISTENT,
-                           &r->add, NULL) != SQLITE_OK)
+                           &r->add, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_bump, -1, SQLITE_PREPARE_PERSISTENT,
+                           &r->bump, NULL) != SQLITE_OK)
         return QG_EIO;
     r->sums = calloc(START_CAP, sizeof *r->sums);
     r->used = malloc(START_CAP * sizeof *r->used);
@@ -71,6 +85,7 @@ void qg__sq_rollup_finalize(qg__sq *s)
     qg__sq_rollup *r = &s->rollup;
     sqlite3_finalize(r->prior);
     sqlite3_finalize(r->add);
+    sqlite3_finalize(r->bump);
     free(r->sums);
     free(r->used);
     memset(r, 0, sizeof *r);
@@ -127,6 +142,22 @@ static int grow(qg__sq_rollup *r)
     return QG_OK;
 }
 
+/* Run st (sql_bump or sql_add) on sum e: SQLite's code. */
+static int put_sum(sqlite3_stmt *st, const struct qg__sq_sum *e)
+{
+    int rc = BIND_STR(st, 1, e->subject);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 2, e->slot_ms);
+    if (rc == SQLITE_OK) rc = BIND_STR(st, 3, e->model);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 4, e->weight_milli);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 5, e->admitted);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 6, e->requests);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 7, e->refused);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_DONE)
+        rc = SQLITE_OK;
+    sqlite3_reset(st);
+    return rc;
+}
+
 /* Write every sum into usage_slots (in the open transaction). */
 int qg__sq_rollup_flush(qg__sq *s)
 {
@@ -136,17 +167,11 @@ int qg__sq_rollup_flush(qg__sq *s)
         const struct qg__sq_sum *e = &r->sums[r->used[i]];
         if (!e->weight_milli && !e->admitted && !e->requests && !e->refused)
             continue;
-        rc = BIND_STR(r->add, 1, e->subject);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(r->add, 2, e->slot_ms);
-        if (rc == SQLITE_OK) rc = BIND_STR(r->add, 3, e->model);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(r->add, 4, e->weight_milli);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(r->add, 5, e->admitted);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(r->add, 6, e->requests);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(r->add, 7, e->refused);
-        if (rc == SQLITE_OK && (rc = sqlite3_step(r->add)) == SQLITE_DONE)
-            rc = SQLITE_OK;
-        sqlite3_reset(r->add);
+        rc = put_sum(r->bump, e);
+        if (rc == SQLITE_OK && sqlite3_changes(s->wdb) == 0)
+            rc = put_sum(r->add, e);
     }
+    sqlite3_clear_bindings(r->bump);
     sqlite3_clear_bindings(r->add);
     qg__sq_rollup_clear(s);
     return rc;
