@@ -5,7 +5,7 @@
 # redis_bench.sh's rates and CPU times do: the counterpart, on Redis's
 # side, of gateway_instr.sh.
 #
-#   bench/redis_instr.sh        (about a minute; not part of make bench)
+#   bench/redis_instr.sh        (about two minutes; not part of make bench)
 #
 # Needs valgrind, callgrind_annotate, wrk, redis-server and redis-cli
 # (prints why and exits 0 without them) and build/quotagate (or $QG_BIN).
@@ -22,6 +22,10 @@
 # share is not split out: redis-server's Lua is partly stripped and
 # recursive, and callgrind's inclusive counts through that recursion
 # moved between runs by half, where the process's total held within 2%.
+# A third run counts only inside the script calls (callgrind's
+# --toggle-collect on FCALL and EVALSHA: exclusive counts, no recursion
+# to misread) and prints them per call, the figure a change to the
+# scripts moves.
 # KEEP_TMP=1 keeps the temporary folder (the profiles, the logs).
 set -u
 
@@ -74,14 +78,16 @@ incl() {
                        END { printf "%d\n", n }'
 }
 
-# run NAME: redis-server under callgrind with one gateway on it; under
-# wrk unless NAME is idle (start, the script's load, 1 s, stop).  Sets
-# REQS and CALLS.
+# run NAME [callgrind options]: redis-server under callgrind with one
+# gateway on it; under wrk unless NAME is idle (start, the script's load,
+# 1 s, stop).  Sets REQS and CALLS.
 run() {
+    run_name=$1
+    shift
     rm -rf "$TMP/redis"
     mkdir -p "$TMP/redis"
-    (cd "$TMP/redis" && exec valgrind --tool=callgrind \
-        --callgrind-out-file="$TMP/cg.$1" redis-server --port "$RPORT" \
+    (cd "$TMP/redis" && exec valgrind --tool=callgrind "$@" \
+        --callgrind-out-file="$TMP/cg.$run_name" redis-server --port "$RPORT" \
         --bind 127.0.0.1 --save '' --appendonly no \
         --logfile "$TMP/redis/log" >"$TMP/redis/valgrind.log" 2>&1) &
     RPID=$!
@@ -91,13 +97,13 @@ run() {
         [ $i -gt 300 ] && { say "redis-server did not start"; exit 1; }
         sleep 0.1
     done
-    start_qg "gw-$1" "$TMP/rules.yaml" --store "redis://127.0.0.1:$RPORT"
+    start_qg "gw-$run_name" "$TMP/rules.yaml" --store "redis://127.0.0.1:$RPORT"
     sleep 1
     REQS=0
     CALLS=0
-    if [ "$1" != idle ]; then
+    if [ "$run_name" != idle ]; then
         redis-cli -p "$RPORT" config resetstat >/dev/null
-        run_wrk "w-$1" "$QG_URL" bench/wrk_settle.lua 1000
+        run_wrk "w-$run_name" "$QG_URL" bench/wrk_settle.lua 1000
         REQS=$R_REQS
         CALLS=$(redis-cli -p "$RPORT" info commandstats | awk -F'[=,:]' \
             '/^cmdstat_(fcall|evalsha):/ { n += $3 } END { print n + 0 }')
@@ -126,4 +132,13 @@ if [ "${REQS:-0}" -gt 0 ] && [ -n "$TOTAL" ] && [ -n "$IDLE" ]; then
         "$((CMDS / REQS)) of them in the commands the scripts run (redis.call)"
 else
     say "  no responses counted"
+fi
+
+# The script calls alone: instructions counted only inside FCALL and
+# EVALSHA (toggle-collect: no inclusive counts through Lua's recursion)
+run calls --toggle-collect=fcallCommand --toggle-collect=evalShaCommand
+INSIDE=$(total calls)
+if [ "${CALLS:-0}" -gt 0 ] && [ -n "$INSIDE" ]; then
+    say "  per script call: $((INSIDE / CALLS)) instructions from the call to" \
+        "its reply ($CALLS calls, a run of its own)"
 fi
