@@ -22,8 +22,8 @@ local D = {}
 local OUT_ALLOW, OUT_REJECT, OUT_NEVER = 1, 2, 3
 
 -- din: n, w[i] (its window), e[i] (its entity: state S, instant now,
--- request id rid), model, weight, now (every entity's), soft (bit mask), price, cap, cap_end,
--- spent ({v = amount} or false).
+-- request id rid), model, weight, now (every entity's), soft (bit
+-- mask), price, cap, cap_end, spent ({v = amount} or false).
 
 local function soft_bit(mask, i)
   return math.floor(mask / 2 ^ (i - 1)) % 2 == 1

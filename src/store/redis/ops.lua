@@ -301,7 +301,7 @@ local OUT = {outcome = 0, binding = -1, weight = 0, retry_after = 0,
 
 function OPS.check()
   -- the numbers by position (a call per number costs more than the
-  -- decision's arithmetic; redis_args.c, qg__rs_check_args, the order)
+  -- decision's arithmetic; redis_args.c, qg__rs_args_check, the order)
   local v = A.v
   local raw_now, weight, model = v[1], v[2], v[3]
   local ml, ol, anchor = v[4], v[5], v[6]
