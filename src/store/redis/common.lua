@@ -192,8 +192,8 @@ local E = {}
 -- calendar windows' periods; clear: slots to clear.
 -- A call reads a KEYS index once (2, the member; 4, its org), so each has
 -- one table, kept between calls (a loaded library's state) and filled
--- afresh here: a table with its 17 fields costs Redis's Lua more than
--- setting them.
+-- afresh here, not built: in Redis a table built with nine named fields
+-- costs ~3.7k instructions (docs/benchmarks.md, "Redis store").
 local ENT = {}
 function E.read(hk)
   local e = ENT[hk]
