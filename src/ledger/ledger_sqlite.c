@@ -275,15 +275,17 @@ void qg__ledger_process_init(void)
     (void)sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
 }
 
-/* One connection with the settings every connection shares. */
-static int conn_open(const char *path, int busy_ms, int sync_full,
-                     sqlite3 **out, char *err, size_t errcap)
+/* One connection with the settings every connection shares; vfs NULL is
+ * SQLite's default. */
+static int conn_open_vfs(const char *path, int busy_ms, int sync_full,
+                         const char *vfs, sqlite3 **out, char *err,
+                         size_t errcap)
 {
     sqlite3 *db = NULL;
     int rc = sqlite3_open_v2(path, &db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                  SQLITE_OPEN_NOMUTEX,
-                             NULL);
+                             vfs);
     if (rc != SQLITE_OK) {
         qg__sq_fail_db(db, path, "cannot open", err, errcap);
         sqlite3_close(db);
@@ -301,6 +303,12 @@ static int conn_open(const char *path, int busy_ms, int sync_full,
     }
     *out = db;
     return QG_OK;
+}
+
+static int conn_open(const char *path, int busy_ms, int sync_full,
+                     sqlite3 **out, char *err, size_t errcap)
+{
+    return conn_open_vfs(path, busy_ms, sync_full, NULL, out, err, errcap);
 }
 
 static int set_wal(sqlite3 *db, const char *path, char *err, size_t errcap)
@@ -379,7 +387,10 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     s->mutexes_ready = 1;
 
     if (create_private(s, path, err, errcap) ||
-        conn_open(path, o->busy_timeout_ms, full, &s->wdb, err, errcap))
+        conn_open_vfs(path, o->busy_timeout_ms, full,
+                      full && qg__sq_vfs_register() == SQLITE_OK ? QG_SQ_VFS
+                                                                 : NULL,
+                      &s->wdb, err, errcap))
         goto fail;
     /* refuse a newer schema before changing anything in the file */
     if (qg__sq_user_version(s->wdb, &v) != SQLITE_OK) {

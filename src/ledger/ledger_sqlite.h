@@ -174,6 +174,13 @@ void qg__sq_rollup_clear(qg__sq *s);
 int qg__sq_ckpt_start(qg__sq_ckpt *c, sqlite3 *writer, sqlite3 *own);
 void qg__sq_ckpt_stop(qg__sq_ckpt *c, sqlite3 *writer);
 
+/* ledger_sqlite_vfs.c: the VFS the writer's connection opens in durable
+ * mode, which gathers a transaction's WAL writes into one write;
+ * registered (not as the default) on the first call, SQLITE_OK once it
+ * is there. */
+#define QG_SQ_VFS "qg-gather"
+int qg__sq_vfs_register(void);
+
 /* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
  * err (QG_EIO); the file's schema version; the refusal of a version newer
  * than this build (QG_ESTATE); the pending migrations, in one transaction
