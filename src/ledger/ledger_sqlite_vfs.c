@@ -28,7 +28,10 @@
 
 #include "ledger_sqlite.h"
 
-#define GATHER_MAX (8u << 20)     /* flush before the buffer passes this */
+/* Flush before the buffer passes this.  The buffer keeps its largest size
+ * (a commit of ~540 rows under /v1/check load: 44 frames, ~181 KB) for the
+ * connection's life. */
+#define GATHER_MAX (8u << 20)
 /* The default VFS writes at most 128 KB - 1 in one call (its
  * seekAndWriteFd masks the length with 0x1ffff), so a flush goes out in
  * pieces of 31 pages. */
