@@ -5,8 +5,8 @@
  * sees what reaches the file system.
  *
  * - Gathering: a commit that dirties many pages reaches the WAL file as
- *   at most two writes (a new WAL's header, then the frames), where the
- *   default VFS makes two per page; a second connection on the default
+ *   one write per 124 KB of frames (and a new WAL's header once), where
+ *   the default VFS makes two per page; a second connection on the default
  *   VFS sees every committed row after each COMMIT (the frames are in the
  *   file before the commit is published).
  * - A transaction larger than the page cache spills frames before its
