@@ -4,9 +4,9 @@
  * SQLite appends each frame of a commit to the WAL with two writes, its
  * 24-byte header and its page, so a batch that dirties 17 pages costs 34
  * pwrite calls.  On this project's machines a system call costs ~1.9 us
- * of CPU whatever it carries (measured: 34 writes of 17 frames 64.6 us,
- * one write of the same 70 KB 7.3 us), and the ledger writer shares the
- * cores with the HTTP workers.  Here the WAL file's writes that continue
+ * of CPU whatever it carries (measured by a C loop on the same disk: 17
+ * frames as 34 writes 64.6 us, the same 70 KB as one write 7.3 us), and
+ * the ledger writer shares the cores with the HTTP workers.  Here the WAL file's writes that continue
  * one another wait in memory, and go out as one write before anything
  * that can observe the file: its sync, a read, its size, a truncate, a
  * lock, a file control, its close, and the main file's shared-memory
@@ -123,8 +123,7 @@ static int v_write(sqlite3_file *pf, const void *p, int n,
     if (f->len > 0 && off != f->off + (sqlite3_int64)f->len &&
         (rc = flush(f)) != SQLITE_OK)
         return rc;
-    need = f->len + (size_t)n;
-    if (need > GATHER_MAX && (rc = flush(f)) != SQLITE_OK)
+    if (f->len + (size_t)n > GATHER_MAX && (rc = flush(f)) != SQLITE_OK)
         return rc;
     need = f->len + (size_t)n;
     if (need > f->cap) {
