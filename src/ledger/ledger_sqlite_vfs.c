@@ -6,11 +6,11 @@
  * pwrite calls.  On this project's machines a system call costs ~1.9 us
  * of CPU whatever it carries (measured by a C loop on the same disk: 17
  * frames as 34 writes 64.6 us, the same 70 KB as one write 7.3 us), and
- * the ledger writer shares the cores with the HTTP workers.  Here the WAL file's writes that continue
- * one another wait in memory, and go out as one write before anything
- * that can observe the file: its sync, a read, its size, a truncate, a
- * lock, a file control, its close, and the main file's shared-memory
- * barrier and locks (through which a commit becomes visible to other
+ * the ledger writer shares the cores with the HTTP workers.  Here the
+ * WAL file's writes that continue one another wait in memory, and go out
+ * as one write before anything that can observe the file: its sync, a
+ * read, its size, a truncate, a lock, a file control, its close, and the
+ * main file's shared-memory barrier and locks (through which a commit becomes visible to other
  * connections).  A commit with synchronous=FULL syncs the WAL before it
  * publishes its frames, so the gathered write, its errors included,
  * happens inside the sync that the COMMIT waits for: durability and
