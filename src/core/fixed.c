@@ -62,36 +62,67 @@ static const char dig2[201] =
     "34353637383940414243444546474849505152535455565758596061626364656667"
     "6869707172737475767778798081828384858687888990919293949596979899";
 
+static const uint64_t p10[QG_DEC_MAX] = {
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
+    10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL,
+    100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+    100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+    100000000000000000ULL, 1000000000000000000ULL,
+    10000000000000000000ULL};
+
+/* From the bit length: bits * 1233 / 4096 is floor(bits * log10(2)), at
+ * most one below the digit count's floor(log10(v)), which one comparison
+ * settles. */
 size_t qg__dec_len(uint64_t v)
 {
-    static const uint64_t p10[QG_DEC_MAX] = {
-        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
-        10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL,
-        100000000000ULL, 1000000000000ULL, 10000000000000ULL,
-        100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
-        100000000000000000ULL, 1000000000000000000ULL,
-        10000000000000000000ULL};
-    size_t n = 1;
-    while (n < QG_DEC_MAX && v >= p10[n])
-        n++;
-    return n;
+    unsigned t;
+    if (v < 10)
+        return 1;
+    t = (unsigned)(64 - __builtin_clzll(v)) * 1233u >> 12;
+    return t + (v >= p10[t]);
 }
 
+/* Two digits of v < 100 at o. */
+static inline void put2(char *o, uint32_t v)
+{
+    memcpy(o, dig2 + 2 * v, 2);
+}
+
+/* Exactly eight digits of v < 10^8 at o, in 32-bit arithmetic. */
+static inline void put8(char *o, uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    put2(o, hi / 100);
+    put2(o + 2, hi % 100);
+    put2(o + 4, lo / 100);
+    put2(o + 6, lo % 100);
+}
+
+/* Backwards from the end: eight digits at a time while v needs more than
+ * eight (one 64-bit division each), then the rest in 32 bits.  About a
+ * third of the instructions of a loop dividing v by 100 in 64 bits, for
+ * the 13-digit millisecond timestamps the answers carry. */
 size_t qg__dec_u64(char *out, uint64_t v)
 {
-    size_t n = qg__dec_len(v), i = n;
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        out[--i] = dig2[2 * r + 1];
-        out[--i] = dig2[2 * r];
+    size_t n = qg__dec_len(v);
+    char *o = out + n;
+    uint32_t w;
+    while (v >= 100000000ULL) {
+        uint64_t q = v / 100000000ULL;
+        o -= 8;
+        put8(o, (uint32_t)(v - q * 100000000ULL));
+        v = q;
     }
-    if (v >= 10) {
-        out[1] = dig2[2 * v + 1];
-        out[0] = dig2[2 * v];
-    } else {
-        out[0] = (char)('0' + v);
+    w = (uint32_t)v;
+    while (w >= 100) {
+        o -= 2;
+        put2(o, w % 100);
+        w /= 100;
     }
+    if (w >= 10)
+        put2(o - 2, w);
+    else
+        o[-1] = (char)('0' + w);
     return n;
 }
 

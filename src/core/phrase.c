@@ -60,14 +60,15 @@ int qg__phrase_plan(const char *name, char *buf, size_t cap)
 int qg__phrase_window_name(const char *name, int org, char *buf, size_t cap)
 {
     const char *pre = org ? "org." : "";
-    size_t p = org ? 4 : 0, n = name ? strlen(name) : 0, k = 0;
+    size_t p = org ? 4 : 0, n = name ? strlen(name) : 0, k, m;
     if (!cap)
         return -1;
-    for (size_t i = 0; i < p && k + 1 < cap; i++)
-        buf[k++] = pre[i];
-    for (size_t i = 0; i < n && k + 1 < cap; i++)
-        buf[k++] = name[i];
-    buf[k] = 0;
+    k = p < cap - 1 ? p : cap - 1;
+    memcpy(buf, pre, k);
+    m = n < cap - 1 - k ? n : cap - 1 - k;
+    if (m)
+        memcpy(buf + k, name, m);
+    buf[k + m] = 0;
     return p + n >= cap ? -1 : (int)(p + n);
 }
 

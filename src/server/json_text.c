@@ -205,6 +205,22 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
     return size;
 }
 
+/* Whether any of the eight bytes in w needs more than a copy into a JSON
+ * string: a control byte (< 0x20), a byte of a multi-byte sequence (>=
+ * 0x80, validated byte by byte), '"' or '\\'.  The word tests of "Bit
+ * Twiddling Hacks" (a byte below n; a zero byte, after an XOR with the
+ * byte looked for) flag the high bit of each such byte.  A borrow may
+ * also flag bytes above a match, never below one, so the lowest flag is
+ * the first byte to look at. */
+static inline uint64_t special8(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ULL, high = ones << 7;
+    uint64_t q = w ^ (ones * '"'), bs = w ^ (ones * '\\');
+    uint64_t ctl = (w - ones * 0x20) & ~w;
+    uint64_t zq = (q - ones) & ~q, zb = (bs - ones) & ~bs;
+    return (w | ctl | zq | zb) & high;
+}
+
 /* A JSON string as jansson dumps it; NULL writes null (str_or_null). */
 void qg__jb_str(qg__jb *b, const char *s)
 {
@@ -216,27 +232,47 @@ void qg__jb_str(qg__jb *b, const char *s)
         return;
     }
     n = strlen(s);
-    /* worst case: every byte a \u00XX escape */
-    if (qg__jb_room(b, n * 6 + 2) < 0)
+    /* worst case: every byte a \u00XX escape; 8 more for whole words */
+    if (qg__jb_room(b, n * 6 + 2 + 8) < 0)
         return;
     char *o = b->p + b->len;
     *o++ = '"';
     while (i < n) {
-        unsigned c = u[i];
+        unsigned c;
+        /* up to eight bytes at a time (the last few padded with 'a'),
+         * copied whole; the first that needs a look stops the run */
+        size_t left = n - i, k = 8;
+        uint64_t w = 0x6161616161616161ULL, m;
+        memcpy(&w, u + i, left < 8 ? left : 8);
+        if ((m = special8(w)) != 0) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            k = (size_t)__builtin_ctzll(m) >> 3;
+#else
+            k = 0;
+#endif
+        }
+        if (k > left)
+            k = left;
+        memcpy(o, &w, 8); /* room: 8 spare bytes reserved */
+        o += k;
+        i += k;
+        if (k == 8 || i == n)
+            continue;
+        c = u[i];
         if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
             *o++ = (char)c;
             i++;
             continue;
         }
         if (c >= 0x80) {
-            size_t k = utf8_seq(u + i, n - i);
-            if (!k) {
+            size_t seq = utf8_seq(u + i, n - i);
+            if (!seq) {
                 b->err = 1;
                 return;
             }
-            memcpy(o, u + i, k);
-            o += k;
-            i += k;
+            memcpy(o, u + i, seq);
+            o += seq;
+            i += seq;
             continue;
         }
         *o++ = '\\';
