@@ -184,6 +184,11 @@ typedef struct qg_memory_opts {
     int shards;                /* power of two; 0 = 64 */
     uint32_t max_reservations; /* idempotency memory: request ids kept;
                                   0 = 524288 */
+    int prefault;              /* nonzero: make that memory resident now
+                                  (76 MB at the default), so that its page
+                                  faults, and the kernel's huge-page
+                                  compaction, happen here and not under the
+                                  first decisions' locks; serve sets it */
 } qg_memory_opts;
 
 /* The in-process store: sharded counters, thread-safe.  opts may be NULL. */

@@ -286,7 +286,8 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
 {
     char err[1024];
     qg_ledger_opts lo;
-    qg_memory_opts mo = {0, s->opts.request_ids};
+    qg_memory_opts mo = {.max_reservations = s->opts.request_ids,
+                         .prefault = 1};
     const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
 
     char spool[1100];

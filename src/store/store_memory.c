@@ -494,6 +494,24 @@ static void mem_free(qg_store *s)
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
+/* Make [a, a + len) resident: MADV_POPULATE_WRITE (Linux 5.14), else a
+ * write to every 4 KB page.  Without it, each of the region's huge pages
+ * was faulted in by the decision that first touched it, under a
+ * reservation shard's lock; with transparent huge pages on "madvise", a fault may
+ * compact memory first.  Cold `serve` runs under check+settle pairs: a p99
+ * of 33-50 ms (against 6-8 ms) in 4 runs of 21 before, none in 8 with
+ * huge pages off, none in 16 with this (docs/benchmarks.md, "HTTP",
+ * twelfth session). */
+static void populate(char *a, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(a, len, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    for (size_t off = 0; off < len; off += 4096)
+        ((volatile char *)a)[off] = 0;
+}
+
 /* The reservation shards' rings and indexes, one zeroed mapping for all
  * of them (76 MB at the default 2^19 ids: 68 MB of entries, 8 MB of
  * index), in huge pages where the kernel has them (MADV_HUGEPAGE; ignored
@@ -501,7 +519,7 @@ static void mem_free(qg_store *s)
  * fault (and a TLB shootdown across the process's threads) every 30
  * entries, which a check-only load measured at 7-12% of the server's CPU
  * (docs/benchmarks.md, issue 14). */
-static char *resv_region_new(mem_store *ms, size_t len)
+static char *resv_region_new(mem_store *ms, size_t len, int prefault)
 {
     size_t n = len + HUGE_PAGE;
     char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
@@ -515,6 +533,8 @@ static char *resv_region_new(mem_store *ms, size_t len)
 #ifdef MADV_HUGEPAGE
     (void)madvise(a, len, MADV_HUGEPAGE);
 #endif
+    if (prefault)
+        populate(a, len);
     return a;
 }
 
@@ -558,7 +578,8 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     /* rings first (sizeof(resv) keeps them 8-byte aligned), then indexes */
     ring_len = (size_t)n * per * sizeof(resv);
     if (!(region = resv_region_new(ms, ring_len +
-                                           (size_t)n * cap * sizeof(uint64_t))))
+                                           (size_t)n * cap * sizeof(uint64_t),
+                                   opts && opts->prefault)))
         goto fail;
     for (int i = 0; i < n; i++) {
         resv_shard *rs = &ms->resvs[i];

@@ -834,6 +834,55 @@ static void test_version_not_yet(void **state)
     qg_store_free(f.store);
 }
 
+/* VmRSS of this process in kB, from /proc/self/status. */
+static long rss_kb(void)
+{
+    char line[256];
+    long kb = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* .prefault makes the reservation memory (76 MB for the default 2^19
+ * request ids) resident when the store is made, as serve asks, so that
+ * decisions never fault it in; without it the memory stays untouched
+ * until used.  A store made either way decides the same. */
+static void test_prefault(void **state)
+{
+    qg_memory_opts lazy = {.max_reservations = 1u << 19}, eager = lazy;
+    qg_store *a, *b;
+    long r0, r1, r2;
+    (void)state;
+    eager.prefault = 1;
+    r0 = rss_kb();
+    a = qg_store_memory_new(&lazy);
+    r1 = rss_kb();
+    b = qg_store_memory_new(&eager);
+    r2 = rss_kb();
+    assert_non_null(a);
+    assert_non_null(b);
+    if (r1 - r0 >= 16 * 1024)
+        fail_msg("a lazy store made %ld kB resident", r1 - r0);
+    if (r2 - r1 < 70 * 1024)
+        fail_msg("a prefaulted store made only %ld kB resident", r2 - r1);
+    for (int k = 0; k < 2; k++) {
+        fixture f = {k ? b : a, NULL};
+        qg_decision d;
+        f.eng = qg_engine_new(tst_rules_parse(rules_text), f.store);
+        assert_non_null(f.eng);
+        assert_int_equal(check_w(&f, "alice", "pf-1", 1000, T_MS, &d),
+                         QG_ALLOW);
+        qg_engine_free(f.eng);
+    }
+    qg_store_free(a);
+    qg_store_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -850,6 +899,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_model_scoped, setup, teardown),
         cmocka_unit_test(test_reservations_full),
         cmocka_unit_test(test_reservations_churn),
+        cmocka_unit_test(test_prefault),
         cmocka_unit_test(test_versions_by_instant),
         cmocka_unit_test(test_org_versions),
         cmocka_unit_test(test_version_not_yet),
