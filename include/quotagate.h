@@ -185,7 +185,7 @@ typedef struct qg_memory_opts {
     uint32_t max_reservations; /* idempotency memory: request ids kept;
                                   0 = 524288 */
     int prefault;              /* nonzero: make that memory resident now
-                                  (76 MB at the default), so that its page
+                                  (76 MiB at the default), so that its page
                                   faults, and the kernel's huge-page
                                   compaction, happen here and not under the
                                   first decisions' locks; serve sets it */

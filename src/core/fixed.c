@@ -70,9 +70,9 @@ static const uint64_t p10[QG_DEC_MAX] = {
     100000000000000000ULL, 1000000000000000000ULL,
     10000000000000000000ULL};
 
-/* From the bit length: bits * 1233 / 4096 is floor(bits * log10(2)), at
- * most one below the digit count's floor(log10(v)), which one comparison
- * settles. */
+/* From the bit length b: t = b * 1233 / 4096 is floor(b * log10(2)) for
+ * every b up to 64, and v, in [2^(b-1), 2^b), has t or t + 1 digits:
+ * t + 1 when v >= 10^t. */
 size_t qg__dec_len(uint64_t v)
 {
     unsigned t;

@@ -495,13 +495,13 @@ static void mem_free(qg_store *s)
 #define HUGE_PAGE ((size_t)2 << 20)
 
 /* Make [a, a + len) resident: MADV_POPULATE_WRITE (Linux 5.14), else a
- * write to every 4 KB page.  Without it, each of the region's huge pages
- * was faulted in by the decision that first touched it, under a
- * reservation shard's lock; with transparent huge pages on "madvise", a fault may
- * compact memory first.  Cold `serve` runs under check+settle pairs: a p99
- * of 33-50 ms (against 6-8 ms) in 4 runs of 21 before, none in 8 with
- * huge pages off, none in 16 with this (docs/benchmarks.md, "HTTP",
- * twelfth session). */
+ * write to every 4 KB page. Without it, each of the region's huge pages was
+ * faulted in by the decision that first touched it, under a reservation
+ * shard's lock; with transparent huge pages on "madvise", a fault may
+ * compact memory first. Cold `serve` runs under check+settle pairs: a p99
+ * of 33-50 ms (against 6-8 ms) in 4 runs of 21 before, none in 8 with huge
+ * pages off, none in 16 with this (docs/benchmarks.md, "HTTP", twelfth
+ * session). */
 static void populate(char *a, size_t len)
 {
 #ifdef MADV_POPULATE_WRITE
