@@ -105,8 +105,9 @@ static void front_close(qg_ledger *l)
 qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap)
 {
-    qg_ledger_opts o = { QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL,
-                         NULL, 0, NULL };
+    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE, .flush_ms = 100,
+                         .max_queue = 65536, .max_batch = 4096,
+                         .busy_timeout_ms = 5000 };
     const qg__ledger_backend *be = &qg__ledger_sqlite;
     const char *target = url;
     pthread_condattr_t ca;
@@ -147,6 +148,8 @@ qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
         o.log = opts->log;
         o.log_ud = opts->log_ud;
         o.id_filter = opts->id_filter;
+        o.subject_index_rows = opts->subject_index_rows;
+        o.subject_index_ms = opts->subject_index_ms;
         o.spool_dir = opts->spool_dir;
     }
     if (o.sync != QG_LEDGER_DURABLE && o.sync != QG_LEDGER_ASYNC) {

@@ -35,7 +35,7 @@
 
 typedef struct qg_ledger qg_ledger;
 
-#define QG_LEDGER_SCHEMA_VERSION 9
+#define QG_LEDGER_SCHEMA_VERSION 10
 
 typedef enum qg_row_status {
     QG_ROW_RESERVED = 1,   /* admitted, not settled yet */
@@ -115,6 +115,12 @@ typedef struct qg_ledger_opts {
                                   rows wait while the database cannot be
                                   reached (ledger_spool.c); NULL: none,
                                   such rows are retried in memory */
+    int subject_index_rows;    /* SQLite: a subject's rows are indexed
+                                  (subject_rows) once this many rows wait
+                                  (default 8192) ... */
+    int subject_index_ms;      /* ... or this long after the oldest of
+                                  them (default 250 ms); whichever comes
+                                  first (ledger_sqlite_subject_rows.c) */
 } qg_ledger_opts;
 
 /* Once, at process start, before any thread uses SQLite: turns off
@@ -174,8 +180,10 @@ int qg__ledger_scan_piped(qg_ledger *l, int64_t since_ms,
  * subject is `subject` or whose org is `org` ("" or NULL: none), in
  * created_ms order (ties in the order they were written): what one
  * subject's windows and its org's held at an instant (explain).  Read
- * through per-subject and per-org indexes (schema 6), so its cost follows
- * that subject's and org's rows in the span, not the ledger's size.  fn
+ * through the subject's rows by time (SQLite: subject_rows, schema 10,
+ * and the rows the writer has not put there yet) and the org index, so
+ * its cost follows that subject's and org's rows in the span, not the
+ * ledger's size.  fn
  * as in qg__ledger_scan, under the same connection. */
 int qg__ledger_scan_entity(qg_ledger *l, const char *subject, const char *org,
                            int64_t since_ms, int64_t until_ms,

@@ -142,14 +142,19 @@ static void read_scan_row(sqlite3_stmt *st, qg_ledger_row *r)
     r->headroom_milli = sqlite3_column_int64(st, 10);
 }
 
-/* One subject's rows and its org's other members' rows, each half read
- * from its own index (schemas 6 and 9: "org <> ''" is the org index's
- * own condition, which the planner must see to use it); only these rows
- * are sorted. */
+/* One subject's rows and its org's other members' rows: the subject's
+ * from subject_rows and the rows above its mark (schema 10,
+ * ledger_sqlite_subject_rows.c), the org's from its index (schemas 6 and 9:
+ * "org <> ''" is the org index's own condition, which the planner must
+ * see to use it); only these rows are sorted. */
 static const char sql_scan_entity[] =
     "SELECT " ROW_COLS ", rowid AS seq FROM requests"
-    " WHERE subject = ?1 AND decision = 1"
-    "   AND created_ms >= ?3 AND created_ms <= ?4"
+    " WHERE rowid IN (SELECT seq FROM subject_rows WHERE subject = ?1"
+    "   AND created_ms >= ?3 AND created_ms <= ?4) AND decision = 1"
+    " UNION ALL "
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
+    "   AND decision = 1 AND created_ms >= ?3 AND created_ms <= ?4"
     " UNION ALL "
     "SELECT " ROW_COLS ", rowid AS seq FROM requests"
     " WHERE ?2 <> '' AND org = ?2 AND org <> '' AND subject <> ?1"
@@ -346,6 +351,7 @@ static void sq_close(void *b)
     sqlite3_finalize(s->commit_st);
     sqlite3_finalize(s->rollback_st);
     qg__sq_rollup_finalize(s);
+    qg__sq_subject_rows_finalize(s);
     sqlite3_finalize(s->scan_st);
     sqlite3_finalize(s->get_st);
     qg__sq_history_finalize(s);
@@ -418,7 +424,8 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
                            &s->commit_st, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT,
                            &s->rollback_st, NULL) != SQLITE_OK ||
-        qg__sq_rollup_prepare(s) != QG_OK) {
+        qg__sq_rollup_prepare(s) != QG_OK ||
+        qg__sq_subject_rows_prepare(s) != QG_OK) {
         qg__sq_fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
     }
@@ -667,11 +674,14 @@ static int sq_write_batch(void *b, qg__ledger_item *it, size_t n,
     sqlite3_clear_bindings(s->settle);
     sqlite3_clear_bindings(s->insert_new);
     if ((rc = qg__sq_rollup_flush(s)) != SQLITE_OK ||
+        (rc = qg__sq_subject_rows_flush(s, n)) != SQLITE_OK ||
         (rc = run_ctl(s->commit_st)) != SQLITE_OK)
         goto fail;
+    qg__sq_subject_rows_done(s, 1);
     return QG_OK;
 fail:
     qg__sq_rollup_clear(s);
+    qg__sq_subject_rows_done(s, 0);
     rc = batch_failed(s, rc, why, whycap);
     sqlite3_clear_bindings(s->upsert);
     sqlite3_clear_bindings(s->settle);

@@ -28,6 +28,16 @@ typedef struct qg__sq_rollup {
     size_t n;
 } qg__sq_rollup;
 
+/* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c). */
+typedef struct qg__sq_subjects {
+    sqlite3_stmt *fill, *top, *mark_st;
+    int64_t mark;               /* the last rowid subject_rows covers */
+    int64_t pending;            /* the mark the open transaction sets, -1 */
+    size_t waiting;             /* rows written since the last fill */
+    int64_t since_ms;           /* when the first of them was */
+    int every_rows, every_ms;
+} qg__sq_subject_rows;
+
 /* The row a statement may replace, read just before it: what it counts
  * (the rollup) and who holds its request id (the writer's guards). */
 typedef struct qg__sq_prior {
@@ -58,6 +68,7 @@ typedef struct qg__sq {
     sqlite3_stmt *insert_new;    /* insert of a row whose id is not there */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
     qg__sq_rollup rollup;       /* writer thread only */
+    qg__sq_subject_rows subject_rows;     /* writer thread only */
     sqlite3 *cdb;               /* the checkpointer's */
     qg__sq_ckpt ckpt;
 
@@ -166,6 +177,16 @@ int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
                         const qg__sq_prior *p);
 int qg__sq_rollup_flush(qg__sq *s);
 void qg__sq_rollup_clear(qg__sq *s);
+
+/* subject_rows (ledger_sqlite_subject_rows.c), on the writer's connection:
+ * prepare (reads the mark; QG_OK or QG_EIO) and finalize with the
+ * writer's statements; flush, in each batch's transaction after its rows
+ * (the number given), fills the table from the rows above the mark when
+ * due (SQLite codes); done after the COMMIT (ok) or the ROLLBACK. */
+int qg__sq_subject_rows_prepare(qg__sq *s);
+void qg__sq_subject_rows_finalize(qg__sq *s);
+int qg__sq_subject_rows_flush(qg__sq *s, size_t rows);
+void qg__sq_subject_rows_done(qg__sq *s, int ok);
 
 /* Start the checkpointer on its connection own, hooked to the writer's
  * commits (QG_OK; else the writer keeps SQLite's automatic checkpoints);

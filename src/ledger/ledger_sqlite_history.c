@@ -7,10 +7,12 @@
  * lookups the decision path makes (get, on gdb) never wait for a history
  * read.  The slots come from the rollup usage_slots, whose primary key
  * (subject, slot_ms, model) is the order asked for: a range of it, never
- * the subject's rows.  The latest rows come from the index
- * requests_subject (subject, created_ms, and rowid as SQLite keeps it),
- * read backwards from `before`: LIMIT rows, however many the subject has.
- * Both made by migration 5 (ledger_sqlite_schema.c). */
+ * the subject's rows.  The latest rows come from subject_rows (subject,
+ * created_ms, rowid), read backwards from `before`: LIMIT rows, however
+ * many the subject has, and from the rows above its mark, which the
+ * writer has not put there yet (at most one interval of all subjects'
+ * rows, ledger_sqlite_subject_rows.c).  The rollup is migration 5's,
+ * subject_rows migration 10's (ledger_sqlite_schema.c). */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,8 +35,14 @@ static const char sql_first[] =
     " ORDER BY slot_ms LIMIT 1";
 
 static const char sql_latest[] =
-    "SELECT " ROW_COLS " FROM requests WHERE subject = ?1 AND created_ms < ?2"
-    " ORDER BY created_ms DESC, rowid DESC LIMIT ?3";
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests WHERE rowid IN"
+    " (SELECT seq FROM subject_rows WHERE subject = ?1 AND created_ms < ?2"
+    "  ORDER BY created_ms DESC, seq DESC LIMIT ?3)"
+    " UNION ALL "
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
+    " AND created_ms < ?2"
+    " ORDER BY created_ms DESC, seq DESC LIMIT ?3";
 
 int qg__sq_history_prepare(qg__sq *s, char *err, size_t errcap)
 {

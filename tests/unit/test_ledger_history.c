@@ -400,7 +400,10 @@ static void test_sqlite_migration_fills_rollup(void **state)
     assert_int_equal(sqlite3_exec(db,
         "DROP TRIGGER IF EXISTS requests_slots_insert;"
         "DROP TRIGGER IF EXISTS requests_slots_update;"
-        "DROP TABLE usage_slots; DROP INDEX requests_subject;"
+        "DROP TABLE usage_slots; DROP INDEX IF EXISTS requests_subject;"
+        "DROP TRIGGER IF EXISTS requests_subject_rows;"
+        "DROP TABLE IF EXISTS subject_rows;"
+        "DROP TABLE IF EXISTS subject_rows_mark;"
         "PRAGMA user_version=5;", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
 
@@ -413,6 +416,205 @@ static void test_sqlite_migration_fills_rollup(void **state)
     check_rollup(l, "erin", 0, INT64_MAX, NULL);
     qg__ledger_close(l);
     tmpdb_remove(&t);
+}
+
+/* ----------------------------------------- subject_rows (schema 10) */
+
+/* What the rows say, read straight from the file: subject's rows newest
+ * first (ties: the later written first), as qg__ledger_latest promises. */
+static int file_latest(const char *path, const char *subject, int64_t before,
+                       char ids[][256], int max)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    int n = 0;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+        "SELECT request_id FROM requests NOT INDEXED WHERE subject = ?1"
+        " AND created_ms < ?2 ORDER BY created_ms DESC, rowid DESC LIMIT ?3",
+        -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_text(st, 1, subject, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, before);
+    sqlite3_bind_int(st, 3, max);
+    while (sqlite3_step(st) == SQLITE_ROW)
+        snprintf(ids[n++], 256, "%s", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+/* The file's subject_rows agree with its rows: every row up to the mark
+ * has its entry at its subject and instant, no entry names anything else.
+ * Returns the mark. */
+static int64_t file_index_agrees(const char *path)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    int64_t mark, missing, wrong;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+        "SELECT (SELECT seq FROM subject_rows_mark),"
+        " (SELECT count(*) FROM requests r WHERE r.rowid <="
+        "   (SELECT seq FROM subject_rows_mark) AND NOT EXISTS (SELECT 1"
+        "   FROM subject_rows s WHERE s.subject = r.subject"
+        "   AND s.created_ms = r.created_ms AND s.seq = r.rowid)),"
+        " (SELECT count(*) FROM subject_rows s WHERE NOT EXISTS (SELECT 1"
+        "   FROM requests r WHERE r.rowid = s.seq AND r.subject = s.subject"
+        "   AND r.created_ms = s.created_ms))", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    mark = sqlite3_column_int64(st, 0);
+    missing = sqlite3_column_int64(st, 1);
+    wrong = sqlite3_column_int64(st, 2);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    assert_int_equal(missing, 0);
+    assert_int_equal(wrong, 0);
+    return mark;
+}
+
+#define LATEST_MAX 2000
+typedef struct idlist {
+    char ids[LATEST_MAX][256];
+    int n;
+} idlist;
+
+static int keep_id(const qg_ledger_row *r, void *ud)
+{
+    idlist *ls = ud;
+    assert_true(ls->n < LATEST_MAX);
+    snprintf(ls->ids[ls->n++], 256, "%s", r->request_id);
+    return 0;
+}
+
+static int keep_entity(const qg_ledger_row *r, void *ud)
+{
+    int64_t *prev = ud;
+    assert_true(r->decision == 1);
+    assert_true(r->created_ms >= *prev);     /* created_ms order */
+    *prev = r->created_ms;
+    prev[1]++;
+    return 0;
+}
+
+/* latest and scan_entity read the same rows whether they sit in
+ * subject_rows, above its mark, or were moved in time after they were
+ * indexed; checked against the rows themselves at each stage, with the
+ * table filled at every batch, never, and on the default schedule. */
+static void check_reads(qg_ledger *l, const char *path)
+{
+    static const char *const who[] = {"ann", "ben", "cy"};
+    static idlist got;
+    static char want[LATEST_MAX][256];
+    const int64_t befores[] = {INT64_MAX, BASE_MS + 40 * SLOT,
+                               BASE_MS + 200 * SLOT};
+    const int limits[] = {LATEST_MAX, 7};
+    for (int w = 0; w < 3; w++)
+        for (int b = 0; b < 3; b++)
+            for (int k = 0; k < 2; k++) {
+                int n = file_latest(path, who[w], befores[b], want,
+                                    limits[k]);
+                got.n = 0;
+                assert_int_equal(qg__ledger_latest(l, who[w], befores[b],
+                                                   limits[k], keep_id,
+                                                   &got), 0);
+                assert_int_equal(got.n, n);
+                for (int i = 0; i < n; i++)
+                    assert_string_equal(got.ids[i], want[i]);
+            }
+    for (int w = 0; w < 3; w++) {
+        sqlite3 *db;
+        sqlite3_stmt *st;
+        int64_t acc[2] = {0, 0}, n;
+        assert_int_equal(qg__ledger_scan_entity(l, who[w], "",
+                                                BASE_MS + 20 * SLOT,
+                                                BASE_MS + 250 * SLOT,
+                                                keep_entity, acc), 0);
+        assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(db,
+            "SELECT count(*) FROM requests NOT INDEXED WHERE subject = ?1"
+            " AND decision = 1 AND created_ms >= ?2 AND created_ms <= ?3",
+            -1, &st, NULL), SQLITE_OK);
+        sqlite3_bind_text(st, 1, who[w], -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, BASE_MS + 20 * SLOT);
+        sqlite3_bind_int64(st, 3, BASE_MS + 250 * SLOT);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        n = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+        assert_true(n > 0);
+        assert_int_equal(acc[1], n);
+    }
+}
+
+static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
+{
+    tmpdb t;
+    char err[512];
+    qg_ledger_opts o = {0};
+    qg_ledger_row rows[600];
+    int64_t mark;
+    tmpdb_make(&t);
+    o.sync = QG_LEDGER_DURABLE;
+    o.log = log_line;
+    o.subject_index_rows = every_rows;
+    o.subject_index_ms = every_ms;
+    qg_ledger *l = qg__ledger_open(t.path, &o, err, sizeof err);
+    if (!l)
+        fail_msg("open: %s", err);
+    static const char *const who[] = {"ann", "ben", "cy"};
+    uint64_t seed = rng;        /* the refusals below are made again */
+    /* three batches of rows over three subjects */
+    for (int b = 0; b < 3; b++) {
+        for (int i = 0; i < 200; i++)
+            make_row(&rows[i], b * 200 + i, who[(i + b) % 3]);
+        submit_all(l, rows, 200);
+        check_reads(l, t.path);
+    }
+    mark = file_index_agrees(t.path);
+    if (expect_filled > 0)
+        assert_true(mark >= 400);
+    else if (expect_filled == 0)
+        assert_int_equal(mark, 0);
+    /* refusals decided again, later: rows that were indexed move */
+    int nagain = 0;
+    rng = seed;
+    for (int i = 0; i < 600; i++) {
+        qg_ledger_row r;
+        make_row(&r, i, who[(i % 200 + i / 200) % 3]);
+        if (r.decision == 1)
+            continue;
+        r.decision = 1;
+        r.window[0] = '\0';
+        r.status = QG_ROW_RESERVED;
+        r.weight_milli = r.reserved_milli;
+        r.created_ms += 7 * SLOT + 1;
+        rows[nagain++] = r;
+    }
+    assert_true(nagain > 20);
+    submit_all(l, rows, nagain);
+    check_reads(l, t.path);
+    file_index_agrees(t.path);
+    /* the same after a reopen (the mark is in the file) */
+    qg__ledger_close(l);
+    l = qg__ledger_open(t.path, &o, err, sizeof err);
+    if (!l)
+        fail_msg("reopen: %s", err);
+    check_reads(l, t.path);
+    for (int i = 0; i < 30; i++)
+        make_row(&rows[i], 5000 + i, who[i % 3]);
+    submit_all(l, rows, 30);
+    check_reads(l, t.path);
+    file_index_agrees(t.path);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+static void test_subject_rows(void **state)
+{
+    (void)state;
+    subject_rows_run(1, 0, 1);                   /* filled at every batch */
+    subject_rows_run(1000000, 3600 * 1000, 0);   /* never (all the tail) */
+    subject_rows_run(0, 0, -1);                  /* the defaults */
 }
 
 static int pg_setup(void **state)
@@ -442,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_rollup_follows_rows),
         cmocka_unit_test(test_latest),
         cmocka_unit_test(test_sqlite_migration_fills_rollup),
+        cmocka_unit_test(test_subject_rows),
     };
     const struct CMUnitTest pg_tests[] = {
         PG_TEST(test_rollup_follows_rows),

@@ -47,7 +47,8 @@ static const qg__ledger_backend *be = &qg__ledger_postgresql;
     } while (0)
 
 static const qg_ledger_opts default_opts = {
-    QG_LEDGER_DURABLE, 100, 65536, 4096, 5000, NULL, NULL, 0, NULL};
+    .sync = QG_LEDGER_DURABLE, .flush_ms = 100, .max_queue = 65536,
+    .max_batch = 4096, .busy_timeout_ms = 5000};
 
 /* A fresh database: its name and URL. */
 typedef struct db {
