@@ -29,11 +29,15 @@
 
 #define DEFAULT_ROWS 8192
 #define DEFAULT_MS 250
+/* At most 8 x every_rows rows per fill (65,536 by default): rows written
+ * by another program (a generated or imported ledger) are taken in steps,
+ * not in one long transaction the writer's batches would wait for. */
+#define FILL_STEPS 8
 
 static const char sql_fill[] =
     "INSERT OR IGNORE INTO subject_rows (subject, created_ms, seq)"
-    " SELECT subject, created_ms, rowid FROM requests WHERE rowid > ?1"
-    " ORDER BY subject, created_ms, rowid";
+    " SELECT subject, created_ms, rowid FROM requests"
+    " WHERE rowid > ?1 AND rowid <= ?2 ORDER BY subject, created_ms, rowid";
 
 static const char sql_top[] = "SELECT coalesce(max(rowid), 0) FROM requests";
 
@@ -113,7 +117,10 @@ int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)
     sqlite3_reset(x->top);
     if (top <= x->mark)
         return SQLITE_OK;
+    if (top - x->mark > (int64_t)x->every_rows * FILL_STEPS)
+        top = x->mark + (int64_t)x->every_rows * FILL_STEPS;
     sqlite3_bind_int64(x->fill, 1, x->mark);
+    sqlite3_bind_int64(x->fill, 2, top);
     sqlite3_bind_int64(x->mark_st, 1, top);
     if ((rc = step_done(x->fill)) != SQLITE_OK ||
         (rc = step_done(x->mark_st)) != SQLITE_OK)
@@ -128,7 +135,7 @@ void qg__sq_subject_rows_done(qg__sq *s, int ok)
     qg__sq_subject_rows *x = &s->subject_rows;
     if (ok && x->pending >= 0) {
         x->mark = x->pending;
-        x->waiting = 0;
+        x->waiting = 0;     /* more above a step: at the next fill */
     }
     x->pending = -1;
 }
