@@ -144,7 +144,8 @@ static void read_scan_row(sqlite3_stmt *st, qg_ledger_row *r)
 
 /* One subject's rows and its org's other members' rows: the subject's
  * from subject_rows and the rows above its mark (schema 10,
- * ledger_sqlite_subject_rows.c), the org's from its index (schemas 6 and 9:
+ * ledger_sqlite_subject_rows.c; NOT INDEXED: by rowid, not by the index
+ * on created_ms), the org's from its index (schemas 6 and 9:
  * "org <> ''" is the org index's own condition, which the planner must
  * see to use it); only these rows are sorted. */
 static const char sql_scan_entity[] =
@@ -152,7 +153,7 @@ static const char sql_scan_entity[] =
     " WHERE rowid IN (SELECT seq FROM subject_rows WHERE subject = ?1"
     "   AND created_ms >= ?3 AND created_ms <= ?4) AND decision = 1"
     " UNION ALL "
-    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests NOT INDEXED"
     " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
     "   AND decision = 1 AND created_ms >= ?3 AND created_ms <= ?4"
     " UNION ALL "
@@ -428,6 +429,18 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         qg__sq_subject_rows_prepare(s) != QG_OK) {
         qg__sq_fail_db(s->wdb, path, "cannot prepare the upsert", err, errcap);
         goto fail;
+    }
+    {
+        int64_t tail = qg__sq_subject_rows_catch_up(s);
+        if (tail < 0) {
+            qg__sq_fail_db(s->wdb, path, "cannot fill subject_rows", err,
+                           errcap);
+            goto fail;
+        }
+        if (tail > 65536)
+            sq_log(s, "ledger %s: %lld rows written by another program "
+                   "put in subject_rows (a subject's rows by time)", path,
+                   (long long)tail);
     }
     if (conn_open(path, o->busy_timeout_ms, full, &s->sdb, err, errcap) ||
         conn_open(path, o->busy_timeout_ms, full, &s->gdb, err, errcap) ||

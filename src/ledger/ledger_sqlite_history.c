@@ -34,12 +34,15 @@ static const char sql_first[] =
     "SELECT slot_ms FROM usage_slots WHERE subject = ?1 AND admitted > 0"
     " ORDER BY slot_ms LIMIT 1";
 
+/* The rows above the mark are read by rowid (NOT INDEXED): the index on
+ * created_ms matches the ORDER BY, and the planner would scan it, every
+ * row before ?2, instead of the few rows above the mark. */
 static const char sql_latest[] =
     "SELECT " ROW_COLS ", rowid AS seq FROM requests WHERE rowid IN"
     " (SELECT seq FROM subject_rows WHERE subject = ?1 AND created_ms < ?2"
     "  ORDER BY created_ms DESC, seq DESC LIMIT ?3)"
     " UNION ALL "
-    "SELECT " ROW_COLS ", rowid AS seq FROM requests"
+    "SELECT " ROW_COLS ", rowid AS seq FROM requests NOT INDEXED"
     " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
     " AND created_ms < ?2"
     " ORDER BY created_ms DESC, seq DESC LIMIT ?3";

@@ -96,6 +96,47 @@ static int step_done(sqlite3_stmt *st)
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
 }
 
+/* At open, before the writer starts: every row above the mark into
+ * subject_rows, in transactions of at most a fill step each, so that the
+ * reads find at most an interval's rows above the mark from then on.
+ * After a normal stop that is the last interval's rows; after another
+ * program appended rows (a generated or imported ledger), all of them.
+ * Returns the number of rows filled, or -1 (an SQLite error). */
+int64_t qg__sq_subject_rows_catch_up(qg__sq *s)
+{
+    qg__sq_subject_rows *x = &s->subject_rows;
+    int64_t done = 0;
+    int rc = SQLITE_OK;
+    for (;;) {
+        int64_t top;
+        if ((rc = sqlite3_step(x->top)) != SQLITE_ROW)
+            break;
+        top = sqlite3_column_int64(x->top, 0);
+        sqlite3_reset(x->top);
+        if (top <= x->mark)
+            return done;
+        if (top - x->mark > (int64_t)x->every_rows * FILL_STEPS)
+            top = x->mark + (int64_t)x->every_rows * FILL_STEPS;
+        sqlite3_bind_int64(x->fill, 1, x->mark);
+        sqlite3_bind_int64(x->fill, 2, top);
+        sqlite3_bind_int64(x->mark_st, 1, top);
+        if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL,
+                               NULL)) != SQLITE_OK)
+            break;
+        if ((rc = step_done(x->fill)) != SQLITE_OK ||
+            (rc = step_done(x->mark_st)) != SQLITE_OK ||
+            (rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) !=
+                SQLITE_OK) {
+            sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
+            break;
+        }
+        done += top - x->mark;
+        x->mark = top;
+    }
+    sqlite3_reset(x->top);
+    return -1;
+}
+
 /* In the batch's transaction, after its rows: index the tail when due.
  * SQLite's code. */
 int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)

@@ -597,8 +597,8 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
     check_reads(l, t.path);
     file_index_agrees(t.path);
     /* the same after a reopen (the mark is in the file), with rows
-     * another program wrote meanwhile: read from above the mark, then
-     * taken in steps of at most 8 x every_rows */
+     * another program wrote meanwhile: the reopen puts them in
+     * subject_rows, in steps of at most 8 x every_rows */
     qg__ledger_close(l);
     {
         sqlite3 *db;
@@ -617,6 +617,20 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
     l = qg__ledger_open(t.path, &o, err, sizeof err);
     if (!l)
         fail_msg("reopen: %s", err);
+    {
+        sqlite3 *db;
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(db, "SELECT max(rowid) FROM"
+                                            " requests", -1, &st, NULL),
+                         SQLITE_OK);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        /* every row is in subject_rows after the open */
+        assert_int_equal(file_index_agrees(t.path),
+                         sqlite3_column_int64(st, 0));
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+    }
     check_reads(l, t.path);
     for (int k = 0; k < 4; k++) {
         for (int i = 0; i < 30; i++)
