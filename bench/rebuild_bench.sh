@@ -4,7 +4,9 @@
 # rules' reach (the last 7 days), over 100,000 subjects.
 #
 # The rows are generated inside SQLite with a recursive CTE (no client
-# round trips), into a ledger whose schema quotagate itself created.
+# round trips), into a ledger whose schema quotagate itself created, with
+# the table of a subject's rows by time filled as quotagate's writer
+# would have (subject_rows, docs/operations.md).
 # Usage: bench/rebuild_bench.sh [ROWS]
 set -eu
 cd "$(dirname "$0")/.."
@@ -45,6 +47,11 @@ SELECT 'rb-' || i, 'user' || (i % 100000), '', 'pro', '2026-11-01', 'w1',
   $now_ms - 7 * 86400000 + (i * 7 * 86400000 / $rows),
   $now_ms - 7 * 86400000 + (i * 7 * 86400000 / $rows)
 FROM n;
+-- what quotagate's writer keeps for these rows (schema 10): a subject's
+-- rows by time, up to the mark
+INSERT INTO subject_rows SELECT subject, created_ms, rowid FROM requests
+  ORDER BY subject, created_ms, rowid;
+UPDATE subject_rows_mark SET seq = (SELECT max(rowid) FROM requests);
 COMMIT;
 SQL
 echo "rebuild bench: generated in $(( $(date +%s) - t0 )) s; starting quotagate"
