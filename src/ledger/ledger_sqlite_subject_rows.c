@@ -17,7 +17,10 @@
  * interval of them), by rowid: one statement, one snapshot, so a row is
  * read from exactly one of the two.  An update that moves an indexed row
  * in time (a refusal decided again: sql_upsert sets created_ms) moves its
- * entry by the trigger requests_subject_rows; rows are never deleted. */
+ * entry by the trigger requests_subject_rows; rows are never deleted.
+ * At open the rows above the mark are filled first (catch_up): the last
+ * interval's after a stop, all of them after another program appended
+ * rows. */
 #include <stdint.h>
 #include <time.h>
 
@@ -96,60 +99,14 @@ static int step_done(sqlite3_stmt *st)
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
 }
 
-/* At open, before the writer starts: every row above the mark into
- * subject_rows, in transactions of at most a fill step each, so that the
- * reads find at most an interval's rows above the mark from then on.
- * After a normal stop that is the last interval's rows; after another
- * program appended rows (a generated or imported ledger), all of them.
- * Returns the number of rows filled, or -1 (an SQLite error). */
-int64_t qg__sq_subject_rows_catch_up(qg__sq *s)
+/* One fill, in the open transaction: the rows above the mark, at most a
+ * step of them, into subject_rows, and the mark moved past them.  *to:
+ * the new mark (the old one when no row is above it).  SQLite's code. */
+static int fill_step(qg__sq_subject_rows *x, int64_t *to)
 {
-    qg__sq_subject_rows *x = &s->subject_rows;
-    int64_t done = 0;
-    int rc = SQLITE_OK;
-    for (;;) {
-        int64_t top;
-        if ((rc = sqlite3_step(x->top)) != SQLITE_ROW)
-            break;
-        top = sqlite3_column_int64(x->top, 0);
-        sqlite3_reset(x->top);
-        if (top <= x->mark)
-            return done;
-        if (top - x->mark > (int64_t)x->every_rows * FILL_STEPS)
-            top = x->mark + (int64_t)x->every_rows * FILL_STEPS;
-        sqlite3_bind_int64(x->fill, 1, x->mark);
-        sqlite3_bind_int64(x->fill, 2, top);
-        sqlite3_bind_int64(x->mark_st, 1, top);
-        if ((rc = sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL,
-                               NULL)) != SQLITE_OK)
-            break;
-        if ((rc = step_done(x->fill)) != SQLITE_OK ||
-            (rc = step_done(x->mark_st)) != SQLITE_OK ||
-            (rc = sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL)) !=
-                SQLITE_OK) {
-            sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
-            break;
-        }
-        done += top - x->mark;
-        x->mark = top;
-    }
-    sqlite3_reset(x->top);
-    return -1;
-}
-
-/* In the batch's transaction, after its rows: index the tail when due.
- * SQLite's code. */
-int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)
-{
-    qg__sq_subject_rows *x = &s->subject_rows;
-    int64_t now = mono_ms(), top;
+    int64_t top;
     int rc;
-    x->pending = -1;
-    if (x->waiting == 0)
-        x->since_ms = now;
-    x->waiting += rows;
-    if (x->waiting < (size_t)x->every_rows && now - x->since_ms < x->every_ms)
-        return SQLITE_OK;
+    *to = x->mark;
     if ((rc = sqlite3_step(x->top)) != SQLITE_ROW) {
         sqlite3_reset(x->top);
         return rc;
@@ -166,7 +123,52 @@ int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)
     if ((rc = step_done(x->fill)) != SQLITE_OK ||
         (rc = step_done(x->mark_st)) != SQLITE_OK)
         return rc;
-    x->pending = top;
+    *to = top;
+    return SQLITE_OK;
+}
+
+/* At open, before the writer starts: every row above the mark into
+ * subject_rows, a fill step per transaction, so that the reads find at
+ * most an interval's rows above the mark from then on.  After a normal
+ * stop those are the last interval's rows; after another program
+ * appended rows (a generated or imported ledger), all of them.  Returns
+ * the number of rows filled, or -1 (an SQLite error). */
+int64_t qg__sq_subject_rows_catch_up(qg__sq *s)
+{
+    qg__sq_subject_rows *x = &s->subject_rows;
+    int64_t done = 0, to;
+    for (;;) {
+        if (sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) !=
+            SQLITE_OK)
+            return -1;
+        if (fill_step(x, &to) != SQLITE_OK ||
+            sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+            sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+        if (to == x->mark)
+            return done;
+        done += to - x->mark;
+        x->mark = to;
+    }
+}
+
+/* In the batch's transaction, after its rows (rows of them): a fill when
+ * due.  SQLite's code. */
+int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)
+{
+    qg__sq_subject_rows *x = &s->subject_rows;
+    int64_t now = mono_ms(), to;
+    int rc;
+    x->pending = -1;
+    if (x->waiting == 0)
+        x->since_ms = now;
+    x->waiting += rows;
+    if (x->waiting < (size_t)x->every_rows && now - x->since_ms < x->every_ms)
+        return SQLITE_OK;
+    if ((rc = fill_step(x, &to)) != SQLITE_OK)
+        return rc;
+    x->pending = to;         /* the mark once committed; waiting restarts */
     return SQLITE_OK;
 }
 
