@@ -183,8 +183,7 @@ int qg__ledger_scan_piped(qg_ledger *l, int64_t since_ms,
  * through the subject's rows by time (SQLite: subject_rows, schema 10,
  * and the rows the writer has not put there yet) and the org index, so
  * its cost follows that subject's and org's rows in the span, not the
- * ledger's size.  fn
- * as in qg__ledger_scan, under the same connection. */
+ * ledger's size.  fn as in qg__ledger_scan, under the same connection. */
 int qg__ledger_scan_entity(qg_ledger *l, const char *subject, const char *org,
                            int64_t since_ms, int64_t until_ms,
                            int (*fn)(const qg_ledger_row *row, void *ud),

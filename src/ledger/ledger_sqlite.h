@@ -29,7 +29,7 @@ typedef struct qg__sq_rollup {
 } qg__sq_rollup;
 
 /* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c). */
-typedef struct qg__sq_subjects {
+typedef struct qg__sq_subject_rows {
     sqlite3_stmt *fill, *top, *mark_st;
     int64_t mark;               /* the last rowid subject_rows covers */
     int64_t pending;            /* the mark the open transaction sets, -1 */
@@ -68,7 +68,7 @@ typedef struct qg__sq {
     sqlite3_stmt *insert_new;    /* insert of a row whose id is not there */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
     qg__sq_rollup rollup;       /* writer thread only */
-    qg__sq_subject_rows subject_rows;     /* writer thread only */
+    qg__sq_subject_rows subject_rows; /* writer thread only */
     sqlite3 *cdb;               /* the checkpointer's */
     qg__sq_ckpt ckpt;
 
@@ -181,9 +181,10 @@ void qg__sq_rollup_clear(qg__sq *s);
 /* subject_rows (ledger_sqlite_subject_rows.c), on the writer's connection:
  * prepare (reads the mark; QG_OK or QG_EIO) and finalize with the
  * writer's statements; catch_up, at open, fills it from every row above
- * the mark (rows filled, or -1); flush, in each batch's transaction after its rows
- * (the number given), fills the table from the rows above the mark when
- * due (SQLite codes); done after the COMMIT (ok) or the ROLLBACK. */
+ * the mark (rows filled, or -1); flush, in each batch's transaction after
+ * its rows (the number given), fills the table from the rows above the
+ * mark when due (SQLite codes); done after the COMMIT (ok) or the
+ * ROLLBACK. */
 int qg__sq_subject_rows_prepare(qg__sq *s);
 void qg__sq_subject_rows_finalize(qg__sq *s);
 int64_t qg__sq_subject_rows_catch_up(qg__sq *s);

@@ -437,7 +437,8 @@ static int file_latest(const char *path, const char *subject, int64_t before,
     sqlite3_bind_int64(st, 2, before);
     sqlite3_bind_int(st, 3, max);
     while (sqlite3_step(st) == SQLITE_ROW)
-        snprintf(ids[n++], 256, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(ids[n++], 256, "%s",
+                 (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     sqlite3_close(db);
     return n;
