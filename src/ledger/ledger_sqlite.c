@@ -431,10 +431,11 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
         goto fail;
     }
     {
-        int64_t tail = qg__sq_subject_rows_catch_up(s);
+        char why[256];
+        int64_t tail = qg__sq_subject_rows_catch_up(s, why, sizeof why);
         if (tail < 0) {
-            qg__sq_fail_db(s->wdb, path, "cannot fill subject_rows", err,
-                           errcap);
+            snprintf(err, errcap, "ledger %s: cannot fill subject_rows: %s",
+                     path, why);
             goto fail;
         }
         if (tail > 65536)

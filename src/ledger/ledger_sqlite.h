@@ -181,13 +181,14 @@ void qg__sq_rollup_clear(qg__sq *s);
 /* subject_rows (ledger_sqlite_subject_rows.c), on the writer's connection:
  * prepare (reads the mark; QG_OK or QG_EIO) and finalize with the
  * writer's statements; catch_up, at open, fills it from every row above
- * the mark (rows filled, or -1); flush, in each batch's transaction after
- * its rows (the number given), fills the table from the rows above the
- * mark when due (SQLite codes); done after the COMMIT (ok) or the
- * ROLLBACK. */
+ * the mark (rows filled, or -1 and SQLite's reason in why); flush, in
+ * each batch's transaction after its rows (the number given), fills the
+ * table from the rows above the mark when due (SQLite codes); done after
+ * the COMMIT (ok) or the ROLLBACK. */
 int qg__sq_subject_rows_prepare(qg__sq *s);
 void qg__sq_subject_rows_finalize(qg__sq *s);
-int64_t qg__sq_subject_rows_catch_up(qg__sq *s);
+int64_t qg__sq_subject_rows_catch_up(qg__sq *s, char *why,
+                                     size_t whycap);
 int qg__sq_subject_rows_flush(qg__sq *s, size_t rows);
 void qg__sq_subject_rows_done(qg__sq *s, int ok);
 

@@ -22,6 +22,7 @@
  * interval's after a stop, all of them after another program appended
  * rows. */
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #include <sqlite3.h>
@@ -132,17 +133,21 @@ static int fill_step(qg__sq_subject_rows *x, int64_t *to)
  * most an interval's rows above the mark from then on.  After a normal
  * stop those are the last interval's rows; after another program
  * appended rows (a generated or imported ledger), all of them.  Returns
- * the number of rows filled, or -1 (an SQLite error). */
-int64_t qg__sq_subject_rows_catch_up(qg__sq *s)
+ * the number of rows filled, or -1 with SQLite's reason in why. */
+int64_t qg__sq_subject_rows_catch_up(qg__sq *s, char *why, size_t whycap)
 {
     qg__sq_subject_rows *x = &s->subject_rows;
     int64_t done = 0, to;
     for (;;) {
         if (sqlite3_exec(s->wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) !=
-            SQLITE_OK)
+            SQLITE_OK) {
+            snprintf(why, whycap, "%s", sqlite3_errmsg(s->wdb));
             return -1;
+        }
         if (fill_step(x, &to) != SQLITE_OK ||
             sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+            /* the reason before the ROLLBACK clears it */
+            snprintf(why, whycap, "%s", sqlite3_errmsg(s->wdb));
             sqlite3_exec(s->wdb, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }

@@ -572,10 +572,13 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
         check_reads(l, t.path);
     }
     mark = file_index_agrees(t.path);
-    if (expect_filled > 0 && 8 * every_rows < 200)
-        assert_int_equal(mark, 3 * 8 * every_rows);  /* one step a batch */
-    else if (expect_filled > 0)
+    if (expect_filled > 0 && 8 * every_rows < 200) {
+        /* a step of at most 8 x every_rows per batch, at least one
+         * batch per stage (a slow build makes more of them) */
+        assert_true(mark >= 3 * 8 * every_rows);
+    } else if (expect_filled > 0) {
         assert_true(mark >= 400);
+    }
     else if (expect_filled == 0)
         assert_int_equal(mark, 0);
     /* refusals decided again, later: rows that were indexed move */
