@@ -72,6 +72,8 @@ typedef struct reg_shard {
 typedef struct ver {
     const qg_rules *rules;       /* owned by the generation's chain */
     qg_key *org_keys;            /* per org index of this version */
+    void *_Atomic *org_hints;    /* per org index: the store's hint for the
+                                    org (qg_store_check.org_hint) */
     int *plan_of;                /* registry plan index -> this version's
                                     plan index, -1 when it has none */
     int *org_of;                 /* likewise for orgs */
@@ -346,6 +348,7 @@ static void gen_free_one(gen *g)
 {
     for (int i = 0; g->vers && i < g->nvers; i++) {
         free(g->vers[i].org_keys);
+        free((void *)g->vers[i].org_hints);
         free(g->vers[i].plan_of);
         free(g->vers[i].org_of);
         free(g->vers[i].org_reg);
@@ -404,6 +407,8 @@ static gen *gen_new(qg_rules *rules)
         ver *v = &g->vers[n];
         int64_t reach;
         if (!(v->org_keys = calloc((size_t)r->norgs + 1, sizeof *v->org_keys)) ||
+            !(v->org_hints = calloc((size_t)r->norgs + 1,
+                                    sizeof *v->org_hints)) ||
             !(v->plan_of = calloc((size_t)g->nplan_names + 1, sizeof(int))) ||
             !(v->org_of = calloc((size_t)g->norg_names + 1, sizeof(int))))
             goto fail;
@@ -833,6 +838,7 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
     in->anchor_ms = c->s.anchor_ms;
     in->now_ms = now_ms;
     in->hint = NULL;
+    in->org_hint = NULL;
     qg__payg_fill(e->utc, in);
     return QG_OK;
 }
@@ -874,11 +880,22 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
     {
         /* the memory store's entity of this member, to skip a probe */
         void *before = atomic_load_explicit(&c.s.hint, memory_order_relaxed);
-        void *hint = before;
+        void *hint = before, *obefore = NULL, *ohint = NULL;
+        void *_Atomic *oslot = c.in.check.has_org
+                                   ? &c.v->org_hints[c.s.org] : NULL;
         c.in.check.hint = &hint;
+        if (oslot) {
+            /* and its org's: any entity the store handed out will do, it
+             * checks before use, so a plain store is enough */
+            ohint = obefore = atomic_load_explicit(oslot,
+                                                   memory_order_relaxed);
+            c.in.check.org_hint = &ohint;
+        }
         rc = e->store->m->check(e->store, &c.in.check, out);
         if (hint != before)
             reg_set_hint(e, c.in.check.member, before, hint);
+        if (oslot && ohint != obefore)
+            atomic_store_explicit(oslot, ohint, memory_order_relaxed);
     }
     return finish_check(&c, rc, out, err, errcap);
 }

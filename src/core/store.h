@@ -58,6 +58,9 @@ typedef struct qg_store_check {
                                    store may leave for the next check of the
                                    same member (the memory store: its entity)
                                    and verifies before use */
+    void **org_hint;            /* the same for the member's org (the
+                                   engine caches it per org of a rules
+                                   version); NULL: none */
 } qg_store_check;
 
 /* One settle: the store finds the reservation by rid. */

@@ -1035,6 +1035,7 @@ int qg__rs_op_check(qg_store_lane *l, const qg_store_check *in,
     op_init(&c->o, l, check_begin, check_fini, done, ud);
     c->in = *in;
     c->in.hint = NULL;
+    c->in.org_hint = NULL;
     c->out = out;
     qg__rs_args_init(&c->get);
     qg__rs_args_init(&c->claim);

@@ -105,25 +105,38 @@ static void gather(qg_decide_in *din, entity *m, entity *o, int model,
     din->n = n;
 }
 
-/* hint: an entity this member was found at before (the engine caches it
- * per subject), used when it is still the right one; it saves the probe
- * of the shard's table, one cache miss per decision. */
+/* Is the entity a hint points at still the one for key, with this window
+ * list?  Entities live as long as the store, so any pointer it handed out
+ * can be read. */
+static int hint_ok(const entity *h, const ent_shard *es, qg_key key,
+                   const qg_window_spec *specs)
+{
+    return h && h->shard == es->index && key_eq(h->key, key) &&
+           h->lay->specs == specs;
+}
+
+/* hint, org_hint: the entities this member and its org were found at
+ * before (the engine caches them per subject and per org), used when they
+ * are still the right ones; each saves the probe of the shard's table, a
+ * cache miss per decision at a million subjects. */
 static int get_entities(ent_shard *es, qg_key member, const qg_plan *plan,
                         int has_org, qg_key org, const qg_org_spec *os,
-                        void *hint, entity **m, entity **o)
+                        void *hint, void *org_hint, entity **m, entity **o)
 {
-    entity *h = hint;
     int rc;
-    if (h && h->shard == es->index && key_eq(h->key, member) &&
-        h->lay->specs == plan->windows) {
-        *m = h;
+    if (hint_ok(hint, es, member, plan->windows)) {
+        *m = hint;
         rc = QG_OK;
     } else {
         rc = qg__mem_ent_get(es, member, plan->windows, plan->nwindows, m);
     }
     *o = NULL;
-    if (rc == QG_OK && has_org && os)
-        rc = qg__mem_ent_get(es, org, os->windows, os->nwindows, o);
+    if (rc == QG_OK && has_org && os) {
+        if (hint_ok(org_hint, es, org, os->windows))
+            *o = org_hint;
+        else
+            rc = qg__mem_ent_get(es, org, os->windows, os->nwindows, o);
+    }
     if (rc == QG_OK && (int)(*m)->lay->n + (*o ? (int)(*o)->lay->n : 0) > QG_MAX_VIEWS)
         rc = QG_EINVAL;
     return rc;
@@ -223,10 +236,13 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
 
     pthread_mutex_lock(&es->mu);
     rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
-                      in->orgspec, in->hint ? *in->hint : NULL, &m, &o);
+                      in->orgspec, in->hint ? *in->hint : NULL,
+                      in->org_hint ? *in->org_hint : NULL, &m, &o);
     if (rc == QG_OK) {
         if (in->hint)
             *in->hint = m;
+        if (in->org_hint && o)
+            *in->org_hint = o;
         gather(&din, m, o, in->model, in->weight_milli, in->now_ms,
                in->anchor_ms, in->rid);
         if (in->payg_mask)
@@ -350,7 +366,7 @@ static int mem_usage(qg_store *s, const qg_store_usage *in, qg_decision *out)
 
     pthread_mutex_lock(&es->mu);
     rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
-                      in->orgspec, NULL, &m, &o);
+                      in->orgspec, NULL, NULL, &m, &o);
     if (rc == QG_OK) {
         gather(&din, m, o, -1, 0, in->now_ms, in->anchor_ms, none);
         qg__decide_views(&din, out, 1);
@@ -384,7 +400,7 @@ static int mem_restore(qg_store *s, const qg_store_restore *in)
     remember = !in->charge_only && qg__mem_resv_make_room(rs, in->at_ms) == QG_OK;
     pthread_mutex_lock(&es->mu);
     rc = get_entities(es, in->member, in->plan, in->has_org, in->org,
-                      in->orgspec, NULL, &m, &o);
+                      in->orgspec, NULL, NULL, &m, &o);
     if (rc == QG_OK) {
         qg_key rid = in->rid;
         gather(&din, m, o, in->model, in->charged_milli, in->at_ms,
