@@ -25,7 +25,11 @@
 #      the quotagate/nginx ratios, and quotagate's durable settles per
 #      second.
 # Environment: BENCH_DURATION (default 10s), BENCH_THREADS (2),
-# BENCH_CONNECTIONS (64), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
+# BENCH_CONNECTIONS (64), BENCH_SPREAD (0: every request for the subject
+# "bench"; N > 0: the subjects bench-0 .. bench-(N-1) in turn, on the
+# bench plan as the default plan, and nginx's zone keyed on the same
+# names: the many-subject load of a real deployment, whose ledger rows
+# and counters scatter), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
 # CPU 0 (needs 2 CPUs).  Total run ~50 s with the defaults.
 set -u
 
@@ -34,6 +38,8 @@ ROOT=$(pwd)
 . bench/lib.sh
 QG=${QG_BIN:-$ROOT/build/quotagate}
 DUR=${BENCH_DURATION:-10s}
+SPREAD=${BENCH_SPREAD:-0}
+case $SPREAD in ''|*[!0-9]*) echo "http_bench: BENCH_SPREAD must be a whole number" >&2; exit 2 ;; esac
 THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-64}
 ADMIN_KEY="bench-admin-key-$$"
@@ -67,7 +73,13 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- quotagate
-bench_rules "$TMP/rules.yaml"
+if [ "$SPREAD" -gt 0 ]; then
+    bench_rules "$TMP/rules.yaml.in"
+    grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
+    printf 'default_plan: bench\n' >> "$TMP/rules.yaml"
+else
+    bench_rules "$TMP/rules.yaml"
+fi
 lint_rules "$TMP/rules.yaml"
 start_qg qg "$TMP/rules.yaml"
 code=$(curl -s -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SERVICE_KEY" \
@@ -150,7 +162,7 @@ start_nginx
 # (utime + stime of it and its children: nginx's workers) per request
 cpu_run() {
     c0=$(cpu_ticks "$4")
-    run_wrk "$1" "$2" "$3"
+    run_wrk "$1" "$2" "$3" "$SPREAD"
     c1=$(cpu_ticks "$4")
     R_CPU=$(awk -v t=$((c1 - c0)) -v n="${R_REQS:-0}" -v k="$TCK" \
             'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print "-" }')
@@ -158,7 +170,7 @@ cpu_run() {
 line() { printf '  %-22s %12s %12s %12s %10s %11s\n' "$@"; }
 
 say ""
-say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
+say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject")"
 say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
 
 # check+settle first: the check-only run leaves every reservation open

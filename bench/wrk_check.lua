@@ -32,6 +32,7 @@ function request()
    counter = counter + 1
    local who = subject
    if spread > 0 then who = subject .. "-" .. (counter % spread) end
+   headers["x-subject"] = who   -- an nginx peer keys its zone on it too
    local body = string.format(
       '{"subject":"%s","request_id":"%s-c-%d-%d","weight":1}',
       who, run, tid, counter)

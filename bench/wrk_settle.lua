@@ -36,6 +36,7 @@ function request()
    local id = string.format("%s-s-%d-%d", run, tid, counter)
    local who = subject
    if spread > 0 then who = subject .. "-" .. (counter % spread) end
+   headers["x-subject"] = who   -- an nginx peer keys its zone on it too
    local check = wrk.format("POST", "/v1/check", headers, string.format(
       '{"subject":"%s","request_id":"%s","weight":2}', who, id))
    local settle = wrk.format("POST", "/v1/settle", headers, string.format(
