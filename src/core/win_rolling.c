@@ -112,8 +112,9 @@ static __int128 exact_sum(const qg_win_state *st)
     return t;
 }
 
-/* Drop entries that no longer count: t + L <= now. */
-static void prune(const qg_window_spec *s, qg_win_state *st, int64_t now)
+/* Drop entries that no longer count: t + L <= now (prune, below). */
+static void prune_slow(const qg_window_spec *s, qg_win_state *st,
+                       int64_t now)
 {
     int saturated = st->u.roll.total_milli >= AMAX, dropped = 0;
     while (st->u.roll.count) {
@@ -134,6 +135,17 @@ static void prune(const qg_window_spec *s, qg_win_state *st, int64_t now)
     } else if (saturated && dropped) {
         st->u.roll.total_milli = resum(st);
     }
+}
+
+/* Drop entries that no longer count.  A decision calls it for each of
+ * its steps (admit, charge, view) and most find the oldest entry still
+ * counting: that test inline, the walk out of line. */
+static inline void prune(const qg_window_spec *s, qg_win_state *st,
+                         int64_t now)
+{
+    if (st->u.roll.count && sat_add(ent(st, 0)->t_ms, s->length_ms) > now)
+        return;
+    prune_slow(s, st, now);
 }
 
 /* Reallocate the ring to newcap (>= count), oldest entry at index 0. */
