@@ -1,0 +1,142 @@
+/* test_store_memory.c - the memory store's check called directly
+ * (store.h), for what the engine's calls never show: the member and org
+ * hints it is handed are only hints.  A hint that points at another
+ * member's or another org's entity, or at the member's entity where the
+ * org's is asked for, is checked and passed over, and every count lands
+ * on the right entity; a right hint is used and handed back. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+#include "quotagate.h"
+#include "rules.h"
+#include "store.h"
+#include "ruletest.h"
+
+#define T_MS 1772445600000LL    /* 2026-03-02T10:00:00Z */
+
+static const char rules_text[] =
+    "version: \"h1\"\n"
+    "unit: \"weight points\"\n"
+    "weights:\n"
+    "  version: \"w1\"\n"
+    "  calibrated: \"2026-01-01\"\n"
+    "  models:\n"
+    "    light: { per_request: 1, input_per_1k: 0.25, output_per_1k: 1 }\n"
+    "plans:\n"
+    "  team:\n"
+    "    windows:\n"
+    "      - { name: burst, type: rolling, length: 1h, limit: 50 }\n"
+    "orgs:\n"
+    "  acme:\n"
+    "    windows:\n"
+    "      - { name: pool, type: rolling, length: 1h, limit: 100 }\n"
+    "  beta:\n"
+    "    windows:\n"
+    "      - { name: pool, type: rolling, length: 1h, limit: 100 }\n"
+    "default_plan: team\n";
+
+typedef struct world {
+    qg_rules *r;
+    qg_store *st;
+    int seq;
+} world;
+
+/* One check of 1 point for member (key m) of org (key o, org index oi)
+ * with the hints given (in/out); returns the decision's views: the
+ * member's window, then the org's. */
+static void check(world *w, uint64_t m, uint64_t o, int oi, void **hint,
+                  void **org_hint, qg_decision *d)
+{
+    qg_store_check in;
+    memset(&in, 0, sizeof in);
+    memset(d, 0, sizeof *d);
+    in.rules = w->r;
+    in.rid = (qg_key){99, (uint64_t)++w->seq};
+    in.member = (qg_key){m, m};
+    in.has_org = 1;
+    in.org = (qg_key){o, o};
+    in.plan = &w->r->plans[0];
+    in.orgspec = &w->r->orgs[oi];
+    in.model = -1;
+    in.weight_milli = 1000;
+    in.now_ms = T_MS + w->seq;
+    in.hint = hint;
+    in.org_hint = org_hint;
+    assert_int_equal(w->st->m->check(w->st, &in, d), QG_OK);
+    assert_int_equal(d->outcome, QG_ALLOW);
+    assert_int_equal(d->nviews, 2);
+}
+
+static void test_hints_are_checked(void **state)
+{
+    world w = {0};
+    qg_decision d;
+    void *ha = NULL, *oa = NULL, *h, *o;
+    (void)state;
+    w.r = tst_rules_parse(rules_text);
+    w.st = qg_store_memory_new(NULL);
+    assert_non_null(w.st);
+    assert_int_equal(qg__rules_find_org(w.r, "acme"), 0);
+    assert_int_equal(qg__rules_find_org(w.r, "beta"), 1);
+
+    /* member 1 of acme: no hints yet; the store hands both back */
+    check(&w, 1, 1000, 0, &ha, &oa, &d);
+    assert_non_null(ha);
+    assert_non_null(oa);
+    assert_ptr_not_equal(ha, oa);
+    assert_int_equal(d.views[0].used_milli, 1000);
+    assert_int_equal(d.views[1].used_milli, 1000);
+
+    /* the right hints: used, and handed back unchanged */
+    h = ha, o = oa;
+    check(&w, 1, 1000, 0, &h, &o, &d);
+    assert_ptr_equal(h, ha);
+    assert_ptr_equal(o, oa);
+    assert_int_equal(d.views[0].used_milli, 2000);
+    assert_int_equal(d.views[1].used_milli, 2000);
+
+    /* member 2 of acme handed member 1's entity: passed over, member 2
+     * gets its own, the org's count goes on */
+    h = ha, o = oa;
+    check(&w, 2, 1000, 0, &h, &o, &d);
+    assert_ptr_not_equal(h, ha);
+    assert_ptr_equal(o, oa);
+    assert_int_equal(d.views[0].used_milli, 1000);
+    assert_int_equal(d.views[1].used_milli, 3000);
+
+    /* member 1's entity handed as acme's: passed over */
+    h = ha, o = ha;
+    check(&w, 1, 1000, 0, &h, &o, &d);
+    assert_ptr_equal(h, ha);
+    assert_ptr_equal(o, oa);
+    assert_int_equal(d.views[0].used_milli, 3000);
+    assert_int_equal(d.views[1].used_milli, 4000);
+
+    /* member 3 of beta handed acme's entity: beta gets its own */
+    h = NULL, o = oa;
+    check(&w, 3, 2000, 1, &h, &o, &d);
+    assert_ptr_not_equal(o, oa);
+    assert_int_equal(d.views[0].used_milli, 1000);
+    assert_int_equal(d.views[1].used_milli, 1000);
+
+    /* acme untouched by it */
+    h = ha, o = oa;
+    check(&w, 1, 1000, 0, &h, &o, &d);
+    assert_int_equal(d.views[0].used_milli, 4000);
+    assert_int_equal(d.views[1].used_milli, 5000);
+
+    qg_store_free(w.st);
+    qg_rules_free(w.r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hints_are_checked),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
