@@ -56,11 +56,9 @@ until redis-cli -p "$RPORT" ping >/dev/null 2>&1; do
     sleep 0.1
 done
 
-bench_rules "$TMP/rules.in"
-grep -v '^default_plan:' "$TMP/rules.in" > "$TMP/rules.yaml"
+bench_rules_default "$TMP/rules.yaml"
 # a long store timeout: under callgrind a call takes ~50x longer
-printf 'default_plan: bench\nstore: { timeout: 10s, down: closed }\n' \
-    >> "$TMP/rules.yaml"
+printf 'store: { timeout: 10s, down: closed }\n' >> "$TMP/rules.yaml"
 
 # quotagate under callgrind, its profile in $TMP/cg.$MODE
 cat > "$TMP/qg" <<EOF

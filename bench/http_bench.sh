@@ -74,9 +74,7 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- quotagate
 if [ "$SPREAD" -gt 0 ]; then
-    bench_rules "$TMP/rules.yaml.in"
-    grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
-    printf 'default_plan: bench\n' >> "$TMP/rules.yaml"
+    bench_rules_default "$TMP/rules.yaml"
 else
     bench_rules "$TMP/rules.yaml"
 fi

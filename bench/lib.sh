@@ -45,6 +45,16 @@ bench_rules() {
     ' examples/rules.yaml > "$1"
 }
 
+# bench_rules_default OUT: the same with the bench plan as the default
+# plan, for loads over many subjects (bench-0, bench-1, ...: wrk_check.lua
+# and wrk_settle.lua with a SPREAD) that the rules do not list.
+bench_rules_default() {
+    bench_rules "$1.in"
+    grep -v '^default_plan:' "$1.in" > "$1"
+    printf 'default_plan: bench\n' >> "$1"
+    rm -f "$1.in"
+}
+
 # lint_rules FILE: exits when the rules do not load
 lint_rules() {
     "$QG" lint -c "$1" >/dev/null 2>"$TMP/lint.err"

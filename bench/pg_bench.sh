@@ -69,9 +69,7 @@ for db in one two; do
 done
 
 # ---------------------------------------------------------------- gateways
-bench_rules "$TMP/rules.yaml.in"
-grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
-printf 'default_plan: bench\n' >> "$TMP/rules.yaml"
+bench_rules_default "$TMP/rules.yaml"
 lint_rules "$TMP/rules.yaml"
 start_qg sq "$TMP/rules.yaml";                                            SQ=$QG_URL; PIDS="$PIDS $QG_PID"
 start_qg pa "$TMP/rules.yaml" --ledger "postgresql://qg@127.0.0.1:$PGPORT/one"; PA=$QG_URL; PIDS="$PIDS $QG_PID"

@@ -87,9 +87,8 @@ done
 MEM0=$(redis-cli -p "$RP" info memory | tr -d '\r' | awk -F: '/^used_memory:/ { print $2 }')
 
 # ---------------------------------------------------------------- gateways
-bench_rules "$TMP/rules.yaml.in"
-grep -v '^default_plan:' "$TMP/rules.yaml.in" > "$TMP/rules.yaml"
-printf 'default_plan: bench\nstore: { timeout: 1s, down: closed }\n' >> "$TMP/rules.yaml"
+bench_rules_default "$TMP/rules.yaml"
+printf 'store: { timeout: 1s, down: closed }\n' >> "$TMP/rules.yaml"
 lint_rules "$TMP/rules.yaml"
 
 start_qg mem "$TMP/rules.yaml";                                        MEM=$QG_URL; MEMPID=$QG_PID

@@ -59,10 +59,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-bench_rules "$TMP/rules.in"
-grep -v '^default_plan:' "$TMP/rules.in" > "$TMP/rules.yaml"
-printf 'default_plan: bench\nstore: { timeout: 30s, down: closed }\n' \
-    >> "$TMP/rules.yaml"
+bench_rules_default "$TMP/rules.yaml"
+printf 'store: { timeout: 30s, down: closed }\n' >> "$TMP/rules.yaml"
 
 # total NAME: the program's instructions in $TMP/cg.NAME
 total() {

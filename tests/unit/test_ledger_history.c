@@ -578,9 +578,9 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
         assert_true(mark >= 3 * 8 * every_rows);
     } else if (expect_filled > 0) {
         assert_true(mark >= 400);
-    }
-    else if (expect_filled == 0)
+    } else if (expect_filled == 0) {
         assert_int_equal(mark, 0);
+    }
     /* refusals decided again, later: rows that were indexed move */
     int nagain = 0;
     rng = seed;

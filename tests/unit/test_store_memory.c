@@ -71,6 +71,13 @@ static void check(world *w, uint64_t m, uint64_t o, int oi, void **hint,
     assert_int_equal(d->nviews, 2);
 }
 
+/* What the decision's views say the member and the org have used. */
+static void used_is(const qg_decision *d, int64_t member, int64_t org)
+{
+    assert_int_equal(d->views[0].used_milli, member);
+    assert_int_equal(d->views[1].used_milli, org);
+}
+
 static void test_hints_are_checked(void **state)
 {
     world w = {0};
@@ -88,16 +95,14 @@ static void test_hints_are_checked(void **state)
     assert_non_null(ha);
     assert_non_null(oa);
     assert_ptr_not_equal(ha, oa);
-    assert_int_equal(d.views[0].used_milli, 1000);
-    assert_int_equal(d.views[1].used_milli, 1000);
+    used_is(&d, 1000, 1000);
 
     /* the right hints: used, and handed back unchanged */
     h = ha, o = oa;
     check(&w, 1, 1000, 0, &h, &o, &d);
     assert_ptr_equal(h, ha);
     assert_ptr_equal(o, oa);
-    assert_int_equal(d.views[0].used_milli, 2000);
-    assert_int_equal(d.views[1].used_milli, 2000);
+    used_is(&d, 2000, 2000);
 
     /* member 2 of acme handed member 1's entity: passed over, member 2
      * gets its own, the org's count goes on */
@@ -105,29 +110,25 @@ static void test_hints_are_checked(void **state)
     check(&w, 2, 1000, 0, &h, &o, &d);
     assert_ptr_not_equal(h, ha);
     assert_ptr_equal(o, oa);
-    assert_int_equal(d.views[0].used_milli, 1000);
-    assert_int_equal(d.views[1].used_milli, 3000);
+    used_is(&d, 1000, 3000);
 
     /* member 1's entity handed as acme's: passed over */
     h = ha, o = ha;
     check(&w, 1, 1000, 0, &h, &o, &d);
     assert_ptr_equal(h, ha);
     assert_ptr_equal(o, oa);
-    assert_int_equal(d.views[0].used_milli, 3000);
-    assert_int_equal(d.views[1].used_milli, 4000);
+    used_is(&d, 3000, 4000);
 
     /* member 3 of beta handed acme's entity: beta gets its own */
     h = NULL, o = oa;
     check(&w, 3, 2000, 1, &h, &o, &d);
     assert_ptr_not_equal(o, oa);
-    assert_int_equal(d.views[0].used_milli, 1000);
-    assert_int_equal(d.views[1].used_milli, 1000);
+    used_is(&d, 1000, 1000);
 
     /* acme untouched by it */
     h = ha, o = oa;
     check(&w, 1, 1000, 0, &h, &o, &d);
-    assert_int_equal(d.views[0].used_milli, 4000);
-    assert_int_equal(d.views[1].used_milli, 5000);
+    used_is(&d, 4000, 5000);
 
     qg_store_free(w.st);
     qg_rules_free(w.r);
