@@ -66,6 +66,8 @@ typedef struct qg__sq {
     sqlite3_stmt *upsert;
     sqlite3_stmt *settle;        /* upsert of a settle's columns only */
     sqlite3_stmt *insert_new;    /* insert of a row whose id is not there */
+    sqlite3_stmt *insert_run;    /* insert_new for INSERT_RUN rows at once */
+    sqlite3_stmt *rowid_of;      /* a request id's rowid */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
     qg__sq_rollup rollup;       /* writer thread only */
     qg__sq_subject_rows subject_rows; /* writer thread only */

@@ -872,6 +872,116 @@ static void test_coalesce(void **state)
     tmpdb_remove(&t);
 }
 
+/* What SQLite's rollup (usage_slots) holds for a subject must be what
+ * its rows in requests add up to. */
+static void assert_rollup_matches(const char *path, const char *subject)
+{
+    static const char q[] =
+        "SELECT (SELECT count(*) FROM requests WHERE subject = ?1),"
+        " (SELECT count(*) FROM requests WHERE subject = ?1 AND decision = 1),"
+        " (SELECT coalesce(sum(weight_milli), 0) FROM requests"
+        "   WHERE subject = ?1 AND decision = 1),"
+        " (SELECT coalesce(sum(requests), 0) FROM usage_slots"
+        "   WHERE subject = ?1),"
+        " (SELECT coalesce(sum(admitted), 0) FROM usage_slots"
+        "   WHERE subject = ?1),"
+        " (SELECT coalesce(sum(weight_milli), 0) FROM usage_slots"
+        "   WHERE subject = ?1)";
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, q, -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_text(st, 1, subject, -1, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_true(sqlite3_column_int64(st, 0) > 0);
+    assert_int_equal(sqlite3_column_int64(st, 3), sqlite3_column_int64(st, 0));
+    assert_int_equal(sqlite3_column_int64(st, 4), sqlite3_column_int64(st, 1));
+    assert_int_equal(sqlite3_column_int64(st, 5), sqlite3_column_int64(st, 2));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+/* SQLite's writer inserts runs of 16 new decision rows in one statement
+ * (ledger_sqlite.c, write_run).  Rows of a run whose id the file holds
+ * already, or an earlier row of the same run holds, must end as one by
+ * one: a refusal decided again by its subject replaces it, another
+ * subject's row for an admitted id is kept out, and the rollup counts
+ * every row once. */
+static void test_runs(void **state)
+{
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 300,
+                         .log = log_line };
+    qg_ledger_row pre_refused, pre_admitted, rows[40], got;
+    codes c;
+    tmpdb t;
+    qg_ledger *l;
+    (void)state;
+    memset(&c, 0, sizeof c);
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    /* in the file first: a refusal and an admitted row of "victim" */
+    l = open_ok(t.path, NULL);
+    make_row(10, &pre_refused);
+    strcpy(pre_refused.subject, "victim");
+    assert_int_equal(pre_refused.decision, 2);
+    make_row(11, &pre_admitted);
+    strcpy(pre_admitted.subject, "victim");
+    pre_admitted.decision = 1;
+    pre_admitted.status = QG_ROW_RESERVED;
+    pre_admitted.settled_ms = 0;
+    assert_int_equal(submit_wait(l, &pre_refused, &c), 0);
+    assert_int_equal(submit_wait(l, &pre_admitted, &c), 0);
+    qg__ledger_close(l);
+
+    /* then one batch of 40 whole rows: runs at 0 and 16, 8 one by one */
+    for (int i = 0; i < 40; i++) {
+        make_row(100 + i, &rows[i]);
+        strcpy(rows[i].subject, i % 2 ? "victim" : "other");
+    }
+    rows[3] = pre_refused;              /* decided again: admitted */
+    rows[3].decision = 1;
+    rows[3].status = QG_ROW_RESERVED;
+    rows[3].window[0] = '\0';
+    rows[3].weight_milli = rows[3].reserved_milli = 4321;
+    rows[7] = pre_admitted;             /* another subject's: kept out */
+    strcpy(rows[7].subject, "attacker");
+    rows[9].decision = 2;               /* refused, then decided again in */
+    rows[9].status = QG_ROW_REJECTED;   /* the same run */
+    strcpy(rows[9].window, "burst_5h");
+    rows[12] = rows[9];
+    rows[12].decision = 1;
+    rows[12].status = QG_ROW_RESERVED;
+    rows[12].window[0] = '\0';
+    rows[12].weight_milli = 777;
+    rows[20] = rows[9];                 /* and again, admitted: kept out */
+    rows[20].decision = 1;
+    rows[20].status = QG_ROW_RESERVED;
+    rows[20].window[0] = '\0';
+    rows[20].weight_milli = 999;
+    l = open_ok(t.path, &o);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(qg__ledger_submit(l, &rows[i], NULL, NULL), 0);
+    qg__ledger_close(l);
+
+    l = open_ok(t.path, &o);
+    for (int i = 0; i < 40; i++) {
+        const qg_ledger_row *want = i == 7 ? &pre_admitted
+                                    : i == 9 || i == 20 ? &rows[12]
+                                                        : &rows[i];
+        assert_int_equal(qg__ledger_get(l, rows[i].request_id, &got), 0);
+        assert_row_eq(&got, want);
+    }
+    qg__ledger_close(l);
+    if (!strstr(logged, "2 rows not written"))
+        fail_msg("the rows kept out are not logged: \"%s\"", logged);
+    if (!on_pg) {
+        assert_rollup_matches(t.path, "victim");
+        assert_rollup_matches(t.path, "other");
+    }
+    tmpdb_remove(&t);
+}
+
 /* A new ledger is created 0600 whatever the umask (its -wal and -shm
  * follow it); an existing file others may read keeps its mode and is
  * reported. */
@@ -1294,6 +1404,7 @@ int main(void)
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_commit_failure),
         cmocka_unit_test(test_coalesce),
+        cmocka_unit_test(test_runs),
         cmocka_unit_test(test_file_modes),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
@@ -1310,6 +1421,7 @@ int main(void)
         PG_TEST(test_id_filter),
         PG_TEST(test_async),
         PG_TEST(test_coalesce),
+        PG_TEST(test_runs),
         PG_TEST(test_subjects),
         PG_TEST(test_keys_table),
         PG_TEST(test_kill9_durability),
