@@ -29,7 +29,9 @@
 # "bench"; N > 0: the subjects bench-0 .. bench-(N-1) in turn, on the
 # bench plan as the default plan, and nginx's zone keyed on the same
 # names: the many-subject load of a real deployment, whose ledger rows
-# and counters scatter), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
+# and counters scatter), BENCH_IDS (random: the checks' request ids are
+# UUID-like instead of growing counters, as clients that generate
+# UUIDv4s send them; docs/benchmarks.md "Ledger"), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
 # CPU 0 (needs 2 CPUs).  Total run ~50 s with the defaults.
 set -u
 
@@ -40,6 +42,11 @@ QG=${QG_BIN:-$ROOT/build/quotagate}
 DUR=${BENCH_DURATION:-10s}
 SPREAD=${BENCH_SPREAD:-0}
 case $SPREAD in ''|*[!0-9]*) echo "http_bench: BENCH_SPREAD must be a whole number" >&2; exit 2 ;; esac
+case ${BENCH_IDS:-counter} in
+    counter) ;;
+    random) export QG_BENCH_IDS=random ;;
+    *) echo "http_bench: BENCH_IDS must be counter or random" >&2; exit 2 ;;
+esac
 THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-64}
 ADMIN_KEY="bench-admin-key-$$"
@@ -168,7 +175,7 @@ cpu_run() {
 line() { printf '  %-22s %12s %12s %12s %10s %11s\n' "$@"; }
 
 say ""
-say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject")"
+say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject"), check request ids ${BENCH_IDS:-counter}"
 say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
 
 # check+settle first: the check-only run leaves every reservation open
