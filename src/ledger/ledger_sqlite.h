@@ -154,6 +154,14 @@ static inline void qg__sq_col_text(sqlite3_stmt *st, int i, char *dst,
     " fallback"
 void qg__sq_read_row(sqlite3_stmt *st, qg_ledger_row *r);
 
+/* ledger_sqlite_writer.c: the writer's statements (prepare: SQLite's
+ * code; finalize: any of them NULL is fine) and a batch of rows in one
+ * transaction (ledger_backend.h, write_batch). */
+int qg__sq_writer_prepare(qg__sq *s);
+void qg__sq_writer_finalize(qg__sq *s);
+int qg__sq_write_batch(void *b, qg__ledger_item *it, size_t n,
+                       const qg__spool_mark *mark, char *why, size_t whycap);
+
 /* Remember why a read on db failed (stats' last_read_error). */
 void qg__sq_read_failed(qg__sq *s, sqlite3 *db);
 
