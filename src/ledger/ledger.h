@@ -146,7 +146,8 @@ typedef void (*qg_ledger_done)(void *arg, int rc);
  * inserted, or replaces a refused request's row of the same subject; a
  * settle-only row updates the settle's columns of its admitted, unsettled
  * row (of its subject, when it names one), or is inserted when there is
- * none.  Nothing else overwrites a row (ledger_sqlite.c, the guards).
+ * none.  Nothing else overwrites a row (ledger_sqlite_writer.c, the
+ * guards).
  * Copies the row.  done (may be NULL) is called on the writer thread once
  * the row is durable (rc 0), failed (rc < 0), or was not written because
  * the ledger holds its id for another request (QG_ESTATE); in ASYNC mode

@@ -1,7 +1,7 @@
 /* ledger_sqlite.h - private to the SQLite ledger backend: the handle
- * shared by ledger_sqlite.c (opening, request rows: the batch writer and
- * the reads) and ledger_sqlite_admin.c (subjects and keys), and small
- * binding helpers.
+ * shared by ledger_sqlite.c (opening, reading request rows),
+ * ledger_sqlite_writer.c (the batch writer) and ledger_sqlite_admin.c
+ * (subjects and keys), and small binding helpers.
  * Not for use outside src/ledger. */
 #ifndef QG_LEDGER_SQLITE_H
 #define QG_LEDGER_SQLITE_H
