@@ -8,6 +8,7 @@
  * a feed leaves "skip_lf" set, so a CRLF split between two feeds is one
  * line end, not two.  The BOM is matched byte by byte for the same reason:
  * if the first bytes only begin like a BOM, they are replayed as text. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,10 +142,27 @@ static int process_line(qg_sse *p, const char *s, size_t n, qg_sse_event_cb cb,
 }
 
 /* The byte stream after the BOM stage. */
+/* The first CR or LF in buf[i, len), or len.  *nl caches where the next
+ * LF at or after i is (len: none; SIZE_MAX: not looked for yet), so that
+ * the CRs before one LF do not each search for it again: a caller walking
+ * one buffer with growing i scans each byte at most twice, with memchr,
+ * not byte by byte (this parser and the splitter read every streamed
+ * answer; docs/benchmarks.md, "Proxy"). */
+static size_t eol_from(const char *buf, size_t i, size_t len, size_t *nl)
+{
+    const char *cr;
+    if (*nl == SIZE_MAX || *nl < i) {
+        const char *lf = memchr(buf + i, '\n', len - i);
+        *nl = lf ? (size_t)(lf - buf) : len;
+    }
+    cr = memchr(buf + i, '\r', *nl - i);
+    return cr ? (size_t)(cr - buf) : *nl;
+}
+
 static int feed_lines(qg_sse *p, const char *buf, size_t len,
                       qg_sse_event_cb cb, void *ud)
 {
-    size_t i = 0;
+    size_t i = 0, nl = SIZE_MAX;
     while (i < len) {
         if (p->skip_lf) {
             p->skip_lf = 0;
@@ -153,9 +171,7 @@ static int feed_lines(qg_sse *p, const char *buf, size_t len,
                 continue;
             }
         }
-        size_t j = i;
-        while (j < len && buf[j] != '\n' && buf[j] != '\r')
-            j++;
+        size_t j = eol_from(buf, i, len, &nl);
         const char *seg = buf + i;
         size_t n = j - i;
         int rc = 0;
@@ -227,29 +243,34 @@ int qg__sse_finish(qg_sse *p)
 
 /* ------------------------------------------------------------ splitter */
 
+/* From one line end to the next: the bytes between are text (they end a
+ * pending line end: at_eol and cr fall), then the CR or LF is looked at. */
 size_t qg__sse_split_next(qg_sse_split *s, const char *buf, size_t len)
 {
-    for (size_t i = 0; i < len; i++) {
-        char c = buf[i];
+    size_t i = 0, nl = SIZE_MAX;
+    while (i < len) {
+        size_t e = eol_from(buf, i, len, &nl);
+        char c;
+        if (e > i)
+            s->at_eol = s->cr = 0;
+        if (e == len)
+            break;
+        c = buf[e];
+        i = e + 1;
         if (c == '\n' && s->cr) {       /* the LF of a CRLF */
             s->cr = 0;
             continue;
         }
-        if (c == '\r' || c == '\n') {
-            s->cr = c == '\r';
-            if (s->at_eol) {
-                s->at_eol = 0;
-                if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') {
-                    s->cr = 0;          /* keep the CRLF whole */
-                    return i + 2;
-                }
+        s->cr = c == '\r';
+        if (s->at_eol) {
+            s->at_eol = 0;
+            if (c == '\r' && i < len && buf[i] == '\n') {
+                s->cr = 0;              /* keep the CRLF whole */
                 return i + 1;
             }
-            s->at_eol = 1;
-        } else {
-            s->at_eol = 0;
-            s->cr = 0;
+            return i;
         }
+        s->at_eol = 1;
     }
     return 0;
 }

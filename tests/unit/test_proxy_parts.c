@@ -72,6 +72,67 @@ static void test_split(void **state)
         }
 }
 
+/* The splitter's model: the state machine over one byte at a time (an
+ * event ends at the second line end in a row; a CRLF is one line end,
+ * kept whole when it ends the event). */
+static size_t model_split(qg_sse_split *s, const char *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        char c = buf[i];
+        if (c == '\n' && s->cr) {
+            s->cr = 0;
+            continue;
+        }
+        if (c == '\r' || c == '\n') {
+            s->cr = c == '\r';
+            if (s->at_eol) {
+                s->at_eol = 0;
+                if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') {
+                    s->cr = 0;
+                    return i + 2;
+                }
+                return i + 1;
+            }
+            s->at_eol = 1;
+        } else {
+            s->at_eol = s->cr = 0;
+        }
+    }
+    return 0;
+}
+
+/* The splitter (which looks for line ends with memchr) against the model
+ * on random text of line ends, colons and letters, fed in random pieces:
+ * the same event ends and the same state after every piece. */
+static void test_split_model(void **state)
+{
+    static const char alphabet[] = "a:\r\n\n\r";
+    unsigned seed = 12345;
+    (void)state;
+    for (int round = 0; round < 20000; round++) {
+        char text[96];
+        size_t len, off = 0;
+        qg_sse_split got = {0, 0}, want = {0, 0};
+        seed = seed * 1103515245u + 12345u;
+        len = (seed >> 16) % sizeof text;
+        for (size_t i = 0; i < len; i++) {
+            seed = seed * 1103515245u + 12345u;
+            text[i] = alphabet[(seed >> 16) % (sizeof alphabet - 1)];
+        }
+        while (off < len) {
+            size_t piece, a, b;
+            seed = seed * 1103515245u + 12345u;
+            piece = 1 + (seed >> 16) % (len - off);
+            a = qg__sse_split_next(&got, text + off, piece);
+            b = model_split(&want, text + off, piece);
+            assert_int_equal(a, b);
+            assert_int_equal(got.at_eol, want.at_eol);
+            assert_int_equal(got.cr, want.cr);
+            off += a ? a : piece;
+        }
+    }
+}
+
 static void test_content_bytes(void **state)
 {
     const char *oc = "{\"choices\":[{\"delta\":{\"content\":\"hello\","
@@ -246,6 +307,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_split_model),
         cmocka_unit_test(test_content_bytes),
         cmocka_unit_test(test_content_bytes_edges),
         cmocka_unit_test(test_forward_header),
