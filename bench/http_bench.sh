@@ -31,8 +31,9 @@
 # names: the many-subject load of a real deployment, whose ledger rows
 # and counters scatter), BENCH_IDS (random: the checks' request ids are
 # UUID-like instead of growing counters, as clients that generate
-# UUIDv4s send them; docs/benchmarks.md "Ledger"), BENCH_TASKSET=1 pins servers to CPU 1 and wrk to
-# CPU 0 (needs 2 CPUs).  Total run ~50 s with the defaults.
+# UUIDv4s send them; docs/benchmarks.md "Ledger"), BENCH_TASKSET=1 pins
+# servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~50 s
+# with the defaults.
 set -u
 
 cd "$(dirname "$0")/.." || exit 1

@@ -64,10 +64,10 @@ static const char sql_insert_new[] =
  * a fixed part (its program's start and end) that one row per statement
  * pays in full.  Measured with a C loop on the requests table and its
  * indexes, transactions of 512 rows of growing ids: 2.5 us per row one by
- * one, 1.7 us in statements of 16 (docs/benchmarks.md, "Ledger").  The rows a run did not insert (an id
- * the file holds already: a refusal decided again, a replayed spool, or
- * the same id twice in the run) are found afterwards by their rowids,
- * run_rest(). */
+ * one, 1.7 us in statements of 16 (docs/benchmarks.md, "Ledger").  The
+ * rows a run did not insert (an id the file holds already: a refusal
+ * decided again, a replayed spool, or the same id twice in the run) are
+ * found afterwards by their rowids, run_rest(). */
 #define INSERT_RUN 16
 #define ROW_PARAMS 23
 
@@ -108,18 +108,24 @@ static int bind_row_at(sqlite3_stmt *st, int base, const qg_ledger_row *r)
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 9, r->decision);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 10, r->status);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 11, r->estimated);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 12, r->input_tokens);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 13, r->output_tokens);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 14, r->reserved_milli);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 15, r->weight_milli);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 12, r->input_tokens);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 13, r->output_tokens);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 14, r->reserved_milli);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 15, r->weight_milli);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 16, r->created_ms);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 17, r->settled_ms);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 18, r->overage_milli);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 18, r->overage_milli);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_int64(st, base + 19, r->overage_price_micro);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_int64(st, base + 20, r->overage_cost_micro);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 21, r->headroom_milli);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, base + 21, r->headroom_milli);
     if (rc == SQLITE_OK) rc = BIND_STR(st, base + 22, r->detail);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 23, r->fallback);
     return rc;

@@ -1,12 +1,13 @@
 /* sse.c - the Server-Sent Events parser (see sse.h for the contract).
  *
- * The parser is a small state machine over bytes.  A line that arrives
- * whole inside one feed is interpreted straight from the caller's buffer;
- * only a line split across feeds is copied into the line buffer.  Comment
- * lines are recognised by their first byte and then skipped as they stream,
- * so a keep-alive comment of any length costs nothing.  A CR at the end of
- * a feed leaves "skip_lf" set, so a CRLF split between two feeds is one
- * line end, not two.  The BOM is matched byte by byte for the same reason:
+ * The parser is a small state machine over lines, whose ends it finds
+ * with memchr (eol_from), and the bytes at their starts.  A line that
+ * arrives whole inside one feed is interpreted straight from the caller's
+ * buffer; only a line split across feeds is copied into the line buffer.
+ * Comment lines are recognised by their first byte and then skipped as
+ * they stream, so a keep-alive comment of any length costs nothing.  A CR
+ * at the end of a feed leaves "skip_lf" set, so a CRLF split between two
+ * feeds is one line end, not two.  The BOM is matched byte by byte for the same reason:
  * if the first bytes only begin like a BOM, they are replayed as text. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -141,7 +142,6 @@ static int process_line(qg_sse *p, const char *s, size_t n, qg_sse_event_cb cb,
     return 0;
 }
 
-/* The byte stream after the BOM stage. */
 /* The first CR or LF in buf[i, len), or len.  *nl caches where the next
  * LF at or after i is (len: none; SIZE_MAX: not looked for yet), so that
  * the CRs before one LF do not each search for it again: a caller walking
@@ -159,6 +159,7 @@ static size_t eol_from(const char *buf, size_t i, size_t len, size_t *nl)
     return cr ? (size_t)(cr - buf) : *nl;
 }
 
+/* The byte stream after the BOM stage. */
 static int feed_lines(qg_sse *p, const char *buf, size_t len,
                       qg_sse_event_cb cb, void *ud)
 {
