@@ -97,37 +97,33 @@ static const char sql_settle[] =
  * one-row statement; a run's row j: j * ROW_PARAMS). */
 static int bind_row_at(sqlite3_stmt *st, int base, const qg_ledger_row *r)
 {
-    int rc = BIND_STR(st, base + 1, r->request_id);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 2, r->subject);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 3, r->org);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 4, r->plan);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 5, r->rules_version);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 6, r->weights_version);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 7, r->model);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 8, r->window);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 9, r->decision);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 10, r->status);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 11, r->estimated);
+    /* parameters 1-8: the texts, 9-21: the numbers, 22: detail, 23 */
+    const struct { const char *f; size_t cap; } text[] = {
+        { r->request_id, sizeof r->request_id },
+        { r->subject, sizeof r->subject },
+        { r->org, sizeof r->org },
+        { r->plan, sizeof r->plan },
+        { r->rules_version, sizeof r->rules_version },
+        { r->weights_version, sizeof r->weights_version },
+        { r->model, sizeof r->model },
+        { r->window, sizeof r->window },
+    };
+    const int64_t num[] = {
+        r->decision, r->status, r->estimated, r->input_tokens,
+        r->output_tokens, r->reserved_milli, r->weight_milli, r->created_ms,
+        r->settled_ms, r->overage_milli, r->overage_price_micro,
+        r->overage_cost_micro, r->headroom_milli,
+    };
+    int rc = SQLITE_OK, p = base + 1;
+    for (size_t k = 0; rc == SQLITE_OK && k < sizeof text / sizeof *text;
+         k++)
+        rc = qg__sq_bind_field(st, p++, text[k].f, text[k].cap);
+    for (size_t k = 0; rc == SQLITE_OK && k < sizeof num / sizeof *num; k++)
+        rc = sqlite3_bind_int64(st, p++, num[k]);
     if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 12, r->input_tokens);
+        rc = BIND_STR(st, base + 22, r->detail);
     if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 13, r->output_tokens);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 14, r->reserved_milli);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 15, r->weight_milli);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 16, r->created_ms);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, base + 17, r->settled_ms);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 18, r->overage_milli);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 19, r->overage_price_micro);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 20, r->overage_cost_micro);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(st, base + 21, r->headroom_milli);
-    if (rc == SQLITE_OK) rc = BIND_STR(st, base + 22, r->detail);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, base + 23, r->fallback);
+        rc = sqlite3_bind_int(st, base + 23, r->fallback);
     return rc;
 }
 
