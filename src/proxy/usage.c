@@ -302,6 +302,7 @@ int qg__request_fields(const char *body, size_t len, int shape,
     }
     memcpy(out->model, r.model_s, r.model_len + 1);
     out->stream = r.stream_true;
+    out->stream_options = r.stream_options >= 0;
     out->input_bytes = r.input_bytes;
     out->input_tokens_estimate = (out->input_bytes + 3) / 4;
     return 0;
@@ -372,6 +373,33 @@ done:
     if (rc && added_include_usage)
         *added_include_usage = 0;
     return rc;
+}
+
+int qg__request_add_include_usage(const char *body, size_t len, char **out,
+                                  size_t *outlen)
+{
+    static const char member[] =
+        "\"stream_options\":{\"include_usage\":true},";
+    size_t k = 0, n;
+    char *t;
+    *out = NULL;
+    *outlen = 0;
+    while (k < len && (body[k] == ' ' || body[k] == '\t' ||
+                       body[k] == '\n' || body[k] == '\r'))
+        k++;
+    if (k == len || body[k] != '{')
+        return QG_EINVAL;
+    k++;                           /* the object's first member goes here */
+    n = len + sizeof member - 1;
+    if (!(t = malloc(n + 1)))
+        return QG_ENOMEM;
+    memcpy(t, body, k);
+    memcpy(t + k, member, sizeof member - 1);
+    memcpy(t + k + sizeof member - 1, body + k, len - k);
+    t[n] = '\0';
+    *out = t;
+    *outlen = n;
+    return 0;
 }
 
 int qg__request_replace_model(const char *body, size_t len,

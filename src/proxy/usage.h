@@ -97,6 +97,8 @@ enum { QG_SHAPE_OPENAI = 1, QG_SHAPE_ANTHROPIC = 2 };
 typedef struct qg_request_info {
     char model[QG_REQUEST_MODEL_MAX]; /* NUL-terminated */
     int stream;                /* "stream": true */
+    int stream_options;        /* a top-level "stream_options" member
+                                  (any value, null included) */
     int64_t max_output_tokens; /* OpenAI: max_completion_tokens, else
                                   max_tokens; Anthropic: max_tokens;
                                   -1 when absent (OpenAI only) */
@@ -140,6 +142,16 @@ int qg__request_fields(const char *body, size_t len, int shape,
 int qg__request_rewrite_openai(const char *body, size_t len, char **out,
                               size_t *outlen, int *added_include_usage,
                               const char *new_model);
+
+/* The common case of the rewrite above, without parsing the body again:
+ * body, accepted by qg__request_fields as an OpenAI request with
+ * "stream": true and no "stream_options" member, with
+ * "stream_options":{"include_usage":true} added as its first member;
+ * every byte of the body is kept as the caller sent it.  Ownership as
+ * qg__request_rewrite_openai.  Returns 0; QG_EINVAL (the text does not
+ * start, after JSON whitespace, with "{"); QG_ENOMEM. */
+int qg__request_add_include_usage(const char *body, size_t len, char **out,
+                                  size_t *outlen);
 
 /* Replace "model" of a request body of either shape (the Anthropic
  * downgrade).  Ownership and returns as qg__request_rewrite_openai. */

@@ -629,6 +629,82 @@ static void assert_json_equal(const char *got, size_t len, const char *expect)
     json_decref(b);
 }
 
+/* A stream without stream_options gets the member added to its own text
+ * (qg__request_add_include_usage): the result is the same JSON object as
+ * the body plus stream_options.include_usage = true, the body's bytes
+ * follow the member unchanged, and the fields admission reads are the
+ * same. */
+static void test_add_include_usage(void **state)
+{
+    static const char *const bodies[] = {
+        OA_REQ,
+        " \r\n\t{ \"stream\" : true ,\"model\":\"m\",\"messages\":"
+        "[{\"role\":\"user\",\"content\":\"h\\u00e9 \\\"x\\\"\"}],"
+        "\"max_tokens\":12, \"temperature\":1.0000000000000002e0}",
+        "{\"messages\":[],\"model\":\"m\",\"stream\":true,\"n\":{\"a\":[{}]}}",
+    };
+    static const char member[] = "\"stream_options\":{\"include_usage\":true},";
+    (void)state;
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        const char *b = bodies[i];
+        qg_request_info before, after;
+        json_error_t je;
+        json_t *orig, *got;
+        char *out;
+        size_t outlen, k = strcspn(b, "{") + 1;
+        assert_int_equal(qg__request_fields(b, strlen(b), QG_SHAPE_OPENAI,
+                                            &before), 0);
+        assert_int_equal(before.stream, 1);
+        assert_int_equal(before.stream_options, 0);
+        assert_int_equal(qg__request_add_include_usage(b, strlen(b), &out,
+                                                       &outlen), 0);
+        assert_int_equal(outlen, strlen(out));
+        assert_int_equal(outlen, strlen(b) + strlen(member));
+        assert_memory_equal(out, b, k);
+        assert_memory_equal(out + k, member, strlen(member));
+        assert_string_equal(out + k + strlen(member), b + k);
+        assert_non_null(orig = json_loads(b, 0, &je));
+        assert_non_null(got = json_loads(out, JSON_REJECT_DUPLICATES, &je));
+        assert_true(json_is_true(json_object_get(
+            json_object_get(got, "stream_options"), "include_usage")));
+        assert_int_equal(json_object_size(json_object_get(got,
+                                                          "stream_options")),
+                         1);
+        assert_int_equal(json_object_del(got, "stream_options"), 0);
+        assert_true(json_equal(got, orig));
+        assert_int_equal(qg__request_fields(out, outlen, QG_SHAPE_OPENAI,
+                                            &after), 0);
+        assert_int_equal(after.stream_options, 1);
+        assert_string_equal(after.model, before.model);
+        assert_int_equal(after.stream, before.stream);
+        assert_int_equal(after.max_output_tokens, before.max_output_tokens);
+        assert_int_equal(after.input_bytes, before.input_bytes);
+        json_decref(orig);
+        json_decref(got);
+        free(out);
+    }
+    {
+        /* a body that has stream_options is told apart (the proxy takes
+         * the jansson rewrite for it) */
+        const char *s = "{\"model\":\"m\",\"messages\":[],\"stream\":true,"
+                        "\"stream_options\":null}";
+        qg_request_info ri;
+        assert_int_equal(qg__request_fields(s, strlen(s), QG_SHAPE_OPENAI,
+                                            &ri), 0);
+        assert_int_equal(ri.stream_options, 1);
+    }
+    {
+        char *out = (char *)1;
+        size_t outlen = 1;
+        assert_int_equal(qg__request_add_include_usage("[1]", 3, &out,
+                                                       &outlen), QG_EINVAL);
+        assert_null(out);
+        assert_int_equal(outlen, 0);
+        assert_int_equal(qg__request_add_include_usage("  ", 2, &out,
+                                                       &outlen), QG_EINVAL);
+    }
+}
+
 static void test_rewrite(void **state)
 {
     (void)state;
@@ -817,6 +893,7 @@ int main(void)
         cmocka_unit_test(test_response_edges),
         cmocka_unit_test(test_response_depth),
         cmocka_unit_test(test_request_fields),
+        cmocka_unit_test(test_add_include_usage),
         cmocka_unit_test(test_rewrite),
         cmocka_unit_test(test_truncated_prefixes),
     };
