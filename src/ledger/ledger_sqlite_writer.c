@@ -264,6 +264,9 @@ static int step_row(sqlite3_stmt *st, const qg_ledger_row *r)
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
+/* No row replaced: what a new row's counts go into the rollup with. */
+static const qg__sq_prior no_prior;
+
 /* A written row's counts into the rollup's sums (prior: the row it
  * replaced, if any): SQLite's code. */
 static int counted(qg__sq *s, const qg_ledger_row *row,
@@ -299,13 +302,12 @@ static int write_over(qg__sq *s, qg__ledger_item *it, char *why,
  * there already, first reads the row it may replace. */
 static int write_row(qg__sq *s, qg__ledger_item *it, char *why, size_t whycap)
 {
-    static const qg__sq_prior none;
     int rc;
     if (!it->row.settle_only) {
         if ((rc = step_row(s->insert_new, &it->row)) != SQLITE_OK)
             return rc;
         if (sqlite3_changes(s->wdb) == 1)
-            return counted(s, &it->row, &none);
+            return counted(s, &it->row, &no_prior);
     }
     return write_over(s, it, why, whycap);
 }
@@ -353,7 +355,6 @@ static int run_rest(qg__sq *s, qg__ledger_item *it,
                     const size_t idx[INSERT_RUN], int inserted, char *why,
                     size_t whycap)
 {
-    static const qg__sq_prior none;
     sqlite3_int64 next = sqlite3_last_insert_rowid(s->wdb) - inserted + 1;
     int rc = SQLITE_OK;
     for (size_t j = 0; j < INSERT_RUN && rc == SQLITE_OK; j++) {
@@ -364,7 +365,7 @@ static int run_rest(qg__sq *s, qg__ledger_item *it,
             break;
         if (inserted > 0 && rowid == next) {
             next++;
-            rc = counted(s, &x->row, &none);
+            rc = counted(s, &x->row, &no_prior);
         } else {
             rc = write_over(s, x, why, whycap);
         }
@@ -376,7 +377,6 @@ static int run_rest(qg__sq *s, qg__ledger_item *it,
 static int write_run(qg__sq *s, qg__ledger_item *it,
                      const size_t idx[INSERT_RUN], char *why, size_t whycap)
 {
-    static const qg__sq_prior none;
     int rc = SQLITE_OK, inserted;
     for (size_t j = 0; j < INSERT_RUN && rc == SQLITE_OK; j++)
         rc = bind_row_at(s->insert_run, (int)j * ROW_PARAMS,
@@ -390,7 +390,7 @@ static int write_run(qg__sq *s, qg__ledger_item *it,
     if (inserted != INSERT_RUN)
         return run_rest(s, it, idx, inserted, why, whycap);
     for (size_t j = 0; j < INSERT_RUN; j++)
-        if ((rc = counted(s, &it[idx[j]].row, &none)) != SQLITE_OK)
+        if ((rc = counted(s, &it[idx[j]].row, &no_prior)) != SQLITE_OK)
             return rc;
     return SQLITE_OK;
 }

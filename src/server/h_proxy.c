@@ -312,25 +312,19 @@ static void px_conclude(qg__px *p, px_adm *x, qg__admit *d)
      * chunk it adds is filtered out), a downgrade the lighter model; a
      * stream without stream_options (nearly every one) by adding the
      * member to the caller's text, the rest through jansson */
-    if (p->shape == QG_SHAPE_OPENAI && p->info.stream &&
-        !p->info.stream_options && !p->dg_from[0]) {
-        if (!qg__alloc_fails("rewritten body") &&
-            qg__request_add_include_usage(r->body, r->body_len, &nbody,
-                                          &nlen) == QG_OK) {
+    if (p->shape == QG_SHAPE_OPENAI && (p->info.stream || p->dg_from[0])) {
+        int splice = p->info.stream && !p->info.stream_options &&
+                     !p->dg_from[0];
+        rc = qg__alloc_fails("rewritten body") ? QG_ENOMEM
+             : splice ? qg__request_add_include_usage(r->body, r->body_len,
+                                                      &nbody, &nlen)
+                      : qg__request_rewrite_openai(
+                            r->body, r->body_len, &nbody, &nlen, &added,
+                            p->dg_from[0] ? p->dg_model : NULL);
+        if (rc == QG_OK) {
             body = nbody;
             blen = nlen;
-            p->filter = 1;
-        }
-    } else if (p->shape == QG_SHAPE_OPENAI &&
-               (p->info.stream || p->dg_from[0])) {
-        if (!qg__alloc_fails("rewritten body") &&
-            qg__request_rewrite_openai(r->body, r->body_len, &nbody, &nlen,
-                                       &added,
-                                       p->dg_from[0] ? p->dg_model : NULL) ==
-                QG_OK) {
-            body = nbody;
-            blen = nlen;
-            p->filter = added;
+            p->filter = splice || added;
         } else if (p->dg_from[0]) {
             rewrite_failed = 1;
         }
