@@ -437,12 +437,21 @@ static void *inject(void *arg)
     } else if (strcmp(f->what, "kill") == 0) {
         /* every client connection reset in the middle of its pipeline;
          * again, 50 ms apart, until instance 0 says it sent a check
-         * again (a kill that falls between two of its pipelines finds
-         * nothing in flight) or the race is over */
+         * again or the race is over.  A kill that falls between two of
+         * its pipelines finds nothing in flight, so from the third on,
+         * writes are held for 20 ms first (CLIENT PAUSE WRITE: the
+         * checks wait in Redis, unapplied) and the kill meets them */
         int sent0 = log_lines("sent again once");
         for (int k = 0; k < 20; k++) {
+            int hold = k >= 2;
+            if (hold && redisproc_cmd(&R, out, sizeof out, "CLIENT",
+                                      "PAUSE", "2000", "WRITE", NULL) == 0)
+                tst_sleep_ms(20);
             f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "KILL",
                                     "TYPE", "normal", NULL) == 0;
+            if (hold)
+                f->done &= redisproc_cmd(&R, out, sizeof out, "CLIENT",
+                                         "UNPAUSE", NULL) == 0;
             if (!f->done)
                 break;
             tst_sleep_ms(50);
