@@ -199,9 +199,9 @@ static void record_commit(qg_ledger *s, size_t n, int rc, int64_t us,
  * for as many as the last batch held (group commit; PostgreSQL's
  * commit_delay and commit_siblings are the same idea).  Without load
  * the last batch was small and nothing waits.  Measured on check+settle
- * pairs (docs/benchmarks.md, sixteenth session): commits/s 1,600 ->
- * 1,050, rows per commit 39 -> 58, server CPU per request and p99 lower
- * in each alternated run. */
+ * pairs (docs/benchmarks.md, "Ledger", sixteenth session; 3 alternated
+ * runs): commits/s 2,035-2,282 -> 1,267-1,557, rows per commit 29 ->
+ * 45-47, the pairs' p99 lower in every run. */
 #define GATHER_MIN 4
 #define GATHER_US 200
 
