@@ -481,7 +481,8 @@ int qg__lf_submit(qg_ledger *s, const qg_ledger_row *row,
                           memory_order_relaxed);
     /* Wake the writer only when it has something new to decide: the
      * queue became non-empty (it starts its linger), the first row that
-     * somebody waits for arrived (commit now), or a batch is full. */
+     * somebody waits for arrived (commit now, or gather first), as many
+     * as a gathering writer waits for arrived, or a batch is full. */
     if (done && s->o.sync == QG_LEDGER_DURABLE) {
         s->q_urgent++;
         if ((s->q_urgent == 1 && s->qlen > 1) ||
