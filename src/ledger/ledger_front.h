@@ -42,9 +42,6 @@ struct qg_ledger {
                                    takes rows: checks answer 503 */
     size_t q_urgent;            /* rows in q with a done callback (DURABLE:
                                    someone waits for them) */
-    size_t q_urgent_goal;       /* writer gathering: wake it at this many
-                                   (0: not gathering) */
-    size_t w_last_urgent;       /* writer: q_urgent of its last batch */
     int stop;
     qg_ledger_stats st;
     char werr[512];             /* writer only: the backend's reason */

@@ -191,20 +191,6 @@ static void record_commit(qg_ledger *s, size_t n, int rc, int64_t us,
  * more rows); a check row was never durable on its answer anyway. */
 #define DURABLE_LINGER_US 10000
 
-/* DURABLE mode, under load: a commit answers every waited-for row it
- * holds, and each commit costs the writer its own BEGIN/COMMIT, WAL
- * frames and fsync (on this machine's VM, half the writer's CPU is the
- * kernel's sync path).  When the last batch held at least GATHER_MIN
- * waited-for rows, the first one to arrive waits up to GATHER_US more
- * for as many as the last batch held (group commit; PostgreSQL's
- * commit_delay and commit_siblings are the same idea).  Without load
- * the last batch was small and nothing waits.  Measured on check+settle
- * pairs (docs/benchmarks.md, "Ledger", sixteenth session; 3 alternated
- * runs): commits/s 2,035-2,282 -> 1,267-1,557, rows per commit 29 ->
- * 45-47, the pairs' p99 lower in every run. */
-#define GATHER_MIN 4
-#define GATHER_US 200
-
 /* Sleep on the writer's condition (mu held) until due_us (monotonic),
  * or until a submit or close wakes it. */
 static void wait_until(qg_ledger *s, int64_t due_us)
@@ -217,8 +203,7 @@ static void wait_until(qg_ledger *s, int64_t due_us)
 
 /* Wait (mu held) for work; in ASYNC mode also for flush_ms to pass since
  * the oldest queued row, unless a full batch is waiting or we stop; in
- * DURABLE mode for DURABLE_LINGER_US while no queued row is waited for,
- * then, under load, up to GATHER_US for more waited-for rows. */
+ * DURABLE mode for DURABLE_LINGER_US while no queued row is waited for. */
 static void wait_for_rows(qg_ledger *s)
 {
     int async = s->o.sync == QG_LEDGER_ASYNC;
@@ -242,16 +227,6 @@ static void wait_for_rows(qg_ledger *s)
         if (qg__lf_mono_us() >= due)
             break;
         wait_until(s, due);
-    }
-    if (!async && s->q_urgent > 0 && s->w_last_urgent >= GATHER_MIN &&
-        !s->stop) {
-        int64_t due = qg__lf_mono_us() + GATHER_US;
-        s->q_urgent_goal = s->w_last_urgent;
-        while (!s->stop && s->q_urgent < s->q_urgent_goal &&
-               s->qlen < (size_t)s->o.max_batch &&
-               qg__lf_mono_us() < due)
-            wait_until(s, due);
-        s->q_urgent_goal = 0;
     }
 }
 
@@ -350,7 +325,6 @@ void *qg__lf_writer_main(void *arg)
         s->q = tmp;
         s->qcap = cap;
         s->qlen = 0;
-        s->w_last_urgent = s->q_urgent;
         s->q_urgent = 0;
         s->inflight = n;
         pthread_mutex_unlock(&s->mu);
@@ -481,13 +455,10 @@ int qg__lf_submit(qg_ledger *s, const qg_ledger_row *row,
                           memory_order_relaxed);
     /* Wake the writer only when it has something new to decide: the
      * queue became non-empty (it starts its linger), the first row that
-     * somebody waits for arrived (commit now, or gather first), as many
-     * as a gathering writer waits for arrived, or a batch is full. */
-    if (done && s->o.sync == QG_LEDGER_DURABLE) {
-        s->q_urgent++;
-        if ((s->q_urgent == 1 && s->qlen > 1) ||
-            (s->q_urgent_goal && s->q_urgent == s->q_urgent_goal))
-            pthread_cond_signal(&s->cv);
+     * somebody waits for arrived (commit now), or a batch is full. */
+    if (done && s->o.sync == QG_LEDGER_DURABLE && s->q_urgent++ == 0 &&
+        s->qlen > 1) {
+        pthread_cond_signal(&s->cv);
     }
     if (s->qlen == 1) {
         s->q_since_us = qg__lf_mono_us();

@@ -752,56 +752,6 @@ static void test_queue_full(void **state)
     tmpdb_remove(&t);
 }
 
-/* Group commit (ledger_writer.c, GATHER_US): a batch of six rows that
- * callers wait for (queued behind another connection's write lock), then
- * one such row alone.  The writer gathers for it (the last batch held
- * six) until its deadline passes, then commits it by itself: every row
- * is answered, written, and the lone row takes one commit of its own. */
-static void test_group_commit(void **state)
-{
-    tmpdb t;
-    qg_ledger *l;
-    qg_ledger_row r, got;
-    qg_ledger_stats st;
-    qg_ledger_opts o = { .sync = QG_LEDGER_DURABLE,
-                         .busy_timeout_ms = 20000 };
-    counter c = { 0, 0 };
-    sqlite3 *lock;
-    uint64_t commits;
-    int i;
-    (void)state;
-
-    tmpdb_make(&t);
-    l = open_ok(t.path, &o);
-    lock = hold_write_lock(t.path);
-    make_row(0, &r);
-    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
-    sleep_ms(50);                    /* the writer takes it, then waits */
-    for (i = 1; i <= 6; i++) {
-        make_row(i, &r);
-        assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
-    }
-    release_lock(lock);
-    wait_done(&c, 7);
-    qg__ledger_stats_get(l, &st);
-    commits = st.commits;
-    assert_true(commits >= 1 && commits <= 7);
-    make_row(7, &r);
-    assert_int_equal(qg__ledger_submit(l, &r, count_done, &c), 0);
-    wait_done(&c, 8);
-    assert_int_equal(atomic_load(&c.ok), 8);
-    qg__ledger_stats_get(l, &st);
-    assert_int_equal(st.rows_written, 8);
-    assert_int_equal(st.commits, commits + 1);
-    for (i = 0; i <= 7; i++) {
-        make_row(i, &r);
-        assert_int_equal(qg__ledger_get(l, r.request_id, &got), 0);
-        assert_row_eq(&got, &r);
-    }
-    qg__ledger_close(l);
-    tmpdb_remove(&t);
-}
-
 /* A failing commit: the waiting row gets the error, a row nobody waits
  * for is kept and written once the ledger can write again; the log hears
  * of the failure (file and SQLite's reason) and of the recovery, and the
@@ -1452,7 +1402,6 @@ int main(void)
         cmocka_unit_test(test_id_filter),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_queue_full),
-        cmocka_unit_test(test_group_commit),
         cmocka_unit_test(test_commit_failure),
         cmocka_unit_test(test_coalesce),
         cmocka_unit_test(test_runs),
