@@ -35,6 +35,14 @@
  * adds, the indexes explain reads a subject's and an org's rows by). */
 #define QG_PG_SCHEMA_VERSION 4
 
+/* The first key of the advisory locks a writer takes on a batch's
+ * subjects before it writes them ("qgls"; the second key is the hash of
+ * the subject): every row a batch inserts or updates moves the rollup
+ * slots of its subject (usage_slots, kept by triggers one upsert per
+ * statement), so two instances' writers that lock their subjects first,
+ * in one order, never wait for each other's slots in a cycle. */
+#define QG_PG_SUBJECT_LOCKS "1902603379"
+
 /* Built-in type OIDs (fixed in every PostgreSQL; pg_type.h is a server
  * header), for statements prepared with binary parameters. */
 #define QG_PG_BYTEA 17

@@ -58,6 +58,13 @@ const int qg__pg_binary[QG_PG_NCOLS] = {
     " WHERE requests.decision = 1 AND requests.status = 1" \
     " AND (EXCLUDED.subject = '' OR requests.subject = EXCLUDED.subject)"
 
+/* Lock the subjects SUBJECTS (a query of one text column) returns, each
+ * once, in the order of their hashes. */
+#define LOCK_SUBJECTS(SUBJECTS) \
+    "SELECT pg_advisory_xact_lock(" QG_PG_SUBJECT_LOCKS ", k)" \
+    " FROM (SELECT DISTINCT hashtext(s) AS k FROM (" SUBJECTS ") u(s)" \
+    " ORDER BY 1) l"
+
 #define INSERT_ROW "INSERT INTO requests (" QG_PG_ROW_COLS ") VALUES (" \
     VALUES_23 ")"
 #define INSERT_ARRAYS "INSERT INTO requests (" QG_PG_ROW_COLS ")" \
@@ -93,6 +100,7 @@ int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap)
 {
     static const Oid mark_t[2] = {QG_PG_TEXT, QG_PG_INT8};
     static const Oid own_t[1] = {QG_PG_TEXTARRAY};
+    static const Oid own2_t[2] = {QG_PG_TEXTARRAY, QG_PG_TEXTARRAY};
     Oid arr_t[QG_PG_NCOLS];
     int rc;
     for (int i = 0; i < QG_PG_NCOLS; i++)
@@ -120,7 +128,18 @@ int qg__pg_prepare_writer(PGconn *c, char *why, size_t cap)
                        cap)) != QG_OK ||
         (rc = prepare1(c, "qg_applied",
                        "SELECT seq FROM spool_marks WHERE spool_id = $1", 1,
-                       mark_t, why, cap)) != QG_OK)
+                       mark_t, why, cap)) != QG_OK ||
+        /* a batch's subjects, locked in the order of their hashes (the
+         * subquery sorts before the outer query locks): the ones named
+         * ($1); qg_lock_held also those of the rows of the settles that
+         * name none ($2) */
+        (rc = prepare1(c, "qg_lock", LOCK_SUBJECTS("SELECT unnest($1)"), 1,
+                       own_t, why, cap)) != QG_OK ||
+        (rc = prepare1(c, "qg_lock_held",
+                       LOCK_SUBJECTS("SELECT unnest($1) UNION ALL SELECT"
+                                     " subject FROM requests"
+                                     " WHERE request_id = ANY($2)"),
+                       2, own2_t, why, cap)) != QG_OK)
         return rc;
     return QG_OK;
 }

@@ -31,9 +31,20 @@
  * and arrays are binary: no number is printed or parsed, no text is
  * escaped.
  *
+ * Several instances may write one database.  Every row a batch writes
+ * moves its subject's rollup slots (usage_slots, by triggers: one upsert
+ * per statement and kind of row), so a batch first locks its subjects,
+ * in one order (send_lock, in the trip of BEGIN): two writers that meet
+ * on a subject take turns instead of each holding a slot the other
+ * waits for, the deadlock PostgreSQL would end after deadlock_timeout
+ * (1 s) by rolling one batch back.
+ *
  * A batch that fails before COMMIT was sent committed nothing; when it
  * failed because an old connection had died (the server restarted since
- * the last batch), it is written once more on a new connection. */
+ * the last batch), it is written once more on a new connection.  One the
+ * server rolled back for a conflict with another transaction (a deadlock
+ * with a session that does not lock subjects, a serialization failure)
+ * is written again at once, up to ROLLED_BACK_TRIES times, and logged. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +157,7 @@ typedef struct txn {
     sent *q;                 /* this round trip's statements */
     size_t nq, qcap;
     char conflict[512];      /* the last refused row, for the log */
+    char state[6];           /* the first failed statement's SQLSTATE */
 } txn;
 
 /* The result of the next statement of the pipeline, having read the NULL
@@ -306,8 +318,12 @@ static int finish_trip(txn *t, size_t *nstop, char *why, size_t cap)
             t->nq = 0;   /* the pipeline stays on: qg__pg_use drops it */
             return rc;
         }
-        if (rc == QG_OK && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        if (rc == QG_OK && st != PGRES_COMMAND_OK &&
+            st != PGRES_TUPLES_OK) {
+            const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+            snprintf(t->state, sizeof t->state, "%s", state ? state : "");
             rc = qg__pg_fail(t->c, r, why, cap);
+        }
         if (rc == QG_OK) {
             if (s->kind == SENT_ROW && strcmp(PQcmdTuples(r), "0") == 0)
                 g->pick[t->n + (*nstop)++] = (uint32_t)s->first;
@@ -324,6 +340,51 @@ static int finish_trip(txn *t, size_t *nstop, char *why, size_t cap)
     t->nq = 0;
     if (drain_to_sync(t->c) != 0 && rc == QG_OK)
         rc = qg__pg_fail(t->c, NULL, why, cap);
+    return rc;
+}
+
+/* Lock the subjects of the batch's rows, in one order (qg_lock): the
+ * subjects the rows name, and those of the rows held by the settles that
+ * name none.  Sent right after BEGIN. */
+static int send_lock(txn *t, char *why, size_t cap)
+{
+    qg__pg *g = t->g;
+    qg__pg_buf *named = &g->col[0], *ids = &g->scratch;
+    const char *v[2];
+    int len[2], rc;
+    size_t nn = 0, ni = 0;
+    if ((rc = qg__pg_array_start(named, QG_PG_TEXT)) != QG_OK ||
+        (rc = qg__pg_array_start(ids, QG_PG_TEXT)) != QG_OK)
+        goto nomem;
+    for (size_t i = 0; i < t->n; i++) {
+        const qg_ledger_row *row = &t->it[i].row;
+        if (g->round[i] == UINT32_MAX)     /* merged, or not sent */
+            continue;
+        if (row->subject[0]) {
+            rc = qg__pg_array_add(named, row->subject,
+                                  strnlen(row->subject, sizeof row->subject));
+            nn++;
+        } else {
+            rc = qg__pg_array_add(ids, row->request_id,
+                                  strnlen(row->request_id,
+                                          sizeof row->request_id));
+            ni++;
+        }
+        if (rc != QG_OK)
+            goto nomem;
+    }
+    qg__pg_array_count(named, nn);
+    qg__pg_array_count(ids, ni);
+    v[0] = named->p;
+    len[0] = (int)named->len;
+    v[1] = ids->p;
+    len[1] = (int)ids->len;
+    if (!PQsendQueryPrepared(t->c, ni ? "qg_lock_held" : "qg_lock",
+                             ni ? 2 : 1, v, len, qg__pg_binary, 1))
+        return qg__pg_fail(t->c, NULL, why, cap);
+    return push(t, SENT_CTL, 0, 0);
+nomem:
+    snprintf(why, cap, "out of memory");
     return rc;
 }
 
@@ -391,12 +452,14 @@ static int send_round(txn *t, uint32_t r, char *why, size_t cap)
 }
 
 /* The batch as one transaction: BEGIN, each round (the mark with the
- * last), the owners of stopped rows after their round, COMMIT. */
+ * last), the owners of stopped rows after their round, COMMIT; the
+ * subjects are locked first (send_lock).  state: the SQLSTATE of the
+ * statement that failed ("" when none did). */
 static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
                      const qg__spool_mark *mark, int *commit_sent,
-                     char *why, size_t cap)
+                     char state[6], char *why, size_t cap)
 {
-    txn t = {g, g->w.c, it, n, NULL, 0, 0, ""};
+    txn t = {g, g->w.c, it, n, NULL, 0, 0, "", ""};
     uint32_t nr = 0;
     size_t none = 0;
     int rc;
@@ -409,6 +472,8 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
     if (!PQenterPipelineMode(t.c))
         return qg__pg_fail(t.c, NULL, why, cap);
     rc = send_ctl(&t, "BEGIN", why, cap);
+    if (rc == QG_OK)
+        rc = send_lock(&t, why, cap);
     for (uint32_t r = 0; rc == QG_OK && (r < nr || r == 0); r++) {
         size_t nstop = 0;
         if (r < nr)
@@ -426,6 +491,7 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
         if (rc == QG_OK)
             rc = finish_trip(&t, &none, why, cap);
     }
+    memcpy(state, t.state, sizeof t.state);
     /* statements sent and not read (a failure while sending) */
     if (t.nq && PQstatus(t.c) == CONNECTION_OK &&
         (!PQpipelineSync(t.c) || drain_to_sync(t.c) != 0))
@@ -445,25 +511,46 @@ static int write_txn(qg__pg *g, qg__ledger_item *it, size_t n,
     return rc;
 }
 
+/* How many times a batch the server rolled back for a conflict with
+ * another transaction is written again before its rows fail. */
+#define ROLLED_BACK_TRIES 5
+
 int qg__pg_write_batch(void *b, qg__ledger_item *it, size_t n,
                        const qg__spool_mark *mark, char *why, size_t whycap)
 {
     qg__pg *g = b;
-    int rc;
+    int rc, reconnected = 0, rollbacks = 0;
     pthread_mutex_lock(&g->w.mu);
-    for (int attempt = 0;; attempt++) {
+    for (;;) {
         int fresh = !g->w.c, commit_sent = 0;
+        char state[6] = "";
+        const char *conflict;
         if ((rc = qg__pg_use(g, &g->w, why, whycap)) != QG_OK)
             break;
-        rc = write_txn(g, it, n, mark, &commit_sent, why, whycap);
+        rc = write_txn(g, it, n, mark, &commit_sent, state, why, whycap);
         if (rc == QG_OK)
             break;
+        /* SQLSTATE class 40: the server rolled the transaction back for a
+         * conflict with another; nothing of it was committed, and the
+         * same batch may well go through on a second try */
+        conflict = strcmp(state, "40P01") == 0   ? "a deadlock"
+                   : strcmp(state, "40001") == 0 ? "a serialization failure"
+                                                 : NULL;
+        if (conflict && rollbacks < ROLLED_BACK_TRIES) {
+            rollbacks++;
+            qg__pg_log(g, "ledger %s: the server rolled back a batch of %zu "
+                       "rows for %s (SQLSTATE %s); writing it again (try "
+                       "%d): %s", g->shown, n, conflict, state,
+                       rollbacks + 1, why);
+            continue;
+        }
         if (rc == QG_ELEDGER)
             qg__pg_drop(&g->w);
         /* nothing was committed unless COMMIT was sent: a batch that met
          * a connection dead since the last one is written again, once */
-        if (rc != QG_ELEDGER || fresh || commit_sent || attempt > 0)
+        if (rc != QG_ELEDGER || fresh || commit_sent || reconnected)
             break;
+        reconnected = 1;
     }
     pthread_mutex_unlock(&g->w.mu);
     return rc;

@@ -23,6 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
 
 #include "quotagate.h"
 #include "ledger_pg.h"
@@ -1078,6 +1081,206 @@ static void test_migrate_from_1(void **state)
                                   "FROM requests WHERE decision = 1"));
 }
 
+/* Rows of usage_slots that differ from the rollup recomputed from the
+ * rows (either side missing counts). */
+static long slots_off(const db *d)
+{
+    return sql_long(d,
+        "SELECT count(*) FROM (SELECT subject,"
+        " created_ms - created_ms % 900000 AS slot_ms, model,"
+        " coalesce(sum(weight_milli) FILTER (WHERE decision = 1), 0) AS w,"
+        " count(*) FILTER (WHERE decision = 1) AS a, count(*) AS n,"
+        " count(*) FILTER (WHERE decision <> 1) AS x FROM requests"
+        " GROUP BY 1, 2, 3) r FULL JOIN usage_slots u"
+        " USING (subject, slot_ms, model)"
+        " WHERE r.w IS DISTINCT FROM u.weight_milli"
+        " OR r.a IS DISTINCT FROM u.admitted OR r.n IS DISTINCT FROM u.requests"
+        " OR r.x IS DISTINCT FROM u.refused");
+}
+
+/* Lines logged by writers on several threads. */
+static pthread_mutex_t logged_mu = PTHREAD_MUTEX_INITIALIZER;
+static void log_line_locked(void *ud, const char *line)
+{
+    pthread_mutex_lock(&logged_mu);
+    log_line(ud, line);
+    pthread_mutex_unlock(&logged_mu);
+}
+
+/* A row of subject s<subj> in quarter hour `slot`, model "standard". */
+static void slot_row(const char *id, int subj, int slot, qg_ledger_row *r)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->request_id, sizeof r->request_id, "%s", id);
+    snprintf(r->subject, sizeof r->subject, "s%d", subj);
+    strcpy(r->plan, "pro");
+    strcpy(r->model, "standard");
+    r->decision = 1;
+    r->status = 1;
+    r->reserved_milli = 2000;
+    r->weight_milli = 2000;
+    r->headroom_milli = -1;
+    r->created_ms = BASE_MS + (int64_t)slot * 900000;
+}
+
+/* One batch written on its own thread. */
+typedef struct one_write {
+    void *b;
+    qg_ledger_row rows[3];
+    size_t n;
+    int rc;
+    char why[512];
+} one_write;
+
+static void *write_one(void *arg)
+{
+    one_write *w = arg;
+    w->rc = write_rows(w->b, w->rows, w->n, NULL, NULL, w->why,
+                       sizeof w->why);
+    return NULL;
+}
+
+static void exec_ok(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", q, PQerrorMessage(c));
+    PQclear(r);
+}
+
+/* Wait (bounded) until `want` sessions of d's database wait for a lock
+ * (a row's, or a subject's). */
+static void await_lock_waits(const db *d, long want)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (sql_long(d, "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()") >= want)
+            return;
+        usleep(10000);
+    }
+    fail_msg("%ld writers did not come to wait for a lock", want);
+}
+
+/* Two instances' writers on one database, one statement per row, each
+ * row moving its subject's slot: A writes rows of subjects s1, s3, s2, B
+ * of s2, s1.  Another session holds s3's slot: A took s1's and waits; B
+ * took s2's and waits for A's s1.  When s3 is let go, A asks for s2's:
+ * each waited for the other, PostgreSQL found the deadlock after
+ * deadlock_timeout and rolled one batch back (pg_bench's two instances on
+ * one database lost a second to each).  Now each writer locks its batch's
+ * subjects first, in one order: B waits for A's commit, no batch is
+ * rolled back (the writer logs each one it writes again), both are
+ * acknowledged, and the rollup matches the rows. */
+static void test_two_writers(void **state)
+{
+    qg_ledger_opts o = default_opts;
+    qg_ledger_row seed[3];
+    one_write w[2];
+    pthread_t th[2];
+    char err[512];
+    PGconn *x;
+    db d;
+    (void)state;
+    NEED_PG();
+    fresh_db(&d);
+    o.log = log_line_locked;
+    logged[0] = '\0';
+    for (int i = 0; i < 2; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        if (!(w[i].b = be->open(d.url, &o, err, sizeof err)))
+            fail_msg("open: %s", err);
+        qg__pg_set_write_mode(w[i].b, QG_PG_WRITE_PIPELINE);
+    }
+    for (int i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "seed-%d", i + 1);
+        slot_row(id, i + 1, 0, &seed[i]);
+    }
+    write_ok(w[0].b, seed, 3);
+    slot_row("a-1", 1, 0, &w[0].rows[0]);
+    slot_row("a-3", 3, 0, &w[0].rows[1]);
+    slot_row("a-2", 2, 0, &w[0].rows[2]);
+    slot_row("b-2", 2, 0, &w[1].rows[0]);
+    slot_row("b-1", 1, 0, &w[1].rows[1]);
+    w[0].n = 3;
+    w[1].n = 2;
+    /* another session holds s3's slot until both writers wait */
+    x = PQconnectdb(d.url);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    exec_ok(x, "BEGIN");
+    exec_ok(x, "SELECT 1 FROM usage_slots WHERE subject = 's3' FOR UPDATE");
+    assert_int_equal(pthread_create(&th[0], NULL, write_one, &w[0]), 0);
+    await_lock_waits(&d, 1);
+    assert_int_equal(pthread_create(&th[1], NULL, write_one, &w[1]), 0);
+    await_lock_waits(&d, 2);
+    exec_ok(x, "COMMIT");
+    PQfinish(x);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].rc != QG_OK)
+            fail_msg("writer %d: %s", i, w[i].why);
+        be->close(w[i].b);
+    }
+    if (strstr(logged, "rolled back"))
+        fail_msg("a batch was rolled back: %s", logged);
+    assert_int_equal(sql_long(&d, "SELECT count(*) FROM requests"), 8);
+    assert_int_equal(slots_off(&d), 0);
+}
+
+/* A batch the server rolls back for a deadlock with another session (one
+ * that does not lock subjects first: here a session holding a slot and
+ * then asking for the subject's lock the writer holds) is written again
+ * and acknowledged, and the writer logs it. */
+static void test_rolled_back_written_again(void **state)
+{
+    qg_ledger_opts o = default_opts;
+    qg_ledger_row first, got;
+    one_write w;
+    pthread_t th;
+    char err[512];
+    PGconn *x;
+    db d;
+    (void)state;
+    NEED_PG();
+    fresh_db(&d);
+    o.log = log_line_locked;
+    logged[0] = '\0';
+    memset(&w, 0, sizeof w);
+    if (!(w.b = be->open(d.url, &o, err, sizeof err)))
+        fail_msg("open: %s", err);
+    slot_row("first", 1, 0, &first);
+    write_ok(w.b, &first, 1);
+    slot_row("second", 1, 0, &w.rows[0]);
+    w.n = 1;
+    /* the other session holds the slot the writer's row moves, and will
+     * not be the one PostgreSQL picks to roll back */
+    x = PQconnectdb(d.url);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    exec_ok(x, "BEGIN");
+    exec_ok(x, "SET LOCAL deadlock_timeout = '60s'");
+    exec_ok(x, "SELECT 1 FROM usage_slots FOR UPDATE");
+    assert_int_equal(pthread_create(&th, NULL, write_one, &w), 0);
+    /* the writer waits for the slot, holding its subject's lock */
+    await_lock_waits(&d, 1);
+    /* the cycle: PostgreSQL rolls the writer's batch back; then this
+     * session has the lock, and lets go of everything */
+    exec_ok(x, "SELECT pg_advisory_xact_lock(" QG_PG_SUBJECT_LOCKS
+               ", hashtext('s1'))");
+    exec_ok(x, "ROLLBACK");
+    PQfinish(x);
+    pthread_join(th, NULL);
+    if (w.rc != QG_OK)
+        fail_msg("the batch failed: %s", w.why);
+    if (!strstr(logged, "rolled back a batch of 1 rows for a deadlock "
+                        "(SQLSTATE 40P01); writing it again (try 2)"))
+        fail_msg("not logged: \"%s\"", logged);
+    assert_int_equal(be->rows->get(w.b, "second", &got), QG_OK);
+    be->close(w.b);
+    assert_int_equal(slots_off(&d), 0);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1117,6 +1320,8 @@ int main(void)
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_reconnect),
+        cmocka_unit_test(test_two_writers),
+        cmocka_unit_test(test_rolled_back_written_again),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
