@@ -10,7 +10,9 @@
  * fresh database at once migrate it once); an unreachable server at open,
  * a stopped or killed one later (QG_ELEDGER with a message) and the
  * reconnection after it returns; subjects, keys; scan order, the since
- * filter, scan_ids.  Without PostgreSQL's binaries every test is skipped
+ * filter, scan_ids; two instances' writers that would have deadlocked on
+ * the rollup's slots take turns, and a batch the server rolls back for a
+ * deadlock is written again.  Without PostgreSQL's binaries every test is skipped
  * with a message saying so (make test installs them). */
 #include <stdarg.h>
 #include <stddef.h>
