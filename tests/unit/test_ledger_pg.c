@@ -12,8 +12,8 @@
  * reconnection after it returns; subjects, keys; scan order, the since
  * filter, scan_ids; two instances' writers that would have deadlocked on
  * the rollup's slots take turns, and a batch the server rolls back for a
- * deadlock is written again.  Without PostgreSQL's binaries every test is skipped
- * with a message saying so (make test installs them). */
+ * deadlock is written again.  Without PostgreSQL's binaries every test
+ * is skipped with a message saying so (make test installs them). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -1096,7 +1096,8 @@ static long slots_off(const db *d)
         " GROUP BY 1, 2, 3) r FULL JOIN usage_slots u"
         " USING (subject, slot_ms, model)"
         " WHERE r.w IS DISTINCT FROM u.weight_milli"
-        " OR r.a IS DISTINCT FROM u.admitted OR r.n IS DISTINCT FROM u.requests"
+        " OR r.a IS DISTINCT FROM u.admitted"
+        " OR r.n IS DISTINCT FROM u.requests"
         " OR r.x IS DISTINCT FROM u.refused");
 }
 
