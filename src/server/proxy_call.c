@@ -484,7 +484,7 @@ void qg__px_forward(qg__px *p, const char *body, size_t blen)
     }
     rc = qg__proxy_request_head(head, p->up, p->r->path, p->r->headers,
                                 p->r->nheaders, blen, p->rid, p->shape,
-                                getenv("QUOTAGATE_UPSTREAM_KEY"));
+                                p->s->upstream_key);
     if (rc != QG_OK) {
         evbuffer_free(head);
         qg__px_settle(p, QG_SETTLE_FAILED, 0, 0, 0);

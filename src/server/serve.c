@@ -288,7 +288,7 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
     qg_ledger_opts lo;
     qg_memory_opts mo = {.max_reservations = s->opts.request_ids,
                          .prefault = 1};
-    const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS");
+    const char *t = getenv("QUOTAGATE_UPSTREAM_TIMEOUT_MS"), *k;
 
     char spool[1100];
 
@@ -354,6 +354,11 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
     s->nlanes = s->opts.workers > 0 ? s->opts.workers : 2;
     if (!(s->lanes = calloc((size_t)s->nlanes, sizeof *s->lanes)) ||
         !(s->lane_failed = calloc((size_t)s->nlanes, 1))) {
+        fprintf(stderr, "quotagate: out of memory\n");
+        return -1;
+    }
+    if ((k = getenv("QUOTAGATE_UPSTREAM_KEY")) && !(s->upstream_key =
+                                                        strdup(k))) {
         fprintf(stderr, "quotagate: out of memory\n");
         return -1;
     }
@@ -479,6 +484,7 @@ static void serve_close(qg_server *s)
     /* Drain the ledger next: settles still in its queue are answered (or
      * dropped with their connections) before the HTTP server goes. */
     qg__proxy_free(s->proxy);           /* ends calls in flight (settled) */
+    free(s->upstream_key);
     qg__notify_free(s->notify);         /* before the ledger it writes */
     qg__ledger_close(s->ledger);
     qg__http_server_free(s->http);

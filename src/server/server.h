@@ -32,6 +32,8 @@ typedef struct qg_server {
     qg_auth *auth;
     qg__proxy *proxy;            /* the metering proxy (always set up:
                                     models may name their own upstream) */
+    char *upstream_key;          /* $QUOTAGATE_UPSTREAM_KEY at start, or
+                                    NULL: the proxy's credential */
     qg_reloader *reloader;       /* loads rules off the workers */
     qg__keeper *keeper;          /* a shared store's keeper, or NULL */
     qg_watcher *watcher;         /* a shared ledger's subjects, or NULL */
