@@ -479,6 +479,16 @@ int qg_engine_usage_async(qg_engine *e, qg_store_lane *lane,
                           const char *subject, int64_t now_ms,
                           qg_decision *out, qg_engine_done done, void *ud);
 
+/* Checks and settles sent on lanes whose callers have not yet been told
+ * (their done not yet returned): qg_engine_calls_mark starts a new
+ * generation and returns the one before it; qg_engine_calls_left how
+ * many calls of a generation are still in flight.  Once none is left,
+ * every call sent before the mark has been answered to its caller (a
+ * reconciliation waits so for the rows of decisions on their way:
+ * docs/reconcile.md).  One marker at a time. */
+unsigned qg_engine_calls_mark(qg_engine *e);
+long qg_engine_calls_left(const qg_engine *e, unsigned mark);
+
 /* -------------------------------------------------- the store down */
 
 /* While a shared store does not answer (PRODUCT.md 5.1 point 4, `down:

@@ -31,7 +31,11 @@
  * tokens of a check) within QG_AMOUNT_MAX_MILLI, and a restored row's
  * amounts within the amount and money bounds.  Out of bounds is QG_ERANGE
  * with a message naming the field and the bound (an instant: QG_EINVAL);
- * below this line nothing can overflow (window.h, decide.c). */
+ * below this line nothing can overflow (window.h, decide.c).
+ *
+ * Calls on lanes (a store across a network) are counted in flight, by
+ * generation, until their callers are told: a reconciliation waits for
+ * the ones sent before its cut (qg_engine_calls_mark). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -106,6 +110,10 @@ struct qg_engine {
                                     (fallback.h), NULL until enabled */
     pthread_mutex_t reload_mu;
     qg_tz *utc;                  /* payg cap periods (payg.c) */
+    /* checks and settles sent on lanes whose callers are not yet told
+     * (qg_engine_calls_mark): by generation, gen & 1 */
+    _Atomic unsigned calls_gen;
+    _Atomic long calls_in[2];
     reg_shard reg[REG_SHARDS];
 };
 
@@ -763,6 +771,7 @@ typedef struct call {
     size_t errcap;
     qg_engine_done done;
     void *ud;
+    unsigned slot;               /* check, settle: its calls_in slot */
 } call;
 
 enum { CALL_CHECK = 1, CALL_SETTLE, CALL_USAGE };
@@ -1055,6 +1064,19 @@ int qg_engine_usage(qg_engine *e, const char *subject_name, int64_t now_ms,
 
 /* ------------------------------------------------------------ on lanes */
 
+/* A check or settle goes to the store on a lane: counted in flight
+ * until its caller has been told (call_done). */
+static void call_sent(call *c)
+{
+    c->slot = atomic_load(&c->e->calls_gen) & 1u;
+    atomic_fetch_add(&c->e->calls_in[c->slot], 1);
+}
+
+static void call_over(call *c)
+{
+    atomic_fetch_sub(&c->e->calls_in[c->slot], 1);
+}
+
 /* The store answered a pending call: finish it, tell the caller. */
 static void call_done(void *arg, int rc)
 {
@@ -1066,7 +1088,19 @@ static void call_done(void *arg, int rc)
     else
         rc = finish_usage(c, rc, c->out);
     c->done(c->ud, rc);
+    if (c->kind != CALL_USAGE)
+        call_over(c);
     free(c);
+}
+
+unsigned qg_engine_calls_mark(qg_engine *e)
+{
+    return atomic_fetch_add(&e->calls_gen, 1);
+}
+
+long qg_engine_calls_left(const qg_engine *e, unsigned mark)
+{
+    return atomic_load(&((qg_engine *)e)->calls_in[mark & 1u]);
 }
 
 static call *call_new(qg_engine *e, int kind, void *out, char *err,
@@ -1097,10 +1131,12 @@ int qg_engine_check_async(qg_engine *e, qg_store_lane *lane,
     if (!(c = call_new(e, CALL_CHECK, out, err, errcap, done, ud)))
         return QG_ENOMEM;
     if ((rc = prepare_check(e, req, now_ms, c, err, errcap)) == QG_OK) {
+        call_sent(c);
         rc = e->store->m->check_async(e->store, lane, &c->in.check, out,
                                       call_done, c);
         if (rc == QG_PENDING)
             return QG_PENDING;
+        call_over(c);
         rc = finish_check(c, rc, out, err, errcap);
     }
     free(c);
@@ -1119,10 +1155,12 @@ int qg_engine_settle_async(qg_engine *e, qg_store_lane *lane,
     if (!(c = call_new(e, CALL_SETTLE, out, err, errcap, done, ud)))
         return QG_ENOMEM;
     if ((rc = prepare_settle(e, req, now_ms, c, err, errcap)) == QG_OK) {
+        call_sent(c);
         rc = e->store->m->settle_async(e->store, lane, &c->in.settle, out,
                                        call_done, c);
         if (rc == QG_PENDING)
             return QG_PENDING;
+        call_over(c);
         rc = finish_settle(c, rc, err, errcap);
     }
     free(c);

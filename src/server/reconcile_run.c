@@ -29,6 +29,7 @@ typedef struct src_ctx {
     const char *rules_path;
     int outside;                     /* the CLI: another process writes */
     int catch_ups;
+    int64_t margin_ms;               /* margin_of the rules */
     const qg_server *s;              /* the gateway's clock, or NULL */
     struct {                         /* the fresh engines and their stores */
         qg_engine *e;
@@ -79,6 +80,26 @@ static int src_scan(void *ud, int64_t since_ms, qg_recon_row_fn fn, void *arg)
     return qg__ledger_scan(c->ledger, since_ms, scan_row, &sc);
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Every decision and settle sent to the store before now answered to its
+ * caller, whose row is then queued (on a lane: a shared store's reply may
+ * still be on its way after the store's view was read); at most the
+ * margin, a call's longest way (margin_of), then the margin's counting
+ * both ways stands in for what is still on its way. */
+static void await_calls(src_ctx *c)
+{
+    unsigned mark = qg_engine_calls_mark(c->live);
+    int64_t until = mono_ms() + c->margin_ms;
+    while (qg_engine_calls_left(c->live, mark) > 0 && mono_ms() < until)
+        sleep_ms(1);
+}
+
 /* Every row queued before now written: the writer takes its queue in
  * order, so once it has processed as many rows as it had processed and
  * queued at the call, they are all in.  From outside (the CLI) another
@@ -92,6 +113,7 @@ static int src_catch_up(void *ud, char *err, size_t errcap)
             sleep_ms(OUTSIDE_PAUSE_MS);
         return QG_OK;
     }
+    await_calls(c);
     if (qg__ledger_catch_up(c->ledger, CATCH_UP_MAX_MS) == QG_OK)
         return QG_OK;
     qg__ledger_stats_get(c->ledger, &st);
@@ -219,6 +241,7 @@ int qg__server_reconcile(qg_server *s, const char *subject, int repair,
     c.ledger = s->ledger;
     c.rules_path = s->opts.rules_path;
     c.s = s;
+    c.margin_ms = o.margin_ms;
     src_init(&c, &src);
     /* one at a time: a repair must not race another run's repair */
     pthread_mutex_lock(&s->reconcile_mu);

@@ -43,6 +43,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <event2/event.h>
 #include <hiredis/hiredis.h>
 #include "quotagate.h"
 #include "redis_script.h"
@@ -1359,6 +1360,97 @@ static void test_round_trips(void **state)
     twin_close(&t);
 }
 
+/* Checks and settles on a lane are counted in flight from their send
+ * until their caller's done has returned, by generation
+ * (qg_engine_calls_mark): a reconciliation waits so for the rows of
+ * decisions whose replies are still on their way (docs/reconcile.md). */
+typedef struct flight {
+    qg_engine *e;
+    unsigned mark;
+    long left_in_done;           /* calls_left seen inside done */
+    int done, rc;
+} flight;
+
+static void flight_done(void *ud, int rc)
+{
+    flight *f = ud;
+    f->left_in_done = qg_engine_calls_left(f->e, f->mark);
+    f->rc = rc;
+    f->done = 1;
+}
+
+static void test_calls_in_flight(void **state)
+{
+    static twin t;
+    struct event_base *base;
+    qg_store_lane *lane;
+    qg_check_req q = {.subject = "r1", .weight_milli = 100};
+    qg_settle_req sq;
+    qg_decision da, db;
+    qg_settle_result sr;
+    flight a = {0}, b = {0}, c = {0};
+    char err[256], ea[256], eb[256], ec[256];
+    unsigned m;
+    (void)state;
+    twin_open(&t, unit_rules);
+    assert_non_null(base = event_base_new());
+    lane = qg_store_lane_new(t.rs, base, err, sizeof err);
+    if (!lane)
+        fail_msg("lane: %s", err);
+    qg_engine_calls_mark(t.re);
+    q.request_id = "fa";
+    a.e = b.e = c.e = t.re;
+    assert_int_equal(qg_engine_check_async(t.re, lane, &q, T0_MS, &da, ea,
+                                           sizeof ea, flight_done, &a),
+                     QG_PENDING);
+    m = qg_engine_calls_mark(t.re);
+    a.mark = b.mark = c.mark = m;
+    /* a is of the generation before the mark; b, sent after it, is not */
+    assert_int_equal(qg_engine_calls_left(t.re, m), 1);
+    q.request_id = "fb";
+    assert_int_equal(qg_engine_check_async(t.re, lane, &q, T0_MS, &db, eb,
+                                           sizeof eb, flight_done, &b),
+                     QG_PENDING);
+    assert_int_equal(qg_engine_calls_left(t.re, m), 1);
+    assert_int_equal(qg_engine_calls_left(t.re, m + 1), 1);
+    /* a call refused before it is sent is never counted */
+    q.subject = "nobody";
+    q.request_id = "fx";
+    assert_int_equal(qg_engine_check_async(t.re, lane, &q, T0_MS, &da, ea,
+                                           sizeof ea, flight_done, &a),
+                     QG_ENOSUBJECT);
+    assert_int_equal(qg_engine_calls_left(t.re, m + 1), 1);
+    for (int i = 0; i < 5000 && !(a.done && b.done); i++)
+        event_base_loop(base, EVLOOP_ONCE);
+    assert_true(a.done && b.done);
+    assert_int_equal(a.rc, QG_OK);
+    assert_int_equal(b.rc, QG_OK);
+    /* still counted while its done ran: its row is queued there */
+    assert_int_equal(a.left_in_done, 1);
+    assert_int_equal(qg_engine_calls_left(t.re, m), 0);
+    assert_int_equal(qg_engine_calls_left(t.re, m + 1), 0);
+    /* a settle too */
+    memset(&sq, 0, sizeof sq);
+    sq.request_id = "fa";
+    sq.status = QG_SETTLE_COMPLETED;
+    sq.weight_milli = 50;
+    m = qg_engine_calls_mark(t.re);
+    assert_int_equal(qg_engine_settle_async(t.re, lane, &sq, T0_MS + 10, &sr,
+                                            ec, sizeof ec, flight_done, &c),
+                     QG_PENDING);
+    c.mark = qg_engine_calls_mark(t.re);
+    assert_int_equal(qg_engine_calls_left(t.re, c.mark), 1);
+    for (int i = 0; i < 5000 && !c.done; i++)
+        event_base_loop(base, EVLOOP_ONCE);
+    assert_true(c.done);
+    assert_int_equal(c.rc, QG_OK);
+    assert_int_equal(c.left_in_done, 1);
+    assert_int_equal(qg_engine_calls_left(t.re, c.mark), 0);
+    qg_store_lane_free(t.rs, lane);
+    event_base_free(base);
+    twin_close(&t);
+}
+
 /* ------------------------------------------------------------- pure */
 
 /* The arguments' text, written by hand (redis_args.c), equals printf's;
@@ -2328,6 +2420,7 @@ int main(void)
         cmocka_unit_test_teardown(test_flushall, teardown),
         cmocka_unit_test_teardown(test_server_gone, teardown),
         cmocka_unit_test_teardown(test_round_trips, teardown),
+        cmocka_unit_test_teardown(test_calls_in_flight, teardown),
         cmocka_unit_test(test_server_time),
         cmocka_unit_test(test_cluster_helper),
         cmocka_unit_test_teardown(test_diff_exact, teardown),
