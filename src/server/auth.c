@@ -1,4 +1,6 @@
-/* auth.c - API keys to roles (auth.h). */
+/* auth.c - API keys to roles (auth.h).  Generated keys are read from
+ * the ledger and cached per key id for CACHE_TTL_MS; the cache's lock is
+ * held for a slot's copy only, never across a ledger read. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,7 +152,7 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
     qg_key_rec rec;
     cache_ent *c;
     unsigned slot = 0;
-    int role = QG_ROLE_NONE;
+    int role = QG_ROLE_NONE, fresh;
 
     if (!key || len == 0 || len > 4096)
         return QG_ROLE_NONE;
@@ -183,25 +185,34 @@ int qg__auth_identify(qg_auth *a, const char *key, size_t len, int64_t now_ms,
 
     pthread_mutex_lock(&a->mu);
     c = &a->cache[slot];
-    if (!c->used || strcmp(c->id, id) != 0 ||
-        now_ms - c->loaded_ms >= CACHE_TTL_MS || now_ms < c->loaded_ms) {
-        int rc = qg__ledger_get_key(a->ledger, id, &rec);
-        int same = c->used && strcmp(c->id, id) == 0;
+    fresh = c->used && strcmp(c->id, id) == 0 &&
+            now_ms - c->loaded_ms < CACHE_TTL_MS && now_ms >= c->loaded_ms;
+    rec = c->rec;
+    pthread_mutex_unlock(&a->mu);
+    if (!fresh) {
+        /* read without the cache's lock: a ledger that is slow to answer
+         * (a shared database far away, or gone) holds up this request
+         * only, not every key's on every worker */
+        qg_key_rec got;
+        int rc = qg__ledger_get_key(a->ledger, id, &got), same;
+        pthread_mutex_lock(&a->mu);
+        c = &a->cache[slot];
+        same = c->used && strcmp(c->id, id) == 0;
         if (rc == QG_OK || rc == QG_ENOTFOUND || !same) {
             c->used = 1;
             c->loaded_ms = now_ms;
             snprintf(c->id, sizeof c->id, "%s", id);
             if (rc == QG_OK)
-                c->rec = rec;
+                c->rec = got;
             else
                 memset(&c->rec, 0, sizeof c->rec);
         }
         /* else: the ledger cannot be read now; the key's last known state
          * answers (a database away for a moment locks nobody out) and the
          * next request asks again */
+        rec = c->rec;
+        pthread_mutex_unlock(&a->mu);
     }
-    rec = c->rec;
-    pthread_mutex_unlock(&a->mu);
 
     if (rec.id[0] && qg__key_verify(copy, &rec) == 1) {
         role = role_of(rec.role);
