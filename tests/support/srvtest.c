@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -59,6 +60,20 @@ char *tst_fmt(const char *f, ...)
 const char *tst_uid(const char *prefix)
 {
     return tst_fmt("%s-%d-%d", prefix, (int)getpid(), ++counter);
+}
+
+char *tst_slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 20, n;
+    char *buf = tst_gc_add(GC_MEM, malloc(cap + 1));
+    assert_non_null(buf);
+    if (!f)
+        fail_msg("cannot read %s: %s", path, strerror(errno));
+    n = fread(buf, 1, cap, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
 }
 
 void tst_sleep_ms(int ms)

@@ -20,6 +20,9 @@ char *tst_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 /* "prefix-PID-N", unique within the process. */
 const char *tst_uid(const char *prefix);
 void tst_sleep_ms(int ms);
+/* A file's first MiB, NUL-terminated, freed at teardown (a server's
+ * stderr.log, say); fails the test when it cannot be read. */
+char *tst_slurp(const char *path);
 
 /* The first 600 bytes of a response body, for messages. */
 const char *tst_excerpt(const http_resp *r);

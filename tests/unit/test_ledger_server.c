@@ -206,20 +206,6 @@ static double used_of(const char *subject)
     return tst_jnum(w, "used", "usage");
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    size_t cap = 1 << 20, n;
-    char *buf = tst_gc_add(GC_MEM, malloc(cap + 1));
-    assert_non_null(buf);
-    if (!f)
-        fail_msg("cannot read %s: %s", path, strerror(errno));
-    n = fread(buf, 1, cap, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static unsigned mode_of(const char *path)
 {
     struct stat sb;
@@ -335,7 +321,7 @@ static void test_write_failure_recovers(void **state)
     if (metric("quotagate_ledger_write_errors_total") < 1)
         fail_msg("quotagate_ledger_write_errors_total: %g, expected >= 1",
                  metric("quotagate_ledger_write_errors_total"));
-    log = slurp(qgproc_path(&P, "stderr.log"));
+    log = tst_slurp(qgproc_path(&P, "stderr.log"));
     if (!strstr(log, db) || !strstr(log, "database is locked"))
         fail_msg("the failed commit is not logged with the file and "
                  "SQLite's reason; stderr:\n%s", log);
@@ -345,7 +331,7 @@ static void test_write_failure_recovers(void **state)
     want_row(rid, "wf|2|3000|1000", "the retried settle");
     want_health("ok");
     assert_true(metric("quotagate_ledger_up") == 1);
-    log = slurp(qgproc_path(&P, "stderr.log"));
+    log = tst_slurp(qgproc_path(&P, "stderr.log"));
     if (!strstr(log, "writes succeed again"))
         fail_msg("the recovery is not logged; stderr:\n%s", log);
     assert_int_equal(qgproc_stop(&P, 20000), 0);
@@ -390,7 +376,7 @@ static void test_damaged_ledger_message(void **state)
     close(fd);
     if (qgproc_restart(&P) == 0)
         fail_msg("the server started on a damaged ledger");
-    log = slurp(qgproc_path(&P, "stderr.log"));
+    log = tst_slurp(qgproc_path(&P, "stderr.log"));
     if (!strstr(log, db) || !strstr(log, "malformed"))
         fail_msg("the start on a damaged ledger does not name the file and "
                  "SQLite's reason; stderr:\n%s", log);

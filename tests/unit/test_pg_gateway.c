@@ -6,6 +6,9 @@
  *  - subjects and keys created through one instance work at another one
  *    within a second; a key revoked with the CLI stops working there
  *    within a second;
+ *  - two gateways on one database under load over the same subjects:
+ *    no batch rolled back (their writers deadlocked on the rollup), no
+ *    call failed, every acknowledged settle in PostgreSQL;
  *  - kill -9 of a gateway under load, five times: every acknowledged
  *    settle is in PostgreSQL exactly once, and the usage after the last
  *    restart (rebuilt from PostgreSQL) equals the ledger's;
@@ -65,7 +68,13 @@ static const char rules_text[] =
     "      - { name: burst_5h, type: rolling, length: 5h, limit: 2000000 }\n"
     "    overage: { policy: reject }\n"
     "subjects:\n"
-    "  load: { plan: short }\n";
+    "  load: { plan: short }\n"
+    "  l0: { plan: short }\n"
+    "  l1: { plan: short }\n"
+    "  l2: { plan: short }\n"
+    "  l3: { plan: short }\n"
+    "  l4: { plan: short }\n"
+    "  l5: { plan: short }\n";
 
 static int group_setup(void **state)
 {
@@ -187,6 +196,7 @@ static void drained(qgproc *p)
 typedef struct load {
     qgproc *p;
     const char *tag;
+    int nsubjects;             /* > 0: l0 .. l<n-1> in turn, else "load" */
     _Atomic int stop;
     _Atomic long next, checks, settles, refused_503, errors;
     pthread_mutex_t mu;
@@ -203,10 +213,13 @@ static void *client(void *arg)
         http_resp r;
         httpc c;
         int st;
+        char who[16] = "load";
         snprintf(rid, sizeof rid, "%s-%ld-%ld", ld->tag, me, k);
+        if (ld->nsubjects > 0)
+            snprintf(who, sizeof who, "l%ld", (me * 3 + k) % ld->nsubjects);
         httpc_init(&c, qgproc_port(ld->p));
-        snprintf(body, sizeof body, "{\"subject\":\"load\",\"request_id\":"
-                 "\"%s\",\"weight\":1}", rid);
+        snprintf(body, sizeof body, "{\"subject\":\"%s\",\"request_id\":"
+                 "\"%s\",\"weight\":1}", who, rid);
         memset(&r, 0, sizeof r);
         st = httpc_post_json(&c, "/v1/check", SERVICE, body, &r) < 0
                  ? -1
@@ -215,8 +228,8 @@ static void *client(void *arg)
         if (st == 200) {
             atomic_fetch_add(&ld->checks, 1);
             snprintf(body, sizeof body, "{\"request_id\":\"%s\",\"weight\":"
-                     "2,\"status\":\"completed\",\"subject\":\"load\"}",
-                     rid);
+                     "2,\"status\":\"completed\",\"subject\":\"%s\"}",
+                     rid, who);
             memset(&r, 0, sizeof r);
             st = httpc_post_json(&c, "/v1/settle", SERVICE, body, &r) < 0
                      ? -1
@@ -249,14 +262,21 @@ static void *client(void *arg)
     return NULL;
 }
 
-static void load_start(load *ld, pthread_t *th, qgproc *p, const char *tag)
+static void load_start_on(load *ld, pthread_t *th, qgproc *p,
+                          const char *tag, int nsubjects)
 {
     memset(ld, 0, sizeof *ld);
     ld->p = p;
     ld->tag = tag;
+    ld->nsubjects = nsubjects;
     pthread_mutex_init(&ld->mu, NULL);
     for (int i = 0; i < NCLIENTS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, client, ld), 0);
+}
+
+static void load_start(load *ld, pthread_t *th, qgproc *p, const char *tag)
+{
+    load_start_on(ld, th, p, tag, 0);
 }
 
 static void load_stop(load *ld, pthread_t *th)
@@ -273,13 +293,12 @@ static void load_free(load *ld)
 }
 
 /* Every acknowledged settle is in the ledger exactly once, settled at
- * its weight (2 points); the gateway's usage equals the ledger's. */
-static void verify(load *ld, qgproc *p, const char *what)
+ * its weight (2 points). */
+static void verify_rows(load *ld, const char *what)
 {
     size_t i, len = 64 + ld->nacked * 52;
     char *ids = malloc(len), *w = ids;
-    long got, used_ledger;
-    double used_gw;
+    long got;
     assert_non_null(ids);
     assert_true(ld->nacked > 0);
     for (i = 0; i < ld->nacked; i++)
@@ -310,6 +329,14 @@ static void verify(load *ld, qgproc *p, const char *what)
                  "settled at 2 points", what, ld->nacked, got);
     }
     free(ids);
+}
+
+/* verify_rows, and the gateway's usage equals the ledger's. */
+static void verify(load *ld, qgproc *p, const char *what)
+{
+    long used_ledger;
+    double used_gw;
+    verify_rows(ld, what);
     /* request ids are the primary key: no id has two rows; the charge:
      * the gateway's counters (after the last restart: rebuilt from
      * PostgreSQL) against the ledger's rows */
@@ -397,6 +424,52 @@ static void test_shared_subjects_and_keys(void **state)
     if (cr.rc != 0 || !strstr(cr.out, id))
         fail_msg("keys list --ledger does not show %s: %s", id, cr.out);
     tst_cli_done(&cr);
+}
+
+/* Two gateways on one database under check+settle load over the same
+ * few subjects, each settle answered once committed.  Their writers used
+ * to deadlock on the history's rollup (usage_slots): PostgreSQL rolled one
+ * batch back after a second and its settles were answered 503
+ * (bench/pg_bench.sh's two instances).  Now no call fails, no batch is
+ * rolled back or fails, every acknowledged settle is in PostgreSQL, and
+ * the rollup holds what the rows hold. */
+static void test_two_gateways_one_database(void **state)
+{
+    pthread_t ta[NCLIENTS], tb[NCLIENTS];
+    load la, lb;
+    const char *log;
+    (void)state;
+    start_gw(&A, &a_used);
+    start_gw(&B, &b_used);
+    load_start_on(&la, ta, &A, "ga", 6);
+    load_start_on(&lb, tb, &B, "gb", 6);
+    tst_sleep_ms(4000);
+    load_stop(&la, ta);
+    load_stop(&lb, tb);
+    fprintf(stderr, "two gateways: %ld + %ld settles acknowledged, %ld + %ld "
+            "answered 503, %ld + %ld other failures\n",
+            atomic_load(&la.settles), atomic_load(&lb.settles),
+            atomic_load(&la.refused_503), atomic_load(&lb.refused_503),
+            atomic_load(&la.errors), atomic_load(&lb.errors));
+    for (int i = 0; i < 2; i++) {
+        qgproc *p = i ? &B : &A;
+        drained(p);
+        log = tst_slurp(qgproc_path(p, "stderr.log"));
+        if (strstr(log, "rolled back") || strstr(log, "cannot commit"))
+            fail_msg("gateway %c's log: %s", "AB"[i], log);
+    }
+    assert_int_equal(atomic_load(&la.refused_503) + atomic_load(&la.errors) +
+                         atomic_load(&lb.refused_503) +
+                         atomic_load(&lb.errors),
+                     0);
+    verify_rows(&la, "gateway A");
+    verify_rows(&lb, "gateway B");
+    assert_string_equal(
+        sql("SELECT coalesce(sum(weight_milli), 0) FROM usage_slots"),
+        sql("SELECT coalesce(sum(weight_milli), 0) FROM requests"
+            " WHERE decision = 1"));
+    load_free(&la);
+    load_free(&lb);
 }
 
 static void test_kill9_five_times(void **state)
@@ -558,6 +631,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shared_subjects_and_keys, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_two_gateways_one_database,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill9_five_times, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pg_stopped_10s, setup,
