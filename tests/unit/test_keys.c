@@ -2,7 +2,8 @@
  * (tampered and revoked keys fail), id parsing edge cases, hashes of
  * environment-provided keys, uniqueness; roles of presented keys
  * (qg__auth_identify: environment keys byte for byte, padded, and their
- * near misses; stored keys); and `quotagate keys` end to end
+ * near misses; stored keys; a stored key's read from a slow PostgreSQL
+ * ledger holds up no other key); and `quotagate keys` end to end
  * through $QG_BIN: create prints the key alone on its last line, list shows
  * its id and never the key, revoke, unknown ids and bad usage. */
 #include <stdarg.h>
@@ -18,12 +19,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "quotagate.h"
 #include "auth.h"
 #include "keys.h"
 #include "ledger.h"
+#include "pgproc.h"
 #include "runcli.h"
 
 #define NOW_MS 1780000000000LL
@@ -276,6 +281,99 @@ static void test_auth_identify(void **state)
     assert_int_equal(system(err), 0);
 }
 
+/* A stored key's ledger read does not hold up another key's check: with
+ * the keys table locked in PostgreSQL (the shared ledger slow or away), a
+ * key not cached waits in its read on one thread while a key cached a
+ * moment ago answers on another.  The key cache's lock was held across
+ * the read: every key waited for that one.  Skipped without
+ * PostgreSQL's binaries (make test installs them). */
+typedef struct waiting_key {
+    qg_auth *a;
+    const char *key;
+    _Atomic int role;            /* -1 until identified */
+} waiting_key;
+
+static void *identify_waiting(void *arg)
+{
+    waiting_key *w = arg;
+    atomic_store(&w->role, qg__auth_identify(w->a, w->key, strlen(w->key),
+                                             NOW_MS + 100, NULL, 0));
+    return NULL;
+}
+
+static void test_auth_read_outside_lock(void **state)
+{
+    char name[64], url[256], err[256], k1[QG_KEY_LEN + 1],
+        k2[QG_KEY_LEN + 1], who[64];
+    qg_key_rec r1, r2;
+    waiting_key w;
+    pthread_t th;
+    qg_ledger *l;
+    qg_auth *a;
+    PGconn *x;
+    pgproc pg;
+    int waits = 0;
+    (void)state;
+    if (!pgproc_bindir()) {
+        print_message("PostgreSQL binaries not found: skipped\n");
+        skip();
+    }
+    memset(&pg, 0, sizeof pg);
+    if (pgproc_start(&pg) != 0)
+        fail_msg("PostgreSQL: %s", pg.why);
+    if (pgproc_createdb(&pg, name, sizeof name) != 0)
+        fail_msg("createdb: %s", pg.why);
+    pgproc_url(&pg, name, url, sizeof url);
+    assert_non_null(l = qg__ledger_open(url, NULL, err, sizeof err));
+    assert_non_null(a = qg__auth_new(l, NULL, ""));
+    assert_int_equal(qg__key_generate("subject", "alice", NOW_MS, k1,
+                                     sizeof k1, &r1), 0);
+    assert_int_equal(qg__key_generate("subject", "bob", NOW_MS, k2,
+                                     sizeof k2, &r2), 0);
+    assert_int_equal(qg__ledger_put_key(l, &r1), 0);
+    assert_int_equal(qg__ledger_put_key(l, &r2), 0);
+    /* bob's key cached now */
+    assert_int_equal(qg__auth_identify(a, k2, strlen(k2), NOW_MS, NULL, 0),
+                     QG_ROLE_SUBJECT);
+    x = PQconnectdb(url);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    /* a bound, should alice's read hold bob's up: the lock ends after
+     * 10 s, the test then fails instead of waiting for ever */
+    PQclear(PQexec(x, "SET idle_in_transaction_session_timeout = '10s'"));
+    PQclear(PQexec(x, "BEGIN"));
+    PQclear(PQexec(x, "LOCK TABLE keys IN ACCESS EXCLUSIVE MODE"));
+    /* alice's key, never read: its read waits for the lock */
+    w.a = a;
+    w.key = k1;
+    atomic_store(&w.role, -1);
+    assert_int_equal(pthread_create(&th, NULL, identify_waiting, &w), 0);
+    for (int i = 0; i < 1000 && !waits; i++) {
+        char out[32];
+        if (pgproc_sql(&pg, name, "SELECT count(*) FROM pg_stat_activity "
+                       "WHERE wait_event_type = 'Lock' AND datname = "
+                       "current_database()", out, sizeof out) != 0)
+            fail_msg("%s", pg.why);
+        waits = atoi(out) > 0;
+        if (!waits)
+            usleep(10000);
+    }
+    assert_true(waits);
+    /* bob's, cached 100 ms ago (the instant is the caller's): answered
+     * while alice's read still waits */
+    who[0] = '\0';
+    assert_int_equal(qg__auth_identify(a, k2, strlen(k2), NOW_MS + 100, who,
+                                      sizeof who), QG_ROLE_SUBJECT);
+    assert_string_equal(who, "bob");
+    assert_int_equal(atomic_load(&w.role), -1);
+    PQclear(PQexec(x, "ROLLBACK"));
+    PQfinish(x);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&w.role), QG_ROLE_SUBJECT);
+    qg__auth_free(a);
+    qg__ledger_close(l);
+    pgproc_destroy(&pg);
+}
+
 /* ------------------------------------------------------------ the CLI */
 
 /* The last line of text, without its newline. */
@@ -413,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_env_key_hash),
         cmocka_unit_test(test_keys_differ),
         cmocka_unit_test(test_auth_identify),
+        cmocka_unit_test(test_auth_read_outside_lock),
         cmocka_unit_test(test_cli_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
