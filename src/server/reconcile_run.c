@@ -80,13 +80,6 @@ static int src_scan(void *ud, int64_t since_ms, qg_recon_row_fn fn, void *arg)
     return qg__ledger_scan(c->ledger, since_ms, scan_row, &sc);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Every decision and settle sent to the store before now answered to its
  * caller, whose row is then queued (on a lane: a shared store's reply may
  * still be on its way after the store's view was read); at most the
@@ -95,8 +88,9 @@ static int64_t mono_ms(void)
 static void await_calls(src_ctx *c)
 {
     unsigned mark = qg_engine_calls_mark(c->live);
-    int64_t until = mono_ms() + c->margin_ms;
-    while (qg_engine_calls_left(c->live, mark) > 0 && mono_ms() < until)
+    int64_t until = qg__clock_ms(CLOCK_MONOTONIC) + c->margin_ms;
+    while (qg_engine_calls_left(c->live, mark) > 0 &&
+           qg__clock_ms(CLOCK_MONOTONIC) < until)
         sleep_ms(1);
 }
 

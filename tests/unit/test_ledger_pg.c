@@ -1110,6 +1110,19 @@ static void log_line_locked(void *ud, const char *line)
     pthread_mutex_unlock(&logged_mu);
 }
 
+/* A backend on d whose lines go to `logged` (emptied first). */
+static void *open_logging(const db *d)
+{
+    qg_ledger_opts o = default_opts;
+    char err[512];
+    void *b;
+    o.log = log_line_locked;
+    logged[0] = '\0';
+    if (!(b = be->open(d->url, &o, err, sizeof err)))
+        fail_msg("open: %s", err);
+    return b;
+}
+
 /* A row of subject s<subj> in quarter hour `slot`, model "standard". */
 static void slot_row(const char *id, int subj, int slot, qg_ledger_row *r)
 {
@@ -1152,6 +1165,20 @@ static void exec_ok(PGconn *c, const char *q)
     PQclear(r);
 }
 
+/* Another session on d, in a transaction begun with `first`, then
+ * `lock` run in it. */
+static PGconn *outside_session(const db *d, const char *first,
+                               const char *lock)
+{
+    PGconn *x = PQconnectdb(d->url);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    exec_ok(x, "BEGIN");
+    if (first)
+        exec_ok(x, first);
+    exec_ok(x, lock);
+    return x;
+}
+
 /* Wait (bounded) until `want` sessions of d's database wait for a lock
  * (a row's, or a subject's). */
 static void await_lock_waits(const db *d, long want)
@@ -1178,22 +1205,17 @@ static void await_lock_waits(const db *d, long want)
  * acknowledged, and the rollup matches the rows. */
 static void test_two_writers(void **state)
 {
-    qg_ledger_opts o = default_opts;
     qg_ledger_row seed[3];
     one_write w[2];
     pthread_t th[2];
-    char err[512];
     PGconn *x;
     db d;
     (void)state;
     NEED_PG();
     fresh_db(&d);
-    o.log = log_line_locked;
-    logged[0] = '\0';
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof w[i]);
-        if (!(w[i].b = be->open(d.url, &o, err, sizeof err)))
-            fail_msg("open: %s", err);
+        w[i].b = open_logging(&d);
         qg__pg_set_write_mode(w[i].b, QG_PG_WRITE_PIPELINE);
     }
     for (int i = 0; i < 3; i++) {
@@ -1210,10 +1232,8 @@ static void test_two_writers(void **state)
     w[0].n = 3;
     w[1].n = 2;
     /* another session holds s3's slot until both writers wait */
-    x = PQconnectdb(d.url);
-    assert_int_equal(PQstatus(x), CONNECTION_OK);
-    exec_ok(x, "BEGIN");
-    exec_ok(x, "SELECT 1 FROM usage_slots WHERE subject = 's3' FOR UPDATE");
+    x = outside_session(&d, NULL, "SELECT 1 FROM usage_slots"
+                                  " WHERE subject = 's3' FOR UPDATE");
     assert_int_equal(pthread_create(&th[0], NULL, write_one, &w[0]), 0);
     await_lock_waits(&d, 1);
     assert_int_equal(pthread_create(&th[1], NULL, write_one, &w[1]), 0);
@@ -1238,32 +1258,24 @@ static void test_two_writers(void **state)
  * and acknowledged, and the writer logs it. */
 static void test_rolled_back_written_again(void **state)
 {
-    qg_ledger_opts o = default_opts;
     qg_ledger_row first, got;
     one_write w;
     pthread_t th;
-    char err[512];
     PGconn *x;
     db d;
     (void)state;
     NEED_PG();
     fresh_db(&d);
-    o.log = log_line_locked;
-    logged[0] = '\0';
     memset(&w, 0, sizeof w);
-    if (!(w.b = be->open(d.url, &o, err, sizeof err)))
-        fail_msg("open: %s", err);
+    w.b = open_logging(&d);
     slot_row("first", 1, 0, &first);
     write_ok(w.b, &first, 1);
     slot_row("second", 1, 0, &w.rows[0]);
     w.n = 1;
     /* the other session holds the slot the writer's row moves, and will
      * not be the one PostgreSQL picks to roll back */
-    x = PQconnectdb(d.url);
-    assert_int_equal(PQstatus(x), CONNECTION_OK);
-    exec_ok(x, "BEGIN");
-    exec_ok(x, "SET LOCAL deadlock_timeout = '60s'");
-    exec_ok(x, "SELECT 1 FROM usage_slots FOR UPDATE");
+    x = outside_session(&d, "SET LOCAL deadlock_timeout = '60s'",
+                        "SELECT 1 FROM usage_slots FOR UPDATE");
     assert_int_equal(pthread_create(&th, NULL, write_one, &w), 0);
     /* the writer waits for the slot, holding its subject's lock */
     await_lock_waits(&d, 1);
