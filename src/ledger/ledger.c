@@ -52,6 +52,7 @@ static void display_name(const char *url, char *out, size_t cap)
 static int add_id(const char *id, size_t len, void *ud)
 {
     qg__idf_add(ud, id, len);
+    (void)qg__idf_count(ud, 1);
     return 0;
 }
 
@@ -68,7 +69,11 @@ static void fill_id_filter(qg_ledger *l)
                    "new id is looked up in the database", l->name);
         return;
     }
-    if ((rc = l->be->rows->scan_ids(l->b, add_id, &l->idf)) == QG_OK) {
+    rc = l->be->rows->scan_ids(l->b, add_id, &l->idf);
+    l->st.id_filter_ids = l->idf.ids;
+    l->st.id_filter_levels = atomic_load(&l->idf.nlevels);
+    l->st.id_filter_bytes = l->idf.bytes;
+    if (rc == QG_OK) {
         atomic_store_explicit(&l->idf.ready, 1, memory_order_release);
     } else {
         char why[256];

@@ -271,6 +271,10 @@ typedef struct qg_ledger_stats {
     char last_read_error[256];  /* why the last failed read (scan, get,
                                    subjects, keys) failed: SQLite's
                                    message and code */
+    uint64_t id_filter_ids;     /* request ids in the id filter: the
+                                   file's at open, the new ones since */
+    int id_filter_levels;       /* its levels (idfilter.h), 0: none */
+    uint64_t id_filter_bytes;   /* their memory */
     const char *backend;        /* "sqlite", "postgresql" (static) */
 } qg_ledger_stats;
 void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);

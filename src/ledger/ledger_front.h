@@ -25,6 +25,7 @@ struct qg_ledger {
                                    without its password */
 
     qg__idf idf;                /* ids in the ledger (opts.id_filter) */
+    int idf_full_logged;        /* the writer said it cannot grow */
     qg__spool *spool;           /* shared backends with opts.spool_dir */
 
     pthread_mutex_t mu;         /* guards everything below */

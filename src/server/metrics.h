@@ -23,6 +23,8 @@
  *   quotagate_ledger_up (0 while writes fail),
  *   quotagate_ledger_spool_rows, quotagate_ledger_rows_spooled_total,
  *   quotagate_ledger_rows_replayed_total (a shared ledger's spool),
+ *   quotagate_ledger_id_filter_ids, quotagate_ledger_id_filter_levels,
+ *   quotagate_ledger_id_filter_bytes (the request id filter, idfilter.h),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
  *   quotagate_store_subjects, quotagate_store_bytes, quotagate_store_up,
@@ -98,6 +100,9 @@ typedef struct qg_metrics_gauges {
     uint64_t ledger_spool_rows;     /* rows waiting in the spool */
     uint64_t ledger_rows_spooled;   /* rows written to the spool */
     uint64_t ledger_rows_replayed;  /* spooled rows written to the database */
+    uint64_t ledger_id_filter_ids;  /* request ids in the id filter */
+    uint64_t ledger_id_filter_levels;
+    uint64_t ledger_id_filter_bytes;
     int64_t rebuild_ms;             /* how long the last rebuild took */
     uint64_t rebuild_rows;          /* rows it replayed */
     uint64_t rebuild_clamped;       /* rows with amounts over the bounds */

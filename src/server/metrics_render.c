@@ -173,6 +173,14 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
     gauge_u(f, "quotagate_ledger_rows_refused_total", "counter",
             "Ledger rows not written because their request id holds "
             "another request's row.", g->ledger_rows_refused);
+    gauge_u(f, "quotagate_ledger_id_filter_ids", "gauge",
+            "Request ids in the ledger's id filter (new ids it answers "
+            "without a read).", g->ledger_id_filter_ids);
+    gauge_u(f, "quotagate_ledger_id_filter_levels", "gauge",
+            "Levels of the id filter: it grows with the ledger.",
+            g->ledger_id_filter_levels);
+    gauge_u(f, "quotagate_ledger_id_filter_bytes", "gauge",
+            "Memory of the id filter.", g->ledger_id_filter_bytes);
     gauge_u(f, "quotagate_ledger_up", "gauge",
             "1 when the last ledger transaction succeeded, 0 while they "
             "fail.", (uint64_t)g->ledger_up);

@@ -47,6 +47,9 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_spool_rows = ls->spool_rows;
     g->ledger_rows_spooled = ls->rows_spooled;
     g->ledger_rows_replayed = ls->rows_replayed;
+    g->ledger_id_filter_ids = ls->id_filter_ids;
+    g->ledger_id_filter_levels = (uint64_t)ls->id_filter_levels;
+    g->ledger_id_filter_bytes = ls->id_filter_bytes;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;
