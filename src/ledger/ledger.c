@@ -234,6 +234,7 @@ int qg__ledger_get(qg_ledger *l, const char *request_id, qg_ledger_row *out)
      * the ledger are not in the filter: docs/ledger-postgresql.md) */
     if (!qg__idf_maybe(&l->idf, request_id, strlen(request_id)))
         return QG_ENOTFOUND;
+    atomic_fetch_add_explicit(&l->id_reads, 1, memory_order_relaxed);
     return l->be->rows->get(l->b, request_id, out);
 }
 
@@ -322,6 +323,7 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     pthread_mutex_unlock(&l->mu);
     out->spool_rows = l->spool ? qg__spool_pending(l->spool) : 0;
     out->refusing = atomic_load(&l->refusing);
+    out->id_reads = atomic_load_explicit(&l->id_reads, memory_order_relaxed);
     l->be->rows->last_read_error(l->b, out->last_read_error,
                                  sizeof out->last_read_error);
     out->backend = l->be->name;

@@ -275,6 +275,8 @@ typedef struct qg_ledger_stats {
                                    file's at open, the new ones since */
     int id_filter_levels;       /* its levels (idfilter.h), 0: none */
     uint64_t id_filter_bytes;   /* their memory */
+    uint64_t id_reads;          /* lookups by request id (qg__ledger_get)
+                                   the filter sent to the database */
     const char *backend;        /* "sqlite", "postgresql" (static) */
 } qg_ledger_stats;
 void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);

@@ -26,6 +26,8 @@ struct qg_ledger {
 
     qg__idf idf;                /* ids in the ledger (opts.id_filter) */
     int idf_full_logged;        /* the writer said it cannot grow */
+    _Atomic uint64_t id_reads;  /* qg__ledger_get calls the filter could
+                                   not answer: read from the database */
     qg__spool *spool;           /* shared backends with opts.spool_dir */
 
     pthread_mutex_t mu;         /* guards everything below */

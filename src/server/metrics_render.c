@@ -181,6 +181,9 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             g->ledger_id_filter_levels);
     gauge_u(f, "quotagate_ledger_id_filter_bytes", "gauge",
             "Memory of the id filter.", g->ledger_id_filter_bytes);
+    gauge_u(f, "quotagate_ledger_id_reads_total", "counter",
+            "Lookups by request id the id filter could not answer (read "
+            "from the ledger's database).", g->ledger_id_reads);
     gauge_u(f, "quotagate_ledger_up", "gauge",
             "1 when the last ledger transaction succeeded, 0 while they "
             "fail.", (uint64_t)g->ledger_up);

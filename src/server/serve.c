@@ -50,6 +50,7 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_id_filter_ids = ls->id_filter_ids;
     g->ledger_id_filter_levels = (uint64_t)ls->id_filter_levels;
     g->ledger_id_filter_bytes = ls->id_filter_bytes;
+    g->ledger_id_reads = ls->id_reads;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;

@@ -794,6 +794,20 @@ static void test_id_filter_counted(void **state)
     }
     qg__ledger_stats_get(l, &st);
     assert_int_equal(st.id_filter_ids, 200);
+    /* absent ids are answered by the filter, present ones read */
+    {
+        qg_ledger_row got;
+        uint64_t reads0 = st.id_reads;
+        char id[32];
+        for (int i = 0; i < 1000; i++) {
+            snprintf(id, sizeof id, "none-%d", i);
+            assert_int_equal(qg__ledger_get(l, id, &got), QG_ENOTFOUND);
+        }
+        assert_int_equal(qg__ledger_get(l, "req-000007", &got), QG_OK);
+        qg__ledger_stats_get(l, &st);
+        assert_true(st.id_reads >= reads0 + 1);
+        assert_true(st.id_reads <= reads0 + 1 + 50);
+    }
     qg__ledger_close(l);
     /* at open: the file's ids */
     l = open_ok(t.path, &o);
