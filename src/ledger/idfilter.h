@@ -49,8 +49,8 @@ typedef struct qg__idf {
 } qg__idf;
 
 /* The first level, for `expected` ids (10 bits each, at least 2^24 bits
- * = 2 MiB; a level has at most 2^30 bits = 128 MiB).  Returns 0, or -1 out of memory
- * (the filter then stays empty and never ready). */
+ * = 2 MiB; a level has at most 2^30 bits = 128 MiB).  Returns 0, or -1
+ * out of memory (the filter then stays empty and never ready). */
 int qg__idf_init(qg__idf *f, uint64_t expected);
 void qg__idf_free(qg__idf *f);
 void qg__idf_add(qg__idf *f, const char *id, size_t len);
