@@ -116,10 +116,10 @@ int qg__idf_count(qg__idf *f, uint64_t n)
     f->ids += n;
     if (f->held < f->lv[levels - 1].capacity)
         return 0;
+    f->held = 0;                 /* a failure is tried again a level later */
     if (levels == QG_IDF_LEVELS ||
         level_make(f, levels, 2 * f->lv[levels - 1].capacity) != 0)
         return -1;
-    f->held = 0;
     atomic_store_explicit(&f->nlevels, levels + 1, memory_order_release);
     return 1;
 }

@@ -61,7 +61,8 @@ int qg__idf_maybe(qg__idf *f, const char *id, size_t len);
  * the next.  One thread at a time (the filler at open, then the ledger's
  * writer).  Returns 1 when a level was opened, 0 when none was needed, -1
  * when one was needed and could not be (no memory, or QG_IDF_LEVELS
- * reached: the newest level takes the ids, with more false positives). */
+ * reached: the newest level takes the ids, with more false positives;
+ * tried again once it has taken another capacity's worth). */
 int qg__idf_count(qg__idf *f, uint64_t n);
 
 #endif
