@@ -12,11 +12,11 @@
  *
  * It grows with the ledger: a filter of fixed size passed its capacity
  * after a few million new ids and then sent a growing share of them to
- * the database (9.3M ids into the smallest: a third; docs/benchmarks.md,
- * "HTTP").  So it is a list of levels: the ledger's writer counts the
- * ids it writes (qg__idf_count) and, once the newest level holds its
- * capacity, opens one twice as large with more bits per id; adds go to
- * the newest, a test asks every level.  Their false positives add up to
+ * the database (9.3M ids into an empty ledger's: a third;
+ * docs/benchmarks.md, "HTTP").  So it is a list of levels: the ledger's
+ * writer counts the ids it writes (qg__idf_count) and, once the newest
+ * level holds its capacity, opens one twice as large with more bits per
+ * id; adds go to the newest, a test asks every level.  Their false positives add up to
  * about 2% (10, 12, 14, then 16 bits per id: about 1%, 0.45%, 0.2%,
  * 0.1% each).
  *
