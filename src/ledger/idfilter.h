@@ -16,9 +16,9 @@
  * docs/benchmarks.md, "HTTP").  So it is a list of levels: the ledger's
  * writer counts the ids it writes (qg__idf_count) and, once the newest
  * level holds its capacity, opens one twice as large with more bits per
- * id; adds go to the newest, a test asks every level.  Their false positives add up to
- * about 2% (10, 12, 14, then 16 bits per id: about 1%, 0.45%, 0.2%,
- * 0.1% each).
+ * id; adds go to the newest, a test asks every level.  Their false
+ * positives add up to about 2% (10, 12, 14, then 16 bits per id: about
+ * 1%, 0.45%, 0.2%, 0.1% each).
  *
  * Bits are set and read with atomic operations and a level is published
  * whole before it is counted in nlevels: adds (submit, any thread) and
