@@ -69,11 +69,7 @@ static void fill_id_filter(qg_ledger *l)
                    "new id is looked up in the database", l->name);
         return;
     }
-    rc = l->be->rows->scan_ids(l->b, add_id, &l->idf);
-    l->st.id_filter_ids = l->idf.ids;
-    l->st.id_filter_levels = atomic_load(&l->idf.nlevels);
-    l->st.id_filter_bytes = l->idf.bytes;
-    if (rc == QG_OK) {
+    if ((rc = l->be->rows->scan_ids(l->b, add_id, &l->idf)) == QG_OK) {
         atomic_store_explicit(&l->idf.ready, 1, memory_order_release);
     } else {
         char why[256];
@@ -320,6 +316,10 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     pthread_mutex_lock(&l->mu);
     *out = l->st;
     out->queued = l->qlen + l->inflight;
+    /* the filter's counts change under l->mu (the writer's count_ids) */
+    out->id_filter_ids = l->idf.ids;
+    out->id_filter_levels = atomic_load(&l->idf.nlevels);
+    out->id_filter_bytes = l->idf.bytes;
     pthread_mutex_unlock(&l->mu);
     out->spool_rows = l->spool ? qg__spool_pending(l->spool) : 0;
     out->refusing = atomic_load(&l->refusing);

@@ -302,31 +302,28 @@ static void replay_spool(qg_ledger *s)
 }
 
 /* The id filter grows with the ledger (idfilter.h): count the new ids of
- * a batch (a settle's id came with its check), under s->mu for the
- * stats; what to log, if anything, goes to line. */
+ * a batch (a settle's id came with its check), under s->mu (the stats
+ * read the counts); what to log, if anything, goes to line. */
 static void count_ids(qg_ledger *s, const qg__ledger_item *it, size_t n,
                       char *line, size_t cap)
 {
     uint64_t ids = 0;
-    int rc;
+    int rc, levels;
     for (size_t i = 0; i < n; i++)
         ids += !it[i].row.settle_only;
     rc = qg__idf_count(&s->idf, ids);
-    s->st.id_filter_ids = s->idf.ids;
-    s->st.id_filter_levels = atomic_load(&s->idf.nlevels);
-    s->st.id_filter_bytes = s->idf.bytes;
+    levels = atomic_load(&s->idf.nlevels);
     if (rc > 0)
         snprintf(line, cap, "ledger %s: the request id filter grew to %d "
-                 "levels (%llu MiB) for %llu ids", s->name,
-                 s->st.id_filter_levels,
+                 "levels (%llu MiB) for %llu ids", s->name, levels,
                  (unsigned long long)(s->idf.bytes >> 20),
-                 (unsigned long long)s->st.id_filter_ids);
+                 (unsigned long long)s->idf.ids);
     else if (rc < 0 && !s->idf_full_logged) {
         s->idf_full_logged = 1;
         snprintf(line, cap, "ledger %s: the request id filter cannot grow "
                  "(%s): more new ids will be looked up in the database",
-                 s->name, s->st.id_filter_levels >= QG_IDF_LEVELS
-                              ? "it has all its levels" : "no memory");
+                 s->name, levels >= QG_IDF_LEVELS ? "it has all its levels"
+                                                  : "no memory");
     }
 }
 
