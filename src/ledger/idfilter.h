@@ -17,10 +17,11 @@
  * writer counts the ids it writes (qg__idf_count) and, once the newest
  * level holds its capacity, opens one twice as large with more bits per
  * id; adds go to the newest, a test asks every level.  Their false
- * positives add up (10, 12, 14, then 16 bits per id: about 1%, 0.45%,
- * 0.2%, 0.1% each): 1.4% measured with 3 levels, under 3% with all 12.
- * A level has at most 2^30 bits, so 12 levels hold about 530M ids from
- * an empty ledger, in about 1.1 GB.
+ * positives add up (10, 12, 14, then 16 bits per id: computed, about 1%,
+ * 0.45%, 0.2%, 0.1% each): 1.3-1.4% measured with 3 levels, under 3%
+ * computed with all 12.  A level has at most 2^30 bits, so 12 levels
+ * hold about 530M ids from an empty ledger, in about 1.1 GB (computed
+ * from the sizes, not measured).
  *
  * Bits are set and read with atomic operations and a level is published
  * whole before it is counted in nlevels: adds (submit, any thread) and
