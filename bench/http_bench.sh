@@ -15,16 +15,19 @@
 #      JSON (a `return` in the same location would never run the limiter);
 #      first checked with a 1 r/s zone to really answer 429 when exceeded,
 #      then restarted with a rate that never refuses;
-#   3. wrk --latency, same threads/connections/duration against both:
-#      bench/wrk_settle.lua (pipelined check + settle pairs; quotagate
-#      acknowledges a settle only once it is durable in the ledger), then
-#      bench/wrk_check.lua (POST /v1/check, unique request_id, weight 1,
-#      never settled);
-#   4. req/s, p50 and p99 latency of each, each server's CPU per request
-#      (utime + stime from /proc over the run, nginx's workers included),
-#      the quotagate/nginx ratios, and quotagate's durable settles per
-#      second.
-# Environment: BENCH_DURATION (default 10s), BENCH_THREADS (2),
+#   3. BENCH_RUNS rounds, each: wrk --latency, same threads/connections/
+#      duration against both servers, back to back (odd rounds quotagate
+#      first, even rounds nginx first): bench/wrk_settle.lua (pipelined
+#      check + settle pairs; quotagate acknowledges a settle only once it
+#      is durable in the ledger), then bench/wrk_check.lua (POST
+#      /v1/check, unique request_id, weight 1, never settled);
+#   4. per round: req/s, p50 and p99 latency of each, each server's CPU
+#      per request (utime + stime from /proc over the run, nginx's workers
+#      included), the quotagate/nginx ratios, and quotagate's durable
+#      settles per second; then the median and range of each ratio over
+#      the rounds, and in how many rounds each target of issue 14 held.
+# Environment: BENCH_DURATION (default 10s), BENCH_RUNS (3),
+# BENCH_THREADS (2),
 # BENCH_CONNECTIONS (64), BENCH_SPREAD (0: every request for the subject
 # "bench"; N > 0: the subjects bench-0 .. bench-(N-1) in turn, on the
 # bench plan as the default plan, and nginx's zone keyed on the same
@@ -32,7 +35,7 @@
 # and counters scatter), BENCH_IDS (random: the checks' request ids are
 # UUID-like instead of growing counters, as clients that generate
 # UUIDv4s send them; docs/benchmarks.md "Ledger"), BENCH_TASKSET=1 pins
-# servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~50 s
+# servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  A round takes ~45 s
 # with the defaults.
 set -u
 
@@ -50,6 +53,8 @@ case ${BENCH_IDS:-counter} in
 esac
 THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-64}
+RUNS=${BENCH_RUNS:-3}
+case $RUNS in ''|*[!0-9]*|0) echo "http_bench: BENCH_RUNS must be a whole number >= 1" >&2; exit 2 ;; esac
 ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 RUN_ID="r$$-$(date +%s)"
@@ -176,35 +181,81 @@ cpu_run() {
 line() { printf '  %-22s %12s %12s %12s %10s %11s\n' "$@"; }
 
 say ""
-say "HTTP benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject"), check request ids ${BENCH_IDS:-counter}"
+say "HTTP benchmark: $RUNS rounds of wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject"), check request ids ${BENCH_IDS:-counter}"
 say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
 
-# check+settle first: the check-only run leaves every reservation open
-cpu_run qg_settle "$QG_URL" bench/wrk_settle.lua "$QG_PID"
-QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU
-cpu_run ngx_settle "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua "$NGX_PID"
-NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX NS_CPU=$R_CPU
+# One round: check+settle first (the check-only run leaves reservations
+# open until their 1 s leases expire), each load on both servers back to
+# back; odd rounds start with quotagate, even rounds with nginx, so that
+# neither always meets the machine's state after the other.
+BAD=0
+ALL_CHECK="" ALL_CP99="" ALL_CCPU="" ALL_PAIRS="" ALL_PP99="" ALL_PCPU=""
+ALL_SETTLES="" MET_CHECK=0 MET_PAIRS=0 MET_SETTLES=0
+k=1
+while [ "$k" -le "$RUNS" ]; do
+    order="qg ngx"; [ $((k % 2)) = 0 ] && order="ngx qg"
+    for who in $order; do
+        if [ "$who" = qg ]; then
+            cpu_run "qg_settle_$k" "$QG_URL" bench/wrk_settle.lua "$QG_PID"
+            QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU
+        else
+            cpu_run "ngx_settle_$k" "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua "$NGX_PID"
+            NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX NS_CPU=$R_CPU
+        fi
+    done
+    for who in $order; do
+        if [ "$who" = qg ]; then
+            cpu_run "qg_check_$k" "$QG_URL" bench/wrk_check.lua "$QG_PID"
+            QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX QC_CPU=$R_CPU
+        else
+            cpu_run "ngx_check_$k" "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua "$NGX_PID"
+            NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX NC_CPU=$R_CPU
+        fi
+    done
 
-cpu_run qg_check "$QG_URL" bench/wrk_check.lua "$QG_PID"
-QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX QC_CPU=$R_CPU
-cpu_run ngx_check "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua "$NGX_PID"
-NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX NC_CPU=$R_CPU
+    say ""
+    say "  round $k of $RUNS ($(echo "$order" | sed 's/qg/quotagate/; s/ngx/nginx/; s/ / first, then /'))"
+    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "CPU us/req"
+    say "  check (POST /v1/check, one request in flight per connection)"
+    line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD" "$QC_CPU"
+    line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD" "$NC_CPU"
+    line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" "" "$(ratio "$QC_CPU" "$NC_CPU")x"
+    say "  check+settle (pipelined pairs; latency is per pair)"
+    line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD" "$QS_CPU"
+    line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD" "$NS_CPU"
+    line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" "" "$(ratio "$QS_CPU" "$NS_CPU")x"
+    SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" 'BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "0" }')
+    say "  quotagate durable settles per second: $SETTLES (each acknowledged after its ledger commit)"
+    if [ "$QC_BAD" != 0 ] || [ "$QS_BAD" != 0 ]; then
+        BAD=1
+        say "  note: quotagate answered non-2xx responses (see the counts above)"
+    fi
+
+    c=$(ratio "$QC_RPS" "$NC_RPS") cp=$(ratio "$QC_P99" "$NC_P99")
+    pr=$(ratio "$QS_RPS" "$NS_RPS") pp=$(ratio "$QS_P99" "$NS_P99")
+    ALL_CHECK="$ALL_CHECK $c" ALL_CP99="$ALL_CP99 $cp"
+    ALL_CCPU="$ALL_CCPU $(ratio "$QC_CPU" "$NC_CPU")"
+    ALL_PAIRS="$ALL_PAIRS $pr" ALL_PP99="$ALL_PP99 $pp"
+    ALL_PCPU="$ALL_PCPU $(ratio "$QS_CPU" "$NS_CPU")"
+    ALL_SETTLES="$ALL_SETTLES $SETTLES"
+    at_least "$c" 1 && at_least 1 "$cp" && MET_CHECK=$((MET_CHECK + 1))
+    at_least "$pr" 1 && MET_PAIRS=$((MET_PAIRS + 1))
+    at_least "$SETTLES" 30000 && MET_SETTLES=$((MET_SETTLES + 1))
+    k=$((k + 1))
+done
 
 say ""
-line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "CPU us/req"
-say "  check (POST /v1/check, one request in flight per connection)"
-line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD" "$QC_CPU"
-line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD" "$NC_CPU"
-line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" "" "$(ratio "$QC_CPU" "$NC_CPU")x"
-say "  check+settle (pipelined pairs; latency is per pair)"
-line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD" "$QS_CPU"
-line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD" "$NS_CPU"
-line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" "" "$(ratio "$QS_CPU" "$NS_CPU")x"
-SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" 'BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "n/a" }')
-say ""
-say "quotagate durable settles per second: $SETTLES (each acknowledged after its ledger commit)"
-if [ "$QC_BAD" != 0 ] || [ "$QS_BAD" != 0 ]; then
-    say "note: quotagate answered non-2xx responses (see the counts above); first lines of its stderr:"
+say "summary of $RUNS rounds: median (lowest-highest), quotagate/nginx"
+sline() { printf '  %-30s %-22s %s\n' "$@"; }
+sline "check req/s" "$(spread2 $ALL_CHECK)" "target >= 1.0x with p99 <= 1.0x: $MET_CHECK of $RUNS rounds"
+sline "check p99" "$(spread2 $ALL_CP99)" ""
+sline "check CPU us/req" "$(spread2 $ALL_CCPU)" ""
+sline "check+settle req/s" "$(spread2 $ALL_PAIRS)" "target >= 1.0x: $MET_PAIRS of $RUNS rounds"
+sline "check+settle p99" "$(spread2 $ALL_PP99)" ""
+sline "check+settle CPU us/req" "$(spread2 $ALL_PCPU)" ""
+sline "durable settles/s" "$(spread $ALL_SETTLES)" "target >= 30000/s: $MET_SETTLES of $RUNS rounds"
+if [ "$BAD" != 0 ]; then
+    say "note: quotagate answered non-2xx responses (see the rounds above); first lines of its stderr:"
     head -5 "$TMP/qg.err"
 fi
 if ! kill -0 "$QG_PID" 2>/dev/null; then
