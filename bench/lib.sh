@@ -126,6 +126,12 @@ spread2() {
         END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
               printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
 }
+# the same with three decimals (milliseconds), signs kept
+spread3() {
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+              printf "%+.3f (%+.3f to %+.3f)", m, v[1], v[NR] }'
+}
 # at_least A B: true when the number A is >= B
 at_least() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'; }
 median() {

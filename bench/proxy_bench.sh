@@ -17,23 +17,26 @@
 # Load: bench/wrk_proxy.lua, POST /v1/chat/completions, model "light",
 # max_tokens $BENCH_MAX_TOKENS, X-Double-Mode: slow=0 (no pause between
 # stream chunks), one request in flight per connection.
-# Prints req/s, p50 and p99 of each path, the p50/p99 latency quotagate and
-# nginx add over direct, the quotagate/nginx throughput ratio, and each
-# proxy's CPU time per request (utime+stime from /proc over the run,
-# nginx's workers summed: the steadier figure on shared cores).  Then the
-# same three paths with one connection (wrk -t1 -c1): the latency each
-# proxy adds when nothing queues for the CPU.
+# BENCH_RUNS rounds (odd rounds quotagate first, even rounds nginx
+# first), each printing req/s, p50 and p99 of each path, the p50/p99
+# latency quotagate and nginx add over direct, the quotagate/nginx
+# throughput ratio, and each proxy's CPU time per request (utime+stime
+# from /proc over the run, nginx's workers summed: the steadier figure on
+# shared cores); then the same three paths with one connection (wrk -t1
+# -c1): the latency each proxy adds when nothing queues for the CPU.
+# Last, the median and range of each figure over the rounds, and in how
+# many rounds each target of issue 14 held.
 # The double sets TCP_NODELAY on its connections (so its small SSE chunks
 # are not held by Nagle + delayed ACK); quotagate sets it on its upstream
 # and caller sockets, nginx on keep-alive connections by default.
 # Everything listens on 127.0.0.1 only; every process started here is
 # stopped on exit (trap).
 # Environment: BENCH_DURATION (default 8s), BENCH_LAT_DURATION (the -c1
-# runs, default 3s), BENCH_THREADS (2),
+# runs, default 3s), BENCH_RUNS (3), BENCH_THREADS (2),
 # BENCH_CONNECTIONS (32), BENCH_MAX_TOKENS (16), BENCH_WORKERS (quotagate
 # --workers and nginx worker_processes, default 2), BENCH_TASKSET=1 pins
-# the servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  Total run ~75 s
-# with the defaults (12 wrk runs).
+# the servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  A round takes
+# ~70 s with the defaults (12 wrk runs).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -47,6 +50,8 @@ THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-32}
 MAXTOK=${BENCH_MAX_TOKENS:-16}
 WORKERS=${BENCH_WORKERS:-2}
+RUNS=${BENCH_RUNS:-3}
+case $RUNS in ''|*[!0-9]*|0) echo "proxy_bench: BENCH_RUNS must be a whole number >= 1" >&2; exit 2 ;; esac
 ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 
@@ -232,14 +237,32 @@ say "  direct   upstream double $DBL_URL (one event loop)"
 say "  quotagate serve --workers $WORKERS --upstream $DBL_URL on $QG_URL (data in $TMP/qg)"
 say "  nginx    $("$NGINX" -v 2>&1 | sed 's/.*\///'), $WORKERS workers, proxy_pass keepalive upstream on $NGX_URL"
 
+# BENCH_RUNS rounds; in each, both loads and the one-connection runs,
+# the two proxies back to back: odd rounds quotagate first, even rounds
+# nginx first, so that neither always meets the machine's state after the
+# other.
 BAD=0
+ALL_plain="" ALL_stream="" CPU_plain="" CPU_stream=""
+QADD_plain="" NADD_plain="" QADD_stream="" NADD_stream=""
+LAT_plain="" LAT_stream=""
+MET_plain=0 MET_stream=0 MET_added=0 MET_lat=0
+k=1
+while [ "$k" -le "$RUNS" ]; do
+order="qg ngx"; [ $((k % 2)) = 0 ] && order="ngx qg"
+say ""
+say "  round $k of $RUNS ($(echo "$order" | sed 's/qg/quotagate/; s/ngx/nginx/; s/ / first, then /'))"
 for mode in plain stream; do
-    run_wrk "direct_$mode" "$DBL_URL" "$mode"
+    run_wrk "direct_${mode}_$k" "$DBL_URL" "$mode"
     D_RPS=$R_RPS D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
-    run_wrk "qg_$mode" "$QG_URL" "$mode" "$QG_PID"
-    Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU
-    run_wrk "ngx_$mode" "$NGX_URL" "$mode" "$NGX_PID"
-    N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU
+    for who in $order; do
+        if [ "$who" = qg ]; then
+            run_wrk "qg_${mode}_$k" "$QG_URL" "$mode" "$QG_PID"
+            Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU
+        else
+            run_wrk "ngx_${mode}_$k" "$NGX_URL" "$mode" "$NGX_PID"
+            N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU
+        fi
+    done
     [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
 
     say ""
@@ -257,6 +280,14 @@ for mode in plain stream; do
     line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" "$(ratio "$Q_CPU" "$N_CPU")x"
     line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" "" ""
     line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
+
+    r=$(ratio "$Q_RPS" "$N_RPS") qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
+    eval "ALL_$mode=\"\$ALL_$mode $r\""
+    eval "CPU_$mode=\"\$CPU_$mode $(ratio "$Q_CPU" "$N_CPU")\""
+    eval "QADD_$mode=\"\$QADD_$mode $qa\" NADD_$mode=\"\$NADD_$mode $na\""
+    at_least "$r" 1 && eval "MET_$mode=\$((MET_$mode + 1))"
+    [ "$mode" = plain ] && at_least "$na" "$qa" && ! at_least "$qa" "$na" &&
+        MET_added=$((MET_added + 1))
 done
 
 # one connection: the latency each path adds when nothing queues
@@ -264,16 +295,40 @@ say ""
 say "  one connection (wrk -t1 -c1 -d$LAT_DUR): p50 / p99 ms, and what each proxy adds"
 line "" "direct" "quotagate" "nginx" "qg added" "ngx add" ""
 for mode in plain stream; do
-    run_wrk "lat_direct_$mode" "$DBL_URL" "$mode" "" 1 1 "$LAT_DUR"
+    run_wrk "lat_direct_${mode}_$k" "$DBL_URL" "$mode" "" 1 1 "$LAT_DUR"
     D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
-    run_wrk "lat_qg_$mode" "$QG_URL" "$mode" "" 1 1 "$LAT_DUR"
-    Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
-    run_wrk "lat_ngx_$mode" "$NGX_URL" "$mode" "" 1 1 "$LAT_DUR"
-    N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+    for who in $order; do
+        if [ "$who" = qg ]; then
+            run_wrk "lat_qg_${mode}_$k" "$QG_URL" "$mode" "" 1 1 "$LAT_DUR"
+            Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
+        else
+            run_wrk "lat_ngx_${mode}_$k" "$NGX_URL" "$mode" "" 1 1 "$LAT_DUR"
+            N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+        fi
+    done
     [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
     line "$mode p50" "$(ms "$D_P50")" "$(ms "$Q_P50")" "$(ms "$N_P50")" "$(added "$Q_P50" "$D_P50")" "$(added "$N_P50" "$D_P50")" ""
     line "$mode p99" "$(ms "$D_P99")" "$(ms "$Q_P99")" "$(ms "$N_P99")" "$(added "$Q_P99" "$D_P99")" "$(added "$N_P99" "$D_P99")" ""
+    us=$(awk -v a="$Q_P50" -v b="$D_P50" 'BEGIN { printf "%.0f", a - b }')
+    eval "LAT_$mode=\"\$LAT_$mode $us\""
+    [ "$mode" = plain ] && ! at_least "$us" 100 && MET_lat=$((MET_lat + 1))
 done
+k=$((k + 1))
+done
+
+say ""
+say "summary of $RUNS rounds: median (lowest-highest)"
+sline() { printf '  %-36s %-26s %s\n' "$@"; }
+sline "plain req/s, quotagate/nginx" "$(spread2 $ALL_plain)" "target >= 1.0x: $MET_plain of $RUNS rounds"
+sline "plain CPU us/req, quotagate/nginx" "$(spread2 $CPU_plain)" ""
+sline "stream req/s, quotagate/nginx" "$(spread2 $ALL_stream)" "target >= 1.0x: $MET_stream of $RUNS rounds"
+sline "stream CPU us/req, quotagate/nginx" "$(spread2 $CPU_stream)" ""
+sline "plain added p50 ms, quotagate" "$(spread3 $QADD_plain)" "target under nginx's: $MET_added of $RUNS rounds"
+sline "plain added p50 ms, nginx" "$(spread3 $NADD_plain)" ""
+sline "stream added p50 ms, quotagate" "$(spread3 $QADD_stream)" ""
+sline "stream added p50 ms, nginx" "$(spread3 $NADD_stream)" ""
+sline "one connection, plain added p50 us" "$(spread $LAT_plain)" "target < 100 us: $MET_lat of $RUNS rounds"
+sline "one connection, stream added p50 us" "$(spread $LAT_stream)" ""
 
 # the proxy really metered: the subject's 5 h window holds the calls
 USED=$(curl -s -m 10 -H "Authorization: Bearer $ADMIN_KEY" "$QG_URL/v1/usage/bench" |
