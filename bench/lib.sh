@@ -148,5 +148,33 @@ cpu_ticks() {
     done
     echo $t
 }
+# cpu_parts PID: "USER SYS LEDGER" clock ticks of PID and its children
+# (nginx's workers): user time, system time, and the user + system time
+# of its threads named qg-ledger* or qg-checkpoint (quotagate's ledger
+# writer and checkpointer; 0 for nginx)
+cpu_parts() {
+    cp_u=0 cp_s=0 cp_l=0
+    for cp_p in "$1" $(pgrep -P "$1" 2>/dev/null); do
+        set -- $(awk '{print $14, $15}' "/proc/$cp_p/stat" 2>/dev/null) 0 0
+        cp_u=$((cp_u + $1)) cp_s=$((cp_s + $2))
+        for cp_t in /proc/"$cp_p"/task/*; do
+            case $(cat "$cp_t/comm" 2>/dev/null) in
+                qg-ledger*|qg-checkpoint)
+                    cp_l=$((cp_l + $(awk '{print $14 + $15}' "$cp_t/stat" 2>/dev/null || echo 0)));;
+            esac
+        done
+    done
+    echo "$cp_u $cp_s $cp_l"
+}
+# per_req "U0 S0 L0" "U1 S1 L1" N: the two cpu_parts readings' difference
+# in microseconds per request: "CPU USER SYS LEDGER" ("- - - -" when N is 0)
+per_req() {
+    awk -v a="$1" -v b="$2" -v n="${3:-0}" -v k="$TCK" 'BEGIN {
+        split(a, x, " "); split(b, y, " ");
+        if (n <= 0) { print "- - - -"; exit }
+        f = 1e6 / k / n;
+        printf "%.1f %.1f %.1f %.1f\n", (y[1] + y[2] - x[1] - x[2]) * f,
+               (y[1] - x[1]) * f, (y[2] - x[2]) * f, (y[3] - x[3]) * f }'
+}
 # clock ticks per second, for cpu_ticks
 TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)

@@ -211,25 +211,26 @@ probe nginx "$NGX_URL"
 
 # ------------------------------------------------------------------ wrk
 # run_wrk NAME URL MODE [PID] [CONNS THREADS DURATION]: writes $TMP/NAME.txt
-# and sets R_RPS R_P50 R_P99 R_NON2XX R_ERR (latencies in microseconds) and
-# R_CPU (microseconds of PID's CPU per request, "-" without PID)
+# and sets R_RPS R_P50 R_P99 R_NON2XX R_ERR (latencies in microseconds),
+# R_CPU (microseconds of PID's CPU per request, "-" without PID) and its
+# parts R_USR (user), R_SYS (system), R_LDG (quotagate's ledger threads)
 run_wrk() {
-    c0=0; [ -n "${4:-}" ] && c0=$(cpu_ticks "$4")
+    name=$1 c0=""; [ -n "${4:-}" ] && c0=$(cpu_parts "$4")
     QG_SUBJECT_KEY=$SUBJECT_KEY timeout 120 $PIN_WRK wrk -t"${6:-$THREADS}" -c"${5:-$CONNS}" \
         -d"${7:-$DUR}" --latency -s bench/wrk_proxy.lua "$2" -- "$3" "$MAXTOK" >"$TMP/$1.txt" 2>&1
-    R_CPU=-
+    R_CPU=- R_USR=- R_SYS=- R_LDG=-
     if [ -n "${4:-}" ]; then
-        c1=$(cpu_ticks "$4")
+        c1=$(cpu_parts "$4")
         n=$(awk '/requests in/ {print $1}' "$TMP/$1.txt")
-        R_CPU=$(awk -v t=$((c1 - c0)) -v n="${n:-0}" -v k="$TCK" \
-                'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / k / n; else print "-" }')
+        set -- $(per_req "$c0" "$c1" "${n:-0}")
+        R_CPU=$1 R_USR=$2 R_SYS=$3 R_LDG=$4
     fi
-    wrk_parse "$1"
-    R_ERR=$(awk '/Socket errors:/ { n = 0; for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i; print n }' "$TMP/$1.txt")
+    wrk_parse "$name"
+    R_ERR=$(awk '/Socket errors:/ { n = 0; for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i; print n }' "$TMP/$name.txt")
     R_ERR=${R_ERR:-0}
 }
 added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.3f", (a - b) / 1000 }'; }
-line() { printf '  %-24s %10s %10s %10s %9s %7s %9s\n' "$@"; }
+line() { printf '  %-24s %10s %10s %10s %9s %7s %9s %7s %7s\n' "$@"; }
 
 say ""
 say "Proxy benchmark: wrk -t$THREADS -c$CONNS -d$DUR --latency, POST /v1/chat/completions max_tokens $MAXTOK, X-Double-Mode: slow=0${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}"
@@ -257,10 +258,10 @@ for mode in plain stream; do
     for who in $order; do
         if [ "$who" = qg ]; then
             run_wrk "qg_${mode}_$k" "$QG_URL" "$mode" "$QG_PID"
-            Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU
+            Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU Q_USR=$R_USR Q_SYS=$R_SYS Q_LDG=$R_LDG
         else
             run_wrk "ngx_${mode}_$k" "$NGX_URL" "$mode" "$NGX_PID"
-            N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU
+            N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU N_USR=$R_USR N_SYS=$R_SYS
         fi
     done
     [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
@@ -271,15 +272,16 @@ for mode in plain stream; do
     else
         say "  stream (stream: true, $MAXTOK content chunks; quotagate asks for include_usage and drops the usage chunk)"
     fi
-    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "CPU us/req"
+    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "CPU us/req" "user" "kernel"
     line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" "$D_ERR" ""
-    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR" "$Q_CPU"
-    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR" "$N_CPU"
+    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR" "$Q_CPU" "$Q_USR" "$Q_SYS"
+    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR" "$N_CPU" "$N_USR" "$N_SYS"
     line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" "$(added "$Q_P99" "$D_P99")" "" "" ""
     line "nginx added" "" "$(added "$N_P50" "$D_P50")" "$(added "$N_P99" "$D_P99")" "" "" ""
-    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" "$(ratio "$Q_CPU" "$N_CPU")x"
+    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" "$(ratio "$Q_CPU" "$N_CPU")x" "$(ratio "$Q_USR" "$N_USR")x" "$(ratio "$Q_SYS" "$N_SYS")x"
     line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" "" ""
     line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
+    say "  of quotagate's CPU us/req, its ledger threads' (writer, checkpointer): $Q_LDG"
 
     r=$(ratio "$Q_RPS" "$N_RPS") qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
     eval "ALL_$mode=\"\$ALL_$mode $r\""
