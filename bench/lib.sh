@@ -114,30 +114,24 @@ wrk_parse() {
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
-# median and range of the numbers given: "MEDIAN (MIN-MAX)"
-spread() {
-    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+# spreadf FORMAT NUMBER...: the median, lowest and highest of the numbers
+# given, printed with FORMAT (three conversions, in that order)
+spreadf() {
+    sf_fmt=$1
+    shift
+    printf '%s\n' "$@" | sort -g | awk -v f="$sf_fmt" '{ v[NR] = $1 }
         END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-              printf "%.0f (%.0f-%.0f)", m, v[1], v[NR] }'
+              printf f, m, v[1], v[NR] }'
 }
-# the same for ratios: "MEDIAN (MIN-MAX)" with two decimals
-spread2() {
-    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
-        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-              printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
-}
-# the same with three decimals (milliseconds), signs kept
-spread3() {
-    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
-        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-              printf "%+.3f (%+.3f to %+.3f)", m, v[1], v[NR] }'
-}
+# "MEDIAN (MIN-MAX)" of whole numbers, of ratios (two decimals), and of
+# signed milliseconds (three decimals)
+spread() { spreadf '%.0f (%.0f-%.0f)' "$@"; }
+spread2() { spreadf '%.2f (%.2f-%.2f)' "$@"; }
+spread3() { spreadf '%+.3f (%+.3f to %+.3f)' "$@"; }
 # at_least A B: true when the number A is >= B
 at_least() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'; }
-median() {
-    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
-        END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m }'
-}
+# the median of the numbers given
+median() { spreadf '%.6g\n' "$@"; }
 
 # cpu_ticks PID...: utime+stime (clock ticks) of the processes and their
 # children's threads (nginx: the master's workers)

@@ -283,13 +283,19 @@ for mode in plain stream; do
     line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
     say "  of quotagate's CPU us/req, its ledger threads' (writer, checkpointer): $Q_LDG"
 
-    r=$(ratio "$Q_RPS" "$N_RPS") qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
-    eval "ALL_$mode=\"\$ALL_$mode $r\""
-    eval "CPU_$mode=\"\$CPU_$mode $(ratio "$Q_CPU" "$N_CPU")\""
-    eval "QADD_$mode=\"\$QADD_$mode $qa\" NADD_$mode=\"\$NADD_$mode $na\""
-    at_least "$r" 1 && eval "MET_$mode=\$((MET_$mode + 1))"
-    [ "$mode" = plain ] && at_least "$na" "$qa" && ! at_least "$qa" "$na" &&
-        MET_added=$((MET_added + 1))
+    r=$(ratio "$Q_RPS" "$N_RPS") cr=$(ratio "$Q_CPU" "$N_CPU")
+    qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
+    if [ "$mode" = plain ]; then
+        ALL_plain="$ALL_plain $r" CPU_plain="$CPU_plain $cr"
+        QADD_plain="$QADD_plain $qa" NADD_plain="$NADD_plain $na"
+        at_least "$r" 1 && MET_plain=$((MET_plain + 1))
+        at_least "$na" "$qa" && ! at_least "$qa" "$na" &&
+            MET_added=$((MET_added + 1))
+    else
+        ALL_stream="$ALL_stream $r" CPU_stream="$CPU_stream $cr"
+        QADD_stream="$QADD_stream $qa" NADD_stream="$NADD_stream $na"
+        at_least "$r" 1 && MET_stream=$((MET_stream + 1))
+    fi
 done
 
 # one connection: the latency each path adds when nothing queues
@@ -312,8 +318,12 @@ for mode in plain stream; do
     line "$mode p50" "$(ms "$D_P50")" "$(ms "$Q_P50")" "$(ms "$N_P50")" "$(added "$Q_P50" "$D_P50")" "$(added "$N_P50" "$D_P50")" ""
     line "$mode p99" "$(ms "$D_P99")" "$(ms "$Q_P99")" "$(ms "$N_P99")" "$(added "$Q_P99" "$D_P99")" "$(added "$N_P99" "$D_P99")" ""
     us=$(awk -v a="$Q_P50" -v b="$D_P50" 'BEGIN { printf "%.0f", a - b }')
-    eval "LAT_$mode=\"\$LAT_$mode $us\""
-    [ "$mode" = plain ] && ! at_least "$us" 100 && MET_lat=$((MET_lat + 1))
+    if [ "$mode" = plain ]; then
+        LAT_plain="$LAT_plain $us"
+        at_least "$us" 100 || MET_lat=$((MET_lat + 1))
+    else
+        LAT_stream="$LAT_stream $us"
+    fi
 done
 k=$((k + 1))
 done
@@ -329,8 +339,8 @@ sline "plain added p50 ms, quotagate" "$(spread3 $QADD_plain)" "target under ngi
 sline "plain added p50 ms, nginx" "$(spread3 $NADD_plain)" ""
 sline "stream added p50 ms, quotagate" "$(spread3 $QADD_stream)" ""
 sline "stream added p50 ms, nginx" "$(spread3 $NADD_stream)" ""
-sline "one connection, plain added p50 us" "$(spread $LAT_plain)" "target < 100 us: $MET_lat of $RUNS rounds"
-sline "one connection, stream added p50 us" "$(spread $LAT_stream)" ""
+sline "one connection, plain added p50 us" "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_plain)" "target < 100 us: $MET_lat of $RUNS rounds"
+sline "one connection, stream added p50 us" "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_stream)" ""
 
 # the proxy really metered: the subject's 5 h window holds the calls
 USED=$(curl -s -m 10 -H "Authorization: Bearer $ADMIN_KEY" "$QG_URL/v1/usage/bench" |
