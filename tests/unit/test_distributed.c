@@ -435,32 +435,25 @@ static void *inject(void *arg)
         f->done = redisproc_cmd(&R, out, sizeof out, "FUNCTION", "FLUSH",
                                 NULL) == 0;
     } else if (strcmp(f->what, "kill") == 0) {
-        /* every client connection reset in the middle of its pipeline;
-         * again until instance 0 says it sent a check again or the race
-         * is over.  A kill that falls between two of its pipelines finds
-         * nothing in flight, and the race may end within tens of ms (a
-         * CI run under ASan saw it end before the third kill), so from
-         * the second on, writes are held for 20 ms first (CLIENT PAUSE
-         * WRITE: the checks wait in Redis, unapplied) and the kill meets
-         * them.  The first, unheld, may lose replies of applied checks */
-        int sent0 = log_lines("sent again once");
-        for (int k = 0; k < 20; k++) {
-            int hold = k >= 1;
-            if (hold && redisproc_cmd(&R, out, sizeof out, "CLIENT",
-                                      "PAUSE", "2000", "WRITE", NULL) == 0)
-                tst_sleep_ms(20);
-            f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "KILL",
-                                    "TYPE", "normal", NULL) == 0;
-            if (hold)
-                f->done &= redisproc_cmd(&R, out, sizeof out, "CLIENT",
-                                         "UNPAUSE", NULL) == 0;
-            if (!f->done)
-                break;
-            tst_sleep_ms(hold ? 50 : 5);
-            if (log_lines("sent again once") > sent0 ||
-                atomic_load(&f->rc->allowed) >= 100)
-                break;
-        }
+        /* every client connection reset in the middle of its pipeline,
+         * once.  Writes are held first for 20 ms (CLIENT PAUSE WRITE: the
+         * checks sent meanwhile wait in Redis, unapplied), so that the
+         * kill meets checks in flight however soon the race would end
+         * (a CI run under ASan saw it end within ~10 ms of the first
+         * kill); the replies of checks Redis applied just before are
+         * lost with them.  Each is sent again once on the new connection.
+         * Only once: a second reset can meet the checks sent again, which
+         * then go local from views that miss what Redis applied, and
+         * over-admit (docs/redis-store.md, "Known limits": checks in
+         * flight at an outage's start; a loop of resets here admitted
+         * 106 of 100 in a CI run) */
+        f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "PAUSE",
+                                "2000", "WRITE", NULL) == 0;
+        tst_sleep_ms(20);
+        f->done &= redisproc_cmd(&R, out, sizeof out, "CLIENT", "KILL",
+                                 "TYPE", "normal", NULL) == 0;
+        f->done &= redisproc_cmd(&R, out, sizeof out, "CLIENT", "UNPAUSE",
+                                 NULL) == 0;
     } else {
         /* Redis answers errors: writes refused (OOM) for 400 ms */
         f->done = redisproc_cmd(&R, out, sizeof out, "CONFIG", "SET",
