@@ -54,7 +54,11 @@ esac
 THREADS=${BENCH_THREADS:-2}
 CONNS=${BENCH_CONNECTIONS:-64}
 RUNS=${BENCH_RUNS:-3}
-case $RUNS in ''|*[!0-9]*|0) echo "http_bench: BENCH_RUNS must be a whole number >= 1" >&2; exit 2 ;; esac
+case $RUNS in
+    ''|*[!0-9]*|0)
+        echo "http_bench: BENCH_RUNS must be a whole number >= 1" >&2
+        exit 2 ;;
+esac
 ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 RUN_ID="r$$-$(date +%s)"
@@ -183,7 +187,12 @@ cpu_run() {
 line() { printf '  %-22s %12s %12s %12s %10s %11s %8s %8s\n' "$@"; }
 
 say ""
-say "HTTP benchmark: $RUNS rounds of wrk -t$THREADS -c$CONNS -d$DUR --latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $([ "$SPREAD" -gt 0 ] && echo "subjects bench-0 .. bench-$((SPREAD - 1)) in turn" || echo "one subject"), check request ids ${BENCH_IDS:-counter}"
+load="one subject"
+[ "$SPREAD" -gt 0 ] &&
+    load="subjects bench-0 .. bench-$((SPREAD - 1)) in turn"
+say "HTTP benchmark: $RUNS rounds of wrk -t$THREADS -c$CONNS -d$DUR" \
+    "--latency${PIN_WRK:+ (pinned: servers CPU 1, wrk CPU 0)}, $load," \
+    "check request ids ${BENCH_IDS:-counter}"
 say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\///') limit_req on 127.0.0.1:$NGX_PORT"
 
 # One round: check+settle first (the check-only run leaves reservations
@@ -199,39 +208,62 @@ while [ "$k" -le "$RUNS" ]; do
     for who in $order; do
         if [ "$who" = qg ]; then
             cpu_run "qg_settle_$k" "$QG_URL" bench/wrk_settle.lua "$QG_PID"
-            QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU QS_USR=$R_USR QS_SYS=$R_SYS QS_LDG=$R_LDG
+            QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX \
+                QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU QS_USR=$R_USR \
+                QS_SYS=$R_SYS QS_LDG=$R_LDG
         else
-            cpu_run "ngx_settle_$k" "http://127.0.0.1:$NGX_PORT" bench/wrk_settle.lua "$NGX_PID"
-            NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX NS_CPU=$R_CPU NS_USR=$R_USR NS_SYS=$R_SYS
+            cpu_run "ngx_settle_$k" "http://127.0.0.1:$NGX_PORT" \
+                bench/wrk_settle.lua "$NGX_PID"
+            NS_RPS=$R_RPS NS_P50=$R_P50 NS_P99=$R_P99 NS_BAD=$R_NON2XX \
+                NS_CPU=$R_CPU NS_USR=$R_USR NS_SYS=$R_SYS
         fi
     done
     for who in $order; do
         if [ "$who" = qg ]; then
             cpu_run "qg_check_$k" "$QG_URL" bench/wrk_check.lua "$QG_PID"
-            QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX QC_CPU=$R_CPU QC_USR=$R_USR QC_SYS=$R_SYS QC_LDG=$R_LDG
+            QC_RPS=$R_RPS QC_P50=$R_P50 QC_P99=$R_P99 QC_BAD=$R_NON2XX \
+                QC_CPU=$R_CPU QC_USR=$R_USR QC_SYS=$R_SYS QC_LDG=$R_LDG
         else
-            cpu_run "ngx_check_$k" "http://127.0.0.1:$NGX_PORT" bench/wrk_check.lua "$NGX_PID"
-            NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX NC_CPU=$R_CPU NC_USR=$R_USR NC_SYS=$R_SYS
+            cpu_run "ngx_check_$k" "http://127.0.0.1:$NGX_PORT" \
+                bench/wrk_check.lua "$NGX_PID"
+            NC_RPS=$R_RPS NC_P50=$R_P50 NC_P99=$R_P99 NC_BAD=$R_NON2XX \
+                NC_CPU=$R_CPU NC_USR=$R_USR NC_SYS=$R_SYS
         fi
     done
 
     say ""
-    say "  round $k of $RUNS ($(echo "$order" | sed 's/qg/quotagate/; s/ngx/nginx/; s/ / first, then /'))"
+    first="quotagate first, then nginx"
+    [ "$order" = "qg ngx" ] || first="nginx first, then quotagate"
+    say "  round $k of $RUNS ($first)"
     line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "CPU us/req" "user" "kernel"
     say "  check (POST /v1/check, one request in flight per connection)"
-    line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD" "$QC_CPU" "$QC_USR" "$QC_SYS"
-    line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" "$NC_BAD" "$NC_CPU" "$NC_USR" "$NC_SYS"
-    line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" "" "$(ratio "$QC_CPU" "$NC_CPU")x" "$(ratio "$QC_USR" "$NC_USR")x" "$(ratio "$QC_SYS" "$NC_SYS")x"
+    line "quotagate" "$QC_RPS" "$(ms "$QC_P50")" "$(ms "$QC_P99")" "$QC_BAD" \
+        "$QC_CPU" "$QC_USR" "$QC_SYS"
+    line "nginx limit_req" "$NC_RPS" "$(ms "$NC_P50")" "$(ms "$NC_P99")" \
+        "$NC_BAD" "$NC_CPU" "$NC_USR" "$NC_SYS"
+    line "quotagate/nginx" "$(ratio "$QC_RPS" "$NC_RPS")x" \
+        "$(ratio "$QC_P50" "$NC_P50")x" "$(ratio "$QC_P99" "$NC_P99")x" "" \
+        "$(ratio "$QC_CPU" "$NC_CPU")x" "$(ratio "$QC_USR" "$NC_USR")x" \
+        "$(ratio "$QC_SYS" "$NC_SYS")x"
     say "  check+settle (pipelined pairs; latency is per pair)"
-    line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD" "$QS_CPU" "$QS_USR" "$QS_SYS"
-    line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" "$NS_BAD" "$NS_CPU" "$NS_USR" "$NS_SYS"
-    line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" "" "$(ratio "$QS_CPU" "$NS_CPU")x" "$(ratio "$QS_USR" "$NS_USR")x" "$(ratio "$QS_SYS" "$NS_SYS")x"
-    SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" 'BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "0" }')
-    say "  quotagate durable settles per second: $SETTLES (each acknowledged after its ledger commit)"
-    say "  of quotagate's CPU us/req, its ledger threads' (writer, checkpointer): check $QC_LDG, check+settle $QS_LDG"
+    line "quotagate" "$QS_RPS" "$(ms "$QS_P50")" "$(ms "$QS_P99")" "$QS_BAD" \
+        "$QS_CPU" "$QS_USR" "$QS_SYS"
+    line "nginx limit_req" "$NS_RPS" "$(ms "$NS_P50")" "$(ms "$NS_P99")" \
+        "$NS_BAD" "$NS_CPU" "$NS_USR" "$NS_SYS"
+    line "quotagate/nginx" "$(ratio "$QS_RPS" "$NS_RPS")x" \
+        "$(ratio "$QS_P50" "$NS_P50")x" "$(ratio "$QS_P99" "$NS_P99")x" "" \
+        "$(ratio "$QS_CPU" "$NS_CPU")x" "$(ratio "$QS_USR" "$NS_USR")x" \
+        "$(ratio "$QS_SYS" "$NS_SYS")x"
+    SETTLES=$(awk -v n="$QS_REQS" -v bad="$QS_BAD" -v s="$QS_SECS" '
+        BEGIN { if (s > 0) printf "%.0f", (n - bad) / 2 / s; else print "0" }')
+    say "  quotagate durable settles per second: $SETTLES" \
+        "(each acknowledged after its ledger commit)"
+    say "  of quotagate's CPU us/req, its ledger threads' (writer," \
+        "checkpointer): check $QC_LDG, check+settle $QS_LDG"
     if [ "$QC_BAD" != 0 ] || [ "$QS_BAD" != 0 ]; then
         BAD=1
-        say "  note: quotagate answered non-2xx responses (see the counts above)"
+        say "  note: quotagate answered non-2xx responses" \
+            "(see the counts above)"
     fi
 
     c=$(ratio "$QC_RPS" "$NC_RPS") cp=$(ratio "$QC_P99" "$NC_P99")
@@ -250,15 +282,19 @@ done
 say ""
 say "summary of $RUNS rounds: median (lowest-highest), quotagate/nginx"
 sline() { printf '  %-30s %-22s %s\n' "$@"; }
-sline "check req/s" "$(spread2 $ALL_CHECK)" "target >= 1.0x with p99 <= 1.0x: $MET_CHECK of $RUNS rounds"
+sline "check req/s" "$(spread2 $ALL_CHECK)" \
+    "target >= 1.0x with p99 <= 1.0x: $MET_CHECK of $RUNS rounds"
 sline "check p99" "$(spread2 $ALL_CP99)" ""
 sline "check CPU us/req" "$(spread2 $ALL_CCPU)" ""
-sline "check+settle req/s" "$(spread2 $ALL_PAIRS)" "target >= 1.0x: $MET_PAIRS of $RUNS rounds"
+sline "check+settle req/s" "$(spread2 $ALL_PAIRS)" \
+    "target >= 1.0x: $MET_PAIRS of $RUNS rounds"
 sline "check+settle p99" "$(spread2 $ALL_PP99)" ""
 sline "check+settle CPU us/req" "$(spread2 $ALL_PCPU)" ""
-sline "durable settles/s" "$(spread $ALL_SETTLES)" "target >= 30000/s: $MET_SETTLES of $RUNS rounds"
+sline "durable settles/s" "$(spread $ALL_SETTLES)" \
+    "target >= 30000/s: $MET_SETTLES of $RUNS rounds"
 if [ "$BAD" != 0 ]; then
-    say "note: quotagate answered non-2xx responses (see the rounds above); first lines of its stderr:"
+    say "note: quotagate answered non-2xx responses (see the rounds" \
+        "above); first lines of its stderr:"
     head -5 "$TMP/qg.err"
 fi
 if ! kill -0 "$QG_PID" 2>/dev/null; then

@@ -154,7 +154,8 @@ cpu_parts() {
         for cp_t in /proc/"$cp_p"/task/*; do
             case $(cat "$cp_t/comm" 2>/dev/null) in
                 qg-ledger*|qg-checkpoint)
-                    cp_l=$((cp_l + $(awk '{print $14 + $15}' "$cp_t/stat" 2>/dev/null || echo 0)));;
+                    cp_v=$(awk '{print $14 + $15}' "$cp_t/stat" 2>/dev/null)
+                    cp_l=$((cp_l + ${cp_v:-0}));;
             esac
         done
     done

@@ -51,7 +51,11 @@ CONNS=${BENCH_CONNECTIONS:-32}
 MAXTOK=${BENCH_MAX_TOKENS:-16}
 WORKERS=${BENCH_WORKERS:-2}
 RUNS=${BENCH_RUNS:-3}
-case $RUNS in ''|*[!0-9]*|0) echo "proxy_bench: BENCH_RUNS must be a whole number >= 1" >&2; exit 2 ;; esac
+case $RUNS in
+    ''|*[!0-9]*|0)
+        echo "proxy_bench: BENCH_RUNS must be a whole number >= 1" >&2
+        exit 2 ;;
+esac
 ADMIN_KEY="bench-admin-key-$$"
 SERVICE_KEY="bench-service-key-$$"
 
@@ -226,7 +230,9 @@ run_wrk() {
         R_CPU=$1 R_USR=$2 R_SYS=$3 R_LDG=$4
     fi
     wrk_parse "$name"
-    R_ERR=$(awk '/Socket errors:/ { n = 0; for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i; print n }' "$TMP/$name.txt")
+    R_ERR=$(awk '/Socket errors:/ { n = 0
+            for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i
+            print n }' "$TMP/$name.txt")
     R_ERR=${R_ERR:-0}
 }
 added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.3f", (a - b) / 1000 }'; }
@@ -249,98 +255,124 @@ LAT_plain="" LAT_stream=""
 MET_plain=0 MET_stream=0 MET_added=0 MET_lat=0
 k=1
 while [ "$k" -le "$RUNS" ]; do
-order="qg ngx"; [ $((k % 2)) = 0 ] && order="ngx qg"
-say ""
-say "  round $k of $RUNS ($(echo "$order" | sed 's/qg/quotagate/; s/ngx/nginx/; s/ / first, then /'))"
-for mode in plain stream; do
-    run_wrk "direct_${mode}_$k" "$DBL_URL" "$mode"
-    D_RPS=$R_RPS D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
-    for who in $order; do
-        if [ "$who" = qg ]; then
-            run_wrk "qg_${mode}_$k" "$QG_URL" "$mode" "$QG_PID"
-            Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR Q_CPU=$R_CPU Q_USR=$R_USR Q_SYS=$R_SYS Q_LDG=$R_LDG
-        else
-            run_wrk "ngx_${mode}_$k" "$NGX_URL" "$mode" "$NGX_PID"
-            N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR N_CPU=$R_CPU N_USR=$R_USR N_SYS=$R_SYS
-        fi
-    done
-    [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
-
+    order="qg ngx"; [ $((k % 2)) = 0 ] && order="ngx qg"
     say ""
-    if [ "$mode" = plain ]; then
-        say "  plain (JSON answer)"
-    else
-        say "  stream (stream: true, $MAXTOK content chunks; quotagate asks for include_usage and drops the usage chunk)"
-    fi
-    line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "CPU us/req" "user" "kernel"
-    line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" "$D_ERR" ""
-    line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" "$Q_ERR" "$Q_CPU" "$Q_USR" "$Q_SYS"
-    line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" "$N_BAD" "$N_ERR" "$N_CPU" "$N_USR" "$N_SYS"
-    line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" "$(added "$Q_P99" "$D_P99")" "" "" ""
-    line "nginx added" "" "$(added "$N_P50" "$D_P50")" "$(added "$N_P99" "$D_P99")" "" "" ""
-    line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" "$(ratio "$Q_CPU" "$N_CPU")x" "$(ratio "$Q_USR" "$N_USR")x" "$(ratio "$Q_SYS" "$N_SYS")x"
-    line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" "" ""
-    line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
-    say "  of quotagate's CPU us/req, its ledger threads' (writer, checkpointer): $Q_LDG"
+    first="quotagate first, then nginx"
+    [ "$order" = "qg ngx" ] || first="nginx first, then quotagate"
+    say "  round $k of $RUNS ($first)"
+    for mode in plain stream; do
+        run_wrk "direct_${mode}_$k" "$DBL_URL" "$mode"
+        D_RPS=$R_RPS D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
+        for who in $order; do
+            if [ "$who" = qg ]; then
+                run_wrk "qg_${mode}_$k" "$QG_URL" "$mode" "$QG_PID"
+                Q_RPS=$R_RPS Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX \
+                    Q_ERR=$R_ERR Q_CPU=$R_CPU Q_USR=$R_USR Q_SYS=$R_SYS \
+                    Q_LDG=$R_LDG
+            else
+                run_wrk "ngx_${mode}_$k" "$NGX_URL" "$mode" "$NGX_PID"
+                N_RPS=$R_RPS N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX \
+                    N_ERR=$R_ERR N_CPU=$R_CPU N_USR=$R_USR N_SYS=$R_SYS
+            fi
+        done
+        [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
 
-    r=$(ratio "$Q_RPS" "$N_RPS") cr=$(ratio "$Q_CPU" "$N_CPU")
-    qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
-    if [ "$mode" = plain ]; then
-        ALL_plain="$ALL_plain $r" CPU_plain="$CPU_plain $cr"
-        QADD_plain="$QADD_plain $qa" NADD_plain="$NADD_plain $na"
-        at_least "$r" 1 && MET_plain=$((MET_plain + 1))
-        at_least "$na" "$qa" && ! at_least "$qa" "$na" &&
-            MET_added=$((MET_added + 1))
-    else
-        ALL_stream="$ALL_stream $r" CPU_stream="$CPU_stream $cr"
-        QADD_stream="$QADD_stream $qa" NADD_stream="$NADD_stream $na"
-        at_least "$r" 1 && MET_stream=$((MET_stream + 1))
-    fi
-done
-
-# one connection: the latency each path adds when nothing queues
-say ""
-say "  one connection (wrk -t1 -c1 -d$LAT_DUR): p50 / p99 ms, and what each proxy adds"
-line "" "direct" "quotagate" "nginx" "qg added" "ngx add" ""
-for mode in plain stream; do
-    run_wrk "lat_direct_${mode}_$k" "$DBL_URL" "$mode" "" 1 1 "$LAT_DUR"
-    D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
-    for who in $order; do
-        if [ "$who" = qg ]; then
-            run_wrk "lat_qg_${mode}_$k" "$QG_URL" "$mode" "" 1 1 "$LAT_DUR"
-            Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
+        say ""
+        if [ "$mode" = plain ]; then
+            say "  plain (JSON answer)"
         else
-            run_wrk "lat_ngx_${mode}_$k" "$NGX_URL" "$mode" "" 1 1 "$LAT_DUR"
-            N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+            say "  stream (stream: true, $MAXTOK content chunks; quotagate" \
+                "asks for include_usage and drops the usage chunk)"
+        fi
+        line "" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "CPU us/req" \
+            "user" "kernel"
+        line "direct" "$D_RPS" "$(ms "$D_P50")" "$(ms "$D_P99")" "$D_BAD" \
+            "$D_ERR" ""
+        line "quotagate" "$Q_RPS" "$(ms "$Q_P50")" "$(ms "$Q_P99")" "$Q_BAD" \
+            "$Q_ERR" "$Q_CPU" "$Q_USR" "$Q_SYS"
+        line "nginx proxy_pass" "$N_RPS" "$(ms "$N_P50")" "$(ms "$N_P99")" \
+            "$N_BAD" "$N_ERR" "$N_CPU" "$N_USR" "$N_SYS"
+        line "quotagate added" "" "$(added "$Q_P50" "$D_P50")" \
+            "$(added "$Q_P99" "$D_P99")" "" "" ""
+        line "nginx added" "" "$(added "$N_P50" "$D_P50")" \
+            "$(added "$N_P99" "$D_P99")" "" "" ""
+        line "quotagate/nginx" "$(ratio "$Q_RPS" "$N_RPS")x" \
+            "$(ratio "$Q_P50" "$N_P50")x" "$(ratio "$Q_P99" "$N_P99")x" "" "" \
+            "$(ratio "$Q_CPU" "$N_CPU")x" "$(ratio "$Q_USR" "$N_USR")x" \
+            "$(ratio "$Q_SYS" "$N_SYS")x"
+        line "quotagate/direct" "$(ratio "$Q_RPS" "$D_RPS")x" "" "" "" "" ""
+        line "nginx/direct" "$(ratio "$N_RPS" "$D_RPS")x" "" "" "" "" ""
+        say "  of quotagate's CPU us/req, its ledger threads' (writer," \
+            "checkpointer): $Q_LDG"
+
+        r=$(ratio "$Q_RPS" "$N_RPS") cr=$(ratio "$Q_CPU" "$N_CPU")
+        qa=$(added "$Q_P50" "$D_P50") na=$(added "$N_P50" "$D_P50")
+        if [ "$mode" = plain ]; then
+            ALL_plain="$ALL_plain $r" CPU_plain="$CPU_plain $cr"
+            QADD_plain="$QADD_plain $qa" NADD_plain="$NADD_plain $na"
+            at_least "$r" 1 && MET_plain=$((MET_plain + 1))
+            at_least "$na" "$qa" && ! at_least "$qa" "$na" &&
+                MET_added=$((MET_added + 1))
+        else
+            ALL_stream="$ALL_stream $r" CPU_stream="$CPU_stream $cr"
+            QADD_stream="$QADD_stream $qa" NADD_stream="$NADD_stream $na"
+            at_least "$r" 1 && MET_stream=$((MET_stream + 1))
         fi
     done
-    [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
-    line "$mode p50" "$(ms "$D_P50")" "$(ms "$Q_P50")" "$(ms "$N_P50")" "$(added "$Q_P50" "$D_P50")" "$(added "$N_P50" "$D_P50")" ""
-    line "$mode p99" "$(ms "$D_P99")" "$(ms "$Q_P99")" "$(ms "$N_P99")" "$(added "$Q_P99" "$D_P99")" "$(added "$N_P99" "$D_P99")" ""
-    us=$(awk -v a="$Q_P50" -v b="$D_P50" 'BEGIN { printf "%.0f", a - b }')
-    if [ "$mode" = plain ]; then
-        LAT_plain="$LAT_plain $us"
-        at_least "$us" 100 || MET_lat=$((MET_lat + 1))
-    else
-        LAT_stream="$LAT_stream $us"
-    fi
-done
-k=$((k + 1))
+
+    # one connection: the latency each path adds when nothing queues
+    say ""
+    say "  one connection (wrk -t1 -c1 -d$LAT_DUR): p50 / p99 ms, and" \
+        "what each proxy adds"
+    line "" "direct" "quotagate" "nginx" "qg added" "ngx add" ""
+    for mode in plain stream; do
+        run_wrk "lat_direct_${mode}_$k" "$DBL_URL" "$mode" "" 1 1 "$LAT_DUR"
+        D_P50=$R_P50 D_P99=$R_P99 D_BAD=$R_NON2XX D_ERR=$R_ERR
+        for who in $order; do
+            if [ "$who" = qg ]; then
+                run_wrk "lat_qg_${mode}_$k" "$QG_URL" "$mode" "" 1 1 "$LAT_DUR"
+                Q_P50=$R_P50 Q_P99=$R_P99 Q_BAD=$R_NON2XX Q_ERR=$R_ERR
+            else
+                run_wrk "lat_ngx_${mode}_$k" "$NGX_URL" "$mode" "" 1 1 \
+                    "$LAT_DUR"
+                N_P50=$R_P50 N_P99=$R_P99 N_BAD=$R_NON2XX N_ERR=$R_ERR
+            fi
+        done
+        [ "$D_BAD$D_ERR$Q_BAD$Q_ERR$N_BAD$N_ERR" = 000000 ] || BAD=1
+        line "$mode p50" "$(ms "$D_P50")" "$(ms "$Q_P50")" "$(ms "$N_P50")" \
+            "$(added "$Q_P50" "$D_P50")" "$(added "$N_P50" "$D_P50")" ""
+        line "$mode p99" "$(ms "$D_P99")" "$(ms "$Q_P99")" "$(ms "$N_P99")" \
+            "$(added "$Q_P99" "$D_P99")" "$(added "$N_P99" "$D_P99")" ""
+        us=$(awk -v a="$Q_P50" -v b="$D_P50" 'BEGIN { printf "%.0f", a - b }')
+        if [ "$mode" = plain ]; then
+            LAT_plain="$LAT_plain $us"
+            at_least "$us" 100 || MET_lat=$((MET_lat + 1))
+        else
+            LAT_stream="$LAT_stream $us"
+        fi
+    done
+    k=$((k + 1))
 done
 
 say ""
 say "summary of $RUNS rounds: median (lowest-highest)"
 sline() { printf '  %-36s %-26s %s\n' "$@"; }
-sline "plain req/s, quotagate/nginx" "$(spread2 $ALL_plain)" "target >= 1.0x: $MET_plain of $RUNS rounds"
+sline "plain req/s, quotagate/nginx" "$(spread2 $ALL_plain)" \
+    "target >= 1.0x: $MET_plain of $RUNS rounds"
 sline "plain CPU us/req, quotagate/nginx" "$(spread2 $CPU_plain)" ""
-sline "stream req/s, quotagate/nginx" "$(spread2 $ALL_stream)" "target >= 1.0x: $MET_stream of $RUNS rounds"
+sline "stream req/s, quotagate/nginx" "$(spread2 $ALL_stream)" \
+    "target >= 1.0x: $MET_stream of $RUNS rounds"
 sline "stream CPU us/req, quotagate/nginx" "$(spread2 $CPU_stream)" ""
-sline "plain added p50 ms, quotagate" "$(spread3 $QADD_plain)" "target under nginx's: $MET_added of $RUNS rounds"
+sline "plain added p50 ms, quotagate" "$(spread3 $QADD_plain)" \
+    "target under nginx's: $MET_added of $RUNS rounds"
 sline "plain added p50 ms, nginx" "$(spread3 $NADD_plain)" ""
 sline "stream added p50 ms, quotagate" "$(spread3 $QADD_stream)" ""
 sline "stream added p50 ms, nginx" "$(spread3 $NADD_stream)" ""
-sline "one connection, plain added p50 us" "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_plain)" "target < 100 us: $MET_lat of $RUNS rounds"
-sline "one connection, stream added p50 us" "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_stream)" ""
+sline "one connection, plain added p50 us" \
+    "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_plain)" \
+    "target < 100 us: $MET_lat of $RUNS rounds"
+sline "one connection, stream added p50 us" \
+    "$(spreadf '%+.0f (%+.0f to %+.0f)' $LAT_stream)" ""
 
 # the proxy really metered: the subject's 5 h window holds the calls
 USED=$(curl -s -m 10 -H "Authorization: Bearer $ADMIN_KEY" "$QG_URL/v1/usage/bench" |

@@ -443,10 +443,9 @@ static void *inject(void *arg)
          * kill); the replies of checks Redis applied just before are
          * lost with them.  Each is sent again once on the new connection.
          * Only once: a second reset can meet the checks sent again, which
-         * then go local from views that miss what Redis applied, and
-         * over-admit (docs/redis-store.md, "Known limits": checks in
-         * flight at an outage's start; a loop of resets here admitted
-         * 106 of 100 in a CI run) */
+         * then go local, under an outage's limits (docs/redis-store.md,
+         * "Known limits": a loop of resets here admitted 106 of 100 in a
+         * CI run) */
         f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "PAUSE",
                                 "2000", "WRITE", NULL) == 0;
         tst_sleep_ms(20);
