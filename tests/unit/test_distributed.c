@@ -439,9 +439,9 @@ static void *inject(void *arg)
          * once.  Writes are held first for 20 ms (CLIENT PAUSE WRITE: the
          * checks sent meanwhile wait in Redis, unapplied), so that the
          * kill meets checks in flight however soon the race would end
-         * (a CI run under ASan saw it end within ~10 ms of the first
-         * kill); the replies of checks Redis applied just before are
-         * lost with them.  Each is sent again once on the new connection.
+         * (a CI run under ASan saw it end before the third of a series
+         * of unheld resets); the replies of checks Redis applied just
+         * before are lost with them.  Each is sent again once on the new connection.
          * Only once: a second reset can meet the checks sent again, which
          * then go local, under an outage's limits (docs/redis-store.md,
          * "Known limits": a loop of resets here admitted 106 of 100 in a
