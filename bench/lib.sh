@@ -23,6 +23,17 @@ stop_pid() {
     wait "$1" 2>/dev/null
 }
 
+# bench_runs NAME: RUNS from BENCH_RUNS (default 3); exits 2 with NAME's
+# message when it is not a whole number >= 1
+bench_runs() {
+    RUNS=${BENCH_RUNS:-3}
+    case $RUNS in
+        ''|*[!0-9]*|0)
+            echo "$1: BENCH_RUNS must be a whole number >= 1" >&2
+            exit 2 ;;
+    esac
+}
+
 # bench_rules OUT: the example rules with a "bench" plan and subject: huge
 # limits, no concurrency window, and 1 s leases, so that a check-only run's
 # unsettled reservations expire instead of filling the reservation table

@@ -441,11 +441,11 @@ static void *inject(void *arg)
          * kill meets checks in flight however soon the race would end
          * (a CI run under ASan saw it end before the third of a series
          * of unheld resets); the replies of checks Redis applied just
-         * before are lost with them.  Each is sent again once on the new connection.
-         * Only once: a second reset can meet the checks sent again, which
-         * then go local, under an outage's limits (docs/redis-store.md,
-         * "Known limits": a loop of resets here admitted 106 of 100 in a
-         * CI run) */
+         * before are lost with them.  Each is sent again once on the new
+         * connection.  Only once: a second reset can meet the checks sent
+         * again, which then go local, under an outage's limits
+         * (docs/redis-store.md, "Known limits": a loop of resets here
+         * admitted 106 of 100 in a CI run) */
         f->done = redisproc_cmd(&R, out, sizeof out, "CLIENT", "PAUSE",
                                 "2000", "WRITE", NULL) == 0;
         tst_sleep_ms(20);
