@@ -23,9 +23,14 @@
 #      /v1/check, unique request_id, weight 1, never settled);
 #   4. per round: req/s, p50 and p99 latency of each, each server's CPU
 #      per request (utime + stime from /proc over the run, nginx's workers
-#      included), the quotagate/nginx ratios, and quotagate's durable
-#      settles per second; then the median and range of each ratio over
-#      the rounds, and in how many rounds each target of issue 14 held.
+#      included), the quotagate/nginx ratios, quotagate's durable settles
+#      and ledger commits per second; then the median and range of each
+#      ratio over the rounds, and in how many rounds each target of issue
+#      14 held.
+# With BENCH_ASYNC=1, a second quotagate with --ledger-async (settles
+# answered before their commit) takes the same check+settle load after
+# the others in each round: what durable settles cost, side by side
+# (docs/benchmarks.md, "What a durable settle costs"); not a target.
 # Environment: BENCH_DURATION (default 10s), BENCH_RUNS (3),
 # BENCH_THREADS (2),
 # BENCH_CONNECTIONS (64), BENCH_SPREAD (0: every request for the subject
@@ -36,7 +41,8 @@
 # UUID-like instead of growing counters, as clients that generate
 # UUIDv4s send them; docs/benchmarks.md "Ledger"), BENCH_TASKSET=1 pins
 # servers to CPU 1 and wrk to CPU 0 (needs 2 CPUs).  A round takes ~40 s
-# with the defaults (3 rounds: 125 s, measured).
+# with the defaults (3 rounds: 125 s, measured; BENCH_ASYNC=1 adds one
+# load a round).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -75,10 +81,11 @@ if [ "${BENCH_TASKSET:-0}" = 1 ] && command -v taskset >/dev/null 2>&1 &&
 fi
 
 TMP=$(mktemp -d /tmp/qg-http-bench.XXXXXX) || exit 1
-QG_PID=""; NGX_PID=""
+QG_PID=""; NGX_PID=""; QGA_PID=""
 cleanup() {
     stop_pid "$NGX_PID"; NGX_PID=""
     stop_pid "$QG_PID"; QG_PID=""
+    stop_pid "$QGA_PID"; QGA_PID=""
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -97,6 +104,12 @@ code=$(curl -s -o "$TMP/probe" -w '%{http_code}' -H "Authorization: Bearer $SERV
        -d "{\"subject\":\"bench\",\"request_id\":\"$RUN_ID-probe\",\"weight\":1}" "$QG_URL/v1/check")
 if [ "$code" != 200 ]; then
     say "http_bench: a probe check on quotagate answered $code: $(cat "$TMP/probe")"; exit 1
+fi
+QGA_URL=""
+if [ "${BENCH_ASYNC:-0}" = 1 ]; then
+    qg_pid=$QG_PID qg_url=$QG_URL
+    start_qg qga "$TMP/rules.yaml" --ledger-async
+    QGA_PID=$QG_PID QGA_URL=$QG_URL QG_PID=$qg_pid QG_URL=$qg_url
 fi
 
 # -------------------------------------------------------------------- nginx
@@ -206,16 +219,19 @@ say "  quotagate $QG_URL (data in $TMP/qg), nginx $(nginx -v 2>&1 | sed 's/.*\//
 # neither always meets the machine's state after the other.
 BAD=0
 ALL_CHECK="" ALL_CP99="" ALL_CCPU="" ALL_PAIRS="" ALL_PP99="" ALL_PCPU=""
-ALL_SETTLES="" MET_CHECK=0 MET_PAIRS=0 MET_SETTLES=0
+ALL_SETTLES="" MET_CHECK=0 MET_PAIRS=0 MET_SETTLES=0 ALL_ASYNC="" ALL_ACPU=""
 k=1
 while [ "$k" -le "$RUNS" ]; do
     order="qg ngx"; [ $((k % 2)) = 0 ] && order="ngx qg"
     for who in $order; do
         if [ "$who" = qg ]; then
+            m0=$(ledger_commits "$QG_URL")
             cpu_run "qg_settle_$k" "$QG_URL" bench/wrk_settle.lua "$QG_PID"
             QS_RPS=$R_RPS QS_P50=$R_P50 QS_P99=$R_P99 QS_BAD=$R_NON2XX \
                 QS_REQS=$R_REQS QS_SECS=$R_SECS QS_CPU=$R_CPU QS_USR=$R_USR \
                 QS_SYS=$R_SYS QS_LDG=$R_LDG
+            QS_COMMITS=$(per_sec "$m0" "$(ledger_commits "$QG_URL")" \
+                "$R_SECS")
         else
             cpu_run "ngx_settle_$k" "http://127.0.0.1:$NGX_PORT" \
                 bench/wrk_settle.lua "$NGX_PID"
@@ -223,6 +239,13 @@ while [ "$k" -le "$RUNS" ]; do
                 NS_CPU=$R_CPU NS_USR=$R_USR NS_SYS=$R_SYS
         fi
     done
+    if [ -n "$QGA_PID" ]; then
+        m0=$(ledger_commits "$QGA_URL")
+        cpu_run "qga_settle_$k" "$QGA_URL" bench/wrk_settle.lua "$QGA_PID"
+        QA_RPS=$R_RPS QA_P50=$R_P50 QA_P99=$R_P99 QA_BAD=$R_NON2XX \
+            QA_CPU=$R_CPU QA_USR=$R_USR QA_SYS=$R_SYS QA_LDG=$R_LDG
+        QA_COMMITS=$(per_sec "$m0" "$(ledger_commits "$QGA_URL")" "$R_SECS")
+    fi
     for who in $order; do
         if [ "$who" = qg ]; then
             cpu_run "qg_check_$k" "$QG_URL" bench/wrk_check.lua "$QG_PID"
@@ -255,6 +278,21 @@ while [ "$k" -le "$RUNS" ]; do
         "(each acknowledged after its ledger commit)"
     say "  of quotagate's CPU us/req, its ledger threads' (writer," \
         "checkpointer): check $QC_LDG, check+settle $QS_LDG"
+    say "  quotagate ledger commits per second during check+settle:" \
+        "$QS_COMMITS"
+    if [ -n "$QGA_PID" ]; then
+        say "  check+settle on a quotagate with --ledger-async (settles" \
+            "answered before their commit; not a target):"
+        line "quotagate async" "$QA_RPS" "$(ms "$QA_P50")" "$(ms "$QA_P99")" \
+            "$QA_BAD" "$QA_CPU" "$QA_USR" "$QA_SYS"
+        line "async/durable" "$(ratio "$QA_RPS" "$QS_RPS")x" \
+            "$(ratio "$QA_P50" "$QS_P50")x" "$(ratio "$QA_P99" "$QS_P99")x" \
+            "" "$(ratio "$QA_CPU" "$QS_CPU")x" \
+            "$(ratio "$QA_USR" "$QS_USR")x" "$(ratio "$QA_SYS" "$QS_SYS")x"
+        say "  its ledger threads: $QA_LDG us/req, $QA_COMMITS commits/s"
+        ALL_ASYNC="$ALL_ASYNC $(ratio "$QA_RPS" "$QS_RPS")"
+        ALL_ACPU="$ALL_ACPU $(ratio "$QA_CPU" "$QS_CPU")"
+    fi
     if [ "$QC_BAD" != 0 ] || [ "$QS_BAD" != 0 ]; then
         BAD=1
         say "  note: quotagate answered non-2xx responses" \
@@ -287,10 +325,19 @@ sline "check+settle p99" "$(spread2 $ALL_PP99)" ""
 sline "check+settle CPU us/req" "$(spread2 $ALL_PCPU)" ""
 sline "durable settles/s" "$(spread $ALL_SETTLES)" \
     "target >= 30000/s: $MET_SETTLES of $RUNS rounds"
+if [ -n "$QGA_PID" ]; then
+    sline "check+settle, async/durable" "$(spread2 $ALL_ASYNC)" \
+        "req/s of --ledger-async over durable (not a target)"
+    sline "  CPU us/req, async/durable" "$(spread2 $ALL_ACPU)" ""
+fi
 if [ "$BAD" != 0 ]; then
     say "note: quotagate answered non-2xx responses (see the rounds" \
         "above); first lines of its stderr:"
     head -5 "$TMP/qg.err"
+fi
+if [ -n "$QGA_PID" ] && ! kill -0 "$QGA_PID" 2>/dev/null; then
+    say "http_bench: quotagate serve --ledger-async died during the" \
+        "benchmark; its stderr:"; cat "$TMP/qga.err"; exit 1
 fi
 if ! kill -0 "$QG_PID" 2>/dev/null; then
     say "http_bench: quotagate serve died during the benchmark; its stderr:"; cat "$TMP/qg.err"; exit 1

@@ -182,5 +182,17 @@ per_req() {
         printf "%.1f %.1f %.1f %.1f\n", (y[1] + y[2] - x[1] - x[2]) * f,
                (y[1] - x[1]) * f, (y[2] - x[2]) * f, (y[3] - x[3]) * f }'
 }
+# ledger_commits URL: the ledger commits quotagate at URL has made since
+# it started (quotagate_ledger_commits_total of its /metrics), or 0
+ledger_commits() {
+    curl -s -m 5 -H "Authorization: Bearer $ADMIN_KEY" "$1/metrics" \
+        2>/dev/null | awk '$1 == "quotagate_ledger_commits_total" {
+            print $2; f = 1 } END { if (!f) print 0 }'
+}
+# per_sec A B SECS: (B - A) / SECS, whole
+per_sec() {
+    awk -v a="$1" -v b="$2" -v s="$3" \
+        'BEGIN { if (s > 0) printf "%.0f", (b - a) / s; else print "0" }'
+}
 # clock ticks per second, for cpu_ticks
 TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
