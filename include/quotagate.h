@@ -181,7 +181,8 @@ void qg_iso8601_format(int64_t ms, char *buf, int cap);
 /* ---------------------------------------------------------------- store */
 
 typedef struct qg_memory_opts {
-    int shards;                /* power of two; 0 = 64 */
+    int shards;                /* power of two; 0 = 256, halved while
+                                  a shard would keep < 1024 ids */
     uint32_t max_reservations; /* idempotency memory: request ids kept;
                                   0 = 524288 */
     int prefault;              /* nonzero: make that memory resident now

@@ -476,6 +476,36 @@ static void test_reservations_full(void **state)
     qg_store_free(f->store);
 }
 
+/* The default shard count keeps a small bound whole: 90 ids (under the
+ * 1,024 a shard keeps at least) in one shard, so 90 live reservations of
+ * 1 point each are admitted wherever their ids hash, and the 91st is
+ * refused as full (with 64 shards of 1 id, the second id to land in a
+ * shard was refused). */
+static void test_reservations_small_bound(void **state)
+{
+    (void)state;
+    enum { MAX = 90 };
+    qg_memory_opts mo = { .max_reservations = MAX };
+    fixture *f = fixture_new(&mo);
+    static qg_decision d;
+    qg_check_req req = { .subject = "bob", .request_id = "sb-full",
+                         .weight_milli = 1000 };
+    char rid[32], err[200] = "";
+
+    for (int i = 0; i < MAX; i++) {
+        snprintf(rid, sizeof rid, "sb-%d", i);
+        assert_int_equal(check_w(f, "bob", rid, 1000, T_MS + i, &d),
+                         QG_ALLOW);
+    }
+    assert_int_equal(qg_engine_check(f->eng, &req, T_MS + MAX, &d, err,
+                                     sizeof err), QG_EFULL);
+    qg_store_stats st;
+    qg_store_stats_get(f->store, &st);
+    assert_int_equal(st.reservations_live, MAX);
+    qg_engine_free(f->eng);
+    qg_store_free(f->store);
+}
+
 /* The request-id table under churn: one shard of 64 ids, 20000 steps of
  * new ids (checked and settled) and replays of recent ones, against a
  * plain list of the ids the table should still hold (the newest 64, all
@@ -899,6 +929,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_model_scoped, setup, teardown),
         cmocka_unit_test(test_reservations_full),
         cmocka_unit_test(test_reservations_churn),
+        cmocka_unit_test(test_reservations_small_bound),
         cmocka_unit_test(test_prefault),
         cmocka_unit_test(test_versions_by_instant),
         cmocka_unit_test(test_org_versions),

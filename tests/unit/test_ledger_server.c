@@ -469,7 +469,8 @@ static void test_reuse_after_restart(void **state)
 }
 
 /* The same after the counters forgot the id among many others (the
- * remembered-ids bound is 64 here, one id per shard). */
+ * remembered-ids bound is 64 here: one shard, which forgets its oldest
+ * settled id for each new one past 64). */
 static void test_reuse_after_forgotten(void **state)
 {
     const char *args[] = {"--request-ids", "64", NULL};
@@ -479,8 +480,7 @@ static void test_reuse_after_forgotten(void **state)
     start("rules_long.yaml", args);
     WANT(check_w("victim", rid, 1), 200, "victim's check");
     WANT(settle_w(rid, 7, NULL), 200, "victim's settle");
-    /* an id is forgotten when a newer one lands in its shard: 1000 ids
-     * miss a given shard of 64 with probability (63/64)^1000 < 2e-7 */
+    /* 1000 newer ids, all settled: the victim's is forgotten after 64 */
     for (i = 0; i < 1000; i++) {
         const char *id = tst_uid("rf-other");
         WANT(check_w("crowd", id, 0), 200, "crowd check");
