@@ -560,6 +560,11 @@ int main(void)
         }
         cratio[k] = checks2[k] / checks1[k];
         pratio[k] = pairs2[k] / pairs1[k];
+        /* rolling rings and leases that outgrew the entity's block moved
+         * to the heap: later rounds decide over more of them */
+        qg_store_stats_get(w.store, &st);
+        printf("  %-44s    (store: %.0f bytes/entity after round %d)\n", "",
+               (double)st.bytes / (double)st.subjects, k + 1);
     }
     qg_store_stats_get(w.store, &st);
     world_free(&w);
