@@ -9,9 +9,9 @@
  *     many orgs; plan = rolling 5h + calendar weekly + rate + concurrency,
  *     org = calendar monthly.  1 and 2 threads; checks/s and
  *     check+settle pairs/s; store bytes per subject.  QG_BENCH_RUNS
- *     rounds (3; at most 16) of the four phases, one thread first in
- *     even rounds and two threads first in odd ones; the median, range
- *     and rounds meeting issue 14's targets are printed.
+ *     rounds (3; at most 16) of the four phases, the first round and
+ *     every other one starting with one thread, the rest with two; the
+ *     median, range and rounds meeting issue 14's targets are printed.
  *  2. the same workload at a smaller scale, engine vs the reference
  *     (tests/support/refmodel.c, which scans its whole log per decision).
  *  3. heavy subjects: 100 subjects with thousands of charges each inside
@@ -542,8 +542,8 @@ int main(void)
     printf("\n  %-44s %2s %10s %8s %12s\n", "workload", "th", "ops", "secs",
            "per second");
     for (int k = 0; k < runs; k++) {
-        /* odd rounds start with two threads: neither always meets the
-         * machine after the other */
+        /* rounds 2, 4, .. (k odd) start with two threads: neither
+         * always meets the machine after the other */
         for (int step = 0; step < 2; step++) {
             int th = (step ^ (k & 1)) ? 2 : 1;
             long n = th * ops;
