@@ -18,11 +18,10 @@
 #include "ledger_backend.h"
 
 /* The writer's sums of the history's rollup for the batch being written
- * (changes to rows below subject_rows' mark), and the statement that
- * adds the rows a fill passes (ledger_sqlite_rollup.c). */
+ * (ledger_sqlite_rollup.c). */
 struct qg__sq_sum;
 typedef struct qg__sq_rollup {
-    sqlite3_stmt *prior, *add, *bump, *range;
+    sqlite3_stmt *prior, *add, *bump;
     struct qg__sq_sum *sums;    /* open addressing, cap a power of 2 */
     uint32_t *used;             /* the n slots of sums in use */
     uint32_t cap;
@@ -32,8 +31,7 @@ typedef struct qg__sq_rollup {
 /* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c). */
 typedef struct qg__sq_subject_rows {
     sqlite3_stmt *fill, *top, *mark_st;
-    int64_t mark;               /* the last rowid subject_rows (and the
-                                   rollup usage_slots) covers */
+    int64_t mark;               /* the last rowid subject_rows covers */
     int64_t pending;            /* the mark the open transaction sets, -1 */
     size_t waiting;             /* rows written since the last fill */
     int64_t since_ms;           /* when the first of them was */
@@ -45,7 +43,6 @@ typedef struct qg__sq_subject_rows {
 typedef struct qg__sq_prior {
     int found, decision;
     int64_t weight_milli, created_ms;
-    int64_t rowid;              /* at or below the mark: in usage_slots */
     char subject[sizeof ((qg_ledger_row *)0)->subject];
     char model[sizeof ((qg_ledger_row *)0)->model];
 } qg__sq_prior;
@@ -180,10 +177,8 @@ extern const qg__ledger_outbox_ops qg__sq_outbox_ops;
 /* The rollup (ledger_sqlite_rollup.c), on the writer's connection:
  * prepare/finalize with the writer's statements; per row, before (read
  * the row the statement may replace) and, when the statement changed
- * the row, after (for a row at or below the mark: sum the old counts
- * out and the new in); flush writes the sums (SQLite codes) and clear
- * drops them (a failed batch); range adds the rows (after, upto] by
- * rowid, for a fill that moves the mark there (SQLite code). */
+ * the row, after (sum the old counts out and the new in); flush writes
+ * the sums (SQLite codes) and clear drops them (a failed batch). */
 int qg__sq_rollup_prepare(qg__sq *s);
 void qg__sq_rollup_finalize(qg__sq *s);
 int qg__sq_rollup_before(qg__sq *s, const qg_ledger_row *row,
@@ -192,7 +187,6 @@ int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
                         const qg__sq_prior *p);
 int qg__sq_rollup_flush(qg__sq *s);
 void qg__sq_rollup_clear(qg__sq *s);
-int qg__sq_rollup_range(qg__sq *s, int64_t after, int64_t upto);
 
 /* subject_rows (ledger_sqlite_subject_rows.c), on the writer's connection:
  * prepare (reads the mark; QG_OK or QG_EIO) and finalize with the

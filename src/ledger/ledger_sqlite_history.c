@@ -7,15 +7,12 @@
  * lookups the decision path makes (get, on gdb) never wait for a history
  * read.  The slots come from the rollup usage_slots, whose primary key
  * (subject, slot_ms, model) is the order asked for: a range of it, never
- * the subject's rows, plus the subject's rows above subject_rows' mark,
- * which the rollup does not count yet (schema 11).  The latest rows come
- * from subject_rows (subject, created_ms, rowid), read backwards from
- * `before`: LIMIT rows, however many the subject has, and from the rows
- * above its mark, which the writer has not put there yet.  Both tails are
- * at most one interval of all subjects' rows
- * (ledger_sqlite_subject_rows.c), read by rowid in the same statement,
- * so one snapshot.  The rollup is migration 5's, subject_rows migration
- * 10's (ledger_sqlite_schema.c). */
+ * the subject's rows.  The latest rows come from subject_rows (subject,
+ * created_ms, rowid), read backwards from `before`: LIMIT rows, however
+ * many the subject has, and from the rows above its mark, which the
+ * writer has not put there yet (at most one interval of all subjects'
+ * rows, ledger_sqlite_subject_rows.c).  The rollup is migration 5's,
+ * subject_rows migration 10's (ledger_sqlite_schema.c). */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,38 +25,14 @@
 #include "ledger_sqlite.h"
 
 
-/* A row's slot, and its weight as the rollup counts it
- * (ledger_sqlite_rollup.c: within [0, QG_AMOUNT_MAX_MILLI]). */
-_Static_assert(QG_LEDGER_SLOT_MS == 900000, "SLOT_OF's slot length");
-_Static_assert(QG_AMOUNT_MAX_MILLI == INT64_C(1000000000000000000),
-               "WEIGHT_OF's bound");
-#define SLOT_OF "(created_ms - created_ms % 900000)"
-#define WEIGHT_OF \
-    "CASE WHEN decision = 1 THEN" \
-    " max(0, min(weight_milli, 1000000000000000000)) ELSE 0 END"
-
-/* The subject's slots in [?2, ?3), and one line per row above the mark:
- * sq_slots adds up the lines of a slot and model (in C: a sum stops at
- * the int64 range, where SQL's sum() fails). */
 static const char sql_slots[] =
     "SELECT slot_ms, model, weight_milli, admitted, requests, refused"
     " FROM usage_slots WHERE subject = ?1 AND slot_ms >= ?2 AND slot_ms < ?3"
-    " UNION ALL"
-    " SELECT " SLOT_OF ", coalesce(model, ''), " WEIGHT_OF ","
-    " decision = 1, 1, decision <> 1 FROM requests NOT INDEXED"
-    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
-    " AND " SLOT_OF " >= ?2 AND " SLOT_OF " < ?3"
-    " ORDER BY 1, 2";
+    " ORDER BY slot_ms, model";
 
-/* NULL when neither has an admitted request of the subject. */
 static const char sql_first[] =
-    "SELECT min(s) FROM ("
-    " SELECT (SELECT slot_ms FROM usage_slots WHERE subject = ?1"
-    " AND admitted > 0 ORDER BY slot_ms LIMIT 1) AS s"
-    " UNION ALL"
-    " SELECT min(" SLOT_OF ") FROM requests NOT INDEXED"
-    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
-    " AND decision = 1)";
+    "SELECT slot_ms FROM usage_slots WHERE subject = ?1 AND admitted > 0"
+    " ORDER BY slot_ms LIMIT 1";
 
 /* The rows above the mark are read by rowid (NOT INDEXED): the index on
  * created_ms matches the ORDER BY, and the planner would scan it, every
@@ -121,44 +94,19 @@ static int run(qg__sq *s, sqlite3_stmt *st,
 typedef struct slots_ud {
     int (*fn)(const qg_usage_slot *s, void *ud);
     void *ud;
-    qg_usage_slot cur;           /* the slot being added up */
-    int have;
 } slots_ud;
 
-static int64_t sat_add(int64_t a, int64_t b)
-{
-    int64_t r;
-    if (!__builtin_add_overflow(a, b, &r))
-        return r;
-    return b > 0 ? INT64_MAX : INT64_MIN;
-}
-
-/* One line of sql_slots: into the current slot, or the current one to
- * the caller and this one started. */
 static int slot_row(sqlite3_stmt *st, void *ud)
 {
     slots_ud *u = ud;
     qg_usage_slot sl;
-    int out = 0;
     sl.start_ms = sqlite3_column_int64(st, 0);
     COL_STR(st, 1, sl.model);
     sl.weight_milli = sqlite3_column_int64(st, 2);
     sl.admitted = sqlite3_column_int64(st, 3);
     sl.requests = sqlite3_column_int64(st, 4);
     sl.refused = sqlite3_column_int64(st, 5);
-    if (u->have && u->cur.start_ms == sl.start_ms &&
-        strcmp(u->cur.model, sl.model) == 0) {
-        u->cur.weight_milli = sat_add(u->cur.weight_milli, sl.weight_milli);
-        u->cur.admitted = sat_add(u->cur.admitted, sl.admitted);
-        u->cur.requests = sat_add(u->cur.requests, sl.requests);
-        u->cur.refused = sat_add(u->cur.refused, sl.refused);
-        return 0;
-    }
-    if (u->have)
-        out = u->fn(&u->cur, u->ud);
-    u->cur = sl;
-    u->have = 1;
-    return out;
+    return u->fn(&sl, u->ud);
 }
 
 static int sq_slots(void *b, const char *subject, int64_t from_ms,
@@ -166,7 +114,7 @@ static int sq_slots(void *b, const char *subject, int64_t from_ms,
                     void *ud)
 {
     qg__sq *s = b;
-    slots_ud u = {fn, ud, {0}, 0};
+    slots_ud u = {fn, ud};
     int rc;
     pthread_mutex_lock(&s->hist_mu);
     sqlite3_bind_text(s->slots_st, 1, subject, -1, SQLITE_STATIC);
@@ -174,15 +122,12 @@ static int sq_slots(void *b, const char *subject, int64_t from_ms,
     sqlite3_bind_int64(s->slots_st, 3, to_ms);
     rc = run(s, s->slots_st, slot_row, &u);
     pthread_mutex_unlock(&s->hist_mu);
-    if (rc == 0 && u.have)
-        rc = fn(&u.cur, ud);
     return rc;
 }
 
 static int first_row(sqlite3_stmt *st, void *ud)
 {
-    if (sqlite3_column_type(st, 0) != SQLITE_NULL)
-        *(int64_t *)ud = sqlite3_column_int64(st, 0);
+    *(int64_t *)ud = sqlite3_column_int64(st, 0);
     return 1;
 }
 

@@ -1,37 +1,21 @@
 /* ledger_sqlite_rollup.c - the history's rollup (usage_slots: a
  * subject's counts per quarter hour and model, ledger.h "history") kept
- * by the writer instead of by triggers (schema 8), once per interval
- * for new rows (schema 11).
+ * by the writer instead of by triggers (schema 8).
  *
  * A trigger ran one upsert of usage_slots per row written, inside the
  * row's statement: it halved the writer's rows per second (45,276 ->
  * 20,545 durable rows/s pipelined, bench_ledger, docs/benchmarks.md).
- * Summing per batch instead (schema 8) still updated, in every COMMIT,
- * one row of usage_slots per subject the batch held: on a ledger some
- * days old each subject's current slot sits on a page of its own, so a
- * batch over 400 subjects wrote 400 pages to the WAL (an aged ledger
- * under checks over 1,000 subjects: the writer's CPU per check doubled,
- * bytes written per check 4x; docs/benchmarks.md, "An aged ledger").
- *
- * So usage_slots counts the rows up to subject_rows' mark, and moves
- * with it: each fill (ledger_sqlite_subject_rows.c) reads the rows it
- * passes into the sums below and writes them once per slot
- * (qg__sq_rollup_range), in the same transaction, and the readers add
- * the rows above the mark (ledger_sqlite_history.c).  A statement that changes a row
- * the mark has passed (a settle, a refusal decided again) takes the old
- * row's counts out and puts the new one's in: those changes are summed
- * in memory per (subject, slot, model) while the batch is written and
- * added once per slot, in the batch's own transaction, before its
- * COMMIT, so a batch that fails leaves neither its rows nor their
- * counts.  The old row is read by request id just before the statement
- * (qg__sq_rollup_before), in the same transaction.  A row above the mark
- * needs nothing: the fill counts it as it stands when the mark passes.
+ * Here each row's change is summed in memory per (subject, slot, model)
+ * while the batch is written, and the sums are added to usage_slots once
+ * per slot, in the batch's own transaction, before its COMMIT: a batch
+ * that fails leaves neither its rows nor their counts.
  *
  * What a row counts is what the trigger counted: weight_milli when
- * admitted (decision 1), admitted, requests (1), refused.  A weight
- * outside [0, QG_AMOUNT_MAX_MILLI] (a row no build writes, put in the
- * file by other means) counts as the nearest bound, as the readers
- * count it, and a sum stops at the int64 range instead of wrapping. */
+ * admitted (decision 1), admitted, requests (1), refused.  A statement
+ * that replaces a row (a refusal decided again, a settle) takes the old
+ * row's counts out and puts the new one's in; the old row is read by
+ * request id just before the statement (qg__sq_rollup_before), in the same
+ * transaction, so a row written earlier in the batch is seen. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,13 +31,8 @@
 #define MAX_CAP (1u << 16)          /* beyond this, sums go out early */
 
 static const char sql_prior[] =
-    "SELECT subject, decision, weight_milli, created_ms, coalesce(model, ''),"
-    " rowid FROM requests WHERE request_id = ?1";
-
-/* The rows (?1, ?2] by rowid, for the fill's sums (qg__sq_rollup_range). */
-static const char sql_range[] =
     "SELECT subject, decision, weight_milli, created_ms, coalesce(model, '')"
-    " FROM requests WHERE rowid > ?1 AND rowid <= ?2";
+    " FROM requests WHERE request_id = ?1";
 
 /* A slot's sums go out as an UPDATE of its row, and only when there is
  * none (its subject's first row in that quarter hour and model) as the
@@ -90,9 +69,7 @@ int qg__sq_rollup_prepare(qg__sq *s)
         sqlite3_prepare_v3(s->wdb, sql_add, -1, SQLITE_PREPARE_PERSISTENT,
                            &r->add, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_bump, -1, SQLITE_PREPARE_PERSISTENT,
-                           &r->bump, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(s->wdb, sql_range, -1, SQLITE_PREPARE_PERSISTENT,
-                           &r->range, NULL) != SQLITE_OK)
+                           &r->bump, NULL) != SQLITE_OK)
         return QG_EIO;
     r->sums = calloc(START_CAP, sizeof *r->sums);
     r->used = malloc(START_CAP * sizeof *r->used);
@@ -109,7 +86,6 @@ void qg__sq_rollup_finalize(qg__sq *s)
     sqlite3_finalize(r->prior);
     sqlite3_finalize(r->add);
     sqlite3_finalize(r->bump);
-    sqlite3_finalize(r->range);
     free(r->sums);
     free(r->used);
     memset(r, 0, sizeof *r);
@@ -201,20 +177,6 @@ int qg__sq_rollup_flush(qg__sq *s)
     return rc;
 }
 
-/* A weight as the rollup counts it (see the top). */
-static int64_t clamp(int64_t w)
-{
-    return w < 0 ? 0 : w > QG_AMOUNT_MAX_MILLI ? QG_AMOUNT_MAX_MILLI : w;
-}
-
-static int64_t sat_add(int64_t a, int64_t b)
-{
-    int64_t r;
-    if (!__builtin_add_overflow(a, b, &r))
-        return r;
-    return b > 0 ? INT64_MAX : INT64_MIN;
-}
-
 /* Add one row's counts, times sign (+1 or -1), to its slot's sum. */
 static int add(qg__sq *s, const char *subject, int64_t created_ms,
                const char *model, int decision, int64_t weight_milli,
@@ -249,7 +211,7 @@ static int add(qg__sq *s, const char *subject, int64_t created_ms,
     r->used[r->n++] = j;
 found:
     if (decision == 1) {
-        e->weight_milli = sat_add(e->weight_milli, sign * clamp(weight_milli));
+        e->weight_milli += sign * weight_milli;
         e->admitted += sign;
     } else {
         e->refused += sign;
@@ -271,7 +233,6 @@ int qg__sq_rollup_before(qg__sq *s, const qg_ledger_row *row,
         p->weight_milli = sqlite3_column_int64(st, 2);
         p->created_ms = sqlite3_column_int64(st, 3);
         COL_STR(st, 4, p->model);
-        p->rowid = sqlite3_column_int64(st, 5);
         rc = SQLITE_OK;
     } else if (rc == SQLITE_DONE) {
         rc = SQLITE_OK;
@@ -283,42 +244,17 @@ int qg__sq_rollup_before(qg__sq *s, const qg_ledger_row *row,
 int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
                         const qg__sq_prior *p)
 {
-    int rc;
-    /* a new row, or one above the mark: the fill counts it */
-    if (!p->found || p->rowid > s->subject_rows.mark)
-        return QG_OK;
-    rc = add(s, p->subject, p->created_ms, p->model, p->decision,
-             p->weight_milli, -1);
-    /* a settle changes only the weight of the row it finds */
-    if (rc == QG_OK && row->settle_only)
-        return add(s, p->subject, p->created_ms, p->model, p->decision,
-                   row->weight_milli, 1);
+    int rc = QG_OK;
+    if (p->found) {
+        rc = add(s, p->subject, p->created_ms, p->model, p->decision,
+                 p->weight_milli, -1);
+        /* a settle changes only the weight of the row it finds */
+        if (rc == QG_OK && row->settle_only)
+            return add(s, p->subject, p->created_ms, p->model, p->decision,
+                       row->weight_milli, 1);
+    }
     if (rc == QG_OK)
         rc = add(s, row->subject, row->created_ms, row->model,
                  row->decision, row->weight_milli, 1);
     return rc;
-}
-
-int qg__sq_rollup_range(qg__sq *s, int64_t after, int64_t upto)
-{
-    sqlite3_stmt *st = s->rollup.range;
-    char subject[sizeof ((qg_ledger_row *)0)->subject];
-    char model[sizeof ((qg_ledger_row *)0)->model];
-    int rc;
-    sqlite3_bind_int64(st, 1, after);
-    sqlite3_bind_int64(st, 2, upto);
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        COL_STR(st, 0, subject);
-        COL_STR(st, 4, model);
-        if (add(s, subject, sqlite3_column_int64(st, 3), model,
-                sqlite3_column_int(st, 1), sqlite3_column_int64(st, 2),
-                1) != QG_OK) {
-            rc = SQLITE_NOMEM;
-            break;
-        }
-    }
-    sqlite3_reset(st);
-    if (rc != SQLITE_DONE)
-        return rc;
-    return qg__sq_rollup_flush(s);
 }

@@ -151,17 +151,6 @@ static const char *const migrations[] = {
      " AND created_ms = OLD.created_ms AND seq = OLD.rowid;"
      " INSERT OR IGNORE INTO subject_rows"
      " VALUES (NEW.subject, NEW.created_ms, NEW.rowid); END;"),
-    /* 10 -> 11: usage_slots counts the rows up to subject_rows' mark, and
-     * the writer's fills move both (ledger_sqlite_rollup.c); schema 10
-     * counted every row the writer wrote, so the mark is moved to the
-     * last row here, its rows put in subject_rows first.  Rows another
-     * program appended were never in the rollup and stay out of it (from
-     * schema 11 on, the fill at open counts such rows). */
-    ("INSERT OR IGNORE INTO subject_rows SELECT subject, created_ms, rowid"
-     " FROM requests WHERE rowid > (SELECT seq FROM subject_rows_mark)"
-     " ORDER BY subject, created_ms, rowid;"
-     " UPDATE subject_rows_mark SET seq = max(seq,"
-     " (SELECT coalesce(max(rowid), 0) FROM requests));"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -10,9 +10,7 @@
  * subject_index_rows rows) the rows above the mark go into subject_rows
  * in one INSERT ... SELECT ordered by its key, in the batch's own
  * transaction: each subject's leaf is written once per interval, not
- * once per row.  The same fill adds those rows to the history's rollup
- * (usage_slots, schema 11: ledger_sqlite_rollup.c), so that both cover
- * the rows up to one mark.
+ * once per row.
  *
  * Readers (sql_latest, sql_scan_entity) take the indexed part from
  * subject_rows and the tail, the rows above subject_rows_mark (at most one
@@ -103,12 +101,10 @@ static int step_done(sqlite3_stmt *st)
 }
 
 /* One fill, in the open transaction: the rows above the mark, at most a
- * step of them, into subject_rows and into the rollup's counts
- * (qg__sq_rollup_range), and the mark moved past them.  *to: the new
- * mark (the old one when no row is above it).  SQLite's code. */
-static int fill_step(qg__sq *s, int64_t *to)
+ * step of them, into subject_rows, and the mark moved past them.  *to:
+ * the new mark (the old one when no row is above it).  SQLite's code. */
+static int fill_step(qg__sq_subject_rows *x, int64_t *to)
 {
-    qg__sq_subject_rows *x = &s->subject_rows;
     int64_t top;
     int rc;
     *to = x->mark;
@@ -126,7 +122,6 @@ static int fill_step(qg__sq *s, int64_t *to)
     sqlite3_bind_int64(x->fill, 2, top);
     sqlite3_bind_int64(x->mark_st, 1, top);
     if ((rc = step_done(x->fill)) != SQLITE_OK ||
-        (rc = qg__sq_rollup_range(s, x->mark, top)) != SQLITE_OK ||
         (rc = step_done(x->mark_st)) != SQLITE_OK)
         return rc;
     *to = top;
@@ -149,7 +144,7 @@ int64_t qg__sq_subject_rows_catch_up(qg__sq *s, char *why, size_t whycap)
             snprintf(why, whycap, "%s", sqlite3_errmsg(s->wdb));
             return -1;
         }
-        if (fill_step(s, &to) != SQLITE_OK ||
+        if (fill_step(x, &to) != SQLITE_OK ||
             sqlite3_exec(s->wdb, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
             /* the reason before the ROLLBACK clears it */
             snprintf(why, whycap, "%s", sqlite3_errmsg(s->wdb));
@@ -176,7 +171,7 @@ int qg__sq_subject_rows_flush(qg__sq *s, size_t rows)
     x->waiting += rows;
     if (x->waiting < (size_t)x->every_rows && now - x->since_ms < x->every_ms)
         return SQLITE_OK;
-    if ((rc = fill_step(s, &to)) != SQLITE_OK)
+    if ((rc = fill_step(x, &to)) != SQLITE_OK)
         return rc;
     x->pending = to;         /* the mark once committed; waiting restarts */
     return SQLITE_OK;

@@ -53,26 +53,16 @@ static void log_line(void *ud, const char *line)
     fprintf(stderr, "ledger: %s\n", line);
 }
 
-/* every_rows (SQLite): how often the writer's fill moves subject_rows'
- * mark, and the rollup's with it: 0 the defaults, > 0 every that many
- * rows, < 0 never (an hour; every row stays above the mark). */
-static qg_ledger *open_every(const char *url, int every_rows)
+static qg_ledger *open_ok(const char *url)
 {
     char err[512];
     qg_ledger_opts o = {0};
     o.sync = QG_LEDGER_DURABLE;
     o.log = log_line;
-    o.subject_index_rows = every_rows < 0 ? 100000000 : every_rows;
-    o.subject_index_ms = every_rows < 0 ? 3600 * 1000 : 0;
     qg_ledger *l = qg__ledger_open(url, &o, err, sizeof err);
     if (!l)
         fail_msg("open %s: %s", url, err);
     return l;
-}
-
-static qg_ledger *open_ok(const char *url)
-{
-    return open_every(url, 0);
 }
 
 typedef struct counter {
@@ -232,15 +222,12 @@ static void check_rollup(qg_ledger *l, const char *subject, int64_t from,
 
 #define N 1500
 
-/* Inserts, settles and refusals decided again, the rollup checked after
- * each stage and after a reopen; every_rows as open_every's.  On SQLite a
- * change to a row below the mark is summed by the batch, one above it by
- * the fill that passes it (ledger_sqlite_rollup.c). */
-static void rollup_run(int every_rows)
+static void test_rollup_follows_rows(void **state)
 {
+    (void)state;
     tmpdb t;
     tmpdb_make(&t);
-    qg_ledger *l = open_every(t.path, every_rows);
+    qg_ledger *l = open_ok(t.path);
     qg_ledger_row *rows = calloc(N, sizeof *rows);
     int64_t counted = 0, first = 0;
     uint64_t seed = rng;        /* stage 3 makes the same rows again */
@@ -301,131 +288,14 @@ static void rollup_run(int every_rows)
     assert_int_equal(qg__ledger_first_usage(l, "nobody", &first),
                      QG_ENOTFOUND);
 
-    /* the same figures after a reopen (the rollup is in the database; on
-     * SQLite the rows above the mark are counted by the fill at open) */
+    /* the same figures after a reopen (the rollup is in the database) */
     qg__ledger_close(l);
     l = open_ok(t.path);
     check_rollup(l, "alice", 0, INT64_MAX, &counted);
     assert_int_equal(counted, after);
-    check_rollup(l, "bob", 0, INT64_MAX, NULL);
     qg__ledger_close(l);
     free(rows);
     free(again);
-    tmpdb_remove(&t);
-}
-
-static void test_rollup_follows_rows(void **state)
-{
-    (void)state;
-    rollup_run(0);
-    if (on_pg)
-        return;             /* the fill's interval is SQLite's */
-    rollup_run(16);         /* the mark moves nearly every batch */
-    rollup_run(-1);         /* every row above the mark until the reopen */
-}
-
-static int64_t file_index_agrees(const char *path);
-
-/* The one slot of subject in the ledger's rollup. */
-static qg_usage_slot one_slot(qg_ledger *l, const char *subject)
-{
-    static agg got;
-    got.n = 0;
-    assert_int_equal(qg__ledger_slots(l, subject, 0, INT64_MAX, add_slot,
-                                      &got), 0);
-    assert_int_equal(got.n, 1);
-    return got.s[0];
-}
-
-/* Rows no build writes (weights beyond QG_AMOUNT_MAX_MILLI, negative),
- * put in the file by another program: the rollup counts each weight
- * within [0, QG_AMOUNT_MAX_MILLI] and its sums stop at INT64_MAX, above
- * the mark (read from the rows) and after the fill at open alike; no
- * read or open fails on them. */
-static void test_rollup_rows_beyond_bounds(void **state)
-{
-    (void)state;
-    tmpdb t;
-    sqlite3 *db;
-    qg_usage_slot sl;
-    tmpdb_make(&t);
-    qg_ledger *l = open_every(t.path, -1);
-    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db,
-        "INSERT INTO requests (request_id, subject, plan, decision, status,"
-        " reserved_milli, weight_milli, created_ms) VALUES"
-        " ('far-1', 'zed', 'free', 1, 2, 0, 9223372036854775807,"
-        " 1767225600001),"
-        " ('far-2', 'zed', 'free', 1, 2, 0, 5000000000000000000,"
-        " 1767225600002),"
-        " ('far-3', 'zed', 'free', 1, 2, 0, -5000, 1767225600003)",
-        NULL, NULL, NULL), SQLITE_OK);
-    sl = one_slot(l, "zed");              /* above the mark */
-    assert_int_equal(sl.weight_milli, 2 * QG_AMOUNT_MAX_MILLI);
-    assert_int_equal(sl.admitted, 3);
-    assert_int_equal(sl.requests, 3);
-    assert_int_equal(sqlite3_exec(db,
-        "WITH RECURSIVE n(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM n"
-        " WHERE v < 10) INSERT INTO requests (request_id, subject, plan,"
-        " decision, status, reserved_milli, weight_milli, created_ms)"
-        " SELECT 'far-more-' || v, 'zed', 'free', 1, 2, 0,"
-        " 9223372036854775807, 1767225600100 + v FROM n",
-        NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
-    sl = one_slot(l, "zed");
-    assert_int_equal(sl.weight_milli, INT64_MAX);
-    assert_int_equal(sl.requests, 13);
-    qg__ledger_close(l);
-    l = open_every(t.path, -1);           /* the fill at open counts them */
-    assert_int_equal(file_index_agrees(t.path), 13);
-    sl = one_slot(l, "zed");
-    assert_int_equal(sl.weight_milli, INT64_MAX);
-    assert_int_equal(sl.admitted, 13);
-    assert_int_equal(sl.requests, 13);
-    qg__ledger_close(l);
-    tmpdb_remove(&t);
-}
-
-
-/* A ledger of schema 10 counted every row the writer wrote in its
- * rollup, wherever subject_rows' mark stood; migration 11 moves the mark
- * to the last row, so that the fill at open does not count the rows
- * above it a second time. */
-static void test_sqlite_migration_moves_mark(void **state)
-{
-    (void)state;
-    tmpdb t;
-    tmpdb_make(&t);
-    qg_ledger *l = open_every(t.path, -1);
-    qg_ledger_row rows[300];
-    int64_t counted = 0;
-    for (int i = 0; i < 300; i++)
-        make_row(&rows[i], i, "fay");
-    submit_all(l, rows, 300);
-    qg__ledger_close(l);
-
-    /* what schema 10's writer left: every row in usage_slots */
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db,
-        "INSERT INTO usage_slots SELECT subject,"
-        " created_ms - created_ms % 900000, coalesce(model, ''),"
-        " sum(CASE WHEN decision = 1 THEN weight_milli ELSE 0 END),"
-        " sum(decision = 1), count(*), sum(decision <> 1) FROM requests"
-        " WHERE rowid > (SELECT seq FROM subject_rows_mark)"
-        " GROUP BY 1, 2, 3 ON CONFLICT (subject, slot_ms, model) DO UPDATE"
-        " SET weight_milli = weight_milli + excluded.weight_milli,"
-        " admitted = admitted + excluded.admitted,"
-        " requests = requests + excluded.requests,"
-        " refused = refused + excluded.refused;"
-        "PRAGMA user_version=10;", NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
-
-    l = open_ok(t.path);
-    check_rollup(l, "fay", 0, INT64_MAX, &counted);
-    assert_int_equal(counted, 300);
-    assert_int_equal(file_index_agrees(t.path), 300);
-    qg__ledger_close(l);
     tmpdb_remove(&t);
 }
 
@@ -766,9 +636,6 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
         sqlite3_close(db);
     }
     check_reads(l, t.path);
-    /* and in the rollup: the fill at open counted them (schema 11) */
-    for (int w = 0; w < 3; w++)
-        check_rollup(l, who[w], 0, INT64_MAX, NULL);
     for (int k = 0; k < 4; k++) {
         for (int i = 0; i < 30; i++)
             make_row(&rows[i], 5000 + k * 30 + i, who[i % 3]);
@@ -776,8 +643,6 @@ static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
         check_reads(l, t.path);
         file_index_agrees(t.path);
     }
-    for (int w = 0; w < 3; w++)
-        check_rollup(l, who[w], 0, INT64_MAX, NULL);
     qg__ledger_close(l);
     tmpdb_remove(&t);
 }
@@ -818,8 +683,6 @@ int main(void)
         cmocka_unit_test(test_rollup_follows_rows),
         cmocka_unit_test(test_latest),
         cmocka_unit_test(test_sqlite_migration_fills_rollup),
-        cmocka_unit_test(test_sqlite_migration_moves_mark),
-        cmocka_unit_test(test_rollup_rows_beyond_bounds),
         cmocka_unit_test(test_subject_rows),
     };
     const struct CMUnitTest pg_tests[] = {
