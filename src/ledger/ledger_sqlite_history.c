@@ -5,9 +5,9 @@
  * They run on a connection of their own (hdb, under hist_mu): in WAL mode
  * a reader sees a snapshot and never waits for the writer, and the
  * lookups the decision path makes (get, on gdb) never wait for a history
- * read.  The slots come from the rollup usage_slots, whose unique index
+ * read.  The slots come from the rollup usage_slots, whose primary key
  * (subject, slot_ms, model) is the order asked for: a range of it, never
- * the subject's rows (the table itself is in time order, schema 11).  The latest rows come from subject_rows (subject,
+ * the subject's rows.  The latest rows come from subject_rows (subject,
  * created_ms, rowid), read backwards from `before`: LIMIT rows, however
  * many the subject has, and from the rows above its mark, which the
  * writer has not put there yet (at most one interval of all subjects'

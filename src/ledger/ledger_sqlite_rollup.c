@@ -8,10 +8,7 @@
  * Here each row's change is summed in memory per (subject, slot, model)
  * while the batch is written, and the sums are added to usage_slots once
  * per slot, in the batch's own transaction, before its COMMIT: a batch
- * that fails leaves neither its rows nor their counts.  A batch updates
- * its subjects' current slots, which since schema 11 lie side by side
- * (usage_slots is kept in time order, its key in an index), so a batch
- * over many subjects writes a few pages, not one per subject.
+ * that fails leaves neither its rows nor their counts.
  *
  * What a row counts is what the trigger counted: weight_milli when
  * admitted (decision 1), admitted, requests (1), refused.  A statement

@@ -151,29 +151,6 @@ static const char *const migrations[] = {
      " AND created_ms = OLD.created_ms AND seq = OLD.rowid;"
      " INSERT OR IGNORE INTO subject_rows"
      " VALUES (NEW.subject, NEW.created_ms, NEW.rowid); END;"),
-    /* 10 -> 11: usage_slots in the order its rows are made (a rowid
-     * table, the slots of one quarter hour side by side), found by a
-     * unique index on (subject, slot_ms, model) instead of being stored
-     * in that order (WITHOUT ROWID).  The writer updates each batch's
-     * subjects' current slots (ledger_sqlite_rollup.c): in key order each
-     * subject's current slot sat on a page of its own once the ledger
-     * held some days of slots, so a batch over 400 subjects wrote 400
-     * pages to the WAL; now they share a few pages, and the index, whose
-     * keys an update does not change, is only read (docs/benchmarks.md,
-     * "An aged ledger").  The slots are copied in time order. */
-    ("CREATE TABLE usage_slots_by_time (subject TEXT NOT NULL,"
-     " slot_ms INTEGER NOT NULL, model TEXT NOT NULL,"
-     " weight_milli INTEGER NOT NULL DEFAULT 0,"
-     " admitted INTEGER NOT NULL DEFAULT 0,"
-     " requests INTEGER NOT NULL DEFAULT 0,"
-     " refused INTEGER NOT NULL DEFAULT 0);"
-     " INSERT INTO usage_slots_by_time SELECT subject, slot_ms, model,"
-     " weight_milli, admitted, requests, refused FROM usage_slots"
-     " ORDER BY slot_ms, subject, model;"
-     " DROP TABLE usage_slots;"
-     " ALTER TABLE usage_slots_by_time RENAME TO usage_slots;"
-     " CREATE UNIQUE INDEX usage_slots_key ON usage_slots"
-     " (subject, slot_ms, model);"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -418,83 +418,6 @@ static void test_sqlite_migration_fills_rollup(void **state)
     tmpdb_remove(&t);
 }
 
-/* usage_slots as schema 11 lays it out: a rowid table (not WITHOUT
- * ROWID) under the unique index usage_slots_key, its rows in time order
- * (slot_ms never decreases with rowid) when made so. */
-static void slots_by_time(const char *path, int ordered)
-{
-    sqlite3 *db;
-    sqlite3_stmt *st;
-    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db,
-        "SELECT (SELECT instr(upper(sql), 'WITHOUT ROWID') FROM sqlite_master"
-        "  WHERE name = 'usage_slots'),"
-        " (SELECT instr(upper(sql), 'UNIQUE INDEX') FROM sqlite_master"
-        "  WHERE name = 'usage_slots_key'),"
-        " (SELECT count(*) FROM (SELECT slot_ms, lag(slot_ms) OVER"
-        "  (ORDER BY rowid) AS prev FROM usage_slots) WHERE slot_ms < prev),"
-        " (SELECT count(*) FROM usage_slots)", -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(st, 0), 0);
-    assert_true(sqlite3_column_int(st, 1) > 0);
-    if (ordered)
-        assert_int_equal(sqlite3_column_int(st, 2), 0);
-    assert_true(sqlite3_column_int(st, 3) > 0);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
-}
-
-/* A ledger of schema 10 (usage_slots WITHOUT ROWID, in key order) with
- * slots in it: migration 11 copies them in time order under the unique
- * index, and the rollup goes on following the rows. */
-static void test_sqlite_migration_slots_by_time(void **state)
-{
-    (void)state;
-    tmpdb t;
-    tmpdb_make(&t);
-    qg_ledger *l = open_ok(t.path);
-    qg_ledger_row rows[400];
-    int64_t counted = 0;
-    for (int i = 0; i < 400; i++)
-        make_row(&rows[i], i, i % 2 ? "fay" : "gus");
-    submit_all(l, rows, 400);
-    qg__ledger_close(l);
-    slots_by_time(t.path, 0);     /* a new ledger: the layout */
-
-    /* back to schema 10's table */
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db,
-        "CREATE TABLE usage_slots_k (subject TEXT NOT NULL,"
-        " slot_ms INTEGER NOT NULL, model TEXT NOT NULL,"
-        " weight_milli INTEGER NOT NULL DEFAULT 0,"
-        " admitted INTEGER NOT NULL DEFAULT 0,"
-        " requests INTEGER NOT NULL DEFAULT 0,"
-        " refused INTEGER NOT NULL DEFAULT 0,"
-        " PRIMARY KEY (subject, slot_ms, model)) WITHOUT ROWID;"
-        "INSERT INTO usage_slots_k SELECT subject, slot_ms, model,"
-        " weight_milli, admitted, requests, refused FROM usage_slots;"
-        "DROP TABLE usage_slots;"
-        "ALTER TABLE usage_slots_k RENAME TO usage_slots;"
-        "PRAGMA user_version=10;", NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
-
-    l = open_ok(t.path);
-    slots_by_time(t.path, 1);
-    check_rollup(l, "fay", 0, INT64_MAX, &counted);
-    assert_int_equal(counted, 200);
-    check_rollup(l, "gus", 0, INT64_MAX, NULL);
-    qg_ledger_row more[60];
-    for (int i = 0; i < 60; i++)
-        make_row(&more[i], 1000 + i, i % 2 ? "fay" : "gus");
-    submit_all(l, more, 60);
-    check_rollup(l, "fay", 0, INT64_MAX, &counted);
-    assert_int_equal(counted, 230);
-    check_rollup(l, "gus", 0, INT64_MAX, NULL);
-    qg__ledger_close(l);
-    tmpdb_remove(&t);
-}
-
 /* ----------------------------------------- subject_rows (schema 10) */
 
 /* What the rows say, read straight from the file: subject's rows newest
@@ -760,7 +683,6 @@ int main(void)
         cmocka_unit_test(test_rollup_follows_rows),
         cmocka_unit_test(test_latest),
         cmocka_unit_test(test_sqlite_migration_fills_rollup),
-        cmocka_unit_test(test_sqlite_migration_slots_by_time),
         cmocka_unit_test(test_subject_rows),
     };
     const struct CMUnitTest pg_tests[] = {
