@@ -21,11 +21,14 @@
  * (ledger_sqlite_rollup.c). */
 struct qg__sq_sum;
 typedef struct qg__sq_rollup {
-    sqlite3_stmt *prior, *add, *bump;
+    sqlite3_stmt *prior, *add, *bump, *bump_old, *move, *unrecent;
     struct qg__sq_sum *sums;    /* open addressing, cap a power of 2 */
     uint32_t *used;             /* the n slots of sums in use */
     uint32_t cap;
     size_t n;
+    int64_t newest_ms;          /* the newest row counted since the open */
+    int64_t moved_before;       /* recent slots before it were moved */
+    int64_t moving;             /* what the open transaction moves, or 0 */
 } qg__sq_rollup;
 
 /* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c). */
@@ -178,7 +181,9 @@ extern const qg__ledger_outbox_ops qg__sq_outbox_ops;
  * prepare/finalize with the writer's statements; per row, before (read
  * the row the statement may replace) and, when the statement changed
  * the row, after (sum the old counts out and the new in); flush writes
- * the sums (SQLite codes) and clear drops them (a failed batch). */
+ * the sums and moves the slots no longer recent (SQLite codes), clear
+ * drops the sums (a failed batch), done after the COMMIT (ok) or the
+ * ROLLBACK. */
 int qg__sq_rollup_prepare(qg__sq *s);
 void qg__sq_rollup_finalize(qg__sq *s);
 int qg__sq_rollup_before(qg__sq *s, const qg_ledger_row *row,
@@ -187,6 +192,7 @@ int qg__sq_rollup_after(qg__sq *s, const qg_ledger_row *row,
                         const qg__sq_prior *p);
 int qg__sq_rollup_flush(qg__sq *s);
 void qg__sq_rollup_clear(qg__sq *s);
+void qg__sq_rollup_done(qg__sq *s, int ok);
 
 /* subject_rows (ledger_sqlite_subject_rows.c), on the writer's connection:
  * prepare (reads the mark; QG_OK or QG_EIO) and finalize with the

@@ -5,9 +5,10 @@
  * They run on a connection of their own (hdb, under hist_mu): in WAL mode
  * a reader sees a snapshot and never waits for the writer, and the
  * lookups the decision path makes (get, on gdb) never wait for a history
- * read.  The slots come from the rollup usage_slots, whose primary key
- * (subject, slot_ms, model) is the order asked for: a range of it, never
- * the subject's rows.  The latest rows come from subject_rows (subject,
+ * read.  The slots come from the rollup, usage_slots and its recent
+ * slots in usage_slots_recent (schema 11), whose primary key (subject,
+ * slot_ms, model) is the order asked for: a range of each, never the
+ * subject's rows.  The latest rows come from subject_rows (subject,
  * created_ms, rowid), read backwards from `before`: LIMIT rows, however
  * many the subject has, and from the rows above its mark, which the
  * writer has not put there yet (at most one interval of all subjects'
@@ -25,14 +26,23 @@
 #include "ledger_sqlite.h"
 
 
+/* A slot is in one of the two tables (ledger_sqlite_rollup.c); sq_slots
+ * adds up lines of the same slot and model all the same. */
 static const char sql_slots[] =
     "SELECT slot_ms, model, weight_milli, admitted, requests, refused"
     " FROM usage_slots WHERE subject = ?1 AND slot_ms >= ?2 AND slot_ms < ?3"
-    " ORDER BY slot_ms, model";
+    " UNION ALL"
+    " SELECT slot_ms, model, weight_milli, admitted, requests, refused"
+    " FROM usage_slots_recent"
+    " WHERE subject = ?1 AND slot_ms >= ?2 AND slot_ms < ?3"
+    " ORDER BY 1, 2";
 
+/* NULL when neither table has an admitted request of the subject. */
 static const char sql_first[] =
-    "SELECT slot_ms FROM usage_slots WHERE subject = ?1 AND admitted > 0"
-    " ORDER BY slot_ms LIMIT 1";
+    "SELECT min(s) FROM (SELECT (SELECT slot_ms FROM usage_slots"
+    " WHERE subject = ?1 AND admitted > 0 ORDER BY slot_ms LIMIT 1) AS s"
+    " UNION ALL SELECT (SELECT slot_ms FROM usage_slots_recent"
+    " WHERE subject = ?1 AND admitted > 0 ORDER BY slot_ms LIMIT 1))";
 
 /* The rows above the mark are read by rowid (NOT INDEXED): the index on
  * created_ms matches the ORDER BY, and the planner would scan it, every
@@ -94,19 +104,36 @@ static int run(qg__sq *s, sqlite3_stmt *st,
 typedef struct slots_ud {
     int (*fn)(const qg_usage_slot *s, void *ud);
     void *ud;
+    qg_usage_slot cur;           /* the slot being added up */
+    int have;
 } slots_ud;
 
+/* One line of sql_slots: into the current slot, or the current one to
+ * the caller and this one started. */
 static int slot_row(sqlite3_stmt *st, void *ud)
 {
     slots_ud *u = ud;
     qg_usage_slot sl;
+    int out = 0;
     sl.start_ms = sqlite3_column_int64(st, 0);
     COL_STR(st, 1, sl.model);
     sl.weight_milli = sqlite3_column_int64(st, 2);
     sl.admitted = sqlite3_column_int64(st, 3);
     sl.requests = sqlite3_column_int64(st, 4);
     sl.refused = sqlite3_column_int64(st, 5);
-    return u->fn(&sl, u->ud);
+    if (u->have && u->cur.start_ms == sl.start_ms &&
+        strcmp(u->cur.model, sl.model) == 0) {
+        u->cur.weight_milli += sl.weight_milli;
+        u->cur.admitted += sl.admitted;
+        u->cur.requests += sl.requests;
+        u->cur.refused += sl.refused;
+        return 0;
+    }
+    if (u->have)
+        out = u->fn(&u->cur, u->ud);
+    u->cur = sl;
+    u->have = 1;
+    return out;
 }
 
 static int sq_slots(void *b, const char *subject, int64_t from_ms,
@@ -114,7 +141,7 @@ static int sq_slots(void *b, const char *subject, int64_t from_ms,
                     void *ud)
 {
     qg__sq *s = b;
-    slots_ud u = {fn, ud};
+    slots_ud u = {fn, ud, {0}, 0};
     int rc;
     pthread_mutex_lock(&s->hist_mu);
     sqlite3_bind_text(s->slots_st, 1, subject, -1, SQLITE_STATIC);
@@ -122,12 +149,15 @@ static int sq_slots(void *b, const char *subject, int64_t from_ms,
     sqlite3_bind_int64(s->slots_st, 3, to_ms);
     rc = run(s, s->slots_st, slot_row, &u);
     pthread_mutex_unlock(&s->hist_mu);
+    if (rc == 0 && u.have)
+        rc = fn(&u.cur, ud);
     return rc;
 }
 
 static int first_row(sqlite3_stmt *st, void *ud)
 {
-    *(int64_t *)ud = sqlite3_column_int64(st, 0);
+    if (sqlite3_column_type(st, 0) != SQLITE_NULL)
+        *(int64_t *)ud = sqlite3_column_int64(st, 0);
     return 1;
 }
 

@@ -1,14 +1,29 @@
 /* ledger_sqlite_rollup.c - the history's rollup (usage_slots: a
  * subject's counts per quarter hour and model, ledger.h "history") kept
- * by the writer instead of by triggers (schema 8).
+ * by the writer instead of by triggers (schema 8), its recent slots in a
+ * table of their own (schema 11).
  *
  * A trigger ran one upsert of usage_slots per row written, inside the
  * row's statement: it halved the writer's rows per second (45,276 ->
  * 20,545 durable rows/s pipelined, bench_ledger, docs/benchmarks.md).
  * Here each row's change is summed in memory per (subject, slot, model)
- * while the batch is written, and the sums are added to usage_slots once
+ * while the batch is written, and the sums are added to the rollup once
  * per slot, in the batch's own transaction, before its COMMIT: a batch
  * that fails leaves neither its rows nor their counts.
+ *
+ * Recent and older slots (schema 11).  usage_slots is stored in key
+ * order, each subject's slots together, as its readers ask for them.
+ * Once it holds some days of slots, each subject's current slot sits on
+ * a page of its own, and a batch over 400 subjects wrote 400 pages to
+ * the WAL (an aged ledger under checks over 1,000 subjects: the writer's
+ * CPU per check doubled; docs/benchmarks.md, "An aged ledger").  So a
+ * slot within a quarter hour of the newest row written lives in
+ * usage_slots_recent, a small table that stays in the page cache, and
+ * moves to usage_slots when the newest row is a quarter hour past it
+ * (rollup_move, once per quarter hour: one page per subject then).  A
+ * sum goes to the slot's row in the recent table, else in the older one
+ * (a late settle), else a new row in the recent table: a slot is in one
+ * of the two.  The readers take both (ledger_sqlite_history.c).
  *
  * What a row counts is what the trigger counted: weight_milli when
  * admitted (decision 1), admitted, requests (1), refused.  A statement
@@ -34,25 +49,36 @@ static const char sql_prior[] =
     "SELECT subject, decision, weight_milli, created_ms, coalesce(model, '')"
     " FROM requests WHERE request_id = ?1";
 
-/* A slot's sums go out as an UPDATE of its row, and only when there is
- * none (its subject's first row in that quarter hour and model) as the
- * upsert: the UPDATE finds the row with one seek where the upsert first
- * tries the insert, meets the key and seeks again for its DO UPDATE
- * (docs/benchmarks.md, "HTTP", the ninth session's steps).  Both add the
- * same numbers. */
-static const char sql_bump[] =
-    "UPDATE usage_slots SET weight_milli = weight_milli + ?4,"
-    " admitted = admitted + ?5, requests = requests + ?6,"
-    " refused = refused + ?7"
-    " WHERE subject = ?1 AND slot_ms = ?2 AND model = ?3";
+/* A slot's sums go out as an UPDATE of its row in the recent table,
+ * else of its row in the older one, and only when neither has it (its
+ * subject's first row in that quarter hour and model) as an INSERT in the
+ * recent table: the UPDATE finds the row with one seek where an upsert
+ * first tries the insert, meets the key and seeks again for its DO
+ * UPDATE (docs/benchmarks.md, "HTTP", the ninth session's steps). */
+#define SQL_BUMP(table) \
+    "UPDATE " table " SET weight_milli = weight_milli + ?4," \
+    " admitted = admitted + ?5, requests = requests + ?6," \
+    " refused = refused + ?7" \
+    " WHERE subject = ?1 AND slot_ms = ?2 AND model = ?3"
 
+static const char sql_bump[] = SQL_BUMP("usage_slots_recent");
+static const char sql_bump_old[] = SQL_BUMP("usage_slots");
 static const char sql_add[] =
-    "INSERT INTO usage_slots VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+    "INSERT INTO usage_slots_recent VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+/* The recent slots before ?1 into the older table (the upsert adds, for
+ * a file another program wrote both into), then out of the recent. */
+static const char sql_move[] =
+    "INSERT INTO usage_slots SELECT subject, slot_ms, model, weight_milli,"
+    " admitted, requests, refused FROM usage_slots_recent WHERE slot_ms < ?1"
+    " ORDER BY subject, slot_ms, model"
     " ON CONFLICT (subject, slot_ms, model) DO UPDATE SET"
     " weight_milli = weight_milli + excluded.weight_milli,"
     " admitted = admitted + excluded.admitted,"
     " requests = requests + excluded.requests,"
     " refused = refused + excluded.refused";
+static const char sql_unrecent[] =
+    "DELETE FROM usage_slots_recent WHERE slot_ms < ?1";
 
 struct qg__sq_sum {
     uint64_t hash;                 /* 0: empty */
@@ -69,7 +95,15 @@ int qg__sq_rollup_prepare(qg__sq *s)
         sqlite3_prepare_v3(s->wdb, sql_add, -1, SQLITE_PREPARE_PERSISTENT,
                            &r->add, NULL) != SQLITE_OK ||
         sqlite3_prepare_v3(s->wdb, sql_bump, -1, SQLITE_PREPARE_PERSISTENT,
-                           &r->bump, NULL) != SQLITE_OK)
+                           &r->bump, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_bump_old, -1,
+                           SQLITE_PREPARE_PERSISTENT, &r->bump_old,
+                           NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_move, -1, SQLITE_PREPARE_PERSISTENT,
+                           &r->move, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->wdb, sql_unrecent, -1,
+                           SQLITE_PREPARE_PERSISTENT, &r->unrecent,
+                           NULL) != SQLITE_OK)
         return QG_EIO;
     r->sums = calloc(START_CAP, sizeof *r->sums);
     r->used = malloc(START_CAP * sizeof *r->used);
@@ -86,6 +120,9 @@ void qg__sq_rollup_finalize(qg__sq *s)
     sqlite3_finalize(r->prior);
     sqlite3_finalize(r->add);
     sqlite3_finalize(r->bump);
+    sqlite3_finalize(r->bump_old);
+    sqlite3_finalize(r->move);
+    sqlite3_finalize(r->unrecent);
     free(r->sums);
     free(r->used);
     memset(r, 0, sizeof *r);
@@ -158,7 +195,33 @@ static int put_sum(sqlite3_stmt *st, const struct qg__sq_sum *e)
     return rc;
 }
 
-/* Write every sum into usage_slots (in the open transaction). */
+/* The recent slots a quarter hour or more before the newest row's slot
+ * into the older table, when that boundary moved since the last time
+ * (in the open transaction; SQLite's code). */
+static int rollup_move(qg__sq *s)
+{
+    qg__sq_rollup *r = &s->rollup;
+    int64_t before = r->newest_ms - r->newest_ms % QG_LEDGER_SLOT_MS -
+                     QG_LEDGER_SLOT_MS;
+    int rc;
+    if (before <= r->moved_before)
+        return SQLITE_OK;
+    sqlite3_bind_int64(r->move, 1, before);
+    sqlite3_bind_int64(r->unrecent, 1, before);
+    rc = sqlite3_step(r->move);
+    sqlite3_reset(r->move);
+    if (rc == SQLITE_DONE) {
+        rc = sqlite3_step(r->unrecent);
+        sqlite3_reset(r->unrecent);
+    }
+    if (rc != SQLITE_DONE)
+        return rc;
+    r->moving = before;     /* moved_before once the batch commits */
+    return SQLITE_OK;
+}
+
+/* Write every sum into the rollup (in the open transaction), then move
+ * what is no longer recent. */
 int qg__sq_rollup_flush(qg__sq *s)
 {
     qg__sq_rollup *r = &s->rollup;
@@ -169,12 +232,23 @@ int qg__sq_rollup_flush(qg__sq *s)
             continue;
         rc = put_sum(r->bump, e);
         if (rc == SQLITE_OK && sqlite3_changes(s->wdb) == 0)
+            rc = put_sum(r->bump_old, e);
+        if (rc == SQLITE_OK && sqlite3_changes(s->wdb) == 0)
             rc = put_sum(r->add, e);
     }
     sqlite3_clear_bindings(r->bump);
+    sqlite3_clear_bindings(r->bump_old);
     sqlite3_clear_bindings(r->add);
     qg__sq_rollup_clear(s);
-    return rc;
+    return rc == SQLITE_OK ? rollup_move(s) : rc;
+}
+
+void qg__sq_rollup_done(qg__sq *s, int ok)
+{
+    qg__sq_rollup *r = &s->rollup;
+    if (ok && r->moving > r->moved_before)
+        r->moved_before = r->moving;
+    r->moving = 0;
 }
 
 /* Add one row's counts, times sign (+1 or -1), to its slot's sum. */
@@ -187,6 +261,8 @@ static int add(qg__sq *s, const char *subject, int64_t created_ms,
     uint64_t h = key_hash(subject, slot, model);
     uint32_t mask = r->cap - 1, j = (uint32_t)h & mask;
     struct qg__sq_sum *e;
+    if (sign > 0 && created_ms > r->newest_ms)
+        r->newest_ms = created_ms;
     for (;; j = (j + 1) & mask) {
         e = &r->sums[j];
         if (!e->hash)

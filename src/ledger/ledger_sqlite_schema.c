@@ -151,6 +151,20 @@ static const char *const migrations[] = {
      " AND created_ms = OLD.created_ms AND seq = OLD.rowid;"
      " INSERT OR IGNORE INTO subject_rows"
      " VALUES (NEW.subject, NEW.created_ms, NEW.rowid); END;"),
+    /* 10 -> 11: the rollup's recent slots in a small table of their own,
+     * moved to usage_slots a quarter hour on (ledger_sqlite_rollup.c):
+     * in usage_slots' key order each subject's current slot sat on a
+     * page of its own once the ledger held some days of slots, and a
+     * batch wrote one page per subject it held (docs/benchmarks.md, "An
+     * aged ledger").  A slot is in one of the two; the readers take
+     * both. */
+    ("CREATE TABLE usage_slots_recent (subject TEXT NOT NULL,"
+     " slot_ms INTEGER NOT NULL, model TEXT NOT NULL,"
+     " weight_milli INTEGER NOT NULL DEFAULT 0,"
+     " admitted INTEGER NOT NULL DEFAULT 0,"
+     " requests INTEGER NOT NULL DEFAULT 0,"
+     " refused INTEGER NOT NULL DEFAULT 0,"
+     " PRIMARY KEY (subject, slot_ms, model)) WITHOUT ROWID;"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

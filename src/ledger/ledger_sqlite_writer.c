@@ -447,10 +447,12 @@ int qg__sq_write_batch(void *b, qg__ledger_item *it, size_t n,
         (rc = run_ctl(s->commit_st)) != SQLITE_OK)
         goto fail;
     qg__sq_subject_rows_done(s, 1);
+    qg__sq_rollup_done(s, 1);
     return QG_OK;
 fail:
     qg__sq_rollup_clear(s);
     qg__sq_subject_rows_done(s, 0);
+    qg__sq_rollup_done(s, 0);
     rc = batch_failed(s, rc, why, whycap);
     clear_row_bindings(s);
     if (!sqlite3_get_autocommit(s->wdb))

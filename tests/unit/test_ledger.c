@@ -1033,8 +1033,10 @@ static void test_coalesce(void **state)
     tmpdb_remove(&t);
 }
 
-/* What SQLite's rollup (usage_slots) holds for a subject must be what
- * its rows in requests add up to. */
+/* What SQLite's rollup (usage_slots and its recent slots) holds for a
+ * subject must be what its rows in requests add up to. */
+#define SLOTS "(SELECT * FROM usage_slots UNION ALL" \
+              " SELECT * FROM usage_slots_recent)"
 static void assert_rollup_matches(const char *path, const char *subject)
 {
     static const char q[] =
@@ -1042,11 +1044,11 @@ static void assert_rollup_matches(const char *path, const char *subject)
         " (SELECT count(*) FROM requests WHERE subject = ?1 AND decision = 1),"
         " (SELECT coalesce(sum(weight_milli), 0) FROM requests"
         "   WHERE subject = ?1 AND decision = 1),"
-        " (SELECT coalesce(sum(requests), 0) FROM usage_slots"
+        " (SELECT coalesce(sum(requests), 0) FROM " SLOTS
         "   WHERE subject = ?1),"
-        " (SELECT coalesce(sum(admitted), 0) FROM usage_slots"
+        " (SELECT coalesce(sum(admitted), 0) FROM " SLOTS
         "   WHERE subject = ?1),"
-        " (SELECT coalesce(sum(weight_milli), 0) FROM usage_slots"
+        " (SELECT coalesce(sum(weight_milli), 0) FROM " SLOTS
         "   WHERE subject = ?1)";
     sqlite3 *db;
     sqlite3_stmt *st;

@@ -401,6 +401,7 @@ static void test_sqlite_migration_fills_rollup(void **state)
         "DROP TRIGGER IF EXISTS requests_slots_insert;"
         "DROP TRIGGER IF EXISTS requests_slots_update;"
         "DROP TABLE usage_slots; DROP INDEX IF EXISTS requests_subject;"
+        "DROP TABLE IF EXISTS usage_slots_recent;"
         "DROP TRIGGER IF EXISTS requests_subject_rows;"
         "DROP TABLE IF EXISTS subject_rows;"
         "DROP TABLE IF EXISTS subject_rows_mark;"
@@ -414,6 +415,121 @@ static void test_sqlite_migration_fills_rollup(void **state)
         make_row(&more[i], 1000 + i, "erin");
     submit_all(l, more, 50);
     check_rollup(l, "erin", 0, INT64_MAX, NULL);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* The slots each table of SQLite's rollup holds (schema 11): in the
+ * recent one, how many lie before `recent_from`; in the older one, how
+ * many lie at or after it. */
+static void recent_split(const char *path, int64_t recent_from,
+                         int64_t *old_in_recent, int64_t *recent_in_old,
+                         int64_t *in_old)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+        "SELECT (SELECT count(*) FROM usage_slots_recent WHERE slot_ms < ?1),"
+        " (SELECT count(*) FROM usage_slots WHERE slot_ms >= ?1),"
+        " (SELECT count(*) FROM usage_slots),"
+        " (SELECT count(*) FROM usage_slots u JOIN usage_slots_recent r"
+        "  USING (subject, slot_ms, model))", -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_int64(st, 1, recent_from);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    *old_in_recent = sqlite3_column_int64(st, 0);
+    *recent_in_old = sqlite3_column_int64(st, 1);
+    *in_old = sqlite3_column_int64(st, 2);
+    assert_int_equal(sqlite3_column_int64(st, 3), 0);  /* one table each */
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+static void quarter_rows(qg_ledger_row *rows, int n, int q, int base)
+{
+    static const char *const who[] = {"ida", "jon", "kim"};
+    for (int i = 0; i < n; i++) {
+        make_row(&rows[i], base + i, who[i % 3]);
+        rows[i].created_ms = BASE_MS + q * SLOT + 1000 * (i + 1);
+    }
+}
+
+static void check_three(qg_ledger *l)
+{
+    check_rollup(l, "ida", 0, INT64_MAX, NULL);
+    check_rollup(l, "jon", 0, INT64_MAX, NULL);
+    check_rollup(l, "kim", 0, INT64_MAX, NULL);
+}
+
+/* SQLite keeps the slots within a quarter hour of the newest row in
+ * usage_slots_recent and moves the older ones to usage_slots: after each
+ * quarter hour's batch the split is right and a slot is in one table;
+ * a late settle of a moved slot, a refusal decided again into a quarter
+ * hour long past, and a reopen keep the rollup equal to the rows. */
+static void test_sqlite_recent_slots(void **state)
+{
+    (void)state;
+    tmpdb t;
+    static qg_ledger_row made[6][30];
+    qg_ledger_row rows[30];
+    int64_t old_in_recent, recent_in_old, in_old;
+    tmpdb_make(&t);
+    qg_ledger *l = open_ok(t.path);
+    for (int q = 0; q < 6; q++) {
+        quarter_rows(made[q], 30, q, q * 100);
+        submit_all(l, made[q], 30);
+        recent_split(t.path, BASE_MS + (q - 1) * SLOT, &old_in_recent,
+                     &recent_in_old, &in_old);
+        assert_int_equal(old_in_recent, 0);
+        assert_int_equal(recent_in_old, 0);
+        assert_true(q < 2 ? in_old == 0 : in_old > 0);
+        check_three(l);
+    }
+    /* settles of admitted rows of quarter hour 0, whose slots were moved */
+    int nset = 0;
+    for (int i = 0; i < 30; i++) {
+        if (made[0][i].decision != 1)
+            continue;
+        rows[nset] = made[0][i];
+        rows[nset].settle_only = 1;
+        rows[nset].status = QG_ROW_COMPLETED;
+        rows[nset].weight_milli = made[0][i].reserved_milli * 2;
+        rows[nset].settled_ms = made[0][i].created_ms + 1000;
+        nset++;
+    }
+    assert_true(nset > 10);
+    submit_all(l, rows, nset);
+    check_three(l);
+    /* a refusal of quarter hour 5 decided again, allowed, in quarter
+     * hour 1 under a model no row there had: a new slot, long past */
+    int again = -1;
+    for (int i = 0; i < 30 && again < 0; i++)
+        if (made[5][i].decision != 1)
+            again = i;
+    assert_true(again >= 0);
+    rows[0] = made[5][again];
+    rows[0].decision = 1;
+    rows[0].window[0] = '\0';
+    rows[0].status = QG_ROW_RESERVED;
+    rows[0].weight_milli = rows[0].reserved_milli;
+    rows[0].created_ms = BASE_MS + SLOT + 7;
+    strcpy(rows[0].model, "large");
+    submit_all(l, rows, 1);
+    check_three(l);
+    recent_split(t.path, BASE_MS + 4 * SLOT, &old_in_recent, &recent_in_old,
+                 &in_old);
+    assert_int_equal(old_in_recent, 1);       /* that slot, until moved */
+    /* a reopen, then the next quarter hour moves that slot too */
+    qg__ledger_close(l);
+    l = open_ok(t.path);
+    check_three(l);
+    quarter_rows(rows, 30, 7, 700);
+    submit_all(l, rows, 30);
+    recent_split(t.path, BASE_MS + 6 * SLOT, &old_in_recent, &recent_in_old,
+                 &in_old);
+    assert_int_equal(old_in_recent, 0);
+    assert_int_equal(recent_in_old, 0);
+    check_three(l);
     qg__ledger_close(l);
     tmpdb_remove(&t);
 }
@@ -683,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_rollup_follows_rows),
         cmocka_unit_test(test_latest),
         cmocka_unit_test(test_sqlite_migration_fills_rollup),
+        cmocka_unit_test(test_sqlite_recent_slots),
         cmocka_unit_test(test_subject_rows),
     };
     const struct CMUnitTest pg_tests[] = {
