@@ -199,6 +199,7 @@ bench: deps-bench build/bench_engine build/bench_ledger build/bench_ledger_pg bu
 	@bench/redis_diff.sh
 	@bench/pg_bench.sh
 	@bench/webhook_bench.sh
+	@bench/ledger_age_bench.sh
 
 soak: deps-bench build/quotagate build/upstream_double build/soak_chaos
 	@tests/soak/soak.sh
