@@ -157,11 +157,13 @@ for b in $builds; do
     for a in new aged; do
         for load in checks pairs; do
             key="${b}_${a}_${load}"
-            eval "r=\$RPS_$key c=\$CPU_$key w=\$WR_$key y=\$BY_$key p=\$P99_$key"
+            eval "r=\$RPS_$key c=\$CPU_$key w=\$WR_$key"
+            eval "y=\$BY_$key p=\$P99_$key"
             say "  $b build, $a ledger, $load: req/s $(spread $r);" \
                 "CPU us/resp $(spreadf '%.1f (%.1f-%.1f)' $c);" \
                 "writer $(spreadf '%.1f (%.1f-%.1f)' $w);" \
-                "bytes/resp $(spread $y); p99 ms $(spreadf '%.1f (%.1f-%.1f)' $p)"
+                "bytes/resp $(spread $y);" \
+                "p99 ms $(spreadf '%.1f (%.1f-%.1f)' $p)"
         done
     done
 done
