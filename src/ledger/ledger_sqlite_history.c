@@ -108,6 +108,16 @@ typedef struct slots_ud {
     int have;
 } slots_ud;
 
+/* a + b, held at the int64 range (a file another program wrote could
+ * hold anything). */
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (!__builtin_add_overflow(a, b, &r))
+        return r;
+    return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
 /* One line of sql_slots: into the current slot, or the current one to
  * the caller and this one started. */
 static int slot_row(sqlite3_stmt *st, void *ud)
@@ -123,10 +133,10 @@ static int slot_row(sqlite3_stmt *st, void *ud)
     sl.refused = sqlite3_column_int64(st, 5);
     if (u->have && u->cur.start_ms == sl.start_ms &&
         strcmp(u->cur.model, sl.model) == 0) {
-        u->cur.weight_milli += sl.weight_milli;
-        u->cur.admitted += sl.admitted;
-        u->cur.requests += sl.requests;
-        u->cur.refused += sl.refused;
+        u->cur.weight_milli = sat_add(u->cur.weight_milli, sl.weight_milli);
+        u->cur.admitted = sat_add(u->cur.admitted, sl.admitted);
+        u->cur.requests = sat_add(u->cur.requests, sl.requests);
+        u->cur.refused = sat_add(u->cur.refused, sl.refused);
         return 0;
     }
     if (u->have)
