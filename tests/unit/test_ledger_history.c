@@ -6,8 +6,9 @@
  * inserts, settles that change the weight, refusals decided again
  * (another instant, another model, allowed) and rows spread over many
  * slots and subjects; the first usage; the latest rows: newest first,
- * limit, before, ties; and a ledger of schema 4 migrated with rows in it
- * (SQLite: the rollup filled from them). */
+ * limit, before, ties; a ledger of schema 4 migrated with rows in it
+ * (SQLite: the rollup filled from them); and SQLite's recent slots kept
+ * apart from the older ones (schema 11) as quarter hours pass. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
