@@ -169,12 +169,11 @@ for b in $builds; do
 done
 # medians' ratios: the aged ledger against the new one, per build, and
 # with a base build, this build against it (CPU per response)
-med() { spreadf '%.2f' "$@"; }
 for b in $builds; do
     for load in checks pairs; do
         eval "n=\$CPU_${b}_new_${load} a=\$CPU_${b}_aged_${load}"
         say "  $b build, $load: CPU per response, aged / new ledger:" \
-            "$(ratio "$(med $a)" "$(med $n)")"
+            "$(ratio "$(median $a)" "$(median $n)")"
     done
 done
 if [ -n "$BASE" ]; then
@@ -183,8 +182,8 @@ if [ -n "$BASE" ]; then
             eval "n=\$CPU_new_${a}_${load} o=\$CPU_base_${a}_${load}"
             eval "nr=\$RPS_new_${a}_${load} or=\$RPS_base_${a}_${load}"
             say "  $a ledger, $load: this build / base: CPU per response" \
-                "$(ratio "$(med $n)" "$(med $o)"), req/s" \
-                "$(ratio "$(med $nr)" "$(med $or)")"
+                "$(ratio "$(median $n)" "$(median $o)"), req/s" \
+                "$(ratio "$(median $nr)" "$(median $or)")"
         done
     done
 fi
