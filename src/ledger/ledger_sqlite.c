@@ -94,7 +94,7 @@ static const char sql_scan_entity[] =
     "   AND created_ms >= ?3 AND created_ms <= ?4) AND decision = 1"
     " UNION ALL "
     "SELECT " ROW_COLS ", rowid AS seq FROM requests NOT INDEXED"
-    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
+    " WHERE rowid > " QG_SQ_MARK_OF("?1") " AND subject = ?1"
     "   AND decision = 1 AND created_ms >= ?3 AND created_ms <= ?4"
     " UNION ALL "
     "SELECT " ROW_COLS ", rowid AS seq FROM requests"

@@ -31,15 +31,38 @@ typedef struct qg__sq_rollup {
     int64_t moving;             /* what the open transaction moves, or 0 */
 } qg__sq_rollup;
 
-/* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c). */
+/* The writer's filling of subject_rows (ledger_sqlite_subject_rows.c):
+ * subjects in at most QG_SQ_SLICES slices by name, each with its mark. */
+#define QG_SQ_SLICES 8
+#define QG_SQ_SAMPLE 64         /* rows read to cut a fill into slices */
+typedef struct qg__sq_slices {
+    int n;                      /* slice j: subjects from lo[j] up to */
+    char lo[QG_SQ_SLICES][sizeof ((qg_ledger_row *)0)->subject];
+                                /* lo[j + 1] (lo[0] is "") */
+} qg__sq_slices;
 typedef struct qg__sq_subject_rows {
-    sqlite3_stmt *fill, *top, *mark_st;
-    int64_t mark;               /* the last rowid subject_rows covers */
-    int64_t pending;            /* the mark the open transaction sets, -1 */
-    size_t waiting;             /* rows written since the last fill */
+    sqlite3_stmt *fill, *top, *mark_st, *sample, *unmark, *add_mark;
+    qg__sq_slices cut;          /* the slices in the file */
+    int64_t marks[QG_SQ_SLICES];    /* slice j's last rowid filled */
+    int next;                   /* the round's next slice; cut.n: none */
+    int64_t round_top;          /* the round's last rowid */
+    int pending;                /* the slice the open transaction fills
+                                 * (-1: none), up to pending_to */
+    int64_t pending_to;
+    int recut;                  /* the open transaction wrote next_cut
+                                 * into the file, every mark the old one */
+    qg__sq_slices next_cut;
+    size_t waiting;             /* rows written since the last round */
     int64_t since_ms;           /* when the first of them was */
     int every_rows, every_ms;
+    char samples[QG_SQ_SAMPLE][sizeof ((qg_ledger_row *)0)->subject];
 } qg__sq_subject_rows;
+
+/* The mark of the slice holding the subject named by the SQL expression
+ * subj: the rows above it are not in subject_rows yet. */
+#define QG_SQ_MARK_OF(subj) \
+    "(SELECT seq FROM subject_rows_mark WHERE lo <= " subj \
+    " ORDER BY lo DESC LIMIT 1)"
 
 /* The row a statement may replace, read just before it: what it counts
  * (the rollup) and who holds its request id (the writer's guards). */

@@ -53,7 +53,7 @@ static const char sql_latest[] =
     "  ORDER BY created_ms DESC, seq DESC LIMIT ?3)"
     " UNION ALL "
     "SELECT " ROW_COLS ", rowid AS seq FROM requests NOT INDEXED"
-    " WHERE rowid > (SELECT seq FROM subject_rows_mark) AND subject = ?1"
+    " WHERE rowid > " QG_SQ_MARK_OF("?1") " AND subject = ?1"
     " AND created_ms < ?2"
     " ORDER BY created_ms DESC, seq DESC LIMIT ?3";
 

@@ -165,6 +165,21 @@ static const char *const migrations[] = {
      " requests INTEGER NOT NULL DEFAULT 0,"
      " refused INTEGER NOT NULL DEFAULT 0,"
      " PRIMARY KEY (subject, slot_ms, model)) WITHOUT ROWID;"),
+    /* 11 -> 12: subject_rows filled in slices of subjects by name, each
+     * with its mark, over consecutive batches (ledger_sqlite_subject_rows.c):
+     * a fill over 1,000 subjects of an aged ledger wrote 1,000 pages in
+     * one batch, whose settles waited for it (docs/benchmarks.md, "An aged
+     * ledger").  The mark that was is the one slice, from "". */
+    ("ALTER TABLE subject_rows_mark ADD COLUMN lo TEXT NOT NULL DEFAULT '';"
+     " DROP TRIGGER IF EXISTS requests_subject_rows;"
+     " CREATE TRIGGER requests_subject_rows AFTER UPDATE OF created_ms"
+     " ON requests WHEN OLD.created_ms IS NOT NEW.created_ms"
+     " AND OLD.rowid <= (SELECT seq FROM subject_rows_mark"
+     " WHERE lo <= OLD.subject ORDER BY lo DESC LIMIT 1) BEGIN"
+     " DELETE FROM subject_rows WHERE subject = OLD.subject"
+     " AND created_ms = OLD.created_ms AND seq = OLD.rowid;"
+     " INSERT OR IGNORE INTO subject_rows"
+     " VALUES (NEW.subject, NEW.created_ms, NEW.rowid); END;"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

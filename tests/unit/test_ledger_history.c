@@ -7,8 +7,10 @@
  * (another instant, another model, allowed) and rows spread over many
  * slots and subjects; the first usage; the latest rows: newest first,
  * limit, before, ties; a ledger of schema 4 migrated with rows in it
- * (SQLite: the rollup filled from them); and SQLite's recent slots kept
- * apart from the older ones (schema 11) as quarter hours pass. */
+ * (SQLite: the rollup filled from them); SQLite's recent slots kept
+ * apart from the older ones (schema 11) as quarter hours pass; and
+ * SQLite's subject_rows filled in slices of subjects (schema 12), read
+ * the same in the middle of a round, across a reopen. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -537,6 +539,27 @@ static void test_sqlite_recent_slots(void **state)
 
 /* ----------------------------------------- subject_rows (schema 10) */
 
+/* One number read straight from the file: the first column of sql's
+ * first row, ?1 bound to text (when not NULL), ?2 and ?3 to a and b. */
+static int64_t file_int(const char *path, const char *sql, const char *text,
+                        int64_t a, int64_t b)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    int64_t v;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    if (text)
+        sqlite3_bind_text(st, 1, text, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, a);
+    sqlite3_bind_int64(st, 3, b);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
 /* What the rows say, read straight from the file: subject's rows newest
  * first (ties: the later written first), as qg__ledger_latest promises. */
 static int file_latest(const char *path, const char *subject, int64_t before,
@@ -562,31 +585,38 @@ static int file_latest(const char *path, const char *subject, int64_t before,
 }
 
 /* The file's subject_rows agree with its rows: every row up to the mark
- * has its entry at its subject and instant, no entry names anything else.
- * Returns the mark. */
+ * of its subject's slice has its entry at its subject and instant, no
+ * row above it has one, no entry names anything else.  Returns the least
+ * mark. */
+#define MARK_OF(subj) "(SELECT seq FROM subject_rows_mark WHERE lo <= " \
+    subj " ORDER BY lo DESC LIMIT 1)"
 static int64_t file_index_agrees(const char *path)
 {
     sqlite3 *db;
     sqlite3_stmt *st;
-    int64_t mark, missing, wrong;
+    int64_t mark, missing, wrong, early;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_prepare_v2(db,
-        "SELECT (SELECT seq FROM subject_rows_mark),"
-        " (SELECT count(*) FROM requests r WHERE r.rowid <="
-        "   (SELECT seq FROM subject_rows_mark) AND NOT EXISTS (SELECT 1"
+        "SELECT (SELECT min(seq) FROM subject_rows_mark),"
+        " (SELECT count(*) FROM requests r WHERE r.rowid <= "
+        MARK_OF("r.subject") " AND NOT EXISTS (SELECT 1"
         "   FROM subject_rows s WHERE s.subject = r.subject"
         "   AND s.created_ms = r.created_ms AND s.seq = r.rowid)),"
         " (SELECT count(*) FROM subject_rows s WHERE NOT EXISTS (SELECT 1"
         "   FROM requests r WHERE r.rowid = s.seq AND r.subject = s.subject"
-        "   AND r.created_ms = s.created_ms))", -1, &st, NULL), SQLITE_OK);
+        "   AND r.created_ms = s.created_ms)),"
+        " (SELECT count(*) FROM subject_rows s WHERE s.seq > "
+        MARK_OF("s.subject") ")", -1, &st, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(st), SQLITE_ROW);
     mark = sqlite3_column_int64(st, 0);
     missing = sqlite3_column_int64(st, 1);
     wrong = sqlite3_column_int64(st, 2);
+    early = sqlite3_column_int64(st, 3);
     sqlite3_finalize(st);
     sqlite3_close(db);
     assert_int_equal(missing, 0);
     assert_int_equal(wrong, 0);
+    assert_int_equal(early, 0);
     return mark;
 }
 
@@ -614,54 +644,47 @@ static int keep_entity(const qg_ledger_row *r, void *ud)
     return 0;
 }
 
-/* latest and scan_entity read the same rows whether they sit in
- * subject_rows, above its mark, or were moved in time after they were
- * indexed; checked against the rows themselves at each stage, with the
- * table filled at every batch, never, and on the default schedule. */
-static void check_reads(qg_ledger *l, const char *path)
+/* latest and scan_entity read the same rows of subject whether they sit
+ * in subject_rows, above its mark, or were moved in time after they were
+ * indexed; checked against the rows themselves.  Returns the number of
+ * the subject's admitted rows the scan read. */
+static int64_t check_subject(qg_ledger *l, const char *path, const char *who)
 {
-    static const char *const who[] = {"ann", "ben", "cy"};
     static idlist got;
     static char want[LATEST_MAX][256];
     const int64_t befores[] = {INT64_MAX, BASE_MS + 40 * SLOT,
                                BASE_MS + 200 * SLOT};
     const int limits[] = {LATEST_MAX, 7};
+    int64_t acc[2] = {0, 0}, n;
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < 2; k++) {
+            int nw = file_latest(path, who, befores[b], want, limits[k]);
+            got.n = 0;
+            assert_int_equal(qg__ledger_latest(l, who, befores[b],
+                                               limits[k], keep_id, &got),
+                             0);
+            assert_int_equal(got.n, nw);
+            for (int i = 0; i < nw; i++)
+                assert_string_equal(got.ids[i], want[i]);
+        }
+    assert_int_equal(qg__ledger_scan_entity(l, who, "", BASE_MS + 20 * SLOT,
+                                            BASE_MS + 250 * SLOT,
+                                            keep_entity, acc), 0);
+    n = file_int(path, "SELECT count(*) FROM requests NOT INDEXED"
+                 " WHERE subject = ?1 AND decision = 1 AND created_ms >= ?2"
+                 " AND created_ms <= ?3", who, BASE_MS + 20 * SLOT,
+                 BASE_MS + 250 * SLOT);
+    assert_int_equal(acc[1], n);
+    return n;
+}
+
+/* check_subject for the three subjects of subject_rows_run, with the
+ * table filled at every batch, never, and on the default schedule. */
+static void check_reads(qg_ledger *l, const char *path)
+{
+    static const char *const who[] = {"ann", "ben", "cy"};
     for (int w = 0; w < 3; w++)
-        for (int b = 0; b < 3; b++)
-            for (int k = 0; k < 2; k++) {
-                int n = file_latest(path, who[w], befores[b], want,
-                                    limits[k]);
-                got.n = 0;
-                assert_int_equal(qg__ledger_latest(l, who[w], befores[b],
-                                                   limits[k], keep_id,
-                                                   &got), 0);
-                assert_int_equal(got.n, n);
-                for (int i = 0; i < n; i++)
-                    assert_string_equal(got.ids[i], want[i]);
-            }
-    for (int w = 0; w < 3; w++) {
-        sqlite3 *db;
-        sqlite3_stmt *st;
-        int64_t acc[2] = {0, 0}, n;
-        assert_int_equal(qg__ledger_scan_entity(l, who[w], "",
-                                                BASE_MS + 20 * SLOT,
-                                                BASE_MS + 250 * SLOT,
-                                                keep_entity, acc), 0);
-        assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-        assert_int_equal(sqlite3_prepare_v2(db,
-            "SELECT count(*) FROM requests NOT INDEXED WHERE subject = ?1"
-            " AND decision = 1 AND created_ms >= ?2 AND created_ms <= ?3",
-            -1, &st, NULL), SQLITE_OK);
-        sqlite3_bind_text(st, 1, who[w], -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, BASE_MS + 20 * SLOT);
-        sqlite3_bind_int64(st, 3, BASE_MS + 250 * SLOT);
-        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-        n = sqlite3_column_int64(st, 0);
-        sqlite3_finalize(st);
-        sqlite3_close(db);
-        assert_true(n > 0);
-        assert_int_equal(acc[1], n);
-    }
+        assert_true(check_subject(l, path, who[w]) > 0);
 }
 
 static void subject_rows_run(int every_rows, int every_ms, int expect_filled)
@@ -773,6 +796,110 @@ static void test_subject_rows(void **state)
     subject_rows_run(0, 0, -1);                  /* the defaults */
 }
 
+/* The file's slices (subject_rows_mark's rows) and how many different
+ * marks they hold. */
+static void file_slices(const char *path, int *n, int *marks)
+{
+    *n = (int)file_int(path, "SELECT count(*) FROM subject_rows_mark",
+                       NULL, 0, 0);
+    *marks = (int)file_int(path, "SELECT count(DISTINCT seq)"
+                           " FROM subject_rows_mark", NULL, 0, 0);
+}
+
+static int64_t file_top(const char *path)
+{
+    return file_int(path, "SELECT max(rowid) FROM requests", NULL, 0, 0);
+}
+
+/* subject_rows in slices (schema 12): over 300 subjects a round is cut
+ * by name into slices that consecutive batches fill, each with its mark.
+ * After every batch, in the middle of a round too, the file agrees with
+ * the marks of its subjects' slices and the reads of a subject are its
+ * rows; refusals decided again move in time; a close in the middle of a
+ * round and a reopen fill the rest and make the slices one. */
+static void test_subject_rows_slices(void **state)
+{
+    (void)state;
+    tmpdb t;
+    char err[512];
+    qg_ledger_opts o = {0};
+    static qg_ledger_row rows[100];
+    static char names[300][16];
+    int sliced = 0, midround = 0, reopened = 0, n, marks;
+    tmpdb_make(&t);
+    o.sync = QG_LEDGER_DURABLE;
+    o.log = log_line;
+    o.subject_index_rows = 256;
+    o.subject_index_ms = 3600 * 1000;
+    qg_ledger *l = qg__ledger_open(t.path, &o, err, sizeof err);
+    if (!l)
+        fail_msg("open: %s", err);
+    for (int k = 0; k < 300; k++)
+        snprintf(names[k], sizeof names[k], "s%03d", k);
+    for (int b = 0; b < 40; b++) {
+        for (int i = 0; i < 100; i++)
+            make_row(&rows[i], b * 100 + i, names[next_rand() % 300]);
+        submit_all(l, rows, 100);
+        file_index_agrees(t.path);
+        check_subject(l, t.path, names[(b * 37) % 300]);
+        check_subject(l, t.path, rows[99].subject);
+        file_slices(t.path, &n, &marks);
+        assert_true(n >= 1 && n <= 8);
+        sliced |= n > 1;
+        midround |= marks > 1;
+        if (marks > 1 && b >= 20 && !reopened) {
+            /* a round half done: the reopen fills the rest */
+            qg__ledger_close(l);
+            l = qg__ledger_open(t.path, &o, err, sizeof err);
+            if (!l)
+                fail_msg("reopen: %s", err);
+            file_slices(t.path, &n, &marks);
+            assert_int_equal(n, 1);
+            assert_int_equal(file_index_agrees(t.path), file_top(t.path));
+            check_subject(l, t.path, rows[0].subject);
+            reopened = 1;
+        }
+    }
+    assert_true(sliced);
+    assert_true(midround);
+    assert_true(reopened);
+    /* refusals decided again, later, while the slices fill */
+    int nagain = 0;
+    {
+        sqlite3 *db;
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_open(t.path, &db), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(db,
+            "SELECT request_id, subject, created_ms, reserved_milli"
+            " FROM requests WHERE decision <> 1 ORDER BY rowid DESC"
+            " LIMIT 100", -1, &st, NULL), SQLITE_OK);
+        while (sqlite3_step(st) == SQLITE_ROW) {
+            qg_ledger_row *r = &rows[nagain++];
+            memset(r, 0, sizeof *r);
+            snprintf(r->request_id, sizeof r->request_id, "%s",
+                     (const char *)sqlite3_column_text(st, 0));
+            snprintf(r->subject, sizeof r->subject, "%s",
+                     (const char *)sqlite3_column_text(st, 1));
+            strcpy(r->plan, "free");
+            r->decision = 1;
+            r->status = QG_ROW_RESERVED;
+            r->reserved_milli = sqlite3_column_int64(st, 3);
+            r->weight_milli = r->reserved_milli;
+            r->created_ms = sqlite3_column_int64(st, 2) + 7 * SLOT + 1;
+            r->headroom_milli = -1;
+        }
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+    }
+    assert_true(nagain > 20);
+    submit_all(l, rows, nagain);
+    file_index_agrees(t.path);
+    for (int i = 0; i < nagain; i += 10)
+        check_subject(l, t.path, rows[i].subject);
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
 static int pg_setup(void **state)
 {
     (void)state;
@@ -802,6 +929,7 @@ int main(void)
         cmocka_unit_test(test_sqlite_migration_fills_rollup),
         cmocka_unit_test(test_sqlite_recent_slots),
         cmocka_unit_test(test_subject_rows),
+        cmocka_unit_test(test_subject_rows_slices),
     };
     const struct CMUnitTest pg_tests[] = {
         PG_TEST(test_rollup_follows_rows),
