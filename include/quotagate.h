@@ -665,6 +665,8 @@ typedef struct qg_serve_opts {
     int ledger_flush_ms;
     uint32_t request_ids;        /* ids the memory store remembers; 0 =
                                     its default (store's max_reservations) */
+    int ledger_cache_mb;         /* the most the SQLite ledger writer's
+                                    page cache grows to; 0: 64 MiB */
 } qg_serve_opts;
 
 /* Run the gateway until SIGTERM/SIGINT (blocks).  Returns the process's

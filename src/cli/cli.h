@@ -38,6 +38,7 @@ typedef struct qg_cli_args {
     const char *max_conns_per_client; /* serve: --max-connections-per-client */
     int ledger_async;         /* serve: --ledger-async */
     const char *request_ids;  /* serve: --request-ids N */
+    const char *ledger_cache; /* serve: --ledger-cache MB */
     const char *subject;      /* reconcile: --subject NAME */
     int repair;               /* reconcile: --repair */
     const char *format;       /* pricing: --format md|html|json */

@@ -2,6 +2,7 @@
  * gateway (src/server/serve.c) runs until SIGTERM or SIGINT. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "cli.h"
 
 static int parse_int(const char *flag, const char *v, long min, long max,
@@ -25,7 +26,7 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
 {
     qg_serve_opts o = {0};
     long workers = 2, header_timeout = 10000, rate = 0, maxc = 0, per = -1,
-         request_ids = 0;
+         request_ids = 0, cache_mb = 0;
 
     if (parse_int("--workers", a->workers, 1, 64, &workers) != 0 ||
         parse_int("--header-timeout", a->header_timeout, 10, 3600000,
@@ -37,7 +38,9 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
         parse_int("--max-connections-per-client", a->max_conns_per_client,
                   0, 10000000, &per) != 0 ||
         parse_int("--request-ids", a->request_ids, 1, 1L << 30,
-                  &request_ids) != 0) {
+                  &request_ids) != 0 ||
+        parse_int("--ledger-cache", a->ledger_cache, 1, 1L << 20,
+                  &cache_mb) != 0) {
         qg_rules_free(rules);
         return QG_EXIT_USAGE;
     }
@@ -55,5 +58,12 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
     o.max_conns_per_client = per < 0 ? 0 : per == 0 ? -1 : (int)per;
     o.ledger_async = a->ledger_async;
     o.request_ids = (uint32_t)request_ids;
+    o.ledger_cache_mb = (int)cache_mb;
+    if (cache_mb && a->ledger && (strncmp(a->ledger, "postgres", 8) == 0)) {
+        fprintf(stderr, "quotagate serve: --ledger-cache sizes the SQLite "
+                "ledger's page cache; a PostgreSQL ledger has none here\n");
+        qg_rules_free(rules);
+        return QG_EXIT_USAGE;
+    }
     return qg_serve(&o);
 }

@@ -18,7 +18,8 @@ enum flag_id { F_CONFIG, F_JSON, F_BASELINE, F_PERIOD, F_TRACE, F_START,
                F_PREVIOUS, F_DATA, F_LEDGER, F_ROLE, F_LISTEN, F_STORE,
                F_UPSTREAM, F_WORKERS, F_HEADER_TIMEOUT, F_MIN_BODY_RATE,
                F_MAX_CONNECTIONS, F_MAX_CONNS_PER_CLIENT, F_LEDGER_ASYNC,
-               F_REQUEST_IDS, F_SUBJECT, F_REPAIR, F_FORMAT, F_AT, F_HELP, NFLAGS };
+               F_REQUEST_IDS, F_LEDGER_CACHE, F_SUBJECT, F_REPAIR, F_FORMAT,
+               F_AT, F_HELP, NFLAGS };
 
 #define FL(id) (1u << (id))
 
@@ -102,6 +103,12 @@ static const struct flag {
                         offsetof(qg_cli_args, request_ids),
                         "request ids the counters remember for "
                         "idempotency (default 524288)" },
+    [F_LEDGER_CACHE] = { "ledger-cache", 0, "MB",
+                         offsetof(qg_cli_args, ledger_cache),
+                         "the most the SQLite ledger writer's page cache "
+                         "grows to, in MiB (default 64; it starts at 2 "
+                         "and doubles while rows read pages from the "
+                         "file)" },
     [F_SUBJECT] = { "subject", 0, "NAME", offsetof(qg_cli_args, subject),
                     "only this subject (and its org)" },
     [F_REPAIR] = { "repair", 0, NULL, offsetof(qg_cli_args, repair),
@@ -129,7 +136,7 @@ static const struct command {
           FL(F_UPSTREAM) | FL(F_WORKERS) | FL(F_HEADER_TIMEOUT) |
           FL(F_MIN_BODY_RATE) | FL(F_MAX_CONNECTIONS) |
           FL(F_MAX_CONNS_PER_CLIENT) | FL(F_LEDGER_ASYNC) |
-          FL(F_REQUEST_IDS),
+          FL(F_REQUEST_IDS) | FL(F_LEDGER_CACHE),
       FL(F_CONFIG), 0 },
     { "analyze", qg__cmd_analyze,
       "window ratios, effective multipliers, binding window, claims check",

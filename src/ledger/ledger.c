@@ -151,6 +151,7 @@ qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
         o.id_filter = opts->id_filter;
         o.subject_index_rows = opts->subject_index_rows;
         o.subject_index_ms = opts->subject_index_ms;
+        o.cache_kb = opts->cache_kb;
         o.spool_dir = opts->spool_dir;
     }
     if (o.sync != QG_LEDGER_DURABLE && o.sync != QG_LEDGER_ASYNC) {
@@ -324,6 +325,8 @@ void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out)
     out->spool_rows = l->spool ? qg__spool_pending(l->spool) : 0;
     out->refusing = atomic_load(&l->refusing);
     out->id_reads = atomic_load_explicit(&l->id_reads, memory_order_relaxed);
+    out->cache_bytes = l->be->rows->cache_bytes
+                           ? l->be->rows->cache_bytes(l->b) : -1;
     l->be->rows->last_read_error(l->b, out->last_read_error,
                                  sizeof out->last_read_error);
     out->backend = l->be->name;

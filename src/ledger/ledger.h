@@ -121,14 +121,19 @@ typedef struct qg_ledger_opts {
     int subject_index_ms;      /* ... or this long after the oldest of
                                   them (default 250 ms); whichever comes
                                   first (ledger_sqlite_subject_rows.c) */
+    int cache_kb;              /* SQLite: the most the writer's page cache
+                                  grows to, in KiB; 0: 64 MiB
+                                  (ledger_sqlite_pcache.c) */
 } qg_ledger_opts;
 
 /* Once, at process start, before any thread uses SQLite: turns off
  * SQLite's memory statistics, which quotagate never reads and which take
  * a process-wide mutex around every allocation and free the ledger's
  * writer makes (~10 per row; docs/benchmarks.md, "HTTP", the eighth
- * session's steps).
- * Optional: without it every ledger works the same, a little slower. */
+ * session's steps), and puts the layer of ledger_sqlite_pcache.c over
+ * SQLite's page cache, which lets the writer's cache be large.
+ * Optional: without it every ledger works the same, a little slower, its
+ * writer with SQLite's default cache unless cache_kb names one. */
 void qg__ledger_process_init(void);
 
 /* Open (creating and migrating the schema) and start the writer thread.
@@ -277,6 +282,9 @@ typedef struct qg_ledger_stats {
     uint64_t id_filter_bytes;   /* their memory */
     uint64_t id_reads;          /* lookups by request id (qg__ledger_get)
                                    the filter sent to the database */
+    int64_t cache_bytes;        /* SQLite: the writer's page cache now
+                                   (it grows: ledger_sqlite_pcache.c);
+                                   -1: none */
     const char *backend;        /* "sqlite", "postgresql" (static) */
 } qg_ledger_stats;
 void qg__ledger_stats_get(qg_ledger *l, qg_ledger_stats *out);

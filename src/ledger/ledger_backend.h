@@ -74,7 +74,8 @@ typedef struct qg__spool_mark {
  * fn returns 0 to go on.  spool_applied: the last seq recorded for
  * spool_id, 0 when none.  last_read_error: why the last failed read
  * failed, copied into out (empty when none).  estimate: the number of
- * rows, roughly (to size the filter), or -1. */
+ * rows, roughly (to size the filter), or -1.  cache_bytes: the most
+ * the writer's page cache holds now (any thread). */
 typedef struct qg__ledger_rows_ops {
     int (*write_batch)(void *b, qg__ledger_item *it, size_t n,
                        const qg__spool_mark *mark, char *why, size_t whycap);
@@ -91,6 +92,8 @@ typedef struct qg__ledger_rows_ops {
                        int64_t since_ms, int64_t until_ms,
                        int (*fn)(const qg_ledger_row *row, void *ud),
                        void *ud);
+    int64_t (*cache_bytes)(void *b);  /* the writer's page cache now;
+                                         NULL: none (PostgreSQL) */
 } qg__ledger_rows_ops;
 
 /* Subjects created through the admin API; durable on return.  get: 0 or

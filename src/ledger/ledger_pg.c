@@ -477,6 +477,7 @@ static const qg__ledger_rows_ops pg_rows = {
     pg_last_read_error,
     pg_estimate,
     pg_scan_entity,
+    NULL,                       /* no page cache of ours */
 };
 
 const qg__ledger_backend qg__ledger_postgresql = {

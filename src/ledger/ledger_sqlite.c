@@ -189,6 +189,7 @@ static int create_private(qg__sq *s, const char *path, char *err,
 void qg__ledger_process_init(void)
 {
     (void)sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+    (void)qg__sq_pcache_install();
 }
 
 /* One connection with the settings every connection shares; vfs NULL is
@@ -316,6 +317,11 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
     if (set_wal(s->wdb, path, err, errcap) ||
         qg__sq_migrate(s->wdb, path, err, errcap))
         goto fail;
+    if (qg__sq_cache_open(&s->cache, s->wdb, o->cache_kb) != SQLITE_OK) {
+        qg__sq_fail_db(s->wdb, path, "cannot size the page cache", err,
+                       errcap);
+        goto fail;
+    }
     if (qg__sq_writer_prepare(s) != SQLITE_OK ||
         qg__sq_rollup_prepare(s) != QG_OK ||
         qg__sq_subject_rows_prepare(s) != QG_OK) {
@@ -514,6 +520,13 @@ static int sq_spool_applied(void *b, const char *spool_id, int64_t *seq)
     return QG_OK;
 }
 
+static int64_t sq_cache_bytes(void *b)
+{
+    qg__sq *s = b;
+    return (int64_t)atomic_load_explicit(&s->cache.kb,
+                                         memory_order_relaxed) * 1024;
+}
+
 static const qg__ledger_rows_ops sq_rows = {
     qg__sq_write_batch,
     sq_scan,
@@ -523,6 +536,7 @@ static const qg__ledger_rows_ops sq_rows = {
     sq_last_read_error,
     sq_estimate,
     sq_scan_entity,
+    sq_cache_bytes,
 };
 
 const qg__ledger_backend qg__ledger_sqlite = {

@@ -84,6 +84,16 @@ typedef struct qg__sq_ckpt {
     int woken_at;               /* WAL frames at the last wake (writer's) */
 } qg__sq_ckpt;
 
+/* The writer's page cache, which starts at 2 MiB and doubles up to
+ * max_kb (0: QG_SQ_CACHE_MAX_KB) while more than a quarter of the rows
+ * written read a page from the file (ledger_sqlite_pcache.c). */
+#define QG_SQ_CACHE_MAX_KB 65536
+typedef struct qg__sq_cache {
+    atomic_int kb;              /* now (written by the writer only) */
+    int max_kb;                 /* the most it grows to */
+    uint64_t rows;              /* written since the last look */
+} qg__sq_cache;
+
 typedef struct qg__sq {
     qg_ledger_opts o;
     char path[1024];
@@ -95,6 +105,7 @@ typedef struct qg__sq {
     sqlite3_stmt *insert_run;    /* insert_new for INSERT_RUN rows at once */
     sqlite3_stmt *rowid_of;      /* a request id's rowid */
     sqlite3_stmt *begin_st, *commit_st, *rollback_st;
+    qg__sq_cache cache;         /* writer thread only */
     qg__sq_rollup rollup;       /* writer thread only */
     qg__sq_subject_rows subject_rows; /* writer thread only */
     sqlite3 *cdb;               /* the checkpointer's */
@@ -244,6 +255,25 @@ void qg__sq_ckpt_stop(qg__sq_ckpt *c, sqlite3 *writer);
  * is there. */
 #define QG_SQ_VFS "qg-gather"
 int qg__sq_vfs_register(void);
+
+/* ledger_sqlite_pcache.c: the writer's page cache (qg__sq_cache above).
+ * Set the first size on db (the writer's connection): an SQLite code. */
+int qg__sq_cache_open(qg__sq_cache *c, sqlite3 *db, int max_kb);
+/* After a commit of n rows: the new size in KiB when the cache grew
+ * (the rows since the last look in *rows, the pages they read from the
+ * file in *misses), else 0. */
+int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
+                       uint64_t *rows, uint64_t *misses);
+
+/* And the layer under SQLite's default page cache that gives the
+ * B-tree's page swaps a number just above the cache's pages, so that a
+ * commit does not walk a large cache whole.  Installed once, before
+ * SQLite initializes (qg__ledger_process_init); SQLITE_OK when it is in
+ * (then or before), else sqlite3_config's refusal.  The swaps it has
+ * renumbered so far, for the tests. */
+int qg__sq_pcache_install(void);
+int qg__sq_pcache_installed(void);
+unsigned long qg__sq_pcache_swaps(void);
 
 /* ledger_sqlite_schema.c: "ledger PATH: what: SQLite's message" into
  * err (QG_EIO); the file's schema version; the refusal of a version newer

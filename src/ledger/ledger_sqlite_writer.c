@@ -406,6 +406,22 @@ static void clear_row_bindings(qg__sq *s)
     sqlite3_clear_bindings(s->rowid_of);
 }
 
+/* The writer's page cache after a commit of n rows: it may grow
+ * (ledger_sqlite_pcache.c), which the operator is told. */
+static void cache_count(qg__sq *s, size_t n)
+{
+    uint64_t misses = 0, rows = 0;
+    int kb = qg__sq_cache_count(&s->cache, s->wdb, n, &rows, &misses);
+    char line[1200];
+    if (!kb || !s->o.log)
+        return;
+    snprintf(line, sizeof line, "ledger %s: the writer's page cache grows "
+             "to %d MiB (its last %llu rows read %llu pages from the "
+             "file)", s->path, kb / 1024, (unsigned long long)rows,
+             (unsigned long long)misses);
+    s->o.log(s->o.log_ud, line);
+}
+
 /* Write n rows in one transaction (ledger_backend.h).  Returns 0 (why:
  * the last row a guard kept out, or "") or a QG error with why.  SQLite's
  * file is local: it is never "unreachable" (QG_ELEDGER). */
@@ -448,6 +464,7 @@ int qg__sq_write_batch(void *b, qg__ledger_item *it, size_t n,
         goto fail;
     qg__sq_subject_rows_done(s, 1);
     qg__sq_rollup_done(s, 1);
+    cache_count(s, n);
     return QG_OK;
 fail:
     qg__sq_rollup_clear(s);

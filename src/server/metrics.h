@@ -25,6 +25,8 @@
  *   quotagate_ledger_rows_replayed_total (a shared ledger's spool),
  *   quotagate_ledger_id_filter_ids, quotagate_ledger_id_filter_levels,
  *   quotagate_ledger_id_filter_bytes (the request id filter, idfilter.h),
+ *   quotagate_ledger_page_cache_bytes (SQLite: the writer's page cache,
+ *   which grows; not printed for PostgreSQL),
  *   quotagate_ledger_id_reads_total (lookups it could not answer),
  *   quotagate_rebuild_seconds, quotagate_rebuild_rows,
  *   quotagate_rebuild_rows_out_of_bounds{action="clamped"|"skipped"},
@@ -105,6 +107,7 @@ typedef struct qg_metrics_gauges {
     uint64_t ledger_id_filter_levels;
     uint64_t ledger_id_filter_bytes;
     uint64_t ledger_id_reads;       /* lookups by id sent to the database */
+    int64_t ledger_cache_bytes;     /* SQLite writer's page cache; -1 none */
     int64_t rebuild_ms;             /* how long the last rebuild took */
     uint64_t rebuild_rows;          /* rows it replayed */
     uint64_t rebuild_clamped;       /* rows with amounts over the bounds */

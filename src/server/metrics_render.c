@@ -181,6 +181,11 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
             g->ledger_id_filter_levels);
     gauge_u(f, "quotagate_ledger_id_filter_bytes", "gauge",
             "Memory of the id filter.", g->ledger_id_filter_bytes);
+    if (g->ledger_cache_bytes >= 0)
+        gauge_u(f, "quotagate_ledger_page_cache_bytes", "gauge",
+                "The most the SQLite ledger writer's page cache holds now "
+                "(it grows while rows read pages from the file, up to "
+                "--ledger-cache).", (uint64_t)g->ledger_cache_bytes);
     gauge_u(f, "quotagate_ledger_id_reads_total", "counter",
             "Lookups by request id the id filter could not answer (read "
             "from the ledger's database).", g->ledger_id_reads);

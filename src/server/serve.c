@@ -51,6 +51,7 @@ void qg__server_gauges(qg_server *s, const qg_store_stats *st,
     g->ledger_id_filter_levels = (uint64_t)ls->id_filter_levels;
     g->ledger_id_filter_bytes = ls->id_filter_bytes;
     g->ledger_id_reads = ls->id_reads;
+    g->ledger_cache_bytes = ls->cache_bytes;
     memcpy(g->ledger_commit_le, ls->commit_le_us, sizeof g->ledger_commit_le);
     g->rebuild_ms = s->rebuild_ms;
     g->rebuild_rows = s->rebuild_rows;
@@ -313,6 +314,7 @@ static int serve_open(qg_server *s, qg_rules **rules, char *url,
     lo.flush_ms = s->opts.ledger_flush_ms;
     lo.log = ledger_log;
     lo.id_filter = 1;            /* every new request id is looked up */
+    lo.cache_kb = s->opts.ledger_cache_mb * 1024;
     qg__ledger_process_init();   /* no thread has used SQLite yet */
     if (!(s->ledger = qg__ledger_open(s->opts.ledger_url, &lo, err,
                                       sizeof err))) {

@@ -134,6 +134,25 @@ static void test_help_and_flags(void **state)
     r = tst_cli_run("lint", "-c", EX("rules.yaml"), "extra", NULL);
     assert_int_equal(r.rc, 2);
     tst_cli_done(&r);
+    /* serve refuses a bad flag before it opens anything */
+    r = tst_cli_run("serve", "-c", EX("rules.yaml"), "--ledger-cache", "0",
+                    NULL);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "--ledger-cache must be a number from 1"));
+    tst_cli_done(&r);
+    r = tst_cli_run("serve", "-c", EX("rules.yaml"), "--ledger-cache",
+                    "64MB", NULL);
+    assert_int_equal(r.rc, 2);
+    tst_cli_done(&r);
+    r = tst_cli_run("serve", "-c", EX("rules.yaml"), "--ledger-cache", "8",
+                    "--ledger", "postgresql://qg@127.0.0.1:1/qg", NULL);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "a PostgreSQL ledger has none"));
+    tst_cli_done(&r);
+    r = tst_cli_run("serve", "--help", NULL);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "--ledger-cache MB"));
+    tst_cli_done(&r);
 }
 
 /* --------------------------------------------------------- analyze */

@@ -1145,6 +1145,75 @@ static void test_runs(void **state)
     tmpdb_remove(&t);
 }
 
+/* Request id i of the cache test: in submission order (grow) or spread
+ * over the id index (a mixed 64-bit hash, as UUIDv4s are). */
+static void cache_id(char *id, size_t cap, int random, long i)
+{
+    uint64_t x = (uint64_t)i + 1;
+    if (random) {
+        x *= 0x9e3779b97f4a7c15ULL;
+        x ^= x >> 29;
+        x *= 0xbf58476d1ce4e5b9ULL;
+        x ^= x >> 32;
+    }
+    snprintf(id, cap, random ? "c-%016llx" : "c-%012llu",
+             (unsigned long long)x);
+}
+
+/* n rows with cache_id's ids through a ledger whose writer's page cache
+ * may grow to 4 MiB; what it logged is left in `logged`, and every 97th
+ * row is read back after a reopen. */
+static void cache_run(int random, long n)
+{
+    qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 20,
+                         .log = log_line, .cache_kb = 4096 };
+    qg_ledger_row r, got;
+    counter c = { 0, 0 };
+    tmpdb t;
+    qg_ledger *l;
+    int rc;
+    tmpdb_make(&t);
+    logged[0] = '\0';
+    l = open_ok(t.path, &o);
+    for (long i = 0; i < n; i++) {
+        make_row((int)(i % NROWS), &r);
+        cache_id(r.request_id, sizeof r.request_id, random, i);
+        while ((rc = qg__ledger_submit(l, &r, count_done, &c)) == QG_EFULL)
+            sleep_ms(1);
+        assert_int_equal(rc, 0);
+    }
+    wait_done(&c, (int)n);
+    assert_int_equal(atomic_load(&c.failed), 0);
+    qg__ledger_close(l);
+    l = open_ok(t.path, NULL);
+    for (long i = 0; i < n; i += 97) {
+        char id[64];
+        cache_id(id, sizeof id, random, i);
+        assert_int_equal(qg__ledger_get(l, id, &got), 0);
+        assert_string_equal(got.request_id, id);
+    }
+    qg__ledger_close(l);
+    tmpdb_remove(&t);
+}
+
+/* The writer's page cache (ledger_sqlite_pcache.c) starts at 2 MiB and
+ * doubles while more than a quarter of the rows written read a page from
+ * the file, each step logged, up to the options' bound: ids spread over
+ * the index grow it to the bound and no further (unbounded, these rows
+ * grow it to 8 MiB); ids that grow are appended at the index's end and
+ * leave it. */
+static void test_writer_cache_grows(void **state)
+{
+    (void)state;
+    cache_run(0, 60000);
+    assert_null(strstr(logged, "page cache grows"));
+    cache_run(1, 120000);
+    print_message("%s", logged);
+    assert_non_null(strstr(logged, "the writer's page cache grows to 4 "
+                                   "MiB (its last "));
+    assert_null(strstr(logged, "page cache grows to 8 MiB"));
+}
+
 /* A new ledger is created 0600 whatever the umask (its -wal and -shm
  * follow it); an existing file others may read keeps its mode and is
  * reported. */
@@ -1572,6 +1641,7 @@ int main(void)
         cmocka_unit_test(test_coalesce),
         cmocka_unit_test(test_runs),
         cmocka_unit_test(test_file_modes),
+        cmocka_unit_test(test_writer_cache_grows),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys_table),

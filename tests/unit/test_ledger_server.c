@@ -492,6 +492,24 @@ static void test_reuse_after_forgotten(void **state)
     assert_int_equal(qgproc_stop(&P, 20000), 0);
 }
 
+/* --ledger-cache bounds the SQLite writer's page cache, which starts at
+ * 2 MiB or the bound when smaller, and /metrics shows its size
+ * (quotagate_ledger_page_cache_bytes; how it grows: test_ledger.c,
+ * test_writer_cache_grows). */
+static void test_ledger_cache_flag(void **state)
+{
+    const char *args[] = {"--ledger-cache", "1", NULL};
+    (void)state;
+    start("rules.yaml", NULL);
+    assert_true(metric("quotagate_ledger_page_cache_bytes") == 2097152);
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+    teardown(NULL);
+    start("rules.yaml", args);
+    assert_true(metric("quotagate_ledger_page_cache_bytes") == 1048576);
+    WANT(check_w("cache", tst_uid("cf"), 1), 200, "a check");
+    assert_int_equal(qgproc_stop(&P, 20000), 0);
+}
+
 /* A reservation never settled, beyond the rebuild's reach after a
  * restart: its settle is recorded from the ledger, late (final at the
  * reservation: the charge can grow, never shrink), then replayed. */
@@ -563,6 +581,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reuse_after_restart, teardown),
         cmocka_unit_test_teardown(test_reuse_after_forgotten, teardown),
         cmocka_unit_test_teardown(test_late_settle_from_ledger, teardown),
+        cmocka_unit_test_teardown(test_ledger_cache_flag, teardown),
     };
     /* idempotency and crash recovery, the same on PostgreSQL */
     const struct CMUnitTest pg_tests[] = {

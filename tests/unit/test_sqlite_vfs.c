@@ -1,8 +1,10 @@
-/* test_sqlite_vfs.c - the ledger writer's VFS (ledger_sqlite_vfs.c),
- * which gathers a transaction's WAL writes into one write, on a real
- * file: under it a counting VFS registered as the default (before the
- * gathering one, which takes the default as its base), so that the test
- * sees what reaches the file system.
+/* test_sqlite_vfs.c - the ledger writer's layers over SQLite on a real
+ * file: its VFS (ledger_sqlite_vfs.c), which gathers a transaction's WAL
+ * writes into one write, and its page cache (ledger_sqlite_pcache.c),
+ * installed here before SQLite initializes, as serve does, so that every
+ * test runs over it.  Under the VFS a counting VFS registered as the
+ * default (before the gathering one, which takes the default as its
+ * base), so that the test sees what reaches the file system.
  *
  * - Gathering: a commit that dirties many pages reaches the WAL file as
  *   one write per 124 KB of frames (and a new WAL's header once), where
@@ -16,6 +18,11 @@
  *   bytes go out inside the WAL's sync), nothing of the transaction is
  *   visible, the file passes integrity_check, and the next transaction
  *   commits.
+ * - The page cache: with a 32 MB cache, as the ledger's writer has,
+ *   B-tree splits swap pages through the lock page's number, which the
+ *   layer renumbers; over commits, rollbacks and deletes the file holds
+ *   exactly the committed rows, for a second connection and after a
+ *   reopen, and passes integrity_check.
  * The ledger's own kill -9 test (test_ledger.c, test_kill9_durability)
  * runs its durable writer through this VFS. */
 #include <stdarg.h>
@@ -138,7 +145,8 @@ static int c_open(sqlite3_vfs *v, const char *name, sqlite3_file *f,
 static int setup_vfs(void **state)
 {
     (void)state;
-    if (sqlite3_initialize() != SQLITE_OK ||
+    if (qg__sq_pcache_install() != SQLITE_OK ||
+        sqlite3_initialize() != SQLITE_OK ||
         !(real_vfs = sqlite3_vfs_find(NULL)))
         return -1;
     count_vfs = *real_vfs;
@@ -229,18 +237,17 @@ static void integrity_ok(sqlite3 *db)
     sqlite3_finalize(st);
 }
 
-/* one transaction of n rows with random tags (index pages all over) */
-static int insert_rows(sqlite3 *db, int64_t first, int n)
+/* n rows with random tags (index pages all over), in the open
+ * transaction */
+static void insert_open(sqlite3 *db, int64_t first, int n)
 {
     sqlite3_stmt *st;
-    int i, rc;
     char tag[32];
-    exec_ok(db, "BEGIN IMMEDIATE");
     assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO t VALUES (?1, ?2, "
                                             "zeroblob(300))",
                                         -1, &st, NULL),
                      SQLITE_OK);
-    for (i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         snprintf(tag, sizeof tag, "%08x", (unsigned)rand());
         sqlite3_bind_int64(st, 1, first + i);
         sqlite3_bind_text(st, 2, tag, -1, SQLITE_TRANSIENT);
@@ -248,6 +255,14 @@ static int insert_rows(sqlite3 *db, int64_t first, int n)
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
+}
+
+/* one transaction of n such rows */
+static int insert_rows(sqlite3 *db, int64_t first, int n)
+{
+    int rc;
+    exec_ok(db, "BEGIN IMMEDIATE");
+    insert_open(db, first, n);
     rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK && !sqlite3_get_autocommit(db))
         (void)sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
@@ -353,12 +368,56 @@ static void test_failed_write_fails_commit(void **state)
     db2_close(&d);
 }
 
+static void test_pcache_swaps(void **state)
+{
+    db2 d;
+    unsigned long swaps = qg__sq_pcache_swaps();
+    int64_t next = 0, rows = 0;
+    (void)state;
+    /* installed by setup, before SQLite initialized; again: a no-op */
+    assert_true(qg__sq_pcache_installed());
+    assert_int_equal(qg__sq_pcache_install(), SQLITE_OK);
+    srand(17);
+    db2_open(&d, QG_SQ_VFS);
+    exec_ok(d.w, "PRAGMA cache_size=-32768");
+    for (int c = 0; c < 60; c++) {
+        if (c % 6 == 5) {
+            /* rolled back: the pages it made leave the cache */
+            exec_ok(d.w, "BEGIN IMMEDIATE");
+            insert_open(d.w, next, 1500);
+            exec_ok(d.w, "ROLLBACK");
+        } else {
+            assert_int_equal(insert_rows(d.w, next, 1000), SQLITE_OK);
+            rows += 1000;
+        }
+        next += 1500;
+        if (c % 10 == 9) {
+            /* pages emptied and freed, then reused by later splits */
+            exec_ok(d.w, "DELETE FROM t WHERE k % 7 = 0");
+            rows -= sqlite3_changes(d.w);
+        }
+        assert_int_equal(count_rows(d.r), rows);
+    }
+    print_message("%lu page swaps renumbered\n",
+                  qg__sq_pcache_swaps() - swaps);
+    assert_true(qg__sq_pcache_swaps() > swaps);
+    assert_int_equal(count_rows(d.w), rows);
+    integrity_ok(d.w);
+    integrity_ok(d.r);
+    sqlite3_close(d.w);
+    d.w = open_db(d.path, NULL);
+    assert_int_equal(count_rows(d.w), rows);
+    integrity_ok(d.w);
+    db2_close(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_commit_is_one_write),
         cmocka_unit_test(test_spilled_transaction),
         cmocka_unit_test(test_failed_write_fails_commit),
+        cmocka_unit_test(test_pcache_swaps),
     };
     return cmocka_run_group_tests(tests, setup_vfs, NULL);
 }
