@@ -132,8 +132,8 @@ typedef struct qg_ledger_opts {
  * writer makes (~10 per row; docs/benchmarks.md, "HTTP", the eighth
  * session's steps), and puts the layer of ledger_sqlite_pcache.c over
  * SQLite's page cache, which lets the writer's cache be large.
- * Optional: without it every ledger works the same, a little slower, its
- * writer with SQLite's default cache unless cache_kb names one. */
+ * Optional: without it every ledger works the same, a little slower (a
+ * writer's cache that has grown is walked whole at each commit). */
 void qg__ledger_process_init(void);
 
 /* Open (creating and migrating the schema) and start the writer thread.
