@@ -2,12 +2,13 @@
  * grows, and a layer over SQLite's own cache that lets it be large
  * (ledger_sqlite.h).
  *
- * How large.  The writer's connection starts with SQLite's 2 MB and
- * doubles its cache, up to the options' bound (64 MiB by default), while
- * more than a quarter of its rows read a page from the file: rows that
- * land at random places of an index larger than the cache (request ids
- * such as UUIDv4s; many subjects; an aged ledger) read a page each, and
- * a page read costs a system call and a 4 KB copy.  Rows whose ids grow
+ * How large.  The writer's connection starts at 2 MiB (about SQLite's
+ * default) and doubles its cache, up to the options' bound (64 MiB by
+ * default), while more than a quarter of its rows read a page from the
+ * file: rows that land at random places of an index larger than the
+ * cache (request ids such as UUIDv4s; many subjects; an aged ledger)
+ * read a page each, and a page read costs a system call and a 4 KB
+ * copy.  Rows whose ids grow
  * read almost nothing and keep the small cache, which costs them less:
  * a large one recycles pages long gone from the processor's caches
  * (measured: docs/benchmarks.md, "A larger writer cache").  It never
@@ -20,8 +21,8 @@
  * it has held since its last truncation, and every commit truncates the
  * cache to the file's size: when that largest number lies a hash table's
  * length or more beyond the size, as 262,145 does, the truncation walks
- * every hash bucket and every page of the cache.  With 2 MB that walk is
- * short; with 32 MB it took a tenth of the writer's CPU under inserts of
+ * every hash bucket and every page of the cache.  With 2 MiB that walk
+ * is short; with 32 MiB it took a tenth of the writer's CPU under inserts of
  * growing ids, whose splits swap pages in nearly every commit (perf and
  * gdb on the writer).  Here the swap's temporary number is replaced by
  * one just above the largest number this cache holds, which no page has,
