@@ -115,22 +115,27 @@ static void c_unpin(sqlite3_pcache *p, sqlite3_pcache_page *pg, int discard)
 
 /* The swap (btree.c, balance_nonroot): A -> lock page, B -> A's number,
  * lock page -> B's number.  The first step takes a stand-in above every
- * page held; the last gives it up. */
+ * page held; the last gives it up, and the top falls back, so that the
+ * stand-in of every swap in a transaction is the same number. */
 static void c_rekey(sqlite3_pcache *p, sqlite3_pcache_page *pg,
                     unsigned old_key, unsigned new_key)
 {
     cache *c = of(p);
     unsigned o = key_in(c, old_key), n = new_key;
+    int done = 0;
     if (new_key == c->lock_page && !c->swapping) {
         c->stand_in = n = c->top + 1;
         c->swapping = 1;
         atomic_fetch_add_explicit(&swaps, 1, memory_order_relaxed);
     } else if (old_key == c->lock_page && c->swapping) {
         c->swapping = 0;
+        done = 1;
     }
     base.xRekey(c->in, pg, o, n);
     if (n > c->top)
         c->top = n;
+    else if (done && c->top == c->stand_in)
+        c->top = c->stand_in - 1;   /* the stand-in is free again */
 }
 
 static void c_truncate(sqlite3_pcache *p, unsigned limit)
