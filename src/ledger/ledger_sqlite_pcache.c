@@ -8,12 +8,11 @@
  * file: rows that land at random places of an index larger than the
  * cache (request ids such as UUIDv4s; many subjects; an aged ledger)
  * read a page each, and a page read costs a system call and a 4 KB
- * copy.  Rows whose ids grow
- * read almost nothing and keep the small cache, which costs them less
- * (measured: docs/benchmarks.md, "A larger writer cache"; the cause
- * inferred: a large one recycles pages long gone from the processor's
- * caches).  It never shrinks: once large, it misses little because it
- * is large.
+ * copy.  Rows whose ids grow read almost nothing and keep the small
+ * cache, which costs them less (measured: docs/benchmarks.md, "A larger
+ * writer cache"; the cause inferred: a large one recycles pages long
+ * gone from the processor's caches).  It never shrinks: once large, it
+ * misses little because it is large.
  *
  * The layer.  When SQLite splits a B-tree page it puts the new pages in
  * page-number order by swapping two of them through a temporary number,
