@@ -2,7 +2,6 @@
  * gateway (src/server/serve.c) runs until SIGTERM or SIGINT. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include "cli.h"
 
 static int parse_int(const char *flag, const char *v, long min, long max,
@@ -59,11 +58,5 @@ int qg__cmd_serve(const qg_cli_args *a, qg_rules *rules)
     o.ledger_async = a->ledger_async;
     o.request_ids = (uint32_t)request_ids;
     o.ledger_cache_mb = (int)cache_mb;
-    if (cache_mb && a->ledger && (strncmp(a->ledger, "postgres", 8) == 0)) {
-        fprintf(stderr, "quotagate serve: --ledger-cache sizes the SQLite "
-                "ledger's page cache; a PostgreSQL ledger has none here\n");
-        qg_rules_free(rules);
-        return QG_EXIT_USAGE;
-    }
     return qg_serve(&o);
 }

@@ -103,6 +103,12 @@ static void front_close(qg_ledger *l)
     free(l);
 }
 
+int qg__ledger_url_is_pg(const char *url)
+{
+    return strncmp(url, "postgresql://", 13) == 0 ||
+           strncmp(url, "postgres://", 11) == 0;
+}
+
 qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
                           char *err, size_t errcap)
 {
@@ -120,8 +126,7 @@ qg_ledger *qg__ledger_open(const char *url, const qg_ledger_opts *opts,
         snprintf(err, errcap, "ledger: empty URL");
         return NULL;
     }
-    if (strncmp(url, "postgresql://", 13) == 0 ||
-        strncmp(url, "postgres://", 11) == 0) {
+    if (qg__ledger_url_is_pg(url)) {
         be = &qg__ledger_postgresql;
     } else if (strncmp(url, "sqlite:", 7) == 0) {
         target = url + 7;

@@ -136,6 +136,10 @@ typedef struct qg_ledger_opts {
  * writer's cache that has grown is walked whole at each commit). */
 void qg__ledger_process_init(void);
 
+/* 1 when url names a PostgreSQL ledger ("postgresql://", "postgres://"),
+ * else 0 (SQLite: "sqlite:PATH" or a plain path). */
+int qg__ledger_url_is_pg(const char *url);
+
 /* Open (creating and migrating the schema) and start the writer thread.
  * url: "sqlite:PATH", a plain path, or "postgresql://USER@HOST:PORT/DB"
  * (libpq's URI; "postgres://" too).  opts may be NULL.  Returns NULL

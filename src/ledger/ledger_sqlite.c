@@ -136,10 +136,7 @@ void qg__sq_read_row(sqlite3_stmt *st, qg_ledger_row *r)
 
 /* ------------------------------------------------------ opening, schema */
 
-static void sq_log(const qg__sq *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void sq_log(const qg__sq *s, const char *fmt, ...)
+void qg__sq_log(const qg__sq *s, const char *fmt, ...)
 {
     char line[1536];
     va_list ap;
@@ -175,7 +172,7 @@ static int create_private(qg__sq *s, const char *path, char *err,
         struct stat sb;
         snprintf(f, sizeof f, "%s%s", path, sfx[i]);
         if (stat(f, &sb) == 0 && (sb.st_mode & 077))
-            sq_log(s, "ledger %s: mode %03o lets other users read it (it "
+            qg__sq_log(s, "ledger %s: mode %03o lets other users read it (it "
                    "holds every subject's usage and the key hashes): "
                    "chmod 600 %s*", f, (unsigned)(sb.st_mode & 0777), path);
     }
@@ -337,7 +334,7 @@ static void *sq_open(const char *path, const qg_ledger_opts *o, char *err,
             goto fail;
         }
         if (tail > 65536)
-            sq_log(s, "ledger %s: %lld rows written by another program "
+            qg__sq_log(s, "ledger %s: %lld rows written by another program "
                    "put in subject_rows (a subject's rows by time)", path,
                    (long long)tail);
     }

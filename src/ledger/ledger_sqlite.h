@@ -256,6 +256,11 @@ void qg__sq_ckpt_stop(qg__sq_ckpt *c, sqlite3 *writer);
 #define QG_SQ_VFS "qg-gather"
 int qg__sq_vfs_register(void);
 
+/* One line for the operator through the options' log (nothing without
+ * one), from the opening thread or the writer's. */
+void qg__sq_log(const qg__sq *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* ledger_sqlite_pcache.c: the writer's page cache (qg__sq_cache above).
  * Set the first size on db (the writer's connection): an SQLite code. */
 int qg__sq_cache_open(qg__sq_cache *c, sqlite3 *db, int max_kb);
@@ -269,8 +274,8 @@ int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
  * B-tree's page swaps a number just above the cache's pages, so that a
  * commit does not walk a large cache whole.  Installed once, before
  * SQLite initializes (qg__ledger_process_init); SQLITE_OK when it is in
- * (then or before), else sqlite3_config's refusal.  The swaps it has
- * renumbered so far, for the tests. */
+ * (then or before), else sqlite3_config's refusal.  Whether it is in,
+ * and the swaps it has renumbered so far: for the tests. */
 int qg__sq_pcache_install(void);
 int qg__sq_pcache_installed(void);
 unsigned long qg__sq_pcache_swaps(void);

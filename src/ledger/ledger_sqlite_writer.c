@@ -412,14 +412,11 @@ static void cache_count(qg__sq *s, size_t n)
 {
     uint64_t misses = 0, rows = 0;
     int kb = qg__sq_cache_count(&s->cache, s->wdb, n, &rows, &misses);
-    char line[1200];
-    if (!kb || !s->o.log)
-        return;
-    snprintf(line, sizeof line, "ledger %s: the writer's page cache grows "
-             "to %d MiB (its last %llu rows read %llu pages from the "
-             "file)", s->path, kb / 1024, (unsigned long long)rows,
-             (unsigned long long)misses);
-    s->o.log(s->o.log_ud, line);
+    if (kb)
+        qg__sq_log(s, "ledger %s: the writer's page cache grows to %d MiB "
+                   "(its last %llu rows read %llu pages from the file)",
+                   s->path, kb / 1024, (unsigned long long)rows,
+                   (unsigned long long)misses);
 }
 
 /* Write n rows in one transaction (ledger_backend.h).  Returns 0 (why:

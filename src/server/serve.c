@@ -229,6 +229,12 @@ static int serve_check(qg_server *s, qg_rules **rules, char *host,
                 s->opts.store_url);
         return 2;
     }
+    if (s->opts.ledger_cache_mb && s->opts.ledger_url &&
+        qg__ledger_url_is_pg(s->opts.ledger_url)) {
+        fprintf(stderr, "quotagate: --ledger-cache sizes the SQLite "
+                "ledger's page cache; a PostgreSQL ledger has none here\n");
+        return 2;
+    }
     if (!*rules &&
         qg_rules_load(s->opts.rules_path, rules, err, sizeof err) != QG_OK) {
         fprintf(stderr, "quotagate: %s\n", err);
