@@ -938,8 +938,11 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
         return rc;
     memcpy(c->rid, req->request_id, idlen + 1);
     c->subject[0] = '\0';
-    if (req->subject)
-        snprintf(c->subject, sizeof c->subject, "%s", req->subject);
+    if (req->subject) {          /* for the error message: cut to fit */
+        size_t n = strnlen(req->subject, sizeof c->subject - 1);
+        memcpy(c->subject, req->subject, n);
+        c->subject[n] = '\0';
+    }
     in->rid = hash_key(req->request_id, idlen, SEED_RID);
     if (e->store->m->prefetch)
         e->store->m->prefetch(e->store, in->rid);
@@ -950,23 +953,23 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
     in->weight_milli = req->weight_milli;
     in->no_charge = req->no_charge;
     in->has_member = req->subject && *req->subject;
-    in->member = in->has_member ? hash_key(req->subject, strlen(req->subject),
-                                         SEED_SUBJECT)
-                              : (qg_key){0, 0};
+    in->member = (qg_key){0, 0};
     in->has_org = 0;
     in->org = (qg_key){0, 0};
-    if (in->has_member) {
-        /* the subject's org now: where a remote store finds its keys */
+    if (in->has_member && (e->store->m->flags & QG_STORE_SETTLE_ORG)) {
+        /* the subject's org now: where a remote store finds its keys
+         * (reg_get hashes the name into in->member either way) */
         subject s;
-        qg_key k;
         gen *g;
         const ver *v;
-        if (reg_get(e, req->subject, now_ms, PICK_OR_FIRST, &k, &s, &g, &v,
-                    NULL, 0) == QG_OK && s.org >= 0) {
+        if (reg_get(e, req->subject, now_ms, PICK_OR_FIRST, &in->member, &s,
+                    &g, &v, NULL, 0) == QG_OK && s.org >= 0) {
             in->has_org = 1;
             in->org = v->org_keys[s.org];
         }
-    }
+    } else if (in->has_member)
+        in->member = hash_key(req->subject, strlen(req->subject),
+                              SEED_SUBJECT);
     return QG_OK;
 }
 

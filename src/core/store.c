@@ -15,7 +15,7 @@ void qg_store_stats_get(qg_store *s, qg_store_stats *out)
 
 unsigned qg_store_flags(const qg_store *s)
 {
-    return s->m->flags;
+    return s->m->flags & (QG_STORE_SHARED | QG_STORE_PERSISTENT);
 }
 
 const char *qg_store_name(const qg_store *s)

@@ -122,7 +122,13 @@ typedef struct qg_store_usage {
  *   QG_STORE_SHARED      other processes decide on the same counters: a
  *                        start must not replay the ledger into it (that
  *                        would charge everything twice);
- *   QG_STORE_PERSISTENT  the counters outlive this process. */
+ *   QG_STORE_PERSISTENT  the counters outlive this process;
+ *   QG_STORE_SETTLE_ORG  the store's settle reads qg_store_settle.org (a
+ *                        remote store: where the reservation's keys
+ *                        live), so the engine looks the subject up for
+ *                        it; without it a settle leaves the registry
+ *                        alone (internal: not in quotagate.h). */
+#define QG_STORE_SETTLE_ORG 0x100u
 
 /* The completion of an asynchronous call: exactly once, on the thread of
  * the lane it was made on, from its event loop (never inside the call

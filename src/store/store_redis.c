@@ -277,7 +277,8 @@ static void r_free(qg_store *st)
     {                                                                       \
         .api = QG_STORE_API,                                                \
         .name = NAME,                                                       \
-        .flags = QG_STORE_SHARED | QG_STORE_PERSISTENT,                     \
+        .flags = QG_STORE_SHARED | QG_STORE_PERSISTENT |                    \
+                 QG_STORE_SETTLE_ORG,                                       \
         .check = r_check,                                                   \
         .settle = r_settle,                                                 \
         .usage = r_usage,                                                   \
