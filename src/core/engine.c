@@ -33,6 +33,11 @@
  * with a message naming the field and the bound (an instant: QG_EINVAL);
  * below this line nothing can overflow (window.h, decide.c).
  *
+ * qg_engine_check_many decides a group of checks one after the other,
+ * as qg_engine_check would, having first asked for the memory each needs
+ * (hashes and registry slots, then entities, then what they point at),
+ * so that one check's cache misses overlap another's.
+ *
  * Calls on lanes (a store across a network) are counted in flight, by
  * generation, until their callers are told: a reconciliation waits for
  * the ones sent before its cut (qg_engine_calls_mark). */
@@ -161,8 +166,9 @@ static int reg_grow(reg_shard *sh)
         ns[j] = sh->slots[i];
     }
     free(sh->slots);
-    sh->slots = ns;
-    sh->cap = ncap;
+    /* atomic: reg_prefetch reads them without the lock */
+    __atomic_store_n(&sh->slots, ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&sh->cap, ncap, __ATOMIC_RELAXED);
     return QG_OK;
 }
 
@@ -228,16 +234,15 @@ static const ver *gen_pick(const gen *g, int64_t t_ms, int how)
  * QG_ENOSUBJECT (unknown, no default plan), or QG_EINVAL with the reason
  * in err: no version in force yet, or the version lacks the plan (not
  * QG_ESTATE, which the server reads as its store rebuilding). */
-static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
-                   qg_key *k, subject *out, gen **g, const ver **vp,
-                   char *err, size_t errcap)
+static int reg_get_keyed(qg_engine *e, const char *name, int64_t t_ms,
+                         int how, const qg_key *k, subject *out, gen **g,
+                         const ver **vp, char *err, size_t errcap)
 {
     reg_shard *sh;
     subject *s;
     const ver *v;
     char when[40];
 
-    *k = hash_key(name, strlen(name), SEED_SUBJECT);
     sh = &e->reg[k->hi % REG_SHARDS];
     pthread_rwlock_rdlock(&sh->lock);
     *g = cur_gen(e);
@@ -276,6 +281,27 @@ static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
     out->anchor_ms = 0;
     out->hint = NULL;
     return QG_OK;
+}
+
+static int reg_get(qg_engine *e, const char *name, int64_t t_ms, int how,
+                   qg_key *k, subject *out, gen **g, const ver **vp,
+                   char *err, size_t errcap)
+{
+    *k = hash_key(name, strlen(name), SEED_SUBJECT);
+    return reg_get_keyed(e, name, t_ms, how, k, out, g, vp, err, errcap);
+}
+
+/* Start loading the registry slot where the subject of key k starts its
+ * probe (qg_engine_check_many).  Read without the shard's lock: the
+ * array and its size are stored atomically by reg_grow, and a stale pair
+ * only makes the prefetch useless (a prefetch never faults). */
+static void reg_prefetch(qg_engine *e, qg_key k)
+{
+    reg_shard *sh = &e->reg[k.hi % REG_SHARDS];
+    subject *slots = __atomic_load_n(&sh->slots, __ATOMIC_RELAXED);
+    uint32_t cap = __atomic_load_n(&sh->cap, __ATOMIC_RELAXED);
+    if (cap)
+        __builtin_prefetch(&slots[(uint32_t)k.lo & (cap - 1)]);
 }
 
 /* a * b for non-negative a, b, saturated at INT64_MAX. */
@@ -776,8 +802,11 @@ typedef struct call {
 
 enum { CALL_CHECK = 1, CALL_SETTLE, CALL_USAGE };
 
+/* keys: the request id's and the subject's hashes when the caller has
+ * them (qg_engine_check_many, which prefetched with them), else NULL. */
 static int prepare_check(qg_engine *e, const qg_check_req *req,
-                         int64_t now_ms, call *c, char *err, size_t errcap)
+                         int64_t now_ms, const qg_key *keys, call *c,
+                         char *err, size_t errcap)
 {
     const qg_rules *r;
     qg_store_check *in = &c->in.check;
@@ -797,11 +826,19 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
         return QG_EINVAL;
     /* the request id first: the store starts loading its slot while the
      * subject is looked up (both are cache misses in a large table) */
-    in->rid = hash_key(req->request_id, idlen, SEED_RID);
-    if (e->store->m->prefetch)
-        e->store->m->prefetch(e->store, in->rid);
-    if ((rc = reg_get(e, req->subject, now_ms, PICK_IN_FORCE, &in->member,
-                      &c->s, &c->g, &c->v, err, errcap)) != QG_OK) {
+    if (keys) {
+        in->rid = keys[0];
+        in->member = keys[1];
+    } else {
+        in->rid = hash_key(req->request_id, idlen, SEED_RID);
+        if (e->store->m->prefetch)
+            e->store->m->prefetch(e->store, in->rid);
+        in->member = hash_key(req->subject, strlen(req->subject),
+                              SEED_SUBJECT);
+    }
+    if ((rc = reg_get_keyed(e, req->subject, now_ms, PICK_IN_FORCE,
+                            &in->member, &c->s, &c->g, &c->v, err,
+                            errcap)) != QG_OK) {
         if (rc == QG_ENOSUBJECT)
             qg__errf(err, errcap, "unknown subject \"%s\"", req->subject);
         return rc;
@@ -878,35 +915,94 @@ static int finish_check(call *c, int rc, qg_decision *out, char *err,
     return rc;
 }
 
+/* The store's half of a prepared check, and its end. */
+static int run_check(call *c, qg_decision *out, char *err, size_t errcap);
+
 int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
                     qg_decision *out, char *err, size_t errcap)
 {
     call c;
     int rc;
     c.e = e;
-    if ((rc = prepare_check(e, req, now_ms, &c, err, errcap)) != QG_OK)
+    if ((rc = prepare_check(e, req, now_ms, NULL, &c, err, errcap)) != QG_OK)
         return rc;
-    {
-        /* the memory store's entity of this member, to skip a probe */
-        void *before = atomic_load_explicit(&c.s.hint, memory_order_relaxed);
-        void *hint = before, *obefore = NULL, *ohint = NULL;
-        void *_Atomic *oslot = c.in.check.has_org
-                                   ? &c.v->org_hints[c.s.org] : NULL;
-        c.in.check.hint = &hint;
-        if (oslot) {
-            /* and its org's: any entity the store handed out will do, it
-             * checks before use, so a plain store is enough */
-            ohint = obefore = atomic_load_explicit(oslot,
-                                                   memory_order_relaxed);
-            c.in.check.org_hint = &ohint;
+    return run_check(&c, out, err, errcap);
+}
+
+int qg_engine_check_many(qg_engine *e, size_t n, const qg_check_req *reqs,
+                         int64_t now_ms, qg_decision *outs, int *rcs)
+{
+    call c[QG_CHECK_MANY_MAX];
+    qg_key keys[QG_CHECK_MANY_MAX][2];
+    int bad = 0;
+
+    for (size_t at = 0; at < n; at += QG_CHECK_MANY_MAX) {
+        size_t m = n - at < QG_CHECK_MANY_MAX ? n - at : QG_CHECK_MANY_MAX;
+        const qg_check_req *rq = reqs + at;
+        /* 1: every request's id slot and registry slot start loading */
+        for (size_t i = 0; i < m; i++) {
+            const char *id = rq[i].request_id, *sub = rq[i].subject;
+            keys[i][0].hi = keys[i][0].lo = 0;
+            if (!id || !sub)
+                continue;        /* prepare_check says what is wrong */
+            keys[i][0] = hash_key(id, strlen(id), SEED_RID);
+            keys[i][1] = hash_key(sub, strlen(sub), SEED_SUBJECT);
+            if (e->store->m->prefetch)
+                e->store->m->prefetch(e->store, keys[i][0]);
+            reg_prefetch(e, keys[i][1]);
         }
-        rc = e->store->m->check(e->store, &c.in.check, out);
-        if (hint != before)
-            reg_set_hint(e, c.in.check.member, before, hint);
-        if (oslot && ohint != obefore)
-            atomic_store_explicit(oslot, ohint, memory_order_relaxed);
+        /* 2: the registry, then the member's state starts loading */
+        for (size_t i = 0; i < m; i++) {
+            c[i].e = e;
+            rcs[at + i] = prepare_check(e, &rq[i], now_ms,
+                                        keys[i][0].lo || keys[i][0].hi
+                                            ? keys[i] : NULL,
+                                        &c[i], NULL, 0);
+            if (rcs[at + i] == QG_OK && e->store->m->prefetch_member)
+                e->store->m->prefetch_member(
+                    e->store, atomic_load_explicit(&c[i].s.hint,
+                                                   memory_order_relaxed), 0);
+        }
+        /* 3: what the member's state points at starts loading */
+        if (e->store->m->prefetch_member)
+            for (size_t i = 0; i < m; i++)
+                if (rcs[at + i] == QG_OK)
+                    e->store->m->prefetch_member(
+                        e->store, atomic_load_explicit(&c[i].s.hint,
+                                                       memory_order_relaxed),
+                        1);
+        /* 4: the decisions, in order */
+        for (size_t i = 0; i < m; i++) {
+            if (rcs[at + i] == QG_OK)
+                rcs[at + i] = run_check(&c[i], &outs[at + i], NULL, 0);
+            bad += rcs[at + i] != QG_OK;
+        }
     }
-    return finish_check(&c, rc, out, err, errcap);
+    return bad;
+}
+
+static int run_check(call *c, qg_decision *out, char *err, size_t errcap)
+{
+    qg_engine *e = c->e;
+    int rc;
+    /* the memory store's entity of this member, to skip a probe */
+    void *before = atomic_load_explicit(&c->s.hint, memory_order_relaxed);
+    void *hint = before, *obefore = NULL, *ohint = NULL;
+    void *_Atomic *oslot = c->in.check.has_org
+                               ? &c->v->org_hints[c->s.org] : NULL;
+    c->in.check.hint = &hint;
+    if (oslot) {
+        /* and its org's: any entity the store handed out will do, it
+         * checks before use, so a plain store is enough */
+        ohint = obefore = atomic_load_explicit(oslot, memory_order_relaxed);
+        c->in.check.org_hint = &ohint;
+    }
+    rc = e->store->m->check(e->store, &c->in.check, out);
+    if (hint != before)
+        reg_set_hint(e, c->in.check.member, before, hint);
+    if (oslot && ohint != obefore)
+        atomic_store_explicit(oslot, ohint, memory_order_relaxed);
+    return finish_check(c, rc, out, err, errcap);
 }
 
 static int prepare_settle(qg_engine *e, const qg_settle_req *req,
@@ -1133,7 +1229,8 @@ int qg_engine_check_async(qg_engine *e, qg_store_lane *lane,
         return qg_engine_check(e, req, now_ms, out, err, errcap);
     if (!(c = call_new(e, CALL_CHECK, out, err, errcap, done, ud)))
         return QG_ENOMEM;
-    if ((rc = prepare_check(e, req, now_ms, c, err, errcap)) == QG_OK) {
+    if ((rc = prepare_check(e, req, now_ms, NULL, c, err, errcap)) ==
+        QG_OK) {
         call_sent(c);
         rc = e->store->m->check_async(e->store, lane, &c->in.check, out,
                                       call_done, c);
@@ -1290,7 +1387,8 @@ int qg_engine_check_local(qg_engine *e, const qg_check_req *req,
     if (!e->fb)
         return QG_ESTATE;
     c.e = e;
-    if ((rc = prepare_check(e, req, now_ms, &c, err, errcap)) != QG_OK)
+    if ((rc = prepare_check(e, req, now_ms, NULL, &c, err, errcap)) !=
+        QG_OK)
         return rc;
     rc = qg__fallback_check(e->fb, &c.in.check, share_milli, req->subject,
                             req->request_id, req->model, out);

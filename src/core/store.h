@@ -166,6 +166,11 @@ typedef struct qg_store_methods {
      * (the subject's lookup) overlaps the cache misses.  Only a hint:
      * nothing changes.  NULL: nothing to load (a remote store). */
     void (*prefetch)(qg_store *s, qg_key rid);
+    /* The same for the state of the member whose hint (qg_store_check.hint)
+     * the engine holds, in steps: 0 the state itself, then 1 (once step 0
+     * had time to land) what it points at.  hint may be NULL (nothing to
+     * load).  NULL: none. */
+    void (*prefetch_member)(qg_store *s, const void *hint, int step);
 
     /* Asynchronous calls, for a store across a network (NULL when the
      * store has none: the engine then calls the synchronous ones).  A lane

@@ -67,6 +67,7 @@ static entity *entity_new(qg_key key, const layout *lay)
     e->key = key;
     e->lay = lay;
     e->win = e->inline_win;
+    e->inline_n = (uint16_t)lay->n;
     char *p = (char *)&e->inline_win[lay->n];
     for (uint32_t i = 0; i < lay->n; i++) {
         qg_win_state *st = &e->win[i];

@@ -32,6 +32,7 @@ typedef struct entity {
     qg_win_state *win;            /* points into the block, or separate */
     uint16_t separate;            /* win allocated apart from the block */
     uint16_t shard;               /* entity shard it lives in */
+    uint16_t inline_n;            /* window states the block holds */
     qg__payg_spent spent;         /* payg: spent in the cap period */
     qg_win_state inline_win[];
 } entity;

@@ -13,11 +13,14 @@
  * recovery schedules; versions over time (the version in force chosen by
  * each decision's instant, usage kept across versions by window name). */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include "quotagate.h"
 #include "rules.h"
@@ -913,6 +916,192 @@ static void test_prefault(void **state)
     qg_store_free(b);
 }
 
+/* qg_engine_check_many decides as qg_engine_check does, one request
+ * after the other: two engines on the same rules take the same stream,
+ * one in batches (of 0 to 40 requests: several groups of
+ * QG_CHECK_MANY_MAX), the other one by one, and every answer must match:
+ * fresh ids, replays (of earlier batches and inside one), another
+ * subject's id, unknown subjects on the default plan, bad requests (no
+ * subject, an empty id, an unknown model), refusals, settles between the
+ * batches. */
+static unsigned long many_rnd(unsigned long *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void same_decision(const qg_decision *a, const qg_decision *b)
+{
+    assert_int_equal(a->outcome, b->outcome);
+    assert_int_equal(a->replayed, b->replayed);
+    assert_int_equal(a->weight_milli, b->weight_milli);
+    assert_int_equal(a->decided_at_ms, b->decided_at_ms);
+    assert_int_equal(a->retry_after_ms, b->retry_after_ms);
+    assert_int_equal(a->binding, b->binding);
+    assert_int_equal(a->nviews, b->nviews);
+    for (int v = 0; v < a->nviews; v++) {
+        assert_string_equal(a->views[v].name, b->views[v].name);
+        assert_int_equal(a->views[v].used_milli, b->views[v].used_milli);
+        assert_int_equal(a->views[v].limit_milli, b->views[v].limit_milli);
+        assert_int_equal(a->views[v].reset_at_ms, b->views[v].reset_at_ms);
+    }
+    if (a->outcome == QG_ALLOW) {
+        assert_string_equal(a->plan, b->plan);
+        assert_string_equal(a->rules_version, b->rules_version);
+    }
+}
+
+static void test_check_many(void **state)
+{
+    static const char *subjects[] = {"alice", "bob", "m1", "m2", "zed",
+                                     "yan", NULL};
+    static const char *models[] = {NULL, "light", "large", "nope"};
+    static qg_decision dm[40], d1;
+    qg_check_req req[40];
+    char rid[40][24];
+    int rcs[40];
+    qg_store *s1 = qg_store_memory_new(NULL), *s2 = qg_store_memory_new(NULL);
+    qg_engine *many = qg_engine_new(tst_rules_parse(rules_text), s1);
+    qg_engine *one = qg_engine_new(tst_rules_parse(rules_text), s2);
+    unsigned long x = 0x9e3779b97f4a7c15UL;
+    long next_id = 0, seen[6] = {0};
+    int64_t now = T_MS;
+    (void)state;
+    assert_non_null(many);
+    assert_non_null(one);
+    assert_int_equal(qg_engine_check_many(many, 0, req, now, dm, rcs), 0);
+    for (int round = 0; round < 300; round++) {
+        int n = (int)(many_rnd(&x) % 41), bad;
+        now += (int64_t)(many_rnd(&x) % (3 * MIN_MS));
+        for (int i = 0; i < n; i++) {
+            unsigned long r = many_rnd(&x);
+            long id = next_id++;
+            if (r % 4 == 0 && id > 0)
+                id = (long)(many_rnd(&x) % (unsigned long)id);  /* replay */
+            snprintf(rid[i], sizeof rid[i], "m-%ld", id);
+            memset(&req[i], 0, sizeof req[i]);
+            req[i].subject = subjects[r / 8 % 7];
+            req[i].request_id = r / 64 % 50 == 0 ? "" : rid[i];
+            req[i].model = models[r / 4096 % 4 == 3 && r % 5 ? 0 :
+                                  r / 4096 % 4];
+            if (req[i].model) {
+                req[i].input_tokens = (int64_t)(r >> 20 & 4095);
+                req[i].max_output_tokens = (int64_t)(r >> 32 & 2047);
+            } else
+                req[i].weight_milli = (int64_t)(r >> 24 & 7) * 1000 + 1;
+        }
+        bad = qg_engine_check_many(many, (size_t)n, req, now, dm, rcs);
+        for (int i = 0; i < n; i++) {
+            int rc = qg_engine_check(one, &req[i], now, &d1, NULL, 0);
+            assert_int_equal(rcs[i], rc);
+            bad -= rc != QG_OK;
+            if (rc == QG_OK) {
+                same_decision(&dm[i], &d1);
+                if (d1.outcome == QG_ALLOW)
+                    seen[d1.replayed ? 1 : 0]++;
+            } else
+                seen[rc == QG_EINVAL ? 2 : rc == QG_EMODEL ? 3 : 4]++;
+            if (rc == QG_OK && dm[i].outcome != QG_ALLOW)
+                seen[5]++;
+        }
+        assert_int_equal(bad, 0);
+        /* settle some of this batch's admissions on both engines */
+        for (int i = 0; i < n; i++) {
+            qg_settle_req sr = {.request_id = req[i].request_id,
+                                .status = QG_SETTLE_COMPLETED,
+                                .weight_milli = 500};
+            qg_settle_result a, b;
+            if (rcs[i] != QG_OK || dm[i].outcome != QG_ALLOW ||
+                many_rnd(&x) % 3 == 0)
+                continue;
+            assert_int_equal(qg_engine_settle(many, &sr, now, &a, NULL, 0),
+                             qg_engine_settle(one, &sr, now, &b, NULL, 0));
+        }
+    }
+    /* the stream had each kind in it */
+    print_message("check_many: %ld admitted, %ld replayed, %ld refused, %ld "
+                  "QG_EINVAL, %ld QG_EMODEL, %ld other errors\n", seen[0],
+                  seen[1], seen[5], seen[2], seen[3], seen[4]);
+    assert_true(seen[0] > 100 && seen[1] > 10 && seen[5] > 100 &&
+                seen[2] > 10 && seen[3] > 10);
+    qg_engine_free(many);
+    qg_engine_free(one);
+    qg_store_free(s1);
+    qg_store_free(s2);
+}
+
+/* Batches on one thread while another reloads rules that add and drop a
+ * rolling window (every entity's window states move apart from its
+ * block): the prefetches read entities without their shard's lock, which
+ * ASan checks here; every batch's answers stay whole. */
+typedef struct many_run {
+    qg_engine *e;
+    atomic_int stop;
+    long batches, admitted;
+} many_run;
+
+static void *many_thread(void *p)
+{
+    many_run *m = p;
+    static const char *subjects[] = {"alice", "bob", "m1", "m2", "u1",
+                                     "u2", "u3", "u4"};
+    static __thread qg_decision d[QG_CHECK_MANY_MAX];
+    qg_check_req req[QG_CHECK_MANY_MAX];
+    char rid[QG_CHECK_MANY_MAX][48];
+    int rcs[QG_CHECK_MANY_MAX];
+    int64_t now = T_MS;
+    for (long b = 0; !atomic_load(&m->stop); b++) {
+        now += 20 * MIN_MS;       /* the rolling windows empty out */
+        for (int i = 0; i < QG_CHECK_MANY_MAX; i++) {
+            snprintf(rid[i], sizeof rid[i], "r-%ld-%d", b, i);
+            req[i] = (qg_check_req){.subject = subjects[(b + i) % 8],
+                                    .request_id = rid[i],
+                                    .weight_milli = 100};
+        }
+        if (qg_engine_check_many(m->e, QG_CHECK_MANY_MAX, req, now, d,
+                                 rcs) != 0)
+            fail_msg("a batch had errors");
+        for (int i = 0; i < QG_CHECK_MANY_MAX; i++)
+            m->admitted += d[i].outcome == QG_ALLOW;
+        m->batches++;
+    }
+    return NULL;
+}
+
+static void test_check_many_reload(void **state)
+{
+    static const char at[] = "    concurrency: 2\n";
+    static const char extra[] =
+        "      - { name: extra, type: rolling, length: 2h, limit: 40 }\n";
+    char other[sizeof rules_text + sizeof extra], err[256];
+    const char *cut = strstr(rules_text, at);
+    qg_store *st = qg_store_memory_new(NULL);
+    many_run m = {0};
+    pthread_t th;
+    int reloads = 0;
+    (void)state;
+    assert_non_null(cut);
+    snprintf(other, sizeof other, "%.*s%s%s", (int)(cut - rules_text),
+             rules_text, extra, cut);
+    m.e = qg_engine_new(tst_rules_parse(rules_text), st);
+    assert_non_null(m.e);
+    assert_int_equal(pthread_create(&th, NULL, many_thread, &m), 0);
+    for (; reloads < 200; reloads++) {
+        qg_rules *r = tst_rules_parse(reloads % 2 ? rules_text : other);
+        assert_int_equal(qg_engine_reload(m.e, r, err, sizeof err), 0);
+        usleep(500);
+    }
+    atomic_store(&m.stop, 1);
+    pthread_join(th, NULL);
+    print_message("check_many under reloads: %ld batches, %ld admitted, "
+                  "%d reloads\n", m.batches, m.admitted, reloads);
+    assert_true(m.batches > 0 && m.admitted > 0);
+    qg_engine_free(m.e);
+    qg_store_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -931,6 +1120,8 @@ int main(void)
         cmocka_unit_test(test_reservations_churn),
         cmocka_unit_test(test_reservations_small_bound),
         cmocka_unit_test(test_prefault),
+        cmocka_unit_test(test_check_many),
+        cmocka_unit_test(test_check_many_reload),
         cmocka_unit_test(test_versions_by_instant),
         cmocka_unit_test(test_org_versions),
         cmocka_unit_test(test_version_not_yet),
