@@ -831,8 +831,10 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
         in->member = keys[1];
     } else {
         in->rid = hash_key(req->request_id, idlen, SEED_RID);
-        if (e->store->m->prefetch)
-            e->store->m->prefetch(e->store, in->rid);
+        if (e->store->m->prefetch) {
+            e->store->m->prefetch(e->store, in->rid, 0);
+            e->store->m->prefetch(e->store, in->rid, 1);
+        }
         in->member = hash_key(req->subject, strlen(req->subject),
                               SEED_SUBJECT);
     }
@@ -948,12 +950,14 @@ int qg_engine_check_many(qg_engine *e, size_t n, const qg_check_req *reqs,
             keys[i][0] = hash_key(id, strlen(id), SEED_RID);
             keys[i][1] = hash_key(sub, strlen(sub), SEED_SUBJECT);
             if (e->store->m->prefetch)
-                e->store->m->prefetch(e->store, keys[i][0]);
+                e->store->m->prefetch(e->store, keys[i][0], 0);
             reg_prefetch(e, keys[i][1]);
         }
         /* 2: the registry, then the member's state starts loading */
         for (size_t i = 0; i < m; i++) {
             c[i].e = e;
+            if (e->store->m->prefetch && (keys[i][0].lo || keys[i][0].hi))
+                e->store->m->prefetch(e->store, keys[i][0], 1);
             rcs[at + i] = prepare_check(e, &rq[i], now_ms,
                                         keys[i][0].lo || keys[i][0].hi
                                             ? keys[i] : NULL,
@@ -1040,8 +1044,10 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
         c->subject[n] = '\0';
     }
     in->rid = hash_key(req->request_id, idlen, SEED_RID);
-    if (e->store->m->prefetch)
-        e->store->m->prefetch(e->store, in->rid);
+    if (e->store->m->prefetch) {
+        e->store->m->prefetch(e->store, in->rid, 0);
+        e->store->m->prefetch(e->store, in->rid, 1);
+    }
     in->now_ms = now_ms;
     in->status = req->status;
     in->input_tokens = req->input_tokens;

@@ -163,9 +163,10 @@ typedef struct qg_store_methods {
     int (*probe)(qg_store *s);
     /* A check or settle of request id rid comes next: start loading the
      * memory it will touch, so that the engine's own work on the request
-     * (the subject's lookup) overlaps the cache misses.  Only a hint:
-     * nothing changes.  NULL: nothing to load (a remote store). */
-    void (*prefetch)(qg_store *s, qg_key rid);
+     * (the subject's lookup) overlaps the cache misses.  In steps: 0, then
+     * 1 (what depends on step 0's memory: later, or at once).  Only a
+     * hint: nothing changes.  NULL: nothing to load (a remote store). */
+    void (*prefetch)(qg_store *s, qg_key rid, int step);
     /* The same for the state of the member whose hint (qg_store_check.hint)
      * the engine holds, in steps: 0 the state itself, then 1 (once step 0
      * had time to land) what it points at.  hint may be NULL (nothing to
