@@ -831,10 +831,8 @@ static int prepare_check(qg_engine *e, const qg_check_req *req,
         in->member = keys[1];
     } else {
         in->rid = hash_key(req->request_id, idlen, SEED_RID);
-        if (e->store->m->prefetch) {
-            e->store->m->prefetch(e->store, in->rid, 0);
-            e->store->m->prefetch(e->store, in->rid, 1);
-        }
+        if (e->store->m->prefetch)
+            e->store->m->prefetch(e->store, in->rid, QG_PREFETCH_ALL);
         in->member = hash_key(req->subject, strlen(req->subject),
                               SEED_SUBJECT);
     }
@@ -1044,10 +1042,8 @@ static int prepare_settle(qg_engine *e, const qg_settle_req *req,
         c->subject[n] = '\0';
     }
     in->rid = hash_key(req->request_id, idlen, SEED_RID);
-    if (e->store->m->prefetch) {
-        e->store->m->prefetch(e->store, in->rid, 0);
-        e->store->m->prefetch(e->store, in->rid, 1);
-    }
+    if (e->store->m->prefetch)
+        e->store->m->prefetch(e->store, in->rid, QG_PREFETCH_ALL);
     in->now_ms = now_ms;
     in->status = req->status;
     in->input_tokens = req->input_tokens;

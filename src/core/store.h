@@ -136,6 +136,8 @@ typedef struct qg_store_usage {
  * reached in time). */
 typedef void (*qg_store_done)(void *ud, int rc);
 
+#define QG_PREFETCH_ALL (-1)    /* qg_store_methods.prefetch's step */
+
 typedef struct qg_store_methods {
     int api;                    /* QG_STORE_API */
     const char *name;
@@ -164,8 +166,9 @@ typedef struct qg_store_methods {
     /* A check or settle of request id rid comes next: start loading the
      * memory it will touch, so that the engine's own work on the request
      * (the subject's lookup) overlaps the cache misses.  In steps: 0, then
-     * 1 (what depends on step 0's memory: later, or at once).  Only a
-     * hint: nothing changes.  NULL: nothing to load (a remote store). */
+     * 1 (what depends on step 0's memory), or QG_PREFETCH_ALL (both at
+     * once).  Only a hint: nothing changes.  NULL: nothing to load (a
+     * remote store). */
     void (*prefetch)(qg_store *s, qg_key rid, int step);
     /* The same for the state of the member whose hint (qg_store_check.hint)
      * the engine holds, in steps: 0 the state itself, then 1 (once step 0

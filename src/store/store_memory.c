@@ -167,23 +167,24 @@ static int64_t expiry(int64_t t0, const qg_plan *p)
 /* Start loading the index slot of rid and, when the shard is full, the
  * oldest id, which resv_make_room reads and forgets (step 0: its entry's
  * two lines), and that id's index slot (step 1, which reads the entry:
- * after step 0 had time to land, or at once).  The ring's head is read
+ * after step 0 had time to land; QG_PREFETCH_ALL: both at once).  The ring's head is read
  * without the lock: a stale value only makes the prefetch useless, never
  * wrong. */
 static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
 {
     uint32_t h;
     const resv *r;
-    if (step == 0)
+    if (step != 1)
         __builtin_prefetch(&rs->index[resv_tag(rid) & (rs->cap - 1)]);
     if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) < rs->max)
         return;
     h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
     r = &rs->ring[h < rs->max ? h : 0];
-    if (step == 0) {
+    if (step != 1) {
         __builtin_prefetch(r);
         __builtin_prefetch((const char *)(r + 1) - 1);
-    } else {
+    }
+    if (step != 0) {
         qg_key old = {0, 0};
         old.lo = __atomic_load_n(&r->rid.lo, __ATOMIC_RELAXED);
         __builtin_prefetch(&rs->index[resv_tag(old) & (rs->cap - 1)]);
@@ -266,8 +267,7 @@ static int mem_check(qg_store *s, const qg_store_check *in, qg_decision *out)
      * engine asked already (mem_prefetch, before its subject lookup);
      * asking again here measured 2-3% faster on the heavy rounds than
      * not (bench_engine pinned, 6 alternated runs), so it stays. */
-    resv_prefetch(rs, in->rid, 0);
-    resv_prefetch(rs, in->rid, 1);
+    resv_prefetch(rs, in->rid, QG_PREFETCH_ALL);
     if (in->hint)
         ent_prefetch(*in->hint);
     pthread_mutex_lock(&rs->mu);
