@@ -116,7 +116,7 @@ typedef struct qg_store_usage {
 
 /* The method table's version: a store built against another contract is
  * refused by qg_engine_new. */
-#define QG_STORE_API 4               /* 4: prefetch in steps, prefetch_member */
+#define QG_STORE_API 4      /* 4: prefetch in steps, prefetch_member */
 
 /* What qg_store_methods.flags may say (also quotagate.h's qg_store_flags):
  *   QG_STORE_SHARED      other processes decide on the same counters: a
