@@ -177,6 +177,37 @@ typedef struct run_arg {
 
 static _Atomic int64_t g_vclock;
 
+/* Operation i of a thread: its request id and subject (r: its random
+ * draw) into rid and subject, which req points at. */
+static void make_req(const run_arg *a, long i, uint64_t r, char rid[24],
+                     char subject[12], qg_check_req *req)
+{
+    make_id(rid, (char)('a' + a->thread), (a->seed << 36) + (uint64_t)i);
+    /* The subject's name formatted here, as the request id is: a
+     * server finds it in the request it has just read, in cache.
+     * Picking it from w->names cost a cache miss per check at 1M
+     * subjects (a 12 MB array read at random: 11% of the loop's
+     * samples, perf), which the engine was charged with. */
+    subject_name(subject, (long)(r % (uint64_t)a->w->nsubj));
+    *req = (qg_check_req){ .subject = subject,
+                           .request_id = rid, .model = "light",
+                           .input_tokens = (int64_t)(r >> 40 & 1023),
+                           .max_output_tokens = 512 };
+}
+
+/* The settle of an admitted req ("pairs"): 1 when it failed. */
+static int settle_req(world *w, const qg_check_req *req, uint64_t r,
+                      int64_t now)
+{
+    qg_settle_req sr = { .request_id = req->request_id,
+                         .status = QG_SETTLE_COMPLETED,
+                         .input_tokens = req->input_tokens,
+                         .output_tokens = (int64_t)(r >> 20 & 1023),
+                         .weight_milli = -1 };
+    qg_settle_result res;
+    return qg_engine_settle(w->eng, &sr, now, &res, NULL, 0) != 0;
+}
+
 static void *run_ops(void *p)
 {
     run_arg *a = p;
@@ -189,17 +220,8 @@ static void *run_ops(void *p)
 
     for (long i = 0; i < ops; i++) {
         uint64_t r = xorshift(&s);
-        make_id(rid, (char)('a' + a->thread), (a->seed << 36) + (uint64_t)i);
-        /* The subject's name formatted here, as the request id is: a
-         * server finds it in the request it has just read, in cache.
-         * Picking it from w->names cost a cache miss per check at 1M
-         * subjects (a 12 MB array read at random: 11% of the loop's
-         * samples, perf), which the engine was charged with. */
-        subject_name(subject, (long)(r % (uint64_t)w->nsubj));
-        qg_check_req req = { .subject = subject,
-                             .request_id = rid, .model = "light",
-                             .input_tokens = (int64_t)(r >> 40 & 1023),
-                             .max_output_tokens = 512 };
+        qg_check_req req;
+        make_req(a, i, r, rid, subject, &req);
         /* One virtual clock for all threads: a block of 64 steps at a time
          * is taken from the shared counter (one atomic per 64 operations). */
         if ((i & 63) == 0)
@@ -212,16 +234,8 @@ static void *run_ops(void *p)
         if (d.outcome != QG_ALLOW || d.replayed)
             continue;
         allowed++;
-        if (a->settle) {
-            qg_settle_req sr = { .request_id = rid,
-                                 .status = QG_SETTLE_COMPLETED,
-                                 .input_tokens = req.input_tokens,
-                                 .output_tokens = (int64_t)(r >> 20 & 1023),
-                                 .weight_milli = -1 };
-            qg_settle_result res;
-            if (qg_engine_settle(w->eng, &sr, now, &res, NULL, 0) != 0)
-                errors++;
-        }
+        if (a->settle)
+            errors += settle_req(w, &req, r, now);
     }
     a->allowed = allowed;
     a->errors = errors;
@@ -250,14 +264,7 @@ static void *run_ops_many(void *p)
         int m = ops - i < b ? (int)(ops - i) : b;
         for (int j = 0; j < m; j++) {
             r[j] = xorshift(&s);
-            make_id(rid[j], (char)('a' + a->thread),
-                    (a->seed << 36) + (uint64_t)(i + j));
-            subject_name(subject[j], (long)(r[j] % (uint64_t)w->nsubj));
-            req[j] = (qg_check_req){ .subject = subject[j],
-                                     .request_id = rid[j], .model = "light",
-                                     .input_tokens = (int64_t)(r[j] >> 40 &
-                                                               1023),
-                                     .max_output_tokens = 512 };
+            make_req(a, i + j, r[j], rid[j], subject[j], &req[j]);
         }
         if (i % 64 < b)          /* 64 steps at a time, as run_ops */
             now = atomic_fetch_add(&g_vclock, 64 * a->step_ms);
@@ -271,17 +278,8 @@ static void *run_ops_many(void *p)
             if (d[j].outcome != QG_ALLOW || d[j].replayed)
                 continue;
             allowed++;
-            if (a->settle) {
-                qg_settle_req sr = { .request_id = rid[j],
-                                     .status = QG_SETTLE_COMPLETED,
-                                     .input_tokens = req[j].input_tokens,
-                                     .output_tokens =
-                                         (int64_t)(r[j] >> 20 & 1023),
-                                     .weight_milli = -1 };
-                qg_settle_result res;
-                if (qg_engine_settle(w->eng, &sr, now, &res, NULL, 0) != 0)
-                    errors++;
-            }
+            if (a->settle)
+                errors += settle_req(w, &req[j], r[j], now);
         }
     }
     a->allowed = allowed;

@@ -953,13 +953,13 @@ int qg_engine_check_many(qg_engine *e, size_t n, const qg_check_req *reqs,
         }
         /* 2: the registry, then the member's state starts loading */
         for (size_t i = 0; i < m; i++) {
+            const qg_key *k = keys[i][0].lo || keys[i][0].hi ? keys[i]
+                                                             : NULL;
             c[i].e = e;
-            if (e->store->m->prefetch && (keys[i][0].lo || keys[i][0].hi))
-                e->store->m->prefetch(e->store, keys[i][0], 1);
-            rcs[at + i] = prepare_check(e, &rq[i], now_ms,
-                                        keys[i][0].lo || keys[i][0].hi
-                                            ? keys[i] : NULL,
-                                        &c[i], NULL, 0);
+            if (k && e->store->m->prefetch)
+                e->store->m->prefetch(e->store, k[0], 1);
+            rcs[at + i] = prepare_check(e, &rq[i], now_ms, k, &c[i], NULL,
+                                        0);
             if (rcs[at + i] == QG_OK && e->store->m->prefetch_member)
                 e->store->m->prefetch_member(
                     e->store, atomic_load_explicit(&c[i].s.hint,
