@@ -86,12 +86,19 @@ typedef struct qg__sq_ckpt {
 
 /* The writer's page cache, which starts at 2 MiB and doubles up to
  * max_kb (0: QG_SQ_CACHE_MAX_KB) while more than a quarter of the rows
- * written read a page from the file (ledger_sqlite_pcache.c). */
+ * written read a page from the file, and tries half its size again
+ * once they read almost none (ledger_sqlite_pcache.c). */
 #define QG_SQ_CACHE_MAX_KB 65536
 typedef struct qg__sq_cache {
     atomic_int kb;              /* now (written by the writer only) */
     int max_kb;                 /* the most it grows to */
+    int min_kb;                 /* the least it shrinks to: where it began */
     uint64_t rows;              /* written since the last look */
+    int quiet;                  /* looks in a row that found almost no
+                                   page read */
+    int quiet_need;             /* quiet looks before half is tried */
+    int trying;                 /* 1: halved at the last look, which the
+                                   next one judges */
 } qg__sq_cache;
 
 typedef struct qg__sq {
@@ -264,11 +271,14 @@ void qg__sq_log(const qg__sq *s, const char *fmt, ...)
 /* ledger_sqlite_pcache.c: the writer's page cache (qg__sq_cache above).
  * Set the first size on db (the writer's connection): an SQLite code. */
 int qg__sq_cache_open(qg__sq_cache *c, sqlite3 *db, int max_kb);
-/* After a commit of n rows: the new size in KiB when the cache grew
- * (the rows since the last look in *rows, the pages they read from the
- * file in *misses), else 0. */
+/* After a commit of n rows: the new size in KiB when the cache grew or
+ * shrank (the rows since the last look in *rows, the pages they read
+ * from the file in *misses), else 0. */
 int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
                        uint64_t *rows, uint64_t *misses);
+/* The size after a look at `rows` rows that read `misses` pages: what
+ * qg__sq_cache_count decides, without SQLite (tests drive it). */
+int qg__sq_cache_next(qg__sq_cache *c, uint64_t rows, uint64_t misses);
 
 /* And the layer under SQLite's default page cache that gives the
  * B-tree's page swaps a number just above the cache's pages, so that a

@@ -11,8 +11,13 @@
  * copy.  Rows whose ids grow read almost nothing and keep the small
  * cache, which costs them less (measured: docs/benchmarks.md, "A larger
  * writer cache"; the cause inferred: a large one recycles pages long
- * gone from the processor's caches).  It never shrinks: once large, it
- * misses little because it is large.
+ * gone from the processor's caches).  So it also shrinks, though a
+ * large cache misses little because it is large: after QUIET looks in
+ * a row in which almost no row read a page it tries half its size, and
+ * keeps it unless the next look finds it missing as it grew for, in
+ * which case it doubles back and waits twice as many quiet looks before
+ * the next try (at most QUIET_MAX), so that a load whose pages fit the
+ * large size but not half pays for one look at half in QUIET_MAX + 1.
  *
  * The layer.  When SQLite splits a B-tree page it puts the new pages in
  * page-number order by swapping two of them through a temporary number,
@@ -189,6 +194,8 @@ unsigned long qg__sq_pcache_swaps(void)
 
 #define START_KB 2048
 #define WINDOW_ROWS 16384       /* rows between two looks at the misses */
+#define QUIET 4                 /* quiet looks before half is tried */
+#define QUIET_MAX 64            /* ... after tries that failed, at most */
 
 static int cache_set(sqlite3 *db, int kb)
 {
@@ -204,10 +211,42 @@ int qg__sq_cache_open(qg__sq_cache *c, sqlite3 *db, int max_kb)
     c->max_kb = max_kb > 0 ? max_kb : QG_SQ_CACHE_MAX_KB;
     kb = c->max_kb < START_KB ? c->max_kb : START_KB;
     atomic_store_explicit(&c->kb, kb, memory_order_relaxed);
+    c->min_kb = kb;
     c->rows = 0;
+    c->quiet = 0;
+    c->quiet_need = QUIET;
+    c->trying = 0;
     /* from here on: the misses of the rows written */
     (void)sqlite3_db_status(db, SQLITE_DBSTATUS_CACHE_MISS, &cur, &hi, 1);
     return cache_set(db, kb);
+}
+
+/* Grow when more than a quarter of the rows read a page; a look in which
+ * at most one row in 64 did is quiet. */
+int qg__sq_cache_next(qg__sq_cache *c, uint64_t rows, uint64_t misses)
+{
+    int kb = atomic_load_explicit(&c->kb, memory_order_relaxed);
+    if (misses * 4 > rows) {
+        if (c->trying)           /* half was too small: wait longer */
+            c->quiet_need = c->quiet_need * 2 > QUIET_MAX
+                                ? QUIET_MAX : c->quiet_need * 2;
+        c->trying = 0;
+        c->quiet = 0;
+        return kb > c->max_kb / 2 ? c->max_kb : kb * 2;
+    }
+    if (c->trying) {             /* half held */
+        c->trying = 0;
+        c->quiet_need = QUIET;
+    }
+    if (misses * 64 > rows) {
+        c->quiet = 0;
+        return kb;
+    }
+    if (++c->quiet < c->quiet_need || kb <= c->min_kb)
+        return kb;
+    c->quiet = 0;
+    c->trying = 1;
+    return kb / 2 < c->min_kb ? c->min_kb : kb / 2;
 }
 
 int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
@@ -215,8 +254,9 @@ int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
 {
     int cur = 0, hi = 0, kb = atomic_load_explicit(&c->kb,
                                                    memory_order_relaxed);
+    int next;
     c->rows += n;
-    if (c->rows < WINDOW_ROWS || kb >= c->max_kb)
+    if (c->rows < WINDOW_ROWS)
         return 0;
     if (sqlite3_db_status(db, SQLITE_DBSTATUS_CACHE_MISS, &cur, &hi, 1) !=
         SQLITE_OK)
@@ -224,11 +264,12 @@ int qg__sq_cache_count(qg__sq_cache *c, sqlite3 *db, size_t n,
     *rows = c->rows;
     *misses = (uint64_t)cur;
     c->rows = 0;
-    if (*misses * 4 <= *rows)
+    if ((next = qg__sq_cache_next(c, *rows, *misses)) == kb)
         return 0;
-    kb = kb > c->max_kb / 2 ? c->max_kb : kb * 2;
-    if (cache_set(db, kb) != SQLITE_OK)
+    if (cache_set(db, next) != SQLITE_OK) {
+        c->trying = 0;
         return 0;
-    atomic_store_explicit(&c->kb, kb, memory_order_relaxed);
-    return kb;
+    }
+    atomic_store_explicit(&c->kb, next, memory_order_relaxed);
+    return next;
 }

@@ -406,17 +406,18 @@ static void clear_row_bindings(qg__sq *s)
     sqlite3_clear_bindings(s->rowid_of);
 }
 
-/* The writer's page cache after a commit of n rows: it may grow
- * (ledger_sqlite_pcache.c), which the operator is told. */
+/* The writer's page cache after a commit of n rows: it may grow or
+ * shrink (ledger_sqlite_pcache.c), which the operator is told. */
 static void cache_count(qg__sq *s, size_t n)
 {
     uint64_t misses = 0, rows = 0;
+    int was = atomic_load_explicit(&s->cache.kb, memory_order_relaxed);
     int kb = qg__sq_cache_count(&s->cache, s->wdb, n, &rows, &misses);
     if (kb)
-        qg__sq_log(s, "ledger %s: the writer's page cache grows to %d MiB "
+        qg__sq_log(s, "ledger %s: the writer's page cache %s to %d MiB "
                    "(its last %llu rows read %llu pages from the file)",
-                   s->path, kb / 1024, (unsigned long long)rows,
-                   (unsigned long long)misses);
+                   s->path, kb > was ? "grows" : "shrinks", kb / 1024,
+                   (unsigned long long)rows, (unsigned long long)misses);
 }
 
 /* Write n rows in one transaction (ledger_backend.h).  Returns 0 (why:

@@ -185,7 +185,8 @@ static void render_gauges(FILE *f, const qg_metrics_gauges *g)
         gauge_u(f, "quotagate_ledger_page_cache_bytes", "gauge",
                 "The most the SQLite ledger writer's page cache holds now "
                 "(it grows while rows read pages from the file, up to "
-                "--ledger-cache).", (uint64_t)g->ledger_cache_bytes);
+                "--ledger-cache, and shrinks when they read almost "
+                "none).", (uint64_t)g->ledger_cache_bytes);
     gauge_u(f, "quotagate_ledger_id_reads_total", "counter",
             "Lookups by request id the id filter could not answer (read "
             "from the ledger's database).", g->ledger_id_reads);

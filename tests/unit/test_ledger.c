@@ -31,6 +31,7 @@
 #include "quotagate.h"
 #include "idfilter.h"
 #include "ledger.h"
+#include "ledger_sqlite.h"
 #include "ledgerdb.h"
 #include "pgproc.h"
 
@@ -1161,9 +1162,11 @@ static void cache_id(char *id, size_t cap, int random, long i)
 }
 
 /* n rows with cache_id's ids through a ledger whose writer's page cache
- * may grow to 4 MiB; what it logged is left in `logged`, and every 97th
- * row is read back after a reopen. */
-static void cache_run(int random, long n)
+ * may grow to 4 MiB, then n_after rows of one subject whose ids and
+ * instants grow, so that every index takes them at its end; what it
+ * logged is left in `logged`, and every 97th row is read back after a
+ * reopen. */
+static void cache_run2(int random, long n, long n_after)
 {
     qg_ledger_opts o = { .sync = QG_LEDGER_ASYNC, .flush_ms = 20,
                          .log = log_line, .cache_kb = 4096 };
@@ -1175,25 +1178,35 @@ static void cache_run(int random, long n)
     tmpdb_make(&t);
     logged[0] = '\0';
     l = open_ok(t.path, &o);
-    for (long i = 0; i < n; i++) {
+    for (long i = 0; i < n + n_after; i++) {
         make_row((int)(i % NROWS), &r);
-        cache_id(r.request_id, sizeof r.request_id, random, i);
+        cache_id(r.request_id, sizeof r.request_id, random && i < n, i);
+        if (i >= n) {
+            strcpy(r.subject, "user0");
+            r.created_ms = BASE_MS + i;
+            r.settled_ms = r.status >= 2 ? r.created_ms + 1 : 0;
+        }
         while ((rc = qg__ledger_submit(l, &r, count_done, &c)) == QG_EFULL)
             sleep_ms(1);
         assert_int_equal(rc, 0);
     }
-    wait_done(&c, (int)n);
+    wait_done(&c, (int)(n + n_after));
     assert_int_equal(atomic_load(&c.failed), 0);
     qg__ledger_close(l);
     l = open_ok(t.path, NULL);
-    for (long i = 0; i < n; i += 97) {
+    for (long i = 0; i < n + n_after; i += 97) {
         char id[64];
-        cache_id(id, sizeof id, random, i);
+        cache_id(id, sizeof id, random && i < n, i);
         assert_int_equal(qg__ledger_get(l, id, &got), 0);
         assert_string_equal(got.request_id, id);
     }
     qg__ledger_close(l);
     tmpdb_remove(&t);
+}
+
+static void cache_run(int random, long n)
+{
+    cache_run2(random, n, 0);
 }
 
 /* The writer's page cache (ledger_sqlite_pcache.c) starts at 2 MiB and
@@ -1212,6 +1225,72 @@ static void test_writer_cache_grows(void **state)
     assert_non_null(strstr(logged, "the writer's page cache grows to 4 "
                                    "MiB (its last "));
     assert_null(strstr(logged, "page cache grows to 8 MiB"));
+}
+
+/* And it shrinks back once its rows read (almost) nothing: random ids
+ * grow it to its bound, then rows whose ids and instants grow, which
+ * read no page, take it back to where it began after QUIET looks. */
+static void test_writer_cache_shrinks(void **state)
+{
+    const char *grew, *shrank;
+    (void)state;
+    cache_run2(1, 120000, 120000);
+    print_message("%s", logged);
+    grew = strstr(logged, "the writer's page cache grows to 4 MiB");
+    shrank = strstr(logged, "the writer's page cache shrinks to 2 MiB");
+    assert_non_null(grew);
+    assert_non_null(shrank);
+    assert_true(shrank > grew);
+}
+
+/* What the cache decides at each look (qg__sq_cache_next), without
+ * SQLite: it grows while more than a quarter of the rows read a page,
+ * tries half after QUIET (4) looks in a row where at most one row in 64
+ * did, keeps half if the next look does not miss as it grew for, else
+ * doubles back and waits twice as many quiet looks, up to 64; a look
+ * between the two resets the count; never below where it began. */
+static void test_writer_cache_policy(void **state)
+{
+    qg__sq_cache c;
+    int kb, need;
+    (void)state;
+    memset(&c, 0, sizeof c);
+    atomic_store(&c.kb, 2048);
+    c.max_kb = 8192;
+    c.min_kb = 2048;
+    c.quiet_need = 4;
+#define LOOK(misses) (kb = qg__sq_cache_next(&c, 16384, (misses)), \
+                      atomic_store(&c.kb, kb), kb)
+    assert_int_equal(LOOK(4097), 4096);          /* > a quarter: grows */
+    assert_int_equal(LOOK(4096), 4096);          /* a quarter: stays */
+    assert_int_equal(LOOK(9000), 8192);
+    assert_int_equal(LOOK(9000), 8192);          /* at its bound */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(LOOK(256), 8192);       /* 1 in 64: quiet */
+    assert_int_equal(LOOK(257), 8192);           /* not quiet: count anew */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(LOOK(0), 8192);
+    assert_int_equal(LOOK(0), 4096);             /* the fourth: half */
+    assert_int_equal(LOOK(5000), 8192);          /* too small: back */
+    /* each failed try doubles the wait, up to 64 looks */
+    for (need = 8; need <= 64; need *= 2) {
+        for (int i = 0; i < need - 1; i++)
+            assert_int_equal(LOOK(10), 8192);
+        assert_int_equal(LOOK(10), 4096);
+        assert_int_equal(LOOK(5000), 8192);
+    }
+    for (int i = 0; i < 63; i++)
+        assert_int_equal(LOOK(10), 8192);
+    assert_int_equal(LOOK(10), 4096);
+    /* a try that holds (here a look between quiet and growing) brings
+     * the wait back to 4 */
+    assert_int_equal(LOOK(1000), 4096);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(LOOK(0), 4096);
+    assert_int_equal(LOOK(0), 2048);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(LOOK(0), 2048);         /* never below */
+#undef LOOK
 }
 
 /* A new ledger is created 0600 whatever the umask (its -wal and -shm
@@ -1642,6 +1721,8 @@ int main(void)
         cmocka_unit_test(test_runs),
         cmocka_unit_test(test_file_modes),
         cmocka_unit_test(test_writer_cache_grows),
+        cmocka_unit_test(test_writer_cache_shrinks),
+        cmocka_unit_test(test_writer_cache_policy),
         cmocka_unit_test(test_schema_and_urls),
         cmocka_unit_test(test_subjects),
         cmocka_unit_test(test_keys_table),
