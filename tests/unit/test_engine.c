@@ -25,6 +25,7 @@
 #include "quotagate.h"
 #include "rules.h"
 #include "ruletest.h"
+#include "sametest.h"
 
 #define MIN_MS 60000LL
 #define HOUR_MS 3600000LL
@@ -932,27 +933,6 @@ static unsigned long many_rnd(unsigned long *x)
     return *x;
 }
 
-static void same_decision(const qg_decision *a, const qg_decision *b)
-{
-    assert_int_equal(a->outcome, b->outcome);
-    assert_int_equal(a->replayed, b->replayed);
-    assert_int_equal(a->weight_milli, b->weight_milli);
-    assert_int_equal(a->decided_at_ms, b->decided_at_ms);
-    assert_int_equal(a->retry_after_ms, b->retry_after_ms);
-    assert_int_equal(a->binding, b->binding);
-    assert_int_equal(a->nviews, b->nviews);
-    for (int v = 0; v < a->nviews; v++) {
-        assert_string_equal(a->views[v].name, b->views[v].name);
-        assert_int_equal(a->views[v].used_milli, b->views[v].used_milli);
-        assert_int_equal(a->views[v].limit_milli, b->views[v].limit_milli);
-        assert_int_equal(a->views[v].reset_at_ms, b->views[v].reset_at_ms);
-    }
-    if (a->outcome == QG_ALLOW) {
-        assert_string_equal(a->plan, b->plan);
-        assert_string_equal(a->rules_version, b->rules_version);
-    }
-}
-
 static void test_check_many(void **state)
 {
     static const char *subjects[] = {"alice", "bob", "m1", "m2", "zed",
@@ -998,7 +978,10 @@ static void test_check_many(void **state)
             assert_int_equal(rcs[i], rc);
             bad -= rc != QG_OK;
             if (rc == QG_OK) {
-                same_decision(&dm[i], &d1);
+                char what[64];
+                snprintf(what, sizeof what, "batch %d, request %d (%s)",
+                         round, i, req[i].request_id);
+                tst_same_decision(what, "in a batch", "alone", &dm[i], &d1);
                 if (d1.outcome == QG_ALLOW)
                     seen[d1.replayed ? 1 : 0]++;
             } else

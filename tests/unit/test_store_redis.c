@@ -50,6 +50,7 @@
 #include "redisproc.h"
 #include "rules.h"
 #include "ruletest.h"
+#include "sametest.h"
 #include "weights.h"
 
 #define T0_MS 1772323200000LL        /* 2026-03-01T00:00:00Z */
@@ -169,68 +170,6 @@ static void set_subject(twin *t, const char *name, const char *plan,
                                            err, sizeof err), 0);
 }
 
-static int str_eq(const char *a, const char *b)
-{
-    return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
-}
-
-/* Compare two decisions field by field; fail naming the first difference. */
-static void same_decision(const char *what, const qg_decision *a,
-                          const qg_decision *b)
-{
-#define SAME(f) do { if (a->f != b->f) fail_msg("%s: " #f " memory %lld, " \
-    "redis %lld", what, (long long)a->f, (long long)b->f); } while (0)
-    SAME(outcome);
-    SAME(replayed);
-    SAME(weight_milli);
-    SAME(decided_at_ms);
-    SAME(retry_after_ms);
-    SAME(binding);
-    SAME(headroom_milli);
-    SAME(overage_milli);
-    SAME(overage_cost_micro);
-    SAME(overage_price_micro);
-    SAME(cap_reached);
-    SAME(spent_micro);
-    SAME(spending_cap_micro);
-    SAME(cap_period_end_ms);
-    SAME(anchor_ms);
-    SAME(nviews);
-#undef SAME
-    if (!str_eq(a->plan, b->plan) || !str_eq(a->org, b->org) ||
-        !str_eq(a->model, b->model))
-        fail_msg("%s: names differ", what);
-    for (int i = 0; i < a->nviews; i++) {
-        const qg_window_view *x = &a->views[i], *y = &b->views[i];
-        if (!str_eq(x->name, y->name) || x->type != y->type ||
-            x->unit != y->unit || x->org != y->org ||
-            x->limit_milli != y->limit_milli || x->used_milli != y->used_milli ||
-            x->remaining_milli != y->remaining_milli ||
-            x->reset_at_ms != y->reset_at_ms)
-            fail_msg("%s: window %s: memory limit %lld used %lld remaining "
-                     "%lld reset %lld; redis %s limit %lld used %lld "
-                     "remaining %lld reset %lld", what, x->name,
-                     (long long)x->limit_milli, (long long)x->used_milli,
-                     (long long)x->remaining_milli, (long long)x->reset_at_ms,
-                     y->name, (long long)y->limit_milli,
-                     (long long)y->used_milli, (long long)y->remaining_milli,
-                     (long long)y->reset_at_ms);
-        if (a->nrecovery[i] != b->nrecovery[i])
-            fail_msg("%s: window %s: %d recovery points in memory, %d in "
-                     "redis", what, x->name, a->nrecovery[i], b->nrecovery[i]);
-        for (int k = 0; k < a->nrecovery[i]; k++)
-            if (a->recovery[i][k].at_ms != b->recovery[i][k].at_ms ||
-                a->recovery[i][k].remaining_milli !=
-                    b->recovery[i][k].remaining_milli)
-                fail_msg("%s: window %s recovery %d: memory %lld/%lld, redis "
-                         "%lld/%lld", what, x->name, k,
-                         (long long)a->recovery[i][k].at_ms,
-                         (long long)a->recovery[i][k].remaining_milli,
-                         (long long)b->recovery[i][k].at_ms,
-                         (long long)b->recovery[i][k].remaining_milli);
-    }
-}
-
 static int t_check(twin *t, const char *subject, const char *rid,
                    const char *model, int64_t a, int64_t b, int64_t now,
                    qg_decision *out)
@@ -261,7 +200,7 @@ static int t_check(twin *t, const char *subject, const char *rid,
                  rc1 ? e1 : "", rc2, rc2 ? e2 : "",
                  qg_store_redis_error(t->rs));
     if (rc1 == QG_OK)
-        same_decision(what, &d1, &d2);
+        tst_same_decision(what, "memory", "redis", &d1, &d2);
     if (out)
         *out = d1;
     return rc1;
@@ -341,7 +280,7 @@ static void t_usage(twin *t, const char *subject, int64_t now,
         fail_msg("%s: rc memory %d, redis %d (%s)", what, rc1, rc2,
                  qg_store_redis_error(t->rs));
     if (rc1 == QG_OK)
-        same_decision(what, &d1, &d2);
+        tst_same_decision(what, "memory", "redis", &d1, &d2);
     if (out)
         *out = d1;
 }
