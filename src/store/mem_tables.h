@@ -71,23 +71,43 @@ typedef struct resv {
 
 /* A shard's request ids: the entries themselves in a ring of max, in
  * insertion order (the oldest at head, the next at head + count), found
- * through an open-addressing index of cap 8-byte slots, each the id's
- * hash bits (the high half; its home slot too) and its ring position + 1
- * (the low half; 0: an empty slot).  Entries never move, so a resv
- * pointer stays valid until its id is forgotten; lookups probe the small
- * index, not the 136-byte entries (docs/benchmarks.md, issue 14). */
+ * through an open-addressing index of cap slots, each the id's hash bits
+ * (the high part; its home slot too) and its ring position + 1 (the low
+ * pos_bits; 0: an empty slot).  Entries never move, so a resv pointer
+ * stays valid until its id is forgotten; lookups probe the small index,
+ * not the 136-byte entries (docs/benchmarks.md, issue 14).
+ *
+ * A slot takes 4 bytes when the position, the home slot's bits and at
+ * least RESV_FILTER_BITS more hash bits fit in 32 (up to 4,096 ids a
+ * shard: 1M ids at the default 256 shards), else 8 (wide): 32 bits of
+ * hash above 32 of position.  The index's bytes are read at random, one
+ * line a lookup, so half the bytes keep more of it in cache (the heavy
+ * rounds of build/bench_engine: +8%, docs/benchmarks.md, "Engine"). */
 typedef struct resv_shard {
     pthread_mutex_t mu;
-    uint64_t *index;              /* cap slots */
+    void *index;                  /* cap slots of 4 bytes, or 8 if wide */
     resv *ring;                   /* max entries */
     uint32_t cap, count, max;     /* cap power of two >= 2 * max */
     uint32_t head;                /* ring position of the oldest id */
     uint32_t live;                /* R_RESERVED entries */
+    uint32_t tag_mask;            /* the hash bits a slot keeps */
+    uint8_t pos_bits;             /* a slot's low bits: position + 1 */
+    uint8_t wide;                 /* 8-byte slots */
     char pad[64];
 } resv_shard;
 
+/* Hash bits a 4-byte slot keeps beyond its home slot's, so that a lookup
+ * reads a wrong entry for at most 1 in 64 of the ids sharing its home. */
+#define RESV_FILTER_BITS 6
+
 /* The index's hash bits of a request id (its home slot is these masked). */
 static inline uint32_t resv_tag(qg_key rid) { return (uint32_t)(rid.lo >> 8); }
+
+/* The address of slot j of a shard's index (for prefetching). */
+static inline const void *resv_slot_at(const resv_shard *sh, uint32_t j)
+{
+    return (const char *)sh->index + ((size_t)j << (sh->wide ? 3 : 2));
+}
 
 typedef struct mem_store {
     qg_store base;
@@ -110,7 +130,12 @@ int qg__mem_ent_get(ent_shard *sh, qg_key key, const qg_window_spec *specs,
 void qg__mem_entity_free(entity *e);
 
 /* mem_reservations.c: the request-id table of one shard (a ring in
- * insertion order under an open-addressing index without tombstones). */
+ * insertion order under an open-addressing index without tombstones).
+ * Bytes an index slot takes for max ids in cap slots (4 or 8), and a
+ * shard set up over its ring and index (zeroed, cap slots of that size). */
+size_t qg__mem_resv_slot_size(uint32_t max, uint32_t cap);
+void qg__mem_resv_init(resv_shard *sh, resv *ring, void *index,
+                       uint32_t max, uint32_t cap);
 resv *qg__mem_resv_find(resv_shard *sh, qg_key rid);
 /* Make room for one more id: forget the oldest if it is settled or its
  * lease has expired.  Returns 0 or QG_EFULL. */

@@ -176,7 +176,7 @@ static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
     uint32_t h;
     const resv *r;
     if (step != 1)
-        __builtin_prefetch(&rs->index[resv_tag(rid) & (rs->cap - 1)]);
+        __builtin_prefetch(resv_slot_at(rs, resv_tag(rid) & (rs->cap - 1)));
     if (__atomic_load_n(&rs->count, __ATOMIC_RELAXED) < rs->max)
         return;
     h = __atomic_load_n(&rs->head, __ATOMIC_RELAXED);
@@ -188,7 +188,7 @@ static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
     if (step != 0) {
         qg_key old = {0, 0};
         old.lo = __atomic_load_n(&r->rid.lo, __ATOMIC_RELAXED);
-        __builtin_prefetch(&rs->index[resv_tag(old) & (rs->cap - 1)]);
+        __builtin_prefetch(resv_slot_at(rs, resv_tag(old) & (rs->cap - 1)));
     }
 }
 
@@ -540,7 +540,7 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
         pthread_mutex_lock(&rs->mu);
         out->reservations += rs->count;
         out->reservations_live += rs->live;
-        out->bytes += (size_t)rs->cap * sizeof *rs->index +
+        out->bytes += (size_t)rs->cap * (rs->wide ? 8u : 4u) +
                       (size_t)rs->max * sizeof(resv);
         pthread_mutex_unlock(&rs->mu);
     }
@@ -596,7 +596,7 @@ static void populate(char *a, size_t len)
 }
 
 /* The reservation shards' rings and indexes, one zeroed mapping for all
- * of them (76 MB at the default 2^19 ids: 68 MB of entries, 8 MB of
+ * of them (72 MiB at the default 2^19 ids: 68 MiB of entries, 4 MiB of
  * index), in huge pages where the kernel has them (MADV_HUGEPAGE; ignored
  * where it does not): touched first by checks, 4 KB pages cost a page
  * fault (and a TLB shootdown across the process's threads) every 30
@@ -655,6 +655,7 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     uint32_t maxr = opts && opts->max_reservations ? opts->max_reservations
                                                    : DEFAULT_RESERVATIONS;
     uint32_t per, cap;
+    size_t slot;
     mem_store *ms;
     char *region;
     size_t ring_len;
@@ -668,6 +669,7 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     per = maxr / (uint32_t)n ? maxr / (uint32_t)n : 1;
     for (cap = 4; cap < per * 2; cap <<= 1)
         ;
+    slot = qg__mem_resv_slot_size(per, cap);
     if (!(ms = calloc(1, sizeof *ms)))
         return NULL;
     ms->base.m = &memory_methods;
@@ -679,7 +681,7 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
     /* rings first (sizeof(resv) keeps them 8-byte aligned), then indexes */
     ring_len = (size_t)n * per * sizeof(resv);
     if (!(region = resv_region_new(ms, ring_len +
-                                           (size_t)n * cap * sizeof(uint64_t),
+                                           (size_t)n * cap * slot,
                                    opts && opts->prefault)))
         goto fail;
     shard_lock_attr(&ma);
@@ -688,10 +690,9 @@ qg_store *qg_store_memory_new(const qg_memory_opts *opts)
         pthread_mutex_init(&ms->ents[i].mu, &ma);
         ms->ents[i].index = (uint16_t)i;
         pthread_mutex_init(&rs->mu, &ma);
-        rs->max = per;
-        rs->cap = cap;
-        rs->ring = (resv *)region + (size_t)i * per;
-        rs->index = (uint64_t *)(region + ring_len) + (size_t)i * cap;
+        qg__mem_resv_init(rs, (resv *)region + (size_t)i * per,
+                          region + ring_len + (size_t)i * cap * slot, per,
+                          cap);
     }
     pthread_mutexattr_destroy(&ma);
     return &ms->base;
