@@ -165,11 +165,11 @@ static int64_t expiry(int64_t t0, const qg_plan *p)
 }
 
 /* Start loading the index slot of rid and, when the shard is full, the
- * oldest id, which resv_make_room reads and forgets (step 0: the first
- * and the last of the three lines its 136-byte entry spans, which hold
- * its id and its state), and that id's index slot (step 1, which reads
- * the entry: after step 0 had time to land; QG_PREFETCH_ALL: both at
- * once).  The ring's head is read without the lock: a stale value only
+ * oldest id, which resv_make_room reads and forgets and the new id's
+ * entry then overwrites (step 0: the three lines its 136-byte entry
+ * spans; the middle one only the overwrite reads), and that id's index
+ * slot (step 1, which reads the entry: after step 0 had time to land;
+ * QG_PREFETCH_ALL: both at once).  The ring's head is read without the lock: a stale value only
  * makes the prefetch useless, never wrong. */
 static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
 {
@@ -183,6 +183,7 @@ static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
     r = &rs->ring[h < rs->max ? h : 0];
     if (step != 1) {
         __builtin_prefetch(r);
+        __builtin_prefetch((const char *)r + 64);
         __builtin_prefetch((const char *)(r + 1) - 1);
     }
     if (step != 0) {
