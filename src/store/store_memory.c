@@ -169,8 +169,8 @@ static int64_t expiry(int64_t t0, const qg_plan *p)
  * entry then overwrites (step 0: the three lines its 136-byte entry
  * spans; the middle one only the overwrite reads), and that id's index
  * slot (step 1, which reads the entry: after step 0 had time to land;
- * QG_PREFETCH_ALL: both at once).  The ring's head is read without the lock: a stale value only
- * makes the prefetch useless, never wrong. */
+ * QG_PREFETCH_ALL: both at once).  The ring's head is read without the
+ * lock: a stale value only makes the prefetch useless, never wrong. */
 static inline void resv_prefetch(const resv_shard *rs, qg_key rid, int step)
 {
     uint32_t h;
