@@ -374,11 +374,12 @@ int qg_engine_check(qg_engine *e, const qg_check_req *req, int64_t now_ms,
 
 /* n checks at one instant, each decided exactly as qg_engine_check
  * decides it, in order: reqs[i]'s answer in outs[i], its return code in
- * rcs[i] (no messages: call qg_engine_check for one).  The memory of the
- * next QG_CHECK_MANY_MAX requests is loaded together before the first of
- * them is decided, so that one request's cache misses overlap another's:
- * for a caller holding several requests at once (docs/architecture.md).
- * Returns how many rcs are not 0. */
+ * rcs[i] (no messages: call qg_engine_check for one).  The memory of
+ * the next few requests (4) is loaded together before the first of them
+ * is decided, so that one request's cache misses overlap another's: for
+ * a caller holding several requests at once (docs/architecture.md).  n
+ * may be any size; QG_CHECK_MANY_MAX is the batch the benchmark and the
+ * tests hand over.  Returns how many rcs are not 0. */
 #define QG_CHECK_MANY_MAX 16
 int qg_engine_check_many(qg_engine *e, size_t n, const qg_check_req *reqs,
                          int64_t now_ms, qg_decision *outs, int *rcs);

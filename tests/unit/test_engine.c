@@ -919,8 +919,8 @@ static void test_prefault(void **state)
 
 /* qg_engine_check_many decides as qg_engine_check does, one request
  * after the other: two engines on the same rules take the same stream,
- * one in batches (of 0 to 40 requests: several groups of
- * QG_CHECK_MANY_MAX), the other one by one, and every answer must match:
+ * one in batches (of 0 to 40 requests: up to ten of the engine's groups
+ * of 4), the other one by one, and every answer must match:
  * fresh ids, replays (of earlier batches and inside one), another
  * subject's id, unknown subjects on the default plan, bad requests (no
  * subject, an empty id, an unknown model), refusals, settles between the
