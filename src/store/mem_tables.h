@@ -82,7 +82,7 @@ typedef struct resv {
  * shard: 1M ids at the default 256 shards), else 8 (wide): 32 bits of
  * hash above 32 of position.  The index's bytes are read at random, one
  * line a lookup, so half the bytes keep more of it in cache (the heavy
- * rounds of build/bench_engine: +8%, docs/benchmarks.md, "Engine"). */
+ * rounds of build/bench_engine: +7.7%, docs/benchmarks.md, "Engine"). */
 typedef struct resv_shard {
     pthread_mutex_t mu;
     void *index;                  /* cap slots of 4 bytes, or 8 if wide */
