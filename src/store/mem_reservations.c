@@ -127,6 +127,17 @@ SPECIALISED void index_forget(resv_shard *sh, uint32_t tag, uint32_t pos,
         }
 }
 
+/* A slot for the entry at ring position pos (hash bits tag, masked), at
+ * the end of its home's probe run. */
+SPECIALISED void index_put(resv_shard *sh, uint32_t tag, uint32_t pos,
+                           int wide)
+{
+    uint32_t mask = sh->cap - 1, j;
+    for (j = tag & mask; slot_get(sh, j, wide); j = (j + 1) & mask)
+        ;
+    slot_put(sh, j, (uint64_t)tag << sh->pos_bits | (pos + 1), wide);
+}
+
 /* Forget the oldest id (the entry at head) and its index slot. */
 static void forget_oldest(resv_shard *sh)
 {
@@ -160,20 +171,15 @@ int qg__mem_resv_make_room(resv_shard *sh, int64_t now)
  * zeroed but for the id and R_RESERVED. */
 resv *qg__mem_resv_insert(resv_shard *sh, qg_key rid)
 {
-    uint32_t tag = resv_tag(rid) & sh->tag_mask, mask = sh->cap - 1, j;
+    uint32_t tag = resv_tag(rid) & sh->tag_mask;
     uint32_t pos = sh->head + sh->count;
     resv *r;
     if (pos >= sh->max)
         pos -= sh->max;
-    if (sh->wide) {
-        for (j = tag & mask; slot_get(sh, j, 1); j = (j + 1) & mask)
-            ;
-        slot_put(sh, j, (uint64_t)tag << 32 | (pos + 1), 1);
-    } else {
-        for (j = tag & mask; slot_get(sh, j, 0); j = (j + 1) & mask)
-            ;
-        slot_put(sh, j, (uint64_t)tag << sh->pos_bits | (pos + 1), 0);
-    }
+    if (sh->wide)
+        index_put(sh, tag, pos, 1);
+    else
+        index_put(sh, tag, pos, 0);
     r = &sh->ring[pos];
     memset(r, 0, sizeof *r);
     r->rid = rid;

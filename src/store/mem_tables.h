@@ -103,10 +103,16 @@ typedef struct resv_shard {
 /* The index's hash bits of a request id (its home slot is these masked). */
 static inline uint32_t resv_tag(qg_key rid) { return (uint32_t)(rid.lo >> 8); }
 
-/* The address of slot j of a shard's index (for prefetching). */
+/* Bytes a slot of a shard's index takes, and the address of slot j (for
+ * prefetching). */
+static inline size_t resv_slot_bytes(const resv_shard *sh)
+{
+    return sh->wide ? 8 : 4;
+}
+
 static inline const void *resv_slot_at(const resv_shard *sh, uint32_t j)
 {
-    return (const char *)sh->index + ((size_t)j << (sh->wide ? 3 : 2));
+    return (const char *)sh->index + (size_t)j * resv_slot_bytes(sh);
 }
 
 typedef struct mem_store {

@@ -541,7 +541,7 @@ static void mem_stats(qg_store *s, qg_store_stats *out)
         pthread_mutex_lock(&rs->mu);
         out->reservations += rs->count;
         out->reservations_live += rs->live;
-        out->bytes += (size_t)rs->cap * (rs->wide ? 8u : 4u) +
+        out->bytes += (size_t)rs->cap * resv_slot_bytes(rs) +
                       (size_t)rs->max * sizeof(resv);
         pthread_mutex_unlock(&rs->mu);
     }
