@@ -23,6 +23,18 @@ stop_pid() {
     wait "$1" 2>/dev/null
 }
 
+# wait_port NAME PID FILE PATTERN: the port a child prints on its stdout
+wait_port() {
+    i=0
+    while [ $i -lt 200 ]; do
+        p=$(sed -n "s|^$4 listening on http://127\\.0\\.0\\.1:\\([0-9]*\\).*|\\1|p" "$3" | head -1)
+        [ -n "$p" ] && { echo "$p"; return 0; }
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+
 # bench_runs NAME: RUNS from BENCH_RUNS (default 3); exits 2 with NAME's
 # message when it is not a whole number >= 1
 bench_runs() {

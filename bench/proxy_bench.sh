@@ -83,18 +83,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# wait_port NAME PID FILE PATTERN: the port a child prints on its stdout
-wait_port() {
-    i=0
-    while [ $i -lt 200 ]; do
-        p=$(sed -n "s|^$4 listening on http://127\\.0\\.0\\.1:\\([0-9]*\\).*|\\1|p" "$3" | head -1)
-        [ -n "$p" ] && { echo "$p"; return 0; }
-        kill -0 "$2" 2>/dev/null || break
-        sleep 0.1; i=$((i + 1))
-    done
-    return 1
-}
-
 CHAT='{"model":"light","messages":[{"role":"user","content":"hello"}],"max_tokens":3}'
 CHAT_S='{"model":"light","stream":true,"messages":[{"role":"user","content":"hello"}],"max_tokens":3}'
 # probe NAME URL: one plain and one streaming call must answer 200 with the
