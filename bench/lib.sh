@@ -35,6 +35,29 @@ wait_port() {
     return 1
 }
 
+# proxy_rules OUT VERSION: the proxy benchmarks' rules: model "light" and
+# a "bench" plan whose 5 h window never fills and whose concurrency allows
+# every connection (the proxy holds a lease per call)
+proxy_rules() {
+    cat > "$1" <<YAML
+version: "$2"
+unit: "weight points"
+weights:
+  version: "w1"
+  calibrated: "2026-11-29"
+  models:
+    light: { per_request: 1, input_per_1k: 1, output_per_1k: 1 }
+plans:
+  bench:
+    windows:
+      - { name: burst_5h, type: rolling, length: 5h, limit: 1000000000000 }
+    concurrency: 100000
+    overage: { policy: reject }
+subjects:
+  bench: { plan: bench }
+YAML
+}
+
 # bench_runs NAME: RUNS from BENCH_RUNS (default 3); exits 2 with NAME's
 # message when it is not a whole number >= 1
 bench_runs() {

@@ -110,25 +110,7 @@ DBL_URL="http://127.0.0.1:$DBL_PORT"
 probe "the upstream double" "$DBL_URL"
 
 # ------------------------------------------------------------ quotagate
-# model "light" and a "bench" plan whose 5 h window never fills and whose
-# concurrency allows every connection (the proxy holds a lease per call).
-cat > "$TMP/rules.yaml" <<YAML
-version: "proxy-bench-1"
-unit: "weight points"
-weights:
-  version: "w1"
-  calibrated: "2026-11-29"
-  models:
-    light: { per_request: 1, input_per_1k: 1, output_per_1k: 1 }
-plans:
-  bench:
-    windows:
-      - { name: burst_5h, type: rolling, length: 5h, limit: 1000000000000 }
-    concurrency: 100000
-    overage: { policy: reject }
-subjects:
-  bench: { plan: bench }
-YAML
+proxy_rules "$TMP/rules.yaml" proxy-bench-1
 "$QG" lint -c "$TMP/rules.yaml" >/dev/null 2>"$TMP/lint.err"
 if [ $? -eq 2 ]; then say "proxy_bench: the bench rules do not load:"; cat "$TMP/lint.err"; exit 1; fi
 

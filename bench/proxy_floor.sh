@@ -90,23 +90,7 @@ DBL_PID=$!
 DBL_PORT=$(wait_port double "$DBL_PID" "$TMP/dbl.out" upstream_double:) || {
     say "proxy_floor: the upstream double did not start:"
     cat "$TMP/dbl.err"; exit 1; }
-cat > "$TMP/rules.yaml" <<YAML
-version: "proxy-floor-1"
-unit: "weight points"
-weights:
-  version: "w1"
-  calibrated: "2026-11-29"
-  models:
-    light: { per_request: 1, input_per_1k: 1, output_per_1k: 1 }
-plans:
-  bench:
-    windows:
-      - { name: burst_5h, type: rolling, length: 5h, limit: 1000000000000 }
-    concurrency: 100000
-    overage: { policy: reject }
-subjects:
-  bench: { plan: bench }
-YAML
+proxy_rules "$TMP/rules.yaml" proxy-floor-1
 
 # one_run PARTS: a fresh gateway with those parts off, wrk plain over it;
 # writes "REQ/S CPU_US_PER_CALL" to $TMP/one
